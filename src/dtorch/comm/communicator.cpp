@@ -1,0 +1,423 @@
+// Communicator: rendezvous, process groups, and every collective dtorch issues, with failures
+// turned into errors that name the operation and the ranks that did not take part.
+#include "dtorch/comm/communicator.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "dtorch/comm/backend_compat.h"
+#include "dtorch/comm/store.h"
+#include "dtorch/core/env.h"
+#include "dtorch/core/log.h"
+
+namespace dtorch::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Note [Failure diagnosis]
+// Gloo reports a dead peer as "connection closed" and a stalled one as a timeout, without
+// saying which rank is at fault. On failure every rank posts "failed/<rank>" (with the
+// collective it was in) to the store and waits a short window for the others: ranks that
+// post nothing are dead or stalled, ranks that posted "left/<rank>" finished early, and
+// differing collectives mean the ranks called collectives in different orders.
+constexpr milliseconds kDiagnosisWindow{5000};
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:  // Gloo has no AVG in 1.13: sum, then divide after wait()
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::Max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::Min:
+      return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+std::string first_line(const std::string& s) {
+  auto p = s.find('\n');
+  return p == std::string::npos ? s : s.substr(0, p);
+}
+
+std::string describe(const at::Tensor& t) {
+  double mb = static_cast<double>(t.numel() * t.element_size()) / (1024.0 * 1024.0);
+  std::ostringstream os;
+  os.precision(3);
+  os << t.numel() << " x " << t.scalar_type() << ", " << mb << " MiB";
+  return os.str();
+}
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const launch::RankInfo& info) {
+  if (auto ifname = env::get("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
+  }
+  if (is_loopback(info.master_addr)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+CommOptions comm_options_from_env() {
+  CommOptions o;
+  if (auto s = env::get_seconds("DTORCH_TIMEOUT")) o.timeout = milliseconds(long(*s * 1000));
+  if (auto b = env::get("DTORCH_BACKEND")) {
+    DTORCH_CHECK_T(ConfigError, *b == "auto" || *b == "gloo" || *b == "nccl", "DTORCH_BACKEND='",
+                   *b, "' is not one of auto, gloo, nccl");
+    o.backend = *b;
+  }
+  return o;
+}
+
+// ---- Work ------------------------------------------------------------------------------
+
+struct Work::State {
+  std::shared_ptr<Communicator> comm;
+  c10::intrusive_ptr<c10d::Work> work;  // null at world size 1
+  std::function<void()> finish;         // averaging / casting back, after completion
+  std::string op;
+  long seq = 0;
+  bool done = false;
+};
+
+void Work::wait() {
+  if (!state_ || state_->done) return;
+  state_->done = true;
+  if (state_->work) {
+    try {
+      state_->work->wait(state_->comm->options().timeout);
+    } catch (const std::exception& e) {
+      state_->comm->fail(state_->op, state_->seq, e.what());
+    }
+  }
+  if (state_->finish) state_->finish();
+}
+
+bool Work::completed() const {
+  return !state_ || state_->done || !state_->work || state_->work->isCompleted();
+}
+
+// ---- Communicator ----------------------------------------------------------------------
+
+struct Communicator::Impl {
+  c10::intrusive_ptr<c10d::Store> root_store;  // the TCPStore (or a HashStore alone)
+  c10::intrusive_ptr<c10d::Store> store;       // namespaced to this restart attempt
+  c10::intrusive_ptr<Backend> gloo;
+  c10::intrusive_ptr<Backend> nccl;
+  std::mutex mu;  // collectives must be issued in one order; hooks may race to issue them
+  long seq = 0;
+
+  Backend& backend_for(const at::Tensor& t) {
+    if (t.is_cuda()) {
+      DTORCH_CHECK_T(CommError, nccl, "a CUDA tensor was passed to a collective, but this ",
+                     "dtorch has no NCCL backend (built against a LibTorch without CUDA/NCCL, ",
+                     "or DTORCH_BACKEND=gloo); move the tensor to the CPU or rebuild dtorch "
+                     "against a CUDA LibTorch");
+      return *nccl;
+    }
+    DTORCH_CHECK_T(CommError, gloo, "a CPU tensor was passed to a collective, but only the NCCL ",
+                   "backend was created (DTORCH_BACKEND=nccl); use DTORCH_BACKEND=auto");
+    return *gloo;
+  }
+};
+
+Communicator::Communicator(launch::RankInfo info, CommOptions opts)
+    : info_(std::move(info)), opts_(std::move(opts)), impl_(std::make_unique<Impl>()) {}
+
+Communicator::~Communicator() {
+  if (size() > 1 && impl_->store) {
+    // Lets a peer still waiting in a collective tell "finished early" from "died".
+    try {
+      impl_->root_store->setTimeout(milliseconds(1000));
+      impl_->store->set("left/" + std::to_string(rank()), std::vector<uint8_t>{1});
+    } catch (...) {
+    }
+  }
+}
+
+std::shared_ptr<Communicator> Communicator::from_env(const CommOptions& opts) {
+  return create(launch::rank_info_from_env(), opts);
+}
+
+std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
+                                                   const CommOptions& opts) {
+  std::shared_ptr<Communicator> c(new Communicator(info, opts));
+  Impl& m = *c->impl_;
+  if (info.world_size == 1) {
+    m.root_store = c10::make_intrusive<c10d::HashStore>();
+    m.store = m.root_store;
+    return c;
+  }
+  log::set_rank(info.rank);
+  // Like torchrun: the launcher serves the store if it says so, otherwise rank 0 does.
+  if (info.launcher_hosts_store || info.rank != 0) {
+    m.root_store = connect_store(info.master_addr, info.master_port, opts.timeout);
+  } else {
+    m.root_store = serve_store(info.master_port, info.world_size, opts.timeout);
+  }
+  m.store = c10::make_intrusive<c10d::PrefixStore>(
+      "dtorch/attempt" + std::to_string(info.restart_count), m.root_store);
+
+  // Rendezvous: every rank announces itself, then waits for all, naming the missing ones.
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string me = std::string(host) + " pid " + std::to_string(getpid());
+  m.store->set("arrived/" + std::to_string(info.rank), std::vector<uint8_t>(me.begin(), me.end()));
+  auto deadline = Clock::now() + opts.timeout;
+  std::vector<int> missing;
+  for (;;) {
+    missing.clear();
+    for (int r = 0; r < info.world_size; ++r) {
+      if (!m.store->check({"arrived/" + std::to_string(r)})) missing.push_back(r);
+    }
+    if (missing.empty() || Clock::now() > deadline) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  DTORCH_CHECK_T(CommError, missing.empty(), "rendezvous at ", info.master_addr, ":",
+                 info.master_port, " timed out after ", opts.timeout.count() / 1000.0, " s: ",
+                 info.world_size - static_cast<int>(missing.size()), " of ", info.world_size,
+                 " ranks arrived; missing rank(s) ", join(missing),
+                 "\n---> HINT: those ranks did not start or cannot reach the store; check "
+                 "that every node runs the launcher with the same --master-addr/--master-port "
+                 "and --nnodes, or raise DTORCH_TIMEOUT");
+
+  try {
+    if (opts.backend != "nccl") {
+      auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
+      o->devices.push_back(make_gloo_device(info));
+      m.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("gloo", m.store), info.rank, info.world_size, o);
+    }
+#ifdef DTORCH_WITH_NCCL
+    if (opts.backend != "gloo" && at::cuda::is_available()) {
+      auto o = c10d::ProcessGroupNCCL::Options::create();
+      o->timeout = opts.timeout;
+      m.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>("nccl", m.store), info.rank, info.world_size, o);
+    }
+#endif
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CommError, "creating the process group failed on rank ", info.rank, ": ",
+                first_line(e.what()),
+                "\n---> HINT: on several hosts, set GLOO_SOCKET_IFNAME to the network "
+                "interface the nodes share (e.g. ib0 or eth0)");
+  }
+  return c;
+}
+
+c10d::Store& Communicator::store() { return *impl_->store; }
+
+Work Communicator::start(const std::string& op, const std::string& what, at::Tensor t,
+                         const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
+                         std::function<void()> finish) {
+  Work w;
+  w.state_ = std::make_shared<Work::State>();
+  auto& s = *w.state_;
+  s.comm = shared_from_this();
+  s.finish = std::move(finish);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  s.seq = ++impl_->seq;
+  s.op = str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t), ")");
+  if (size() == 1) return w;
+  try {
+    s.work = launch(t);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(s.op, s.seq, e.what());
+  }
+  return w;
+}
+
+Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string& what) {
+  DTORCH_CHECK(t.is_contiguous(), "allreduce needs a contiguous tensor");
+  DTORCH_CHECK(op != ReduceOp::Avg || t.is_floating_point(), "ReduceOp::Avg needs a floating ",
+               "point tensor, got ", t.scalar_type());
+  at::Tensor buf = t;
+  bool cast = t.scalar_type() == at::kBFloat16 && !t.is_cuda() && !kGlooReducesBFloat16;
+  if (cast) buf = t.to(at::kFloat);
+  int n = size();
+  auto finish = [t, buf, op, n, cast]() mutable {
+    if (op == ReduceOp::Avg && n > 1) buf.div_(n);
+    if (cast) t.copy_(buf);
+  };
+  c10d::AllreduceOptions o;
+  o.reduceOp = to_c10d(op);
+  return start(
+      "allreduce", what, buf,
+      [this, o](at::Tensor& b) {
+        std::vector<at::Tensor> v{b};
+        return impl_->backend_for(b).allreduce(v, o);
+      },
+      std::move(finish));
+}
+
+void Communicator::allreduce(at::Tensor t, ReduceOp op, const std::string& what) {
+  allreduce_async(std::move(t), op, what).wait();
+}
+
+Work Communicator::broadcast_async(at::Tensor t, int root, const std::string& what) {
+  DTORCH_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
+  DTORCH_CHECK(root >= 0 && root < size(), "broadcast root ", root, " is not a rank");
+  at::Tensor buf = t;
+  bool cast = t.scalar_type() == at::kBFloat16 && !t.is_cuda() && !kGlooReducesBFloat16;
+  if (cast) buf = t.to(at::kFloat);
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  return start(
+      "broadcast", what, buf,
+      [this, o](at::Tensor& b) {
+        std::vector<at::Tensor> v{b};
+        return impl_->backend_for(b).broadcast(v, o);
+      },
+      [t, buf, cast]() mutable {
+        if (cast) t.copy_(buf);
+      });
+}
+
+void Communicator::broadcast(at::Tensor t, int root, const std::string& what) {
+  broadcast_async(std::move(t), root, what).wait();
+}
+
+void Communicator::allgather(std::vector<at::Tensor>& out, const at::Tensor& in,
+                             const std::string& what) {
+  DTORCH_CHECK(static_cast<int>(out.size()) == size(), "allgather needs ", size(),
+               " output tensors, got ", out.size());
+  if (size() == 1) {
+    out[0].copy_(in);
+    return;
+  }
+  start(
+      "allgather", what, in,
+      [this, &out](at::Tensor& b) {
+        std::vector<std::vector<at::Tensor>> outs{out};
+        std::vector<at::Tensor> ins{b};
+        return impl_->backend_for(b).allgather(outs, ins);
+      },
+      nullptr)
+      .wait();
+}
+
+void Communicator::send(at::Tensor t, int dst, int tag) {
+  start(
+      "send", str("to rank ", dst), t,
+      [this, dst, tag](at::Tensor& b) {
+        std::vector<at::Tensor> v{b};
+        return impl_->backend_for(b).send(v, dst, tag);
+      },
+      nullptr)
+      .wait();
+}
+
+void Communicator::recv(at::Tensor t, int src, int tag) {
+  start(
+      "recv", str("from rank ", src), t,
+      [this, src, tag](at::Tensor& b) {
+        std::vector<at::Tensor> v{b};
+        return impl_->backend_for(b).recv(v, src, tag);
+      },
+      nullptr)
+      .wait();
+}
+
+void Communicator::barrier(const std::string& what) {
+  at::Tensor none = at::empty({0});
+  start(
+      "barrier", what, none,
+      [this](at::Tensor& b) { return impl_->backend_for(b).barrier(c10d::BarrierOptions()); },
+      nullptr)
+      .wait();
+}
+
+std::string Communicator::broadcast_string(const std::string& s, int root,
+                                           const std::string& what) {
+  if (size() == 1) return s;
+  at::Tensor n = at::full({1}, static_cast<int64_t>(s.size()), at::kLong);
+  broadcast(n, root, what + " length");
+  at::Tensor bytes = at::empty({n.item<int64_t>()}, at::kByte);
+  if (rank() == root) std::memcpy(bytes.data_ptr(), s.data(), s.size());
+  broadcast(bytes, root, what);
+  return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+}
+
+void Communicator::fail(const std::string& op, long seq, const std::string& cause) {
+  std::string diagnosis;
+  try {
+    impl_->root_store->setTimeout(kDiagnosisWindow);
+    auto& store = *impl_->store;
+    std::string mine = op;
+    store.set(str("failed/", seq, "/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<int> silent, left, failed;
+    auto deadline = Clock::now() + kDiagnosisWindow;
+    for (;;) {
+      silent.clear();
+      left.clear();
+      failed.clear();
+      for (int r = 0; r < size(); ++r) {
+        if (r == rank()) continue;
+        if (store.check({str("failed/", seq, "/", r)})) {
+          failed.push_back(r);
+        } else if (store.check({str("left/", r)})) {
+          left.push_back(r);
+        } else {
+          silent.push_back(r);
+        }
+      }
+      if (silent.empty() || Clock::now() > deadline) break;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    std::ostringstream os;
+    if (!silent.empty()) {
+      os << "rank(s) " << join(silent) << " did not reach or did not finish this collective: "
+         << "dead, stopped, or stuck in other work (look at their logs first)";
+    }
+    if (!left.empty()) {
+      os << (silent.empty() ? "" : "; ") << "rank(s) " << join(left)
+         << " had already finished: they ran fewer collectives than this rank";
+    }
+    std::vector<std::string> disagree;
+    for (int r : failed) {
+      auto v = store.get(str("failed/", seq, "/", r));
+      std::string theirs(v.begin(), v.end());
+      if (theirs != mine) disagree.push_back(str("rank ", r, " was in ", theirs));
+    }
+    for (const auto& d : disagree) os << "; " << d;
+    if (!disagree.empty()) {
+      os << " (every rank must issue the same collectives in the same order)";
+    }
+    if (silent.empty() && left.empty() && disagree.empty()) {
+      os << "every other rank failed in the same collective";
+    }
+    diagnosis = os.str();
+  } catch (const std::exception& e) {
+    diagnosis = str("the rendezvous store at ", info_.master_addr, ":", info_.master_port,
+                    " is unreachable too (", first_line(e.what()), "): the process serving it ",
+                    info_.launcher_hosts_store ? "(the launcher of node 0)" : "(rank 0)",
+                    " has probably exited");
+  }
+  DTORCH_FAIL(CommError, "rank ", rank(), ": ", op, " failed: ", first_line(cause), "\n  ",
+              diagnosis, "\n---> HINT: a rank that is merely slow (long data loading, a ",
+              "checkpoint) needs a longer timeout: DTORCH_TIMEOUT=<seconds> (now ",
+              opts_.timeout.count() / 1000.0, " s)");
+}
+
+}  // namespace dtorch::comm

@@ -1,0 +1,108 @@
+// Communicator: the one API through which every collective in dtorch runs. Gloo carries CPU
+// tensors, NCCL (where compiled) CUDA tensors; rendezvous goes through a TCPStore. A failed
+// or timed-out collective throws CommError naming the operation and the ranks that did not
+// take part, never hangs silently. See Note [Failure diagnosis] in communicator.cpp.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtorch/launch/rank_info.h"
+
+namespace c10d {
+class Store;
+class Work;
+}  // namespace c10d
+
+namespace dtorch::comm {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+struct CommOptions {
+  /// How long one collective, or the rendezvous, may wait for peers before failing with a
+  /// message naming the missing ranks. DTORCH_TIMEOUT (seconds) overrides; default 300 s.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  /// "auto" (Gloo for CPU tensors, plus NCCL for CUDA tensors where compiled), "gloo" or
+  /// "nccl". DTORCH_BACKEND overrides.
+  std::string backend = "auto";
+};
+
+/// CommOptions with DTORCH_TIMEOUT and DTORCH_BACKEND applied.
+CommOptions comm_options_from_env();
+
+class Communicator;
+
+/// Handle to an asynchronous collective. wait() blocks until the result is in the tensor
+/// given to the call (averaging and dtype casts done), and throws CommError on failure.
+class Work {
+ public:
+  Work() = default;
+  void wait();
+  /// True once wait() would return without blocking.
+  bool completed() const;
+  /// Whether this handle refers to an operation (a default-constructed one does not).
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  friend class Communicator;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  /// Joins the job described by `info`: connects to (or serves) the store, waits for every
+  /// rank, and creates the process groups. World size 1 creates nothing and every collective
+  /// is a local no-op.
+  static std::shared_ptr<Communicator> create(const launch::RankInfo& info,
+                                              const CommOptions& opts = comm_options_from_env());
+  /// create() with the rank read from torchrun's environment.
+  static std::shared_ptr<Communicator> from_env(const CommOptions& opts = comm_options_from_env());
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return info_.rank; }
+  int size() const { return info_.world_size; }
+  const launch::RankInfo& info() const { return info_; }
+  const CommOptions& options() const { return opts_; }
+
+  /// In-place allreduce of a contiguous tensor. `what` names the operation in errors.
+  Work allreduce_async(at::Tensor t, ReduceOp op = ReduceOp::Sum, const std::string& what = "");
+  void allreduce(at::Tensor t, ReduceOp op = ReduceOp::Sum, const std::string& what = "");
+  /// In-place broadcast of `t` from `root` to every rank.
+  Work broadcast_async(at::Tensor t, int root, const std::string& what = "");
+  void broadcast(at::Tensor t, int root, const std::string& what = "");
+  /// out[r] receives rank r's `in`; out must hold size() tensors shaped like `in`.
+  void allgather(std::vector<at::Tensor>& out, const at::Tensor& in, const std::string& what = "");
+  void send(at::Tensor t, int dst, int tag = 0);
+  void recv(at::Tensor t, int src, int tag = 0);
+  void barrier(const std::string& what = "");
+
+  /// Broadcasts a byte string from `root`; every rank returns root's value.
+  std::string broadcast_string(const std::string& s, int root, const std::string& what = "");
+
+  /// The rendezvous store, namespaced to this job and restart attempt.
+  c10d::Store& store();
+
+ private:
+  struct Impl;
+  Communicator(launch::RankInfo info, CommOptions opts);
+  Work start(const std::string& op, const std::string& what, at::Tensor t,
+             const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
+             std::function<void()> finish);
+  [[noreturn]] void fail(const std::string& op, long seq, const std::string& cause);
+  friend class Work;
+
+  launch::RankInfo info_;
+  CommOptions opts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtorch::comm

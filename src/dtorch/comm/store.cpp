@@ -1,0 +1,51 @@
+// TCPStore serving and joining, with errors that say which address and port failed.
+#include "dtorch/comm/store.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::comm {
+
+c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
+                                         std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(port);
+  o.isServer = true;
+  o.numWorkers = c10::nullopt;  // clients are counted by dtorch's own rendezvous keys
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>("0.0.0.0", o);
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CommError, "cannot serve the rendezvous store on port ", port, ": ", e.what(),
+                "\n---> HINT: another job probably uses this port; pick another with "
+                "--master-port (or MASTER_PORT), or use --standalone for a free one");
+  }
+}
+
+int served_port(const c10::intrusive_ptr<c10d::Store>& store) {
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  DTORCH_CHECK(tcp, "served_port: not a TCPStore");
+  return tcp->getPort();
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
+                                           std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<std::uint16_t>(port);
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(addr, o);
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CommError, "cannot reach the rendezvous store at ", addr, ":", port, " within ",
+                timeout.count() / 1000.0, " s: ", e.what(),
+                "\n---> HINT: check MASTER_ADDR/MASTER_PORT (--master-addr/--master-port), that "
+                "rank 0 or the launcher of node 0 is running, and that no firewall blocks the "
+                "port");
+  }
+}
+
+}  // namespace dtorch::comm

@@ -1,0 +1,55 @@
+// Logging implementation: one line per call, written with a single fwrite so lines from
+// threads do not interleave mid-line.
+#include "dtorch/core/log.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace dtorch::log {
+namespace {
+
+std::atomic<int> g_rank{-1};
+
+Level level_from_env() {
+  const char* v = std::getenv("DTORCH_LOG_LEVEL");
+  if (!v) return Level::Info;
+  if (!std::strcmp(v, "debug")) return Level::Debug;
+  if (!std::strcmp(v, "warn")) return Level::Warn;
+  if (!std::strcmp(v, "error")) return Level::Error;
+  return Level::Info;
+}
+
+const char* name(Level l) {
+  switch (l) {
+    case Level::Debug:
+      return "debug";
+    case Level::Info:
+      return "info";
+    case Level::Warn:
+      return "warning";
+    case Level::Error:
+      return "error";
+  }
+  return "";
+}
+
+}  // namespace
+
+void set_rank(int rank) { g_rank = rank; }
+
+bool enabled(Level level) {
+  static const Level min_level = level_from_env();
+  return level >= min_level;
+}
+
+void write(Level level, const std::string& msg) {
+  std::string line = "dtorch";
+  if (g_rank >= 0) line += str("[rank ", g_rank.load(), "]");
+  line += str(" ", name(level), ": ", msg, "\n");
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace dtorch::log

@@ -1,0 +1,40 @@
+// The launcher behind `dtorch launch`: starts nproc_per_node workers of one program with
+// torchrun's environment, prefixes their output with node and rank, watches them, and tears
+// the whole group down (and optionally restarts it) when one fails.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtorch::launch {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;                 ///< workers started on this node
+  int nnodes = 1;                         ///< nodes in the job
+  int node_rank = 0;                      ///< this node's index, 0..nnodes-1
+  std::string master_addr = "127.0.0.1";  ///< host of node 0, where the store is served
+  int master_port = 29500;                ///< store port on master_addr
+  bool standalone = false;                ///< single node on a free port (ignores master_addr/port)
+  int max_restarts = 0;                   ///< restarts of the whole group after a worker failure
+  /// Global ranks whose output is shown; empty shows every rank.
+  std::vector<int> show_ranks;
+  /// Seconds between SIGTERM and SIGKILL when the group is torn down.
+  double grace_seconds = 3.0;
+  /// Seconds the rendezvous store waits for all nodes' workers to connect.
+  double rdzv_timeout_seconds = 300.0;
+  /// Tear the group down and fail when it runs longer than this (0: no limit).
+  double timeout_seconds = 0;
+  std::vector<std::string> command;        ///< PROGRAM ARGS...
+  std::map<std::string, std::string> env;  ///< extra variables for every worker
+  /// TORCHELASTIC_RUN_ID for the workers; empty: a fresh random id with standalone, else "none"
+  /// (torchrun's defaults).
+  std::string run_id;
+};
+
+/// Runs the group to completion and returns the exit code `dtorch launch` should exit with:
+/// 0 when every worker exited 0, otherwise non-zero after naming the failed rank, its exit
+/// code or signal. Throws ConfigError for bad options.
+int run(const LaunchOptions& opts);
+
+}  // namespace dtorch::launch

@@ -1,0 +1,83 @@
+// Distributed data parallel, applied to any torch::nn::Module by a function:
+//   auto ddp = dtorch::ddp::wrap(model, comm);   // broadcast from rank 0, check shapes
+//   loss.backward();                              // gradients averaged across ranks
+// Gradients are reduced in buckets whose allreduce starts from the gradient-ready hooks while
+// backward is still running, and is waited for at the end of backward.
+// See Note [Bucket order] in bucket_plan.h and Note [Gradient views] in reducer.cpp.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "dtorch/comm/communicator.h"
+#include "dtorch/parallel/ddp/bucket_plan.h"
+
+namespace dtorch::ddp {
+
+enum class Compression {
+  None,  ///< reduce gradients in their own dtype
+  FP16,  ///< cast buckets to float16 for the allreduce (half the bytes)
+  BF16,  ///< cast buckets to bfloat16 (on Gloo in LibTorch 1.13 the sum itself runs in fp32)
+};
+
+struct Options {
+  /// Bytes per gradient bucket, in MiB (PyTorch's bucket_cap_mb).
+  double bucket_cap_mb = 25.0;
+  /// The first bucket (the last layers' gradients, ready first) is kept small so its
+  /// communication starts early in backward.
+  double first_bucket_cap_mb = 1.0;
+  /// Allow parameters that get no gradient in a step (PyTorch's find_unused_parameters):
+  /// their share is reduced as zeros at the end of backward. Off, such a parameter is an
+  /// error naming it.
+  bool find_unused_parameters = false;
+  /// Broadcast buffers (e.g. BatchNorm statistics) from rank 0 after each backward.
+  bool broadcast_buffers = true;
+  Compression compression = Compression::None;
+};
+
+class Reducer;
+
+/// The handle ddp::wrap returns; keep it alive as long as the model trains.
+class DistributedDataParallel {
+ public:
+  /// RAII guard: while it lives, backward accumulates gradients locally without
+  /// communicating (gradient accumulation: K-1 micro-steps under no_sync, then one synced).
+  class NoSync {
+   public:
+    explicit NoSync(Reducer* r);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync(NoSync&& o) noexcept : r_(o.r_) { o.r_ = nullptr; }
+
+   private:
+    Reducer* r_;
+  };
+
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> model,
+                          std::shared_ptr<comm::Communicator> comm, Options opts);
+  ~DistributedDataParallel();
+
+  [[nodiscard]] NoSync no_sync();
+  const BucketPlan& plan() const;
+  const Options& options() const { return opts_; }
+  /// Seconds spent blocked waiting for gradient communication at the end of backward,
+  /// summed since construction.
+  double comm_wait_seconds() const;
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<comm::Communicator> comm_;
+  Options opts_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+/// Makes `model` data-parallel over `comm`: broadcasts parameters and buffers from rank 0,
+/// checks that every rank has the same parameter names and shapes (a mismatch is a
+/// ConfigError naming the first differing parameter), and installs the gradient hooks.
+std::shared_ptr<DistributedDataParallel> wrap(std::shared_ptr<torch::nn::Module> model,
+                                              std::shared_ptr<comm::Communicator> comm,
+                                              Options opts = {});
+
+}  // namespace dtorch::ddp

@@ -1,0 +1,45 @@
+// The training loop behind `dtorch train`: a registered model on an image dataset, data
+// parallel over the communicator's ranks, with progress, per-epoch evaluation, metrics,
+// checkpoints and resume. Rank 0 reports and writes; every rank trains.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtorch/comm/communicator.h"
+#include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/train/metrics.h"
+#include "dtorch/train/progress.h"
+
+namespace dtorch::train {
+
+struct TrainConfig {
+  std::string model = "mnist-cnn";  ///< a name from models::model_names()
+  std::string data = "fashion-mnist";  ///< fashion-mnist or mnist (IDX files in data_dir)
+  std::string data_dir;                ///< empty: Debian's dataset-fashion-mnist folder
+  int epochs = 2;
+  int64_t batch_size = 64;       ///< samples per rank per step
+  double lr = 0.01;
+  std::string optimizer = "sgd";  ///< sgd (momentum 0.9) or adamw
+  double momentum = 0.9;          ///< sgd only
+  double weight_decay = 0.0;      ///< adamw: 0.01 when left at 0
+  uint64_t seed = 1;              ///< model init and data order
+  std::string out = "runs/latest";  ///< metrics.jsonl, checkpoints, model.pt
+  bool resume = false;              ///< continue from the newest good checkpoint in `out`
+  int accum_steps = 1;              ///< batches per optimizer step (no_sync for all but last)
+  int threads = 0;                  ///< intra-op threads per rank (0: leave as is)
+  int64_t train_samples = 0;        ///< use the first N training samples (0: all)
+  int64_t test_samples = 0;         ///< evaluate on the first N test samples (0: all)
+  int keep_checkpoints = 2;
+  ddp::Options ddp;
+  ProgressConfig progress;
+};
+
+/// Throws ConfigError naming the first bad field and the fix.
+void validate(const TrainConfig& c);
+
+/// Trains and returns the record of every epoch run (all ranks get the same records).
+std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm);
+
+}  // namespace dtorch::train

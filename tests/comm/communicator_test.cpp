@@ -1,0 +1,176 @@
+// Communicator: collectives give the values computed by hand, and failures name the rank at
+// fault (a stalled rank, a dead rank) within the timeout instead of hanging.
+#include "dtorch/comm/communicator.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "dtorch/core/error.h"
+#include "support/workers.h"
+
+namespace dtorch::comm {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+TEST(Communicator, WorldOfOneNeedsNoEnvironment) {
+  launch::RankInfo info;  // defaults: rank 0 of 1
+  auto c = Communicator::create(info);
+  EXPECT_EQ(c->size(), 1);
+  auto t = torch::arange(4, torch::kFloat);
+  c->allreduce(t, ReduceOp::Avg);
+  EXPECT_TRUE(t.equal(torch::arange(4, torch::kFloat)));
+  c->broadcast(t, 0);
+  c->barrier();
+  EXPECT_EQ(c->broadcast_string("abc", 0), "abc");
+}
+
+DTORCH_TEST_WORKER(comm_collectives) {
+  auto c = Communicator::from_env();
+  int r = c->rank(), n = c->size();
+  std::ostringstream report;
+  // allreduce: sum, avg, max on float; sum on int64; bf16 (cast on Gloo 1.13)
+  auto s = torch::full({5}, float(r + 1));
+  c->allreduce(s, ReduceOp::Sum);
+  report << "sum " << s[0].item<float>() << "\n";
+  auto a = torch::full({3}, double(r));
+  c->allreduce(a, ReduceOp::Avg);
+  report << "avg " << a[0].item<double>() << "\n";
+  auto m = torch::tensor({double(r), double(-r - 1)});
+  c->allreduce(m, ReduceOp::Max);
+  report << "max " << m[0].item<double>() << " " << m[1].item<double>() << "\n";
+  auto i = torch::full({2}, int64_t(r), torch::kLong);
+  c->allreduce(i);
+  report << "isum " << i[0].item<int64_t>() << "\n";
+  auto h = torch::full({4}, 1.5, torch::kBFloat16);
+  c->allreduce(h);
+  report << "bf16 " << h[0].item<float>() << " " << (h.scalar_type() == torch::kBFloat16)
+         << "\n";
+  // async: two in flight at once, waited in reverse order
+  auto x = torch::ones({1000}), y = torch::full({10}, 2.0);
+  auto wx = c->allreduce_async(x, ReduceOp::Sum);
+  auto wy = c->allreduce_async(y, ReduceOp::Sum);
+  wy.wait();
+  wx.wait();
+  report << "async " << x.sum().item<float>() << " " << y[0].item<float>() << "\n";
+  // broadcast from the last rank, allgather, send/recv ring, string broadcast
+  auto b = torch::full({2}, float(r));
+  c->broadcast(b, n - 1);
+  report << "bcast " << b[0].item<float>() << "\n";
+  std::vector<torch::Tensor> all(n);
+  for (auto& t : all) t = torch::empty({2});
+  c->allgather(all, torch::full({2}, float(10 * r)));
+  report << "gather";
+  for (auto& t : all) report << " " << t[1].item<float>();
+  report << "\n";
+  auto out = torch::full({3}, float(r));
+  auto in = torch::empty({3});
+  if (r % 2 == 0) {
+    c->send(out, (r + 1) % n);
+    c->recv(in, (r + n - 1) % n);
+  } else {
+    c->recv(in, (r + n - 1) % n);
+    c->send(out, (r + 1) % n);
+  }
+  report << "recv " << in[0].item<float>() << "\n";
+  report << "string " << c->broadcast_string(r == 0 ? "hello from 0" : "", 0) << "\n";
+  c->barrier();
+  std::ofstream(args.at(0) + "/rank" + std::to_string(r)) << report.str();
+}
+
+TEST(Communicator, CollectivesOnThreeRanks) {
+  std::string dir = testing::scratch_dir("comm_collectives");
+  ASSERT_EQ(testing::run_ranks(3, "comm_collectives", {dir}), 0);
+  for (int r = 0; r < 3; ++r) {
+    std::string got = read_file(dir + "/rank" + std::to_string(r));
+    std::string want = std::string("sum 6\navg 1\nmax 2 -1\nisum 3\nbf16 4.5 1\nasync 3000 6\n") +
+                       "bcast 2\ngather 0 10 20\nrecv " + std::to_string((r + 2) % 3) +
+                       "\nstring hello from 0\n";
+    EXPECT_EQ(got, want) << "rank " << r;
+  }
+}
+
+// Rank 1 stalls (as under SIGSTOP, or stuck in other work) longer than the timeout.
+DTORCH_TEST_WORKER(comm_stall) {
+  setenv("DTORCH_TIMEOUT", "2", 1);
+  auto c = Communicator::from_env();
+  if (c->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
+  auto t = torch::ones({8});
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    c->allreduce(t, ReduceOp::Sum, "stall test");
+  } catch (const CommError& e) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(args.at(0) + "/error") << e.what() << "\nseconds " << s;
+    throw;
+  }
+}
+
+TEST(Communicator, StalledRankIsNamedWithinTimeout) {
+  std::string dir = testing::scratch_dir("comm_stall");
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(testing::run_ranks(2, "comm_stall", {dir}, 60), 0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
+  std::string msg = read_file(dir + "/error");
+  EXPECT_NE(msg.find("rank(s) 1 did not reach"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("allreduce #"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("stall test"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("DTORCH_TIMEOUT"), std::string::npos) << msg;
+}
+
+// Rank 1 dies abruptly (no destructors) while rank 0 is in a collective.
+DTORCH_TEST_WORKER(comm_dead) {
+  setenv("DTORCH_TIMEOUT", "10", 1);
+  auto c = Communicator::from_env();
+  if (c->rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    _exit(0);  // exit 0, so the launcher does not stop rank 0 first
+  }
+  auto t = torch::ones({8});
+  try {
+    c->allreduce(t);
+  } catch (const CommError& e) {
+    std::ofstream(args.at(0) + "/error") << e.what();
+    throw;
+  }
+}
+
+TEST(Communicator, DeadRankIsNamed) {
+  std::string dir = testing::scratch_dir("comm_dead");
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(testing::run_ranks(2, "comm_dead", {dir}, 60), 0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 25);
+  std::string msg = read_file(dir + "/error");
+  EXPECT_NE(msg.find("rank(s) 1 did not"), std::string::npos) << msg;
+}
+
+// Rank 1 runs one collective fewer and exits cleanly: rank 0 is told it finished early.
+DTORCH_TEST_WORKER(comm_left) {
+  setenv("DTORCH_TIMEOUT", "10", 1);
+  auto c = Communicator::from_env();
+  if (c->rank() == 1) return;
+  auto t = torch::ones({8});
+  try {
+    c->allreduce(t);
+  } catch (const CommError& e) {
+    std::ofstream(args.at(0) + "/error") << e.what();
+    throw;
+  }
+}
+
+TEST(Communicator, RankThatFinishedEarlyIsNamed) {
+  std::string dir = testing::scratch_dir("comm_left");
+  EXPECT_NE(testing::run_ranks(2, "comm_left", {dir}, 60), 0);
+  std::string msg = read_file(dir + "/error");
+  EXPECT_NE(msg.find("rank(s) 1 had already finished"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dtorch::comm

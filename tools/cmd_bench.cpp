@@ -1,0 +1,135 @@
+// `dtorch bench ddp`: DDP training throughput under the Python peer's protocol
+// (../shared/peers/torch_ddp_mnist.py): uniformly random batches drawn by a per-rank
+// generator, SGD lr 0.01 momentum 0.9, cross-entropy, warm-up steps not timed. Rank 0 prints
+// one JSON line with the peer's fields plus where a step's time goes.
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "dtorch/core/env.h"
+#include "dtorch/core/error.h"
+#include "dtorch/data/mnist_dataset.h"
+#include "dtorch/launch/launcher.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/parallel/ddp/ddp.h"
+#include "tools/commands.h"
+
+namespace dtorch::tools {
+namespace {
+
+struct BenchFlags {
+  std::string model = "mnist-cnn";
+  int nproc_per_node = 1;
+  int threads = 1;
+  int64_t batch_size = 64;
+  int steps = 200;
+  int warmup = 20;
+  std::string data_dir = data::kDefaultMnistDir;
+};
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int bench_worker(const BenchFlags& f) {
+  torch::set_num_threads(f.threads);
+  torch::manual_seed(0);
+  auto comm = comm::Communicator::from_env();
+  auto train = data::load_mnist(f.data_dir, "train");
+  auto model = models::make_model(f.model);
+  std::shared_ptr<ddp::DistributedDataParallel> d;
+  if (comm->size() > 1) d = ddp::wrap(model, comm);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  auto gen = at::detail::createCPUGenerator(comm->rank());
+  double t_data = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, wait0 = 0;
+  Clock::time_point t0;
+  double loss_value = 0;
+  for (int step = 0; step < f.warmup + f.steps; ++step) {
+    if (step == f.warmup) {
+      comm->barrier("bench start");
+      t0 = Clock::now();
+      t_data = t_fwd = t_bwd = t_opt = 0;
+      wait0 = d ? d->comm_wait_seconds() : 0;
+    }
+    auto t = Clock::now();
+    auto idx = torch::randint(0, train.size(), {f.batch_size}, gen);
+    auto x = train.images.index_select(0, idx);
+    auto y = train.labels.index_select(0, idx);
+    t_data += since(t);
+    t = Clock::now();
+    auto loss = torch::cross_entropy_loss(model->forward(x), y);
+    t_fwd += since(t);
+    t = Clock::now();
+    opt.zero_grad();
+    loss.backward();
+    t_bwd += since(t);
+    t = Clock::now();
+    opt.step();
+    t_opt += since(t);
+    if (step + 1 == f.warmup + f.steps) loss_value = loss.item<double>();
+  }
+  comm->barrier("bench end");
+  double seconds = since(t0);
+  if (comm->rank() != 0) return 0;
+  double wait = d ? d->comm_wait_seconds() - wait0 : 0;
+  auto per_step_ms = [&](double s) { return 1000.0 * s / f.steps; };
+  nlohmann::json j = {
+      {"impl", "dtorch"},
+      {"torch", TORCH_VERSION},
+      {"model", f.model},
+      {"nproc", comm->size()},
+      {"threads", f.threads},
+      {"batch_per_rank", f.batch_size},
+      {"steps", f.steps},
+      {"seconds", seconds},
+      {"samples_per_s", f.steps * f.batch_size * comm->size() / seconds},
+      {"final_loss", loss_value},
+      {"ms_per_step",
+       {{"data", per_step_ms(t_data)},
+        {"forward", per_step_ms(t_fwd)},
+        {"backward_incl_comm_wait", per_step_ms(t_bwd)},
+        {"comm_wait", per_step_ms(wait)},
+        {"optimizer", per_step_ms(t_opt)}}},
+  };
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto f = std::make_shared<BenchFlags>();
+  auto* bench = app.add_subcommand("bench", "Benchmarks (results as one JSON line)");
+  bench->require_subcommand(1);
+  auto* cmd = bench->add_subcommand("ddp", "DDP training throughput, the peer's protocol");
+  cmd->add_option("--model", f->model, "mnist-cnn | mnist-mlp")->capture_default_str();
+  cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node)->capture_default_str();
+  cmd->add_option("--threads", f->threads, "intra-op threads per rank")->capture_default_str();
+  cmd->add_option("--batch-size", f->batch_size, "per rank")->capture_default_str();
+  cmd->add_option("--steps", f->steps, "timed steps")->capture_default_str();
+  cmd->add_option("--warmup", f->warmup, "untimed steps first")->capture_default_str();
+  cmd->add_option("--data-dir", f->data_dir)->capture_default_str();
+  cmd->callback([f, &exit_code] {
+    DTORCH_CHECK_T(ConfigError, f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
+                                    f->warmup >= 0 && f->batch_size >= 1,
+                   "bench ddp: --nproc-per-node, --threads, --steps and --batch-size must be "
+                   ">= 1, --warmup >= 0");
+    if (f->nproc_per_node > 1 && !env::get("RANK")) {
+      launch::LaunchOptions lo;
+      lo.nproc_per_node = f->nproc_per_node;
+      lo.standalone = true;
+      lo.show_ranks = {0};
+      lo.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "ddp"};
+      const auto& args = command_line();
+      size_t from = std::find(args.begin(), args.end(), "ddp") - args.begin() + 1;
+      for (size_t i = from; i < args.size(); ++i) lo.command.push_back(args[i]);
+      // The workers see RANK and run the benchmark themselves; nproc is then ignored.
+      exit_code = launch::run(lo);
+      return;
+    }
+    exit_code = bench_worker(*f);
+  });
+}
+
+}  // namespace dtorch::tools

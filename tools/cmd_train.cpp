@@ -1,0 +1,108 @@
+// `dtorch train`: the training job from the command line. Runs alone, under `dtorch launch`
+// or torchrun, or (with --nproc-per-node N) launches N copies of itself.
+#include <filesystem>
+
+#include "dtorch/core/env.h"
+#include "dtorch/core/log.h"
+#include "dtorch/data/mnist_dataset.h"
+#include "dtorch/launch/launcher.h"
+#include "dtorch/train/trainer.h"
+#include "tools/commands.h"
+
+namespace dtorch::tools {
+namespace {
+
+struct TrainFlags {
+  train::TrainConfig config;
+  int nproc_per_node = 0;
+  std::string compression = "none";
+  std::string progress = "auto";
+};
+
+// The arguments this process got after `train`, minus --nproc-per-node, for its workers.
+std::vector<std::string> worker_command(const std::vector<std::string>& args) {
+  std::vector<std::string> cmd{std::filesystem::read_symlink("/proc/self/exe").string(), "train"};
+  size_t from = std::find(args.begin(), args.end(), "train") - args.begin() + 1;
+  for (size_t i = from; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--nproc-per-node" || a == "--nproc_per_node") {
+      ++i;  // skip its value too
+      continue;
+    }
+    if (a.rfind("--nproc-per-node=", 0) == 0 || a.rfind("--nproc_per_node=", 0) == 0) continue;
+    cmd.push_back(a);
+  }
+  return cmd;
+}
+
+int run_train(TrainFlags& f, const std::vector<std::string>& raw_args) {
+  auto& c = f.config;
+  c.ddp.compression = f.compression == "fp16"   ? ddp::Compression::FP16
+                      : f.compression == "bf16" ? ddp::Compression::BF16
+                                                : ddp::Compression::None;
+  using Mode = train::ProgressConfig::Mode;
+  c.progress.mode = f.progress == "bar"     ? Mode::Bar
+                    : f.progress == "lines" ? Mode::Lines
+                    : f.progress == "off"   ? Mode::Off
+                                            : Mode::Auto;
+  train::validate(c);  // fail before launching anything
+  bool launched = env::get("RANK").has_value();
+  if (f.nproc_per_node > 1 && !launched) {
+    launch::LaunchOptions lo;
+    lo.nproc_per_node = f.nproc_per_node;
+    lo.standalone = true;
+    lo.command = worker_command(raw_args);
+    return launch::run(lo);
+  }
+  if (f.nproc_per_node > 1 && launched) {
+    log::warn("--nproc-per-node is ignored: this process was already started by a launcher");
+  }
+  auto comm = comm::Communicator::from_env();
+  train::train(c, comm);
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, int& exit_code) {
+  auto f = std::make_shared<TrainFlags>();
+  auto& c = f->config;
+  auto* cmd = app.add_subcommand("train", "Train a model data-parallel (DDP) on this node's ranks");
+  cmd->add_option("--model", c.model, "mnist-cnn | mnist-mlp")->capture_default_str();
+  cmd->add_option("--data", c.data, "fashion-mnist | mnist")->capture_default_str();
+  cmd->add_option("--data-dir", c.data_dir,
+                  std::string("folder with the IDX files (default ") + data::kDefaultMnistDir +
+                      ")");
+  cmd->add_option("--epochs", c.epochs)->capture_default_str();
+  cmd->add_option("--batch-size", c.batch_size, "samples per rank per step")
+      ->capture_default_str();
+  cmd->add_option("--lr", c.lr, "learning rate")->capture_default_str();
+  cmd->add_option("--optimizer", c.optimizer, "sgd (momentum 0.9) | adamw")
+      ->capture_default_str();
+  cmd->add_option("--momentum", c.momentum, "sgd momentum")->capture_default_str();
+  cmd->add_option("--weight-decay", c.weight_decay, "adamw weight decay (default 0.01)");
+  cmd->add_option("--seed", c.seed)->capture_default_str();
+  cmd->add_option("--out", c.out, "output folder: metrics.jsonl, checkpoints, model.pt")
+      ->capture_default_str();
+  cmd->add_flag("--resume", c.resume, "continue from the newest good checkpoint in --out");
+  cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node,
+                  "launch this many local ranks (like `dtorch launch --standalone`)");
+  cmd->add_option("--accum-steps", c.accum_steps, "batches per optimizer step")
+      ->capture_default_str();
+  cmd->add_option("--threads", c.threads, "intra-op threads per rank (0: default)");
+  cmd->add_option("--train-samples", c.train_samples, "use only the first N training samples");
+  cmd->add_option("--test-samples", c.test_samples, "evaluate on the first N test samples");
+  cmd->add_option("--keep-checkpoints", c.keep_checkpoints)->capture_default_str();
+  cmd->add_option("--bucket-cap-mb", c.ddp.bucket_cap_mb)->capture_default_str();
+  cmd->add_flag("--find-unused-parameters", c.ddp.find_unused_parameters,
+                "allow parameters without gradient in a step");
+  cmd->add_option("--grad-compression", f->compression, "none | fp16 | bf16")
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--progress", f->progress, "auto | bar | lines | off")
+      ->check(CLI::IsMember({"auto", "bar", "lines", "off"}))
+      ->capture_default_str();
+  cmd->callback([f, &exit_code] { exit_code = run_train(*f, command_line()); });
+}
+
+}  // namespace dtorch::tools
