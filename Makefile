@@ -29,7 +29,7 @@ test: deps-test $(BUILD)/build.ninja
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 bench: deps-bench build
-	scripts/bench-ddp
+	bench/bench_ddp.py --dtorch $(BUILD)/dtorch
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

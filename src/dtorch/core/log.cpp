@@ -37,7 +37,11 @@ const char* name(Level l) {
 
 }  // namespace
 
-void set_rank(int rank) { g_rank = rank; }
+void set_rank(int rank) {
+  // Under `dtorch launch` each line already carries the rank (DTORCH_OUTPUT_PREFIXED).
+  static const bool prefixed = std::getenv("DTORCH_OUTPUT_PREFIXED") != nullptr;
+  g_rank = prefixed ? -1 : rank;
+}
 
 bool enabled(Level level) {
   static const Level min_level = level_from_env();

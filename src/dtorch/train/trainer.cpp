@@ -155,7 +155,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       double l = loss.item<double>();
       loss_sum += l;
       samples += batch.labels.size(0) * world;
-      progress.update(static_cast<int64_t>(i) + 1, l, batch.labels.size(0) * world);
+      progress.update(static_cast<int64_t>(i) + 1, l, samples);
     }
     double train_seconds = seconds_since(t0);
     progress.finish_epoch();

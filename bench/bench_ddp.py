@@ -1,0 +1,137 @@
+#!/usr/bin/python3
+"""Runs `dtorch bench ddp` and PyTorch's Python DDP peer side by side and writes BENCHMARKS.md.
+
+Same machine, same run, same protocol (../shared/peers/torch_ddp_mnist.py): uniformly random
+batches from Fashion-MNIST drawn by a per-rank generator, SGD lr 0.01 momentum 0.9,
+cross-entropy, warm-up steps not timed. Each configuration runs ours then the peer's,
+`--repeats` times, and the median samples/s is reported.
+Usage: bench/bench_ddp.py [--dtorch build/dtorch] [--peer PATH] [--out BENCHMARKS.md]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_json(cmd):
+    """Runs cmd and returns the last JSON object it printed on stdout (launcher prefix removed)."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    for line in reversed(p.stdout.splitlines()):
+        line = re.sub(r"^\[n\d+ r\d+\] ", "", line.strip())
+        if line.startswith("{"):
+            return json.loads(line)
+    sys.exit(f"bench: no JSON line from {' '.join(cmd)}:\n{p.stdout[-2000:]}")
+
+
+def active_blas():
+    try:
+        out = subprocess.run(["update-alternatives", "--query", "libblas.so.3-x86_64-linux-gnu"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
+        m = re.search(r"^Value: (.*)$", out, re.M)
+        return m.group(1) if m else "unknown"
+    except FileNotFoundError:
+        return "unknown"
+
+
+def cpu_name():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtorch", default=os.path.join(ROOT, "build", "dtorch"))
+    ap.add_argument("--peer", default=os.path.join(ROOT, "..", "shared", "peers",
+                                                   "torch_ddp_mnist.py"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=64)
+    a = ap.parse_args()
+    if not os.path.exists(a.peer):
+        sys.exit(f"bench: the peer {a.peer} is missing (it ships in shared/peers beside the repo)")
+
+    rows = {}
+    port = 29600
+    for model in ("mnist-mlp", "mnist-cnn"):
+        for n in (1, 2):
+            ours, peer, last = [], [], None
+            for _ in range(a.repeats):
+                last = run_json([a.dtorch, "bench", "ddp", "--model", model, "--nproc-per-node",
+                                 str(n), "--threads", "1", "--batch-size", str(a.batch),
+                                 "--steps", str(a.steps), "--warmup", str(a.warmup)])
+                ours.append(last["samples_per_s"])
+                port += 1
+                p = run_json(["/usr/bin/python3", a.peer, "--model", model, "--nproc", str(n),
+                              "--threads", "1", "--batch", str(a.batch), "--steps", str(a.steps),
+                              "--warmup", str(a.warmup), "--port", str(port)])
+                peer.append(p["samples_per_s"])
+                print(f"{model} x{n}: dtorch {ours[-1]:.0f}  peer {peer[-1]:.0f} samples/s",
+                      file=sys.stderr)
+            rows[(model, n)] = dict(ours=statistics.median(ours), peer=statistics.median(peer),
+                                    breakdown=last["ms_per_step"], torch=p.get("torch"))
+
+    cmd = "make bench   # = bench/bench_ddp.py --repeats %d --steps %d --warmup %d" % (
+        a.repeats, a.steps, a.warmup)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Measured by `%s` on %s." % (cmd, datetime.date.today().isoformat()),
+        "",
+        "- Machine: %s, %d cores; BLAS: `%s`; PyTorch (peer) %s, LibTorch (dtorch) %s." %
+        (cpu_name(), os.cpu_count(), active_blas(), rows[("mnist-cnn", 1)]["torch"],
+         "1.13.1 (Debian)"),
+        "- Protocol: the peer's (`shared/peers/torch_ddp_mnist.py`): uniformly random batches "
+        "of %d per rank from Fashion-MNIST, SGD lr 0.01 momentum 0.9, cross-entropy, "
+        "%d warm-up steps untimed, %d timed steps, 1 thread per rank, Gloo on 127.0.0.1. "
+        "Median of %d runs, ours and the peer's alternating." % (a.batch, a.warmup, a.steps,
+                                                                   a.repeats),
+        "",
+        "## DDP throughput (samples/s, all ranks together)",
+        "",
+        "| model | ranks | dtorch | PyTorch DDP (peer) | dtorch / peer |",
+        "|---|---|---|---|---|",
+    ]
+    for (model, n), r in rows.items():
+        lines.append("| %s | %d | %.0f | %.0f | %.2fx |" % (model, n, r["ours"], r["peer"],
+                                                           r["ours"] / r["peer"]))
+    lines += ["", "## Scaling efficiency (2-rank samples/s over twice the 1-rank figure)", "",
+              "| model | dtorch | PyTorch DDP (peer) |", "|---|---|---|"]
+    for model in ("mnist-mlp", "mnist-cnn"):
+        one, two = rows[(model, 1)], rows[(model, 2)]
+        lines.append("| %s | %.2f | %.2f |" % (model, two["ours"] / (2 * one["ours"]),
+                                              two["peer"] / (2 * one["peer"])))
+    lines += ["", "## Where a dtorch step's time goes (ms per step, rank 0, last run)", "",
+              "Backward includes the time blocked on gradient communication at its end "
+              "(`comm wait`); the rest of the allreduce overlaps with backward.", "",
+              "| model | ranks | data | forward | backward (incl. wait) | comm wait | optimizer |",
+              "|---|---|---|---|---|---|---|"]
+    for (model, n), r in rows.items():
+        b = r["breakdown"]
+        lines.append("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+            model, n, b["data"], b["forward"], b["backward_incl_comm_wait"], b["comm_wait"],
+            b["optimizer"]))
+    notes_path = os.path.join(ROOT, "bench", "NOTES.md")
+    if os.path.exists(notes_path):
+        with open(notes_path) as f:
+            lines += ["", f.read().strip()]
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+// dtorch's public API in one include, for programs that link dtorch::dtorch.
+// The pieces: the communicator, DDP, the launcher's rank description, data and training helpers.
+#pragma once
+
+#include "dtorch/comm/communicator.h"
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+#include "dtorch/data/mnist_dataset.h"
+#include "dtorch/data/sampler.h"
+#include "dtorch/launch/rank_info.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/train/checkpoint.h"
+#include "dtorch/train/state_dict.h"

@@ -1,0 +1,542 @@
+// `dtorch launch`: serves the rendezvous store on node 0, starts the workers with torchrun's
+// environment, relays their output line by line with "[n<node> r<rank>] " in front, and tears
+// the group down (then restarts it or fails, naming the rank) as soon as one worker fails.
+#include "dtorch/launch/launcher.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <random>
+#include <string_view>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "dtorch/comm/store.h"
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+#include "dtorch/launch/line_prefixer.h"
+#include "dtorch/launch/process.h"
+#include "dtorch/launch/signals.h"
+
+extern char** environ;
+
+namespace dtorch::launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A hidden rank's (--show-ranks) recent stderr, printed if it fails, so its error is not lost.
+constexpr std::size_t kHiddenTailBytes = 4096;
+// How much a worker may still have in its pipes when it exits; more is a grandchild's.
+constexpr std::size_t kExitDrainBytes = 4 << 20;
+
+void validate(const LaunchOptions& o) {
+  DTORCH_CHECK_T(ConfigError, !o.command.empty() && !o.command[0].empty(),
+                 "no program to run; put it after the flags, e.g. "
+                 "`dtorch launch --nproc-per-node 2 -- ./train --epochs 1`");
+  DTORCH_CHECK_T(ConfigError, o.nproc_per_node >= 1, "--nproc-per-node=", o.nproc_per_node,
+                 " must be at least 1 (workers to start on this node)");
+  DTORCH_CHECK_T(ConfigError, o.nnodes >= 1, "--nnodes=", o.nnodes, " must be at least 1");
+  DTORCH_CHECK_T(ConfigError, static_cast<long long>(o.nnodes) * o.nproc_per_node <= (1 << 20),
+                 "--nnodes=", o.nnodes, " times --nproc-per-node=", o.nproc_per_node,
+                 " is more ranks than dtorch supports (2^20)");
+  DTORCH_CHECK_T(ConfigError, o.node_rank >= 0 && o.node_rank < o.nnodes,
+                 "--node-rank=", o.node_rank, " must be in 0..", o.nnodes - 1,
+                 " for --nnodes=", o.nnodes,
+                 " (nodes are numbered from 0; node 0 serves the rendezvous)");
+  DTORCH_CHECK_T(ConfigError, !o.standalone || o.nnodes == 1, "--standalone runs one node, but ",
+                 "--nnodes=", o.nnodes, "; drop --standalone and give every node the same ",
+                 "--master-addr and --master-port");
+  if (!o.standalone) {
+    // Port 0 ("any free port") only works when no other node needs to know the port.
+    DTORCH_CHECK_T(
+        ConfigError,
+        (o.master_port >= 1 && o.master_port <= 65535) || (o.master_port == 0 && o.nnodes == 1),
+        "--master-port=", o.master_port,
+        " is not a TCP port; use 1..65535, or --standalone for a free one");
+    DTORCH_CHECK_T(ConfigError, !o.master_addr.empty(),
+                   "--master-addr is empty; give the host name or address of node 0");
+  }
+  DTORCH_CHECK_T(ConfigError, o.max_restarts >= 0, "--max-restarts=", o.max_restarts,
+                 " must be 0 or more");
+  DTORCH_CHECK_T(ConfigError, o.grace_seconds >= 0, "--grace-period=", o.grace_seconds,
+                 " must be 0 or more seconds");
+  DTORCH_CHECK_T(ConfigError, o.rdzv_timeout_seconds > 0, "--rdzv-timeout=", o.rdzv_timeout_seconds,
+                 " must be more than 0 seconds");
+  DTORCH_CHECK_T(ConfigError, o.timeout_seconds >= 0, "--timeout=", o.timeout_seconds,
+                 " must be 0 (no limit) or more seconds");
+  int world = o.nnodes * o.nproc_per_node;
+  for (int r : o.show_ranks) {
+    DTORCH_CHECK_T(ConfigError, r >= 0 && r < world, "--show-ranks names rank ", r,
+                   " but the job has ranks 0..", world - 1);
+  }
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::uniform_int_distribution<unsigned> hex(0, 15);
+  std::string id;
+  for (int i = 0; i < 12; ++i)
+    id += "0123456789abcdef"[hex(rd)];
+  return id;
+}
+
+bool same_file(int a, int b) {
+  struct stat sa, sb;
+  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+void write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      struct pollfd p = {fd, POLLOUT, 0};
+      ::poll(&p, 1, 1000);
+    } else {
+      return;  // closed reader (EPIPE) or a full disk: drop output rather than stop the job
+    }
+  }
+}
+
+// The launcher's stdout and stderr, shared by every worker's output and the launcher's own
+// messages.
+//
+// Note [Progress bars among other output]
+// A worker's '\r' update leaves the cursor at the start of its line (see Note [Carriage
+// returns]). When anyone else writes next to the same file, the launcher first ends that line
+// with '\n', so the bar stays readable and the other line is not written over it.
+class Console {
+ public:
+  Console() : shared_(same_file(STDOUT_FILENO, STDERR_FILENO)) {}
+
+  /// `fd` is STDOUT_FILENO or STDERR_FILENO; `owner` identifies the writer.
+  void write(int fd, int owner, const std::string& text) {
+    if (text.empty()) return;
+    int& cr_owner = cr_owner_[shared_ ? 0 : fd == STDERR_FILENO];
+    if (cr_owner != kNone && cr_owner != owner) write_all(fd, "\n", 1);
+    write_all(fd, text.data(), text.size());
+    // Bare '\r's move no text: whatever was pending stays pending.
+    if (text.find_first_not_of('\r') != std::string::npos)
+      cr_owner = text.back() == '\r' ? owner : kNone;
+  }
+  /// A line of the launcher's own, on stderr.
+  void message(const std::string& line) { write(STDERR_FILENO, kLauncher, line + "\n"); }
+
+ private:
+  static constexpr int kNone = -1;
+  static constexpr int kLauncher = -2;
+  bool shared_;
+  int cr_owner_[2] = {kNone, kNone};
+};
+
+// Everything that is the same for every attempt.
+struct Plan {
+  const LaunchOptions& opts;
+  std::string program_path;
+  std::string master_addr;
+  int master_port = 0;
+  int world_size = 0;
+  std::string run_id;
+  std::map<std::string, std::string> env;  // launcher env + opts.env (+ OMP_NUM_THREADS)
+};
+
+std::vector<std::string> worker_env(const Plan& plan, int local_rank, int attempt) {
+  const LaunchOptions& o = plan.opts;
+  int rank = o.node_rank * o.nproc_per_node + local_rank;
+  std::map<std::string, std::string> env = plan.env;
+  // torchrun's variables win over inherited ones: a launcher inside a launcher must not leak.
+  env["RANK"] = std::to_string(rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(plan.world_size);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc_per_node);
+  env["GROUP_RANK"] = std::to_string(o.node_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(o.nnodes);
+  env["ROLE_NAME"] = "default";
+  env["ROLE_RANK"] = std::to_string(rank);
+  env["ROLE_WORLD_SIZE"] = std::to_string(plan.world_size);
+  env["MASTER_ADDR"] = plan.master_addr;
+  env["MASTER_PORT"] = std::to_string(plan.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = plan.run_id;
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  // Every output line already starts with [n<node> r<rank>]; dtorch's log need not repeat it.
+  env["DTORCH_OUTPUT_PREFIXED"] = "1";
+  // Rank 0's progress bar draws through a pipe; this tells it a person is watching.
+  if (::isatty(STDERR_FILENO)) {
+    env["DTORCH_STDERR_TTY"] = "1";
+  } else {
+    env.erase("DTORCH_STDERR_TTY");
+  }
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env)
+    out.push_back(k + "=" + v);
+  return out;
+}
+
+struct Worker {
+  int local_rank = 0;
+  int rank = 0;
+  bool shown = true;
+  Child child;
+  bool running = false;
+  int status = 0;
+  LinePrefixer out{""};
+  LinePrefixer err{""};
+  std::string hidden_err_tail;
+};
+
+struct Failure {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+  int status = 0;
+  std::string hidden_err_tail;
+};
+
+enum class End { Success, WorkerFailed, Signalled, TimedOut };
+
+struct AttemptEnd {
+  End how = End::Success;
+  Failure failure;  // End::WorkerFailed
+  int signal = 0;   // End::Signalled
+};
+
+// One start of the whole group, watched until every worker has ended.
+class Attempt {
+ public:
+  Attempt(const Plan& plan, int attempt, Console& console, SignalWatch& signals,
+          std::optional<Clock::time_point> deadline)
+      : plan_(plan), attempt_(attempt), console_(console), signals_(signals), deadline_(deadline) {}
+
+  // Whatever way run() leaves (an exception included), no worker and nothing a worker started
+  // is left behind.
+  ~Attempt() {
+    kill_running(SIGKILL);
+    for (Worker& w : workers_) {
+      if (w.running) reap_blocking(w);
+      signal_group(w.child.pid, SIGKILL);
+    }
+  }
+
+  AttemptEnd run() {
+    start_all();
+    while (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }))
+      step();
+    return end_;
+  }
+
+ private:
+  void start_all() {
+    const LaunchOptions& o = plan_.opts;
+    const auto& shown = o.show_ranks;
+    workers_.resize(static_cast<std::size_t>(o.nproc_per_node));
+    for (int lr = 0; lr < o.nproc_per_node; ++lr) {
+      Worker& w = workers_[static_cast<std::size_t>(lr)];
+      w.local_rank = lr;
+      w.rank = o.node_rank * o.nproc_per_node + lr;
+      w.shown = shown.empty() || std::find(shown.begin(), shown.end(), w.rank) != shown.end();
+      std::string prefix = rank_prefix(o.node_rank, w.rank);
+      w.out = LinePrefixer(prefix);
+      w.err = LinePrefixer(prefix);
+      // A SpawnError leaves through the destructor, which stops the workers already started.
+      w.child = spawn(SpawnRequest{plan_.program_path, o.command, worker_env(plan_, lr, attempt_)});
+      w.running = true;
+    }
+  }
+
+  // One round of the monitor loop: sleep in poll() until output, a signal, a child's end or a
+  // deadline, then handle whatever happened.
+  void step() {
+    std::vector<struct pollfd> fds{{signals_.wake_fd(), POLLIN, 0}};
+    std::vector<std::pair<Worker*, int>> owners{{nullptr, 0}};
+    for (Worker& w : workers_) {
+      for (int fd : {w.child.out_fd, w.child.err_fd}) {
+        if (fd < 0) continue;
+        fds.push_back({fd, POLLIN, 0});
+        owners.emplace_back(&w, fd);
+      }
+    }
+    int n = ::poll(fds.data(), fds.size(), poll_timeout_ms());
+    if (n < 0 && errno != EINTR)
+      DTORCH_FAIL(Error, "launcher: poll failed: ", std::strerror(errno));
+    for (std::size_t i = 1; n > 0 && i < fds.size(); ++i) {
+      if (fds[i].revents) read_some(*owners[i].first, owners[i].second);
+    }
+    if (int sig = signals_.take_signal()) on_launcher_signal(sig);
+    reap();
+    auto now = Clock::now();
+    if (deadline_ && now >= *deadline_ && !tearing_down()) {
+      end_.how = End::TimedOut;
+      tear_down(SIGTERM);
+    }
+    if (kill_at_ && now >= *kill_at_) {
+      kill_running(SIGKILL);
+      kill_at_.reset();
+    }
+  }
+
+  int poll_timeout_ms() const {
+    // SIGCHLD wakes the loop; the 1 s tick is only a safety net for a missed wake-up.
+    auto now = Clock::now();
+    auto wait = std::chrono::milliseconds(1000);
+    auto until = [&](Clock::time_point t) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(t - now) +
+                  std::chrono::milliseconds(1);
+      wait = std::max(std::chrono::milliseconds(0), std::min(wait, left));
+    };
+    if (deadline_ && !tearing_down()) until(*deadline_);
+    if (kill_at_) until(*kill_at_);
+    return static_cast<int>(wait.count());
+  }
+
+  bool tearing_down() const { return end_.how != End::Success; }
+
+  void tear_down(int sig) {
+    kill_running(sig);
+    kill_at_ = Clock::now() +
+               std::chrono::milliseconds(static_cast<long long>(plan_.opts.grace_seconds * 1000));
+  }
+
+  void kill_running(int sig) {
+    for (Worker& w : workers_)
+      if (w.running) signal_group(w.child.pid, sig);
+  }
+
+  void on_launcher_signal(int sig) {
+    if (tearing_down() || signals_.signal_count() > 1) {
+      kill_running(SIGKILL);  // asked again while stopping: stop waiting for a graceful end
+      return;
+    }
+    end_ = AttemptEnd{End::Signalled, {}, sig};
+    tear_down(sig);  // forward what the launcher got, like torchrun
+  }
+
+  // Reads what one pipe has now; returns false at end of file.
+  bool read_some(Worker& w, int fd) {
+    ssize_t n;
+    do {
+      n = ::read(fd, buf_.data(), buf_.size());
+    } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EAGAIN) return true;
+    bool is_err = fd == w.child.err_fd;
+    std::string text;
+    if (n > 0) {
+      (is_err ? w.err : w.out)
+          .feed(std::string_view(buf_.data(), static_cast<std::size_t>(n)), text);
+    } else {
+      (is_err ? w.err : w.out).finish(text);
+      ::close(fd);
+      (is_err ? w.child.err_fd : w.child.out_fd) = -1;
+    }
+    emit(w, is_err, text);
+    return n > 0;
+  }
+
+  void emit(Worker& w, bool is_err, const std::string& text) {
+    if (text.empty()) return;
+    if (w.shown) {
+      console_.write(is_err ? STDERR_FILENO : STDOUT_FILENO, 2 * w.rank + is_err, text);
+    } else if (is_err) {
+      w.hidden_err_tail += text;
+      if (w.hidden_err_tail.size() > 2 * kHiddenTailBytes)
+        w.hidden_err_tail.erase(0, w.hidden_err_tail.size() - kHiddenTailBytes);
+    }
+  }
+
+  void drain_and_close(Worker& w) {
+    for (int* fd : {&w.child.out_fd, &w.child.err_fd}) {
+      std::size_t total = 0;
+      while (*fd >= 0 && total < kExitDrainBytes && read_some(w, *fd)) {
+        total += buf_.size();
+        struct pollfd p = {*fd, POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) break;  // nothing more now: the worker wrote all it had
+      }
+      if (*fd >= 0) {
+        std::string text;
+        (fd == &w.child.err_fd ? w.err : w.out).finish(text);
+        emit(w, fd == &w.child.err_fd, text);
+        ::close(*fd);
+        *fd = -1;
+      }
+    }
+  }
+
+  void reap() {
+    for (Worker& w : workers_) {
+      if (!w.running) continue;
+      int status = 0;
+      pid_t r = ::waitpid(w.child.pid, &status, WNOHANG);
+      if (r == 0 || (r < 0 && errno == EINTR)) continue;
+      if (r < 0) status = 0xff00;  // reaped by someone else (ECHILD): exit status unknown
+      finished(w, status);
+    }
+  }
+
+  void reap_blocking(Worker& w) {
+    int status = 0;
+    while (::waitpid(w.child.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    finished(w, status);
+  }
+
+  void finished(Worker& w, int status) {
+    w.running = false;
+    w.status = status;
+    drain_and_close(w);
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (ok || tearing_down()) return;  // deaths from our own teardown are not the cause
+    end_.how = End::WorkerFailed;
+    end_.failure = Failure{w.rank, w.local_rank, w.child.pid, status, w.hidden_err_tail};
+    tear_down(SIGTERM);
+  }
+
+  const Plan& plan_;
+  int attempt_;
+  Console& console_;
+  SignalWatch& signals_;
+  std::optional<Clock::time_point> deadline_;
+  std::optional<Clock::time_point> kill_at_;
+  std::vector<Worker> workers_;
+  AttemptEnd end_;
+  std::vector<char> buf_ = std::vector<char>(64 * 1024);  // off the stack: run() may be deep
+};
+
+std::string describe_failure(const Plan& plan, const Failure& f) {
+  std::string s =
+      str("dtorch launch: rank ", f.rank, " (node ", plan.opts.node_rank, ", local rank ",
+          f.local_rank, ", pid ", f.pid, ") ", describe_status(f.status));
+  if (WIFSIGNALED(f.status) && WTERMSIG(f.status) == SIGKILL) {
+    s += "\n---> HINT: nobody in this launcher sent that SIGKILL; the out-of-memory killer "
+         "is the usual sender (see `dmesg`)";
+  }
+  if (!f.hidden_err_tail.empty()) {
+    std::string tail = f.hidden_err_tail;
+    if (tail.size() > kHiddenTailBytes) {
+      tail.erase(0, tail.size() - kHiddenTailBytes);
+      tail.erase(0, tail.find('\n') + 1);
+    }
+    if (!tail.empty() && tail.back() != '\n') tail += '\n';
+    s += str("\ndtorch launch: the end of rank ", f.rank, "'s stderr (hidden by --show-ranks):\n",
+             tail.substr(0, tail.size() - 1));
+  }
+  return s;
+}
+
+std::map<std::string, std::string> launcher_env() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+const char* node_zero_note(const LaunchOptions& o) {
+  return o.node_rank == 0 ? " (served here)" : " (served by node 0's launcher)";
+}
+
+int run_plan(const Plan& plan, Console& console) {
+  const LaunchOptions& o = plan.opts;
+  SignalWatch signals;
+  std::optional<Clock::time_point> deadline;
+  if (o.timeout_seconds > 0) {
+    deadline =
+        Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.timeout_seconds * 1000));
+  }
+  for (int attempt = 0;; ++attempt) {
+    AttemptEnd end;
+    try {
+      end = Attempt(plan, attempt, console, signals, deadline).run();
+    } catch (const SpawnError& e) {
+      console.message(str("dtorch launch: ", e.what()));
+      return e.exit_code();
+    }
+    switch (end.how) {
+      case End::Success:
+        return 0;
+      case End::Signalled:
+        console.message(
+            str("dtorch launch: got ", signal_name(end.signal), "; stopped all workers"));
+        return 128 + end.signal;
+      case End::TimedOut:
+        console.message(str("dtorch launch: the job exceeded its time limit of ", o.timeout_seconds,
+                            " s (--timeout); stopped all workers"));
+        return 124;
+      case End::WorkerFailed:
+        break;
+    }
+    console.message(describe_failure(plan, end.failure));
+    if (attempt >= o.max_restarts) {
+      if (o.max_restarts > 0) {
+        console.message(
+            str("dtorch launch: giving up after ", o.max_restarts, " restart(s) (--max-restarts)"));
+      }
+      return exit_code_of(end.failure.status);
+    }
+    console.message(str("dtorch launch: restarting all workers (restart ", attempt + 1, " of ",
+                        o.max_restarts, ")"));
+  }
+}
+
+}  // namespace
+
+int run(const LaunchOptions& opts) {
+  validate(opts);
+  Console console;
+  Plan plan{opts, "", "", 0, opts.nnodes * opts.nproc_per_node, opts.run_id, launcher_env()};
+  try {
+    plan.program_path = resolve_program(opts.command[0]);
+  } catch (const SpawnError& e) {
+    console.message(str("dtorch launch: ", e.what()));
+    return e.exit_code();
+  }
+  for (const auto& [k, v] : opts.env)
+    plan.env[k] = v;
+  if (opts.nproc_per_node > 1 && plan.env.find("OMP_NUM_THREADS") == plan.env.end()) {
+    // Like torchrun: N workers each starting one OpenMP thread per core would fight for cores.
+    plan.env["OMP_NUM_THREADS"] = "1";
+    console.message(str("dtorch launch: setting OMP_NUM_THREADS=1 for each of the ",
+                        opts.nproc_per_node,
+                        " workers so they do not oversubscribe the cores; set it to tune"));
+  }
+  if (plan.run_id.empty()) plan.run_id = opts.standalone ? random_run_id() : "none";
+
+  // Node 0's launcher serves the store for the whole run, restarts included, so workers that
+  // come back find it where it was (TORCHELASTIC_USE_AGENT_STORE=True).
+  c10::intrusive_ptr<c10d::Store> store;
+  plan.master_addr = opts.standalone ? "127.0.0.1" : opts.master_addr;
+  plan.master_port = opts.master_port;
+  if (opts.node_rank == 0) {
+    store = comm::serve_store(
+        opts.standalone ? 0 : opts.master_port, plan.world_size,
+        std::chrono::milliseconds(static_cast<long long>(opts.rdzv_timeout_seconds * 1000)));
+    plan.master_port = comm::served_port(store);
+  }
+  log::debug("launch: ", opts.nproc_per_node, " worker(s) on node ", opts.node_rank, " of ",
+             opts.nnodes, " (world size ", plan.world_size, "), store at ", plan.master_addr, ":",
+             plan.master_port, node_zero_note(opts), ", run id ", plan.run_id, ", max restarts ",
+             opts.max_restarts, ", program ", plan.program_path);
+  return run_plan(plan, console);
+}
+
+}  // namespace dtorch::launch

@@ -1,0 +1,95 @@
+// Program runner for command-line tests (see command.h).
+#include "support/command.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "support/workers.h"
+
+namespace dtorch::testing {
+
+using Clock = std::chrono::steady_clock;
+
+int CommandResult::exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+Command start_command(const std::string& dir, const std::vector<std::string>& args,
+                      const std::vector<std::string>& env) {
+  std::vector<std::string> a = args;
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> e = env;
+  std::string out = dir + "/stdout", err = dir + "/stderr";
+  Command c{-1, dir, Clock::now()};
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int f = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = ::open("/dev/null", O_RDONLY);
+    if (o < 0 || f < 0 || in < 0 || ::dup2(o, 1) < 0 || ::dup2(f, 2) < 0 || ::dup2(in, 0) < 0) {
+      ::_exit(126);
+    }
+    for (auto& kv : e) ::putenv(kv.data());
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return c;
+}
+
+CommandResult finish_command(const Command& c, double limit) {
+  CommandResult r;
+  auto deadline = c.started + std::chrono::duration<double>(limit);
+  while (::waitpid(c.pid, &r.status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(c.pid, SIGKILL);
+      ::waitpid(c.pid, &r.status, 0);
+      ADD_FAILURE() << "the command did not end within " << limit << " s";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - c.started).count();
+  r.out = read_file(c.dir + "/stdout");
+  r.err = read_file(c.dir + "/stderr");
+  return r;
+}
+
+CommandResult run_command(const std::string& name, const std::vector<std::string>& argv,
+                          double limit, const std::vector<std::string>& env) {
+  return finish_command(start_command(scratch_dir(name), argv, env), limit);
+}
+
+}  // namespace dtorch::testing

@@ -1,0 +1,172 @@
+// `dtorch train` end to end, as a user runs it: launching itself, under torchrun, resuming,
+// and producing weights that PyTorch loads and scores the same way dtorch did.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "dtorch/models/registry.h"
+#include "dtorch/train/state_dict.h"
+#include "models/python_peer.h"
+#include "support/command.h"
+#include "support/workers.h"
+
+namespace dtorch {
+namespace {
+
+using testing::contains;
+using testing::run_command;
+
+// A short run: 1/15 of Fashion-MNIST, a fifth of the test split.
+std::vector<std::string> train_args(const std::string& out, int epochs) {
+  return {DTORCH_CLI,        "train",  "--model",        "mnist-cnn",  "--epochs",
+          std::to_string(epochs), "--train-samples", "4000",       "--test-samples",
+          "2000",            "--out",  out,              "--progress", "lines"};
+}
+
+std::vector<nlohmann::json> metrics(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(testing::read_file(out + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+std::vector<torch::Tensor> weights(const std::string& path) {
+  auto m = models::make_model("mnist-cnn");
+  train::load_state_dict(*m, path);
+  std::vector<torch::Tensor> v;
+  for (auto& p : m->parameters()) v.push_back(p.detach().clone());
+  return v;
+}
+
+TEST(TrainCli, TwoRanksWriteMetricsCheckpointAndWeights) {
+  std::string out = testing::scratch_dir("train_two_ranks") + "/run";
+  auto args = train_args(out, 1);
+  args.insert(args.end(), {"--nproc-per-node", "2"});
+  auto r = run_command("train_two_ranks_cmd", args, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "[n0 r0]")) << r.err;
+  EXPECT_TRUE(contains(r.err, "test accuracy")) << r.err;
+  auto m = metrics(out);
+  ASSERT_EQ(m.size(), 1u);
+  for (const char* k : {"epoch", "train_loss", "test_loss", "test_accuracy", "samples_per_s",
+                        "seconds"}) {
+    EXPECT_TRUE(m[0].contains(k)) << k;
+  }
+  EXPECT_GT(m[0]["test_accuracy"].get<double>(), 0.5);
+  EXPECT_LE(m[0]["test_accuracy"].get<double>(), 1.0);
+  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-000001.dtc"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/model.pt"));
+}
+
+// Two ranks for 2 epochs, against 1 epoch then --resume for the second: same weights.
+TEST(TrainCli, ResumeReproducesAnUninterruptedRun) {
+  std::string dir = testing::scratch_dir("train_resume");
+  auto whole = train_args(dir + "/whole", 2);
+  whole.insert(whole.end(), {"--nproc-per-node", "2"});
+  auto r = run_command("train_resume_whole", whole, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+
+  auto first = train_args(dir + "/parts", 1);
+  first.insert(first.end(), {"--nproc-per-node", "2"});
+  ASSERT_EQ(run_command("train_resume_first", first, 300).exit_code(), 0);
+  auto second = train_args(dir + "/parts", 2);
+  second.insert(second.end(), {"--nproc-per-node", "2", "--resume"});
+  r = run_command("train_resume_second", second, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming from")) << r.err;
+
+  auto a = weights(dir + "/whole/model.pt"), b = weights(dir + "/parts/model.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
+  auto ma = metrics(dir + "/whole"), mb = metrics(dir + "/parts");
+  ASSERT_EQ(ma.size(), 2u);
+  ASSERT_EQ(mb.size(), 2u);
+  EXPECT_EQ(ma[1]["test_accuracy"], mb[1]["test_accuracy"]);
+}
+
+TEST(TrainCli, CorruptNewestCheckpointFallsBackToThePreviousOne) {
+  std::string out = testing::scratch_dir("train_corrupt") + "/run";
+  ASSERT_EQ(run_command("train_corrupt_a", train_args(out, 2), 300).exit_code(), 0);
+  std::filesystem::resize_file(out + "/checkpoint-000002.dtc", 100);  // a torn write
+  auto args = train_args(out, 3);
+  args.push_back("--resume");
+  auto r = run_command("train_corrupt_b", args, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "checkpoint-000002.dtc")) << r.err;
+  EXPECT_TRUE(contains(r.err, "checkpoint-000001.dtc")) << r.err;
+  EXPECT_EQ(metrics(out).size(), 4u);  // epochs 1, 2, then 2 again and 3 after the fallback
+}
+
+// torchrun's static rendezvous (--master_port: its agent serves the store) and --standalone
+// (c10d rendezvous: rank 0 serves the store at MASTER_PORT).
+void run_under_torchrun(const std::vector<std::string>& rdzv_flags) {
+  std::string torchrun = std::filesystem::path(testing::peer_script()).parent_path() / "torchrun";
+  std::string out = testing::scratch_dir("train_torchrun") + "/run";
+  std::vector<std::string> args = {"/usr/bin/python3", torchrun, "--nproc_per_node", "2"};
+  args.insert(args.end(), rdzv_flags.begin(), rdzv_flags.end());
+  args.push_back("--no_python");
+  for (auto& a : train_args(out, 1)) args.push_back(a);
+  auto r = run_command("train_torchrun_cmd", args, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.out << r.err;
+  auto m = metrics(out);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_GT(m[0]["test_accuracy"].get<double>(), 0.5);
+}
+
+TEST(TrainCli, RunsUnderPyTorchsTorchrunStatic) {
+  DTORCH_SKIP_WITHOUT_PYTHON(true);
+  run_under_torchrun({"--master_port", std::to_string(testing::free_port())});
+}
+
+TEST(TrainCli, RunsUnderPyTorchsTorchrunStandalone) {
+  DTORCH_SKIP_WITHOUT_PYTHON(true);
+  run_under_torchrun({"--standalone"});
+}
+
+// PyTorch loads model.pt into the peer's own Net and scores the same test samples: its
+// accuracy must equal the one dtorch recorded.
+TEST(TrainCli, PythonScoresTheWeightsLikeDtorchDid) {
+  DTORCH_SKIP_WITHOUT_PYTHON(true);
+  std::string dir = testing::scratch_dir("train_python");
+  std::string out = dir + "/run";
+  auto args = train_args(out, 1);
+  args.insert(args.end(), {"--nproc-per-node", "2"});
+  ASSERT_EQ(run_command("train_python_cmd", args, 300).exit_code(), 0);
+  double ours = metrics(out)[0]["test_accuracy"].get<double>();
+  std::string output;
+  int rc = testing::run_python(dir, "score", R"(
+import sys, torch
+sd = torch.load(sys.argv[2])
+net = peer.Net()
+net.load_state_dict(sd, strict=True)
+x, y = peer.load("test")
+with torch.no_grad():
+    acc = (net(x[:2000]).argmax(1) == y[:2000]).double().mean().item()
+print("ACCURACY %.6f" % acc)
+)",
+                               {out + "/model.pt"}, &output);
+  ASSERT_EQ(rc, 0) << output;
+  auto pos = output.find("ACCURACY ");
+  ASSERT_NE(pos, std::string::npos) << output;
+  EXPECT_NEAR(std::stod(output.substr(pos + 9)), ours, 1e-9) << output;
+}
+
+TEST(TrainCli, BadInputGetsAClearErrorAndNoHang) {
+  auto r = run_command("train_bad_model", {DTORCH_CLI, "train", "--model", "nope"}, 30);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "unknown model 'nope'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "mnist-cnn")) << r.err;
+  std::string out = testing::scratch_dir("train_bad_data") + "/run";
+  r = run_command("train_bad_data_cmd",
+                  {DTORCH_CLI, "train", "--data-dir", "/nonexistent/fmnist", "--out", out,
+                   "--nproc-per-node", "2"},
+                  60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "/nonexistent/fmnist")) << r.err;
+  EXPECT_TRUE(contains(r.err, "dataset-fashion-mnist")) << r.err;
+}
+
+}  // namespace
+}  // namespace dtorch
