@@ -3,6 +3,7 @@
 #include "dtorch/comm/communicator.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <unistd.h>
 
@@ -208,7 +209,7 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
           c10::make_intrusive<c10d::PrefixStore>("gloo", m.store), info.rank, info.world_size, o);
     }
 #ifdef DTORCH_WITH_NCCL
-    if (opts.backend != "gloo" && at::cuda::is_available()) {
+    if (opts.backend != "gloo" && torch::cuda::is_available()) {
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = opts.timeout;
       m.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(

@@ -1,0 +1,45 @@
+// Table of model constructors by name; one place to register a model for the CLI and tools.
+// The table is a function-local static so lookups work during static initialisation too.
+#include "dtorch/models/registry.h"
+
+#include <functional>
+#include <map>
+
+#include "dtorch/core/error.h"
+#include "dtorch/models/mnist.h"
+
+namespace dtorch::models {
+namespace {
+
+using Factory = std::function<std::shared_ptr<Model>()>;
+
+const std::map<std::string, Factory>& table() {
+  static const std::map<std::string, Factory> t = {
+      {"mnist-cnn", [] { return std::make_shared<MnistCnn>(); }},
+      {"mnist-mlp", [] { return std::make_shared<MnistMlp>(); }},
+  };
+  return t;
+}
+
+}  // namespace
+
+std::shared_ptr<Model> make_model(const std::string& name) {
+  auto it = table().find(name);
+  if (it == table().end()) {
+    std::string known;
+    for (const auto& n : model_names())
+      known += (known.empty() ? "" : ", ") + n;
+    DTORCH_FAIL(ConfigError, "unknown model '", name, "': choose one of ", known,
+                " (--model NAME)");
+  }
+  return it->second();
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& kv : table())
+    names.push_back(kv.first);
+  return names;
+}
+
+}  // namespace dtorch::models

@@ -1,0 +1,75 @@
+// JSONL metrics: nlohmann::json builds each line, so strings are escaped and numbers are
+// written with full precision; each line is flushed so nothing sits in a buffer at a crash.
+#include "dtorch/train/metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::train {
+namespace {
+
+// nlohmann would print NaN as null anyway; saying so here keeps it explicit.
+nlohmann::json number(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
+
+}  // namespace
+
+std::string epoch_record_json(const EpochRecord& r) {
+  // ordered_json keeps the documented field order, which reads better in a terminal.
+  nlohmann::ordered_json j;
+  j["kind"] = "epoch";
+  j["epoch"] = r.epoch;
+  j["train_loss"] = number(r.train_loss);
+  j["test_loss"] = number(r.test_loss);
+  j["test_accuracy"] = number(r.test_accuracy);
+  j["samples_per_s"] = number(r.samples_per_s);
+  j["seconds"] = number(r.seconds);
+  return j.dump();
+}
+
+std::string record_json(const std::string& kind, const std::map<std::string, double>& numbers) {
+  nlohmann::ordered_json j;
+  j["kind"] = kind;
+  for (const auto& [key, value] : numbers)
+    j[key] = number(value);
+  return j.dump();
+}
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
+  std::filesystem::path p(path);
+  std::error_code ec;
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+  f_ = std::fopen(path.c_str(), append ? "a" : "w");
+  DTORCH_CHECK_T(ConfigError, f_ != nullptr, "cannot open metrics file ", path, ": ",
+                 std::strerror(errno), " (pass a writable --metrics path)");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsWriter::write_epoch(const EpochRecord& r) {
+  write_line(epoch_record_json(r));
+}
+
+void MetricsWriter::write(const std::string& kind, const std::map<std::string, double>& numbers) {
+  write_line(record_json(kind, numbers));
+}
+
+void MetricsWriter::write_line(const std::string& json) {
+  DTORCH_CHECK(json.find('\n') == std::string::npos,
+               "metrics record spans several lines; JSONL needs one object per line");
+  std::string line = json + "\n";
+  const bool ok =
+      std::fwrite(line.data(), 1, line.size(), f_) == line.size() && std::fflush(f_) == 0;
+  DTORCH_CHECK_T(ConfigError, ok, "cannot write metrics file ", path_, ": ", std::strerror(errno),
+                 " (disk full?)");
+}
+
+}  // namespace dtorch::train

@@ -1,0 +1,51 @@
+// Training metrics as JSON Lines: one JSON object per line, flushed at once, so a run that
+// dies keeps every record written so far and tools can tail the file while it grows.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+
+namespace dtorch::train {
+
+/// What one epoch achieved.
+struct EpochRecord {
+  int64_t epoch = 0;         ///< 0-based epoch
+  double train_loss = 0;     ///< mean training loss over the epoch
+  double test_loss = 0;      ///< mean loss on the test split
+  double test_accuracy = 0;  ///< fraction (0..1) of test samples classified right
+  double samples_per_s = 0;  ///< training samples per second, all ranks together
+  double seconds = 0;        ///< wall time of the epoch (training and evaluation)
+};
+
+/// The record as one line of JSON (no newline):
+/// {"kind":"epoch","epoch":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
+///  "samples_per_s":..,"seconds":..}. Non-finite numbers become null.
+std::string epoch_record_json(const EpochRecord& r);
+/// Any record: {"kind":kind, ...numbers...}, keys after "kind" in sorted order.
+std::string record_json(const std::string& kind, const std::map<std::string, double>& numbers);
+
+/// Appends records to a JSONL file (written by rank 0 only).
+class MetricsWriter {
+ public:
+  /// Opens `path` for appending (or truncates it when !append), creating parent
+  /// directories. Throws ConfigError naming the path when it cannot.
+  explicit MetricsWriter(const std::string& path, bool append = true);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write_epoch(const EpochRecord& r);
+  void write(const std::string& kind, const std::map<std::string, double>& numbers);
+  /// Writes one line of already-serialised JSON (must be a single line) and flushes.
+  void write_line(const std::string& json);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+}  // namespace dtorch::train

@@ -1,0 +1,202 @@
+// State dicts in torch.save's format (torch::pickle_save), plus the atomic file write that
+// every dtorch output shares: a crash mid-write must never destroy the previous good file.
+#include "dtorch/train/state_dict.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <torch/serialize.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::train {
+namespace {
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+// Writes all of `bytes` to fd, retrying short writes and EINTR.
+bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+std::string shape_text(const torch::Tensor& t) {
+  return str(t.sizes());
+}
+
+}  // namespace
+
+StateDict state_dict(const torch::nn::Module& module) {
+  StateDict out;
+  for (const auto& kv : module.named_parameters(/*recurse=*/true))
+    out.emplace_back(kv.key(), kv.value().detach());
+  for (const auto& kv : module.named_buffers(/*recurse=*/true))
+    out.emplace_back(kv.key(), kv.value().detach());
+  return out;
+}
+
+std::vector<char> pickle_state_dict(const StateDict& state) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& [name, tensor] : state)
+    dict.insert(name, tensor);
+  return torch::pickle_save(c10::IValue(dict));
+}
+
+StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    // 1.13's C++ unpickler cannot rebuild the OrderedDict (with its _metadata attribute)
+    // that Python's Module.state_dict() returns; a plain dict of the same items loads.
+    DTORCH_FAIL(CheckpointError, source,
+                " is not a readable state dict: ", e.what_without_backtrace(),
+                ". If Python wrote it, save a plain dict: "
+                "torch.save(dict(model.state_dict()), path)");
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CheckpointError, source, " is not a readable state dict: ", e.what());
+  }
+  DTORCH_CHECK_T(CheckpointError, value.isGenericDict(), source,
+                 " does not hold a dict of tensors (found ", value.tagKind(),
+                 "); save it with torch.save(model.state_dict(), path)");
+  StateDict out;
+  for (const auto& entry : value.toGenericDict()) {
+    DTORCH_CHECK_T(CheckpointError, entry.key().isString() && entry.value().isTensor(), source,
+                   " holds an entry that is not name -> tensor (", entry.key().tagKind(), " -> ",
+                   entry.value().tagKind(), ")");
+    out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return out;
+}
+
+void check_state_dict(const torch::nn::Module& module, const StateDict& state,
+                      const std::string& source) {
+  std::map<std::string, torch::Tensor> given(state.begin(), state.end());
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> expected;
+  for (const auto& [name, tensor] : state_dict(module)) {
+    expected.insert(name);
+    auto it = given.find(name);
+    if (it == given.end()) {
+      missing.push_back(name);
+    } else if (!it->second.sizes().equals(tensor.sizes())) {
+      mismatched.push_back(
+          str(name, " (saved ", shape_text(it->second), ", model ", shape_text(tensor), ")"));
+    }
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, tensor] : state)
+    if (!expected.count(name)) unexpected.push_back(name);
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return;
+
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 10; ++i)
+      s += (i ? ", " : "") + v[i];
+    if (v.size() > 10) s += str(", ... (", v.size(), " in all)");
+    return s;
+  };
+  std::string msg = str(source, " does not fit this model (was it saved from a different model?):");
+  if (!missing.empty()) msg += " missing keys: " + join(missing) + ";";
+  if (!unexpected.empty()) msg += " unexpected keys: " + join(unexpected) + ";";
+  if (!mismatched.empty()) msg += " shape mismatches: " + join(mismatched) + ";";
+  DTORCH_FAIL(CheckpointError, msg);
+}
+
+void load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& source) {
+  check_state_dict(module, state, source);
+  std::map<std::string, torch::Tensor> given(state.begin(), state.end());
+  torch::NoGradGuard no_grad;
+  for (auto& kv : module.named_parameters(true))
+    kv.value().copy_(given.at(kv.key()));
+  for (auto& kv : module.named_buffers(true))
+    kv.value().copy_(given.at(kv.key()));
+}
+
+void save_state_dict(const torch::nn::Module& module, const std::string& path) {
+  write_file_atomically(path, pickle_state_dict(state_dict(module)));
+}
+
+void load_state_dict(torch::nn::Module& module, const std::string& path) {
+  load_state_dict(module, unpickle_state_dict(read_file(path), path), path);
+}
+
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  // The pid keeps two writers of the same path from sharing one temporary.
+  const std::string tmp = str(path, ".", ::getpid(), ".tmp");
+  const std::string hint = "; the previous file at that path, if any, is untouched";
+
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  DTORCH_CHECK_T(CheckpointError, fd >= 0, "cannot create ", tmp, ": ", errno_text(),
+                 " (does the directory exist and is it writable?)", hint);
+  bool ok = write_all(fd, bytes.data(), bytes.size());
+  std::string why = ok ? "" : "write: " + errno_text();
+  // fsync before rename: otherwise a power loss can leave the new name on an empty file.
+  if (ok && ::fsync(fd) != 0) {
+    ok = false;
+    why = "fsync: " + errno_text();
+  }
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    why = "close: " + errno_text();
+  }
+  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ok = false;
+    why = "rename to " + path + ": " + errno_text();
+  }
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    DTORCH_FAIL(CheckpointError, "cannot write ", path, ": ", why, " (disk full or not writable?)",
+                hint);
+  }
+  // fsync the directory so the rename itself survives a crash.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::vector<char> read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  DTORCH_CHECK_T(CheckpointError, fd >= 0, "cannot open ", path, ": ", errno_text());
+  std::vector<char> out;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      std::string why = errno_text();
+      ::close(fd);
+      DTORCH_FAIL(CheckpointError, "cannot read ", path, ": ", why);
+    }
+    if (r == 0) break;
+    out.insert(out.end(), buf, buf + r);
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace dtorch::train

@@ -1,0 +1,52 @@
+// A module's parameters and buffers as a name -> tensor dict, saved in the file format of
+// Python's torch.save, so `model.load_state_dict(torch.load(path))` works in PyTorch.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtorch::train {
+
+/// Parameters then buffers, in registration order, under their dotted names
+/// ("conv1.weight"): the keys Python's Module.state_dict() uses for the same model.
+using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// The module's state (detached tensors sharing storage with the module).
+StateDict state_dict(const torch::nn::Module& module);
+
+/// Serialises a state dict as a pickled dict name -> tensor (torch::pickle_save), the bytes
+/// of a file torch.load reads.
+std::vector<char> pickle_state_dict(const StateDict& state);
+/// Parses what pickle_state_dict (or Python's torch.save of a state dict) wrote. Throws
+/// CheckpointError naming `source` when the bytes are not a dict of tensors.
+StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source);
+
+/// Checks that `state` has exactly the module's keys with the same shapes, without changing
+/// anything; throws CheckpointError listing missing keys, unexpected keys and shape
+/// mismatches, naming `source` (a file name, for the message).
+void check_state_dict(const torch::nn::Module& module, const StateDict& state,
+                      const std::string& source);
+/// check_state_dict, then copies every tensor into the module (converting dtype if needed).
+void load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& source);
+
+/// Writes the module's state to `path` atomically: path.tmp, fsync, rename, so a crash never
+/// leaves a half-written file under `path`. Throws CheckpointError when it cannot.
+void save_state_dict(const torch::nn::Module& module, const std::string& path);
+/// Reads `path` (written by save_state_dict, or by Python as
+/// torch.save(dict(model.state_dict()), path): LibTorch 1.13 cannot unpickle the OrderedDict
+/// that state_dict() itself returns) into the module; throws CheckpointError on unreadable
+/// files and on key or shape mismatches.
+void load_state_dict(torch::nn::Module& module, const std::string& path);
+
+/// Writes `bytes` to `path` atomically (temporary file in the same directory, fsync, rename,
+/// fsync of the directory). On failure the temporary is removed, whatever was at `path`
+/// before is untouched, and CheckpointError says why.
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
+/// The whole file; throws CheckpointError naming it when it cannot be read.
+std::vector<char> read_file(const std::string& path);
+
+}  // namespace dtorch::train

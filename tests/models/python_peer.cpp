@@ -1,0 +1,78 @@
+// Python runner for the tests that compare with PyTorch (see python_peer.h). The peer is
+// imported through importlib from its path, as it is a script, not an installed module.
+#include "models/python_peer.h"
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace dtorch::testing {
+namespace {
+
+const char* kPython = "/usr/bin/python3";
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s)
+    q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+int run_shell(const std::string& cmd, std::string* output) {
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0)
+    if (output) output->append(buf, n);
+  int status = ::pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+std::string peer_script() {
+  namespace fs = std::filesystem;
+  for (const char* rel :
+       {"/../shared/peers/torch_ddp_mnist.py", "/shared/peers/torch_ddp_mnist.py"}) {
+    fs::path p = fs::path(std::string(DTORCH_SOURCE_DIR) + rel);
+    std::error_code ec;
+    if (fs::is_regular_file(p, ec)) return fs::weakly_canonical(p, ec).string();
+  }
+  return "";
+}
+
+std::string python_unavailable_reason(bool need_peer) {
+  static const int torch_rc = [] {
+    std::string out;
+    // From / so that no 'torch' folder in the working directory shadows the package.
+    return run_shell(std::string("cd / && ") + kPython + " -c 'import torch' 2>&1", &out);
+  }();
+  if (torch_rc != 0) return "no /usr/bin/python3 with torch (apt-get install python3-torch)";
+  if (need_peer && peer_script().empty())
+    return "peer script shared/peers/torch_ddp_mnist.py not found beside the repository";
+  return "";
+}
+
+int run_python(const std::string& dir, const std::string& name, const std::string& code,
+               const std::vector<std::string>& args, std::string* output) {
+  const std::string prelude = R"PY(import importlib.util, json, sys
+import torch
+peer = None
+if sys.argv[1]:
+    _spec = importlib.util.spec_from_file_location("torch_ddp_mnist", sys.argv[1])
+    peer = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(peer)
+)PY";
+  const std::string path = dir + "/" + name + ".py";
+  std::ofstream(path) << prelude << code << "\n";
+  std::string cmd =
+      "cd " + quote(dir) + " && " + kPython + " " + quote(path) + " " + quote(peer_script());
+  for (const auto& a : args)
+    cmd += " " + quote(a);
+  return run_shell(cmd + " 2>&1", output);
+}
+
+}  // namespace dtorch::testing
