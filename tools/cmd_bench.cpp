@@ -96,6 +96,41 @@ int bench_worker(const BenchFlags& f) {
   return 0;
 }
 
+// Allreduce latency and bus bandwidth for one message size (like nccl-tests' all_reduce_perf):
+// busbw = 2 (n-1)/n * bytes / time, the bytes each rank's link carries in a ring.
+int allreduce_worker(int64_t bytes, int iters) {
+  torch::set_num_threads(1);
+  auto comm = comm::Communicator::from_env();
+  auto t = torch::ones({std::max<int64_t>(1, bytes / 4)});
+  for (int i = 0; i < 5; ++i) comm->allreduce(t);
+  comm->barrier("bench start");
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) comm->allreduce(t);
+  double s = since(t0) / iters;
+  if (comm->rank() == 0) {
+    int n = comm->size();
+    double busbw = n > 1 ? 2.0 * (n - 1) / n * t.numel() * 4 / s : 0;
+    nlohmann::json j = {{"impl", "dtorch"}, {"op", "allreduce"}, {"nproc", n},
+                        {"bytes", t.numel() * 4}, {"ms", 1000 * s}, {"busbw_GBps", busbw / 1e9}};
+    std::cout << j.dump() << std::endl;
+  }
+  return 0;
+}
+
+// Runs `dtorch bench <sub> ...` on n local ranks through the launcher, rank 0's output shown.
+int relaunch(const std::string& sub, int n) {
+  launch::LaunchOptions lo;
+  lo.nproc_per_node = n;
+  lo.standalone = true;
+  lo.show_ranks = {0};
+  lo.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "bench", sub};
+  const auto& args = command_line();
+  size_t from = std::find(args.begin(), args.end(), sub) - args.begin() + 1;
+  for (size_t i = from; i < args.size(); ++i) lo.command.push_back(args[i]);
+  // The workers see RANK and run the benchmark themselves.
+  return launch::run(lo);
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app, int& exit_code) {
@@ -115,20 +150,22 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                                     f->warmup >= 0 && f->batch_size >= 1,
                    "bench ddp: --nproc-per-node, --threads, --steps and --batch-size must be "
                    ">= 1, --warmup >= 0");
-    if (f->nproc_per_node > 1 && !env::get("RANK")) {
-      launch::LaunchOptions lo;
-      lo.nproc_per_node = f->nproc_per_node;
-      lo.standalone = true;
-      lo.show_ranks = {0};
-      lo.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "ddp"};
-      const auto& args = command_line();
-      size_t from = std::find(args.begin(), args.end(), "ddp") - args.begin() + 1;
-      for (size_t i = from; i < args.size(); ++i) lo.command.push_back(args[i]);
-      // The workers see RANK and run the benchmark themselves; nproc is then ignored.
-      exit_code = launch::run(lo);
-      return;
-    }
-    exit_code = bench_worker(*f);
+    exit_code = f->nproc_per_node > 1 && !env::get("RANK") ? relaunch("ddp", f->nproc_per_node)
+                                                             : bench_worker(*f);
+  });
+
+  auto* ar = bench->add_subcommand("allreduce", "Allreduce time and bus bandwidth");
+  auto nproc = std::make_shared<int>(2);
+  auto bytes = std::make_shared<int64_t>(4 << 20);
+  auto iters = std::make_shared<int>(100);
+  ar->add_option("--nproc-per-node,--nproc_per_node", *nproc)->capture_default_str();
+  ar->add_option("--bytes", *bytes, "message size")->capture_default_str();
+  ar->add_option("--iters", *iters)->capture_default_str();
+  ar->callback([=, &exit_code] {
+    DTORCH_CHECK_T(ConfigError, *nproc >= 1 && *bytes >= 4 && *iters >= 1,
+                   "bench allreduce: --nproc-per-node and --iters must be >= 1, --bytes >= 4");
+    exit_code = *nproc > 1 && !env::get("RANK") ? relaunch("allreduce", *nproc)
+                                                : allreduce_worker(*bytes, *iters);
   });
 }
 

@@ -32,7 +32,13 @@ TEST(Communicator, WorldOfOneNeedsNoEnvironment) {
   EXPECT_EQ(c->broadcast_string("abc", 0), "abc");
 }
 
+// args: DIR PATH, where PATH is "shm" (single-node shared memory, the default) or "gloo".
+void choose_path(const std::vector<std::string>& args) {
+  setenv("DTORCH_SHM", args.at(1) == "gloo" ? "0" : "1", 1);
+}
+
 DTORCH_TEST_WORKER(comm_collectives) {
+  choose_path(args);
   auto c = Communicator::from_env();
   int r = c->rank(), n = c->size();
   std::ostringstream report;
@@ -85,9 +91,11 @@ DTORCH_TEST_WORKER(comm_collectives) {
   std::ofstream(args.at(0) + "/rank" + std::to_string(r)) << report.str();
 }
 
-TEST(Communicator, CollectivesOnThreeRanks) {
+class CommunicatorPath : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CommunicatorPath, CollectivesOnThreeRanks) {
   std::string dir = testing::scratch_dir("comm_collectives");
-  ASSERT_EQ(testing::run_ranks(3, "comm_collectives", {dir}), 0);
+  ASSERT_EQ(testing::run_ranks(3, "comm_collectives", {dir, GetParam()}), 0);
   for (int r = 0; r < 3; ++r) {
     std::string got = read_file(dir + "/rank" + std::to_string(r));
     std::string want = std::string("sum 6\navg 1\nmax 2 -1\nisum 3\nbf16 4.5 1\nasync 3000 6\n") +
@@ -99,6 +107,7 @@ TEST(Communicator, CollectivesOnThreeRanks) {
 
 // Rank 1 stalls (as under SIGSTOP, or stuck in other work) longer than the timeout.
 DTORCH_TEST_WORKER(comm_stall) {
+  choose_path(args);
   setenv("DTORCH_TIMEOUT", "2", 1);
   auto c = Communicator::from_env();
   if (c->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
@@ -113,10 +122,10 @@ DTORCH_TEST_WORKER(comm_stall) {
   }
 }
 
-TEST(Communicator, StalledRankIsNamedWithinTimeout) {
+TEST_P(CommunicatorPath, StalledRankIsNamedWithinTimeout) {
   std::string dir = testing::scratch_dir("comm_stall");
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_NE(testing::run_ranks(2, "comm_stall", {dir}, 60), 0);
+  EXPECT_NE(testing::run_ranks(2, "comm_stall", {dir, GetParam()}, 60), 0);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
   std::string msg = read_file(dir + "/error");
   EXPECT_NE(msg.find("rank(s) 1 did not reach"), std::string::npos) << msg;
@@ -127,6 +136,7 @@ TEST(Communicator, StalledRankIsNamedWithinTimeout) {
 
 // Rank 1 dies abruptly (no destructors) while rank 0 is in a collective.
 DTORCH_TEST_WORKER(comm_dead) {
+  choose_path(args);
   setenv("DTORCH_TIMEOUT", "10", 1);
   auto c = Communicator::from_env();
   if (c->rank() == 1) {
@@ -142,10 +152,10 @@ DTORCH_TEST_WORKER(comm_dead) {
   }
 }
 
-TEST(Communicator, DeadRankIsNamed) {
+TEST_P(CommunicatorPath, DeadRankIsNamed) {
   std::string dir = testing::scratch_dir("comm_dead");
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_NE(testing::run_ranks(2, "comm_dead", {dir}, 60), 0);
+  EXPECT_NE(testing::run_ranks(2, "comm_dead", {dir, GetParam()}, 60), 0);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 25);
   std::string msg = read_file(dir + "/error");
   EXPECT_NE(msg.find("rank(s) 1 did not"), std::string::npos) << msg;
@@ -153,6 +163,7 @@ TEST(Communicator, DeadRankIsNamed) {
 
 // Rank 1 runs one collective fewer and exits cleanly: rank 0 is told it finished early.
 DTORCH_TEST_WORKER(comm_left) {
+  choose_path(args);
   setenv("DTORCH_TIMEOUT", "10", 1);
   auto c = Communicator::from_env();
   if (c->rank() == 1) return;
@@ -165,12 +176,32 @@ DTORCH_TEST_WORKER(comm_left) {
   }
 }
 
-TEST(Communicator, RankThatFinishedEarlyIsNamed) {
+TEST_P(CommunicatorPath, RankThatFinishedEarlyIsNamed) {
   std::string dir = testing::scratch_dir("comm_left");
-  EXPECT_NE(testing::run_ranks(2, "comm_left", {dir}, 60), 0);
+  EXPECT_NE(testing::run_ranks(2, "comm_left", {dir, GetParam()}, 60), 0);
   std::string msg = read_file(dir + "/error");
   EXPECT_NE(msg.find("rank(s) 1 had already finished"), std::string::npos) << msg;
 }
+
+// Large tensors cross several shared-memory chunks; odd sizes leave uneven shares.
+DTORCH_TEST_WORKER(comm_large) {
+  choose_path(args);
+  auto c = Communicator::from_env();
+  int64_t n = 3 * (4 << 20) / 4 + 12345;  // just over three 4 MiB chunks of float
+  auto t = torch::arange(n, torch::kFloat) * float(c->rank() + 1);
+  c->allreduce(t, ReduceOp::Sum);
+  auto want = torch::arange(n, torch::kFloat) * float(c->size() * (c->size() + 1) / 2);
+  DTORCH_CHECK(t.equal(want), "large allreduce differs from the sum computed by hand");
+  auto d = torch::full({7}, double(c->rank()), torch::kDouble);
+  c->allreduce(d, ReduceOp::Avg);
+  DTORCH_CHECK(d[6].item<double>() == (c->size() - 1) / 2.0, "double average is wrong");
+}
+
+TEST_P(CommunicatorPath, LargeAndOddSizedTensors) {
+  EXPECT_EQ(testing::run_ranks(3, "comm_large", {"unused", GetParam()}), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Comm, CommunicatorPath, ::testing::Values("shm", "gloo"));
 
 }  // namespace
 }  // namespace dtorch::comm

@@ -7,11 +7,16 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "dtorch/comm/backend_compat.h"
+#include "dtorch/comm/shm_allreduce.h"
 #include "dtorch/comm/store.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"
@@ -76,6 +81,58 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const launch::RankIn
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// Runs jobs one at a time in submission order, off the caller's thread, so a shared-memory
+// allreduce started from a gradient hook overlaps with the rest of backward like Gloo's does.
+class OrderedThread {
+ public:
+  OrderedThread() : thread_([this] { loop(); }) {}
+  ~OrderedThread() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  std::shared_future<void> submit(std::function<void()> job) {
+    std::packaged_task<void()> task(std::move(job));
+    std::shared_future<void> f = task.get_future().share();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+    return f;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::packaged_task<void()> task;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        task = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      task();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::packaged_task<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Whether every rank of the job is on this node and the shared-memory path may be used
+// (DTORCH_SHM=0 turns it off).
+bool single_node_shm_wanted(const launch::RankInfo& info) {
+  return info.world_size > 1 && info.local_world_size == info.world_size &&
+         env::get("DTORCH_SHM").value_or("1") != "0";
+}
+
 }  // namespace
 
 CommOptions comm_options_from_env() {
@@ -93,7 +150,8 @@ CommOptions comm_options_from_env() {
 
 struct Work::State {
   std::shared_ptr<Communicator> comm;
-  c10::intrusive_ptr<c10d::Work> work;  // null at world size 1
+  c10::intrusive_ptr<c10d::Work> work;  // a Gloo/NCCL operation, or null
+  std::shared_future<void> local;       // a shared-memory operation, or invalid
   std::function<void()> finish;         // averaging / casting back, after completion
   std::string op;
   long seq = 0;
@@ -103,18 +161,21 @@ struct Work::State {
 void Work::wait() {
   if (!state_ || state_->done) return;
   state_->done = true;
-  if (state_->work) {
-    try {
-      state_->work->wait(state_->comm->options().timeout);
-    } catch (const std::exception& e) {
-      state_->comm->fail(state_->op, state_->seq, e.what());
-    }
+  try {
+    if (state_->work) state_->work->wait(state_->comm->options().timeout);
+    if (state_->local.valid()) state_->local.get();
+  } catch (const std::exception& e) {
+    state_->comm->fail(state_->op, state_->seq, e.what());
   }
   if (state_->finish) state_->finish();
 }
 
 bool Work::completed() const {
-  return !state_ || state_->done || !state_->work || state_->work->isCompleted();
+  if (!state_ || state_->done) return true;
+  if (state_->local.valid()) {
+    return state_->local.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  return !state_->work || state_->work->isCompleted();
 }
 
 // ---- Communicator ----------------------------------------------------------------------
@@ -124,6 +185,8 @@ struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;       // namespaced to this restart attempt
   c10::intrusive_ptr<Backend> gloo;
   c10::intrusive_ptr<Backend> nccl;
+  std::unique_ptr<ShmAllreduce> shm;  // Note [Shared-memory allreduce], single node only
+  std::unique_ptr<OrderedThread> shm_thread;
   std::mutex mu;  // collectives must be issued in one order; hooks may race to issue them
   long seq = 0;
 
@@ -222,7 +285,39 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
                 "\n---> HINT: on several hosts, set GLOO_SOCKET_IFNAME to the network "
                 "interface the nodes share (e.g. ib0 or eth0)");
   }
+  c->setup_shared_memory();
   return c;
+}
+
+void Communicator::setup_shared_memory() {
+  Impl& m = *impl_;
+  if (!single_node_shm_wanted(info_) || !m.gloo) return;
+  std::string why;
+  try {
+    std::string name;
+    if (rank() == 0) {
+      name = str("/dtorch-", getpid(), "-", info_.restart_count, "-", std::random_device{}());
+      m.store->set("shm/name", std::vector<uint8_t>(name.begin(), name.end()));
+    } else {
+      auto v = m.store->get("shm/name");
+      name.assign(v.begin(), v.end());
+    }
+    m.shm = std::make_unique<ShmAllreduce>(name, rank(), size(), opts_.timeout);
+  } catch (const std::exception& e) {
+    why = first_line(e.what());
+  }
+  // All ranks must take the same path, or their collectives would never meet.
+  at::Tensor ok = at::full({1}, why.empty() ? 1 : 0, at::kInt);
+  std::vector<at::Tensor> v{ok};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::MIN;
+  m.gloo->allreduce(v, o)->wait(opts_.timeout);
+  if (ok.item<int>() == 1) {
+    m.shm_thread = std::make_unique<OrderedThread>();
+    return;
+  }
+  m.shm.reset();
+  if (!why.empty()) log::warn("shared-memory allreduce unavailable (", why, "); using Gloo");
 }
 
 c10d::Store& Communicator::store() { return *impl_->store; }
@@ -249,6 +344,22 @@ Work Communicator::start(const std::string& op, const std::string& what, at::Ten
   return w;
 }
 
+Work Communicator::start_local(const std::string& op, const std::string& what, at::Tensor t,
+                               std::function<void()> finish) {
+  Work w;
+  w.state_ = std::make_shared<Work::State>();
+  auto& s = *w.state_;
+  s.comm = shared_from_this();
+  s.finish = std::move(finish);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  s.seq = ++impl_->seq;
+  s.op = str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t),
+             ", shared memory)");
+  ShmAllreduce* shm = impl_->shm.get();
+  s.local = impl_->shm_thread->submit([shm, t]() mutable { shm->sum(t); });
+  return w;
+}
+
 Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string& what) {
   DTORCH_CHECK(t.is_contiguous(), "allreduce needs a contiguous tensor");
   DTORCH_CHECK(op != ReduceOp::Avg || t.is_floating_point(), "ReduceOp::Avg needs a floating ",
@@ -261,6 +372,10 @@ Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string&
     if (op == ReduceOp::Avg && n > 1) buf.div_(n);
     if (cast) t.copy_(buf);
   };
+  if (impl_->shm && ShmAllreduce::supports(buf) &&
+      (op == ReduceOp::Sum || op == ReduceOp::Avg)) {
+    return start_local("allreduce", what, buf, std::move(finish));
+  }
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
   return start(

@@ -97,6 +97,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Work start(const std::string& op, const std::string& what, at::Tensor t,
              const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
              std::function<void()> finish);
+  /// An allreduce through shared memory (Note [Shared-memory allreduce]), on its own thread.
+  Work start_local(const std::string& op, const std::string& what, at::Tensor t,
+                   std::function<void()> finish);
+  void setup_shared_memory();
   [[noreturn]] void fail(const std::string& op, long seq, const std::string& cause);
   friend class Work;
 

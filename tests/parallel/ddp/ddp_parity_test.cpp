@@ -80,6 +80,7 @@ Setup parse(const std::vector<std::string>& a) {
   s.opts.first_bucket_cap_mb = 0.0005;  // ~500 B: forces several buckets on a tiny model
   s.opts.bucket_cap_mb = 0.002;
   if (a.at(3) == "fp16") s.opts.compression = ddp::Compression::FP16;
+  setenv("DTORCH_SHM", a.at(4) == "gloo" ? "0" : "1", 1);
   return s;
 }
 
@@ -110,10 +111,10 @@ DTORCH_TEST_WORKER(ddp_parity) {
 }
 
 void expect_parity(int world, int accum, bool unused, const std::string& compression,
-                   double tol) {
+                   double tol, const std::string& path = "shm") {
   std::string dir = testing::scratch_dir("ddp_parity");
   ASSERT_EQ(testing::run_ranks(world, "ddp_parity",
-                               {dir, std::to_string(accum), unused ? "1" : "0", compression}),
+                               {dir, std::to_string(accum), unused ? "1" : "0", compression, path}),
             0);
   std::vector<torch::Tensor> got;
   torch::load(got, dir + "/params.pt");
@@ -135,6 +136,10 @@ void expect_parity(int world, int accum, bool unused, const std::string& compres
 
 TEST(DdpParity, TwoRanks) { expect_parity(2, 1, false, "none", 1e-5); }
 TEST(DdpParity, ThreeRanks) { expect_parity(3, 1, false, "none", 1e-5); }
+TEST(DdpParity, TwoRanksOverGloo) { expect_parity(2, 1, false, "none", 1e-5, "gloo"); }
+TEST(DdpParity, ThreeRanksOverGlooWithAccumulation) {
+  expect_parity(3, 2, false, "none", 1e-5, "gloo");
+}
 TEST(DdpParity, TwoRanksNoSyncAccumulation) { expect_parity(2, 3, false, "none", 1e-5); }
 TEST(DdpParity, ThreeRanksNoSyncAccumulation) { expect_parity(3, 2, false, "none", 1e-5); }
 TEST(DdpParity, UnusedParametersOnSomeRanks) { expect_parity(2, 1, true, "none", 1e-5); }
