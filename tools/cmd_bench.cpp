@@ -2,8 +2,8 @@
 // (../shared/peers/torch_ddp_mnist.py): uniformly random batches drawn by a per-rank
 // generator, SGD lr 0.01 momentum 0.9, cross-entropy, warm-up steps not timed. Rank 0 prints
 // one JSON line with the peer's fields plus where a step's time goes.
-#include <nlohmann/json.hpp>
 #include <torch/version.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <iostream>
@@ -27,10 +27,13 @@ struct BenchFlags {
   int steps = 200;
   int warmup = 20;
   std::string data_dir = data::kDefaultMnistDir;
+  bool every_rank = false;  ///< every rank prints its line (to see skew between ranks)
 };
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 int bench_worker(const BenchFlags& f) {
   torch::set_num_threads(f.threads);
@@ -71,7 +74,7 @@ int bench_worker(const BenchFlags& f) {
   }
   comm->barrier("bench end");
   double seconds = since(t0);
-  if (comm->rank() != 0) return 0;
+  if (comm->rank() != 0 && !f.every_rank) return 0;
   double wait = d ? d->comm_wait_seconds() - wait0 : 0;
   auto per_step_ms = [&](double s) { return 1000.0 * s / f.steps; };
   nlohmann::json j = {
@@ -102,31 +105,34 @@ int allreduce_worker(int64_t bytes, int iters) {
   torch::set_num_threads(1);
   auto comm = comm::Communicator::from_env();
   auto t = torch::ones({std::max<int64_t>(1, bytes / 4)});
-  for (int i = 0; i < 5; ++i) comm->allreduce(t);
+  for (int i = 0; i < 5; ++i)
+    comm->allreduce(t);
   comm->barrier("bench start");
   auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) comm->allreduce(t);
+  for (int i = 0; i < iters; ++i)
+    comm->allreduce(t);
   double s = since(t0) / iters;
   if (comm->rank() == 0) {
     int n = comm->size();
     double busbw = n > 1 ? 2.0 * (n - 1) / n * t.numel() * 4 / s : 0;
-    nlohmann::json j = {{"impl", "dtorch"}, {"op", "allreduce"}, {"nproc", n},
-                        {"bytes", t.numel() * 4}, {"ms", 1000 * s}, {"busbw_GBps", busbw / 1e9}};
+    nlohmann::json j = {{"impl", "dtorch"},       {"op", "allreduce"}, {"nproc", n},
+                        {"bytes", t.numel() * 4}, {"ms", 1000 * s},    {"busbw_GBps", busbw / 1e9}};
     std::cout << j.dump() << std::endl;
   }
   return 0;
 }
 
 // Runs `dtorch bench <sub> ...` on n local ranks through the launcher, rank 0's output shown.
-int relaunch(const std::string& sub, int n) {
+int relaunch(const std::string& sub, int n, bool every_rank = false) {
   launch::LaunchOptions lo;
   lo.nproc_per_node = n;
   lo.standalone = true;
-  lo.show_ranks = {0};
+  if (!every_rank) lo.show_ranks = {0};
   lo.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "bench", sub};
   const auto& args = command_line();
   size_t from = std::find(args.begin(), args.end(), sub) - args.begin() + 1;
-  for (size_t i = from; i < args.size(); ++i) lo.command.push_back(args[i]);
+  for (size_t i = from; i < args.size(); ++i)
+    lo.command.push_back(args[i]);
   // The workers see RANK and run the benchmark themselves.
   return launch::run(lo);
 }
@@ -145,13 +151,19 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--steps", f->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--data-dir", f->data_dir)->capture_default_str();
+  cmd->add_flag("--every-rank", f->every_rank,
+                "every rank prints its own line (time per phase differs when ranks are skewed)");
   cmd->callback([f, &exit_code] {
-    DTORCH_CHECK_T(ConfigError, f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
-                                    f->warmup >= 0 && f->batch_size >= 1,
+    DTORCH_CHECK_T(ConfigError,
+                   f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 && f->warmup >= 0 &&
+                       f->batch_size >= 1,
                    "bench ddp: --nproc-per-node, --threads, --steps and --batch-size must be "
                    ">= 1, --warmup >= 0");
-    exit_code = f->nproc_per_node > 1 && !env::get("RANK") ? relaunch("ddp", f->nproc_per_node)
-                                                             : bench_worker(*f);
+    if (f->nproc_per_node > 1 && !env::get("RANK")) {
+      exit_code = relaunch("ddp", f->nproc_per_node, f->every_rank);
+    } else {
+      exit_code = bench_worker(*f);
+    }
   });
 
   auto* ar = bench->add_subcommand("allreduce", "Allreduce time and bus bandwidth");

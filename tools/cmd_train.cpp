@@ -70,15 +70,13 @@ void add_train_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("train", "Train a model data-parallel (DDP) on this node's ranks");
   cmd->add_option("--model", c.model, "mnist-cnn | mnist-mlp")->capture_default_str();
   cmd->add_option("--data", c.data, "fashion-mnist | mnist")->capture_default_str();
-  cmd->add_option("--data-dir", c.data_dir,
-                  std::string("folder with the IDX files (default ") + data::kDefaultMnistDir +
-                      ")");
+  cmd->add_option(
+      "--data-dir", c.data_dir,
+      std::string("folder with the IDX files (default ") + data::kDefaultMnistDir + ")");
   cmd->add_option("--epochs", c.epochs)->capture_default_str();
-  cmd->add_option("--batch-size", c.batch_size, "samples per rank per step")
-      ->capture_default_str();
+  cmd->add_option("--batch-size", c.batch_size, "samples per rank per step")->capture_default_str();
   cmd->add_option("--lr", c.lr, "learning rate")->capture_default_str();
-  cmd->add_option("--optimizer", c.optimizer, "sgd (momentum 0.9) | adamw")
-      ->capture_default_str();
+  cmd->add_option("--optimizer", c.optimizer, "sgd (momentum 0.9) | adamw")->capture_default_str();
   cmd->add_option("--momentum", c.momentum, "sgd momentum")->capture_default_str();
   cmd->add_option("--weight-decay", c.weight_decay, "adamw weight decay (default 0.01)");
   cmd->add_option("--seed", c.seed)->capture_default_str();

@@ -9,8 +9,12 @@ namespace dtorch::tools {
 namespace {
 std::vector<std::string> g_command_line;
 }
-const std::vector<std::string>& command_line() { return g_command_line; }
-void set_command_line(int argc, char** argv) { g_command_line.assign(argv, argv + argc); }
+const std::vector<std::string>& command_line() {
+  return g_command_line;
+}
+void set_command_line(int argc, char** argv) {
+  g_command_line.assign(argv, argv + argc);
+}
 }  // namespace dtorch::tools
 
 int main(int argc, char** argv) {

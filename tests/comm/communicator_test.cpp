@@ -57,8 +57,7 @@ DTORCH_TEST_WORKER(comm_collectives) {
   report << "isum " << i[0].item<int64_t>() << "\n";
   auto h = torch::full({4}, 1.5, torch::kBFloat16);
   c->allreduce(h);
-  report << "bf16 " << h[0].item<float>() << " " << (h.scalar_type() == torch::kBFloat16)
-         << "\n";
+  report << "bf16 " << h[0].item<float>() << " " << (h.scalar_type() == torch::kBFloat16) << "\n";
   // async: two in flight at once, waited in reverse order
   auto x = torch::ones({1000}), y = torch::full({10}, 2.0);
   auto wx = c->allreduce_async(x, ReduceOp::Sum);
@@ -71,10 +70,12 @@ DTORCH_TEST_WORKER(comm_collectives) {
   c->broadcast(b, n - 1);
   report << "bcast " << b[0].item<float>() << "\n";
   std::vector<torch::Tensor> all(n);
-  for (auto& t : all) t = torch::empty({2});
+  for (auto& t : all)
+    t = torch::empty({2});
   c->allgather(all, torch::full({2}, float(10 * r)));
   report << "gather";
-  for (auto& t : all) report << " " << t[1].item<float>();
+  for (auto& t : all)
+    report << " " << t[1].item<float>();
   report << "\n";
   auto out = torch::full({3}, float(r));
   auto in = torch::empty({3});

@@ -64,7 +64,6 @@ bool wait_for_files(const std::vector<std::string>& paths, double limit) {
   return false;
 }
 
-
 TEST(LaunchCli, PrefixesLinesAndKeepsStreamsApart) {
   auto r = run_cli("cli-prefix", {"--standalone", "--nproc-per-node", "2", "--", "sh", "-c",
                                   "echo out $RANK; echo err $RANK >&2; printf 'a\\rb\\r'; "

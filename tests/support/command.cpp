@@ -20,7 +20,9 @@ namespace dtorch::testing {
 
 using Clock = std::chrono::steady_clock;
 
-int CommandResult::exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+int CommandResult::exit_code() const {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -49,7 +51,8 @@ Command start_command(const std::string& dir, const std::vector<std::string>& ar
                       const std::vector<std::string>& env) {
   std::vector<std::string> a = args;
   std::vector<char*> argv;
-  for (auto& s : a) argv.push_back(s.data());
+  for (auto& s : a)
+    argv.push_back(s.data());
   argv.push_back(nullptr);
   std::vector<std::string> e = env;
   std::string out = dir + "/stdout", err = dir + "/stderr";
@@ -62,7 +65,8 @@ Command start_command(const std::string& dir, const std::vector<std::string>& ar
     if (o < 0 || f < 0 || in < 0 || ::dup2(o, 1) < 0 || ::dup2(f, 2) < 0 || ::dup2(in, 0) < 0) {
       ::_exit(126);
     }
-    for (auto& kv : e) ::putenv(kv.data());
+    for (auto& kv : e)
+      ::putenv(kv.data());
     ::execv(argv[0], argv.data());
     ::_exit(127);
   }

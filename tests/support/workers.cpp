@@ -18,7 +18,9 @@ std::map<std::string, WorkerFn>& registry() {
   return r;
 }
 
-std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+std::string self_exe() {
+  return std::filesystem::read_symlink("/proc/self/exe").string();
+}
 
 }  // namespace
 
@@ -57,7 +59,8 @@ int run_ranks(int n, const std::string& name, const std::vector<std::string>& ar
 
 std::string scratch_dir(const std::string& name) {
   namespace fs = std::filesystem;
-  fs::path p = fs::path(DTORCH_BINARY_DIR) / "test-scratch" / (name + "-" + std::to_string(getpid()));
+  fs::path p =
+      fs::path(DTORCH_BINARY_DIR) / "test-scratch" / (name + "-" + std::to_string(getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();

@@ -27,8 +27,8 @@ std::string scratch_dir(const std::string& name);
 
 }  // namespace dtorch::testing
 
-#define DTORCH_TEST_WORKER(name)                                                           \
-  static void dtorch_worker_##name(const std::vector<std::string>& args);                  \
-  static const bool dtorch_worker_registered_##name =                                      \
-      ::dtorch::testing::register_worker(#name, dtorch_worker_##name);                     \
+#define DTORCH_TEST_WORKER(name)                                          \
+  static void dtorch_worker_##name(const std::vector<std::string>& args); \
+  static const bool dtorch_worker_registered_##name =                     \
+      ::dtorch::testing::register_worker(#name, dtorch_worker_##name);    \
   static void dtorch_worker_##name(const std::vector<std::string>& args)

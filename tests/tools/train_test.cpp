@@ -20,15 +20,17 @@ using testing::run_command;
 
 // A short run: 1/15 of Fashion-MNIST, a fifth of the test split.
 std::vector<std::string> train_args(const std::string& out, int epochs) {
-  return {DTORCH_CLI,        "train",  "--model",        "mnist-cnn",  "--epochs",
-          std::to_string(epochs), "--train-samples", "4000",       "--test-samples",
-          "2000",            "--out",  out,              "--progress", "lines"};
+  return {
+      DTORCH_CLI,        "train", "--model",        "mnist-cnn", "--epochs", std::to_string(epochs),
+      "--train-samples", "4000",  "--test-samples", "2000",      "--out",    out,
+      "--progress",      "lines"};
 }
 
 std::vector<nlohmann::json> metrics(const std::string& out) {
   std::vector<nlohmann::json> v;
   std::istringstream in(testing::read_file(out + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) v.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);)
+    v.push_back(nlohmann::json::parse(line));
   return v;
 }
 
@@ -36,7 +38,8 @@ std::vector<torch::Tensor> weights(const std::string& path) {
   auto m = models::make_model("mnist-cnn");
   train::load_state_dict(*m, path);
   std::vector<torch::Tensor> v;
-  for (auto& p : m->parameters()) v.push_back(p.detach().clone());
+  for (auto& p : m->parameters())
+    v.push_back(p.detach().clone());
   return v;
 }
 
@@ -50,8 +53,8 @@ TEST(TrainCli, TwoRanksWriteMetricsCheckpointAndWeights) {
   EXPECT_TRUE(contains(r.err, "test accuracy")) << r.err;
   auto m = metrics(out);
   ASSERT_EQ(m.size(), 1u);
-  for (const char* k : {"epoch", "train_loss", "test_loss", "test_accuracy", "samples_per_s",
-                        "seconds"}) {
+  for (const char* k :
+       {"epoch", "train_loss", "test_loss", "test_accuracy", "samples_per_s", "seconds"}) {
     EXPECT_TRUE(m[0].contains(k)) << k;
   }
   EXPECT_GT(m[0]["test_accuracy"].get<double>(), 0.5);
@@ -79,7 +82,8 @@ TEST(TrainCli, ResumeReproducesAnUninterruptedRun) {
 
   auto a = weights(dir + "/whole/model.pt"), b = weights(dir + "/parts/model.pt");
   ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
   auto ma = metrics(dir + "/whole"), mb = metrics(dir + "/parts");
   ASSERT_EQ(ma.size(), 2u);
   ASSERT_EQ(mb.size(), 2u);
@@ -107,7 +111,8 @@ void run_under_torchrun(const std::vector<std::string>& rdzv_flags) {
   std::vector<std::string> args = {"/usr/bin/python3", torchrun, "--nproc_per_node", "2"};
   args.insert(args.end(), rdzv_flags.begin(), rdzv_flags.end());
   args.push_back("--no_python");
-  for (auto& a : train_args(out, 1)) args.push_back(a);
+  for (auto& a : train_args(out, 1))
+    args.push_back(a);
   auto r = run_command("train_torchrun_cmd", args, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.out << r.err;
   auto m = metrics(out);
@@ -151,6 +156,37 @@ print("ACCURACY %.6f" % acc)
   auto pos = output.find("ACCURACY ");
   ASSERT_NE(pos, std::string::npos) << output;
   EXPECT_NEAR(std::stod(output.substr(pos + 9)), ours, 1e-9) << output;
+}
+
+// The main job as `make demo` runs it: the full data, 2 epochs, 2 ranks, seeded.
+TEST(TrainCli, TwoEpochsOfMnistCnnReach88Percent) {
+  std::string out = testing::scratch_dir("train_full") + "/run";
+  auto r = run_command("train_full_cmd",
+                       {DTORCH_CLI,
+                        "train",
+                        "--model",
+                        "mnist-cnn",
+                        "--data",
+                        "fashion-mnist",
+                        "--epochs",
+                        "2",
+                        "--batch-size",
+                        "64",
+                        "--lr",
+                        "0.01",
+                        "--optimizer",
+                        "sgd",
+                        "--seed",
+                        "1",
+                        "--nproc-per-node",
+                        "2",
+                        "--out",
+                        out},
+                       900);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  auto m = metrics(out);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_GE(m[1]["test_accuracy"].get<double>(), 0.88);
 }
 
 TEST(TrainCli, BadInputGetsAClearErrorAndNoHang) {

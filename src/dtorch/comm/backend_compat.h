@@ -3,8 +3,8 @@
 // same collective signatures, so the rest of comm/ only sees `Backend`.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef DTORCH_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif

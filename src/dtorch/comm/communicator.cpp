@@ -2,10 +2,10 @@
 // turned into errors that name the operation and the ranks that did not take part.
 #include "dtorch/comm/communicator.h"
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <unistd.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <condition_variable>
 #include <cstring>
@@ -67,7 +67,8 @@ std::string describe(const at::Tensor& t) {
 
 std::string join(const std::vector<int>& v) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(v[i]);
   return s;
 }
 
@@ -257,9 +258,9 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
     std::this_thread::sleep_for(milliseconds(20));
   }
   DTORCH_CHECK_T(CommError, missing.empty(), "rendezvous at ", info.master_addr, ":",
-                 info.master_port, " timed out after ", opts.timeout.count() / 1000.0, " s: ",
-                 info.world_size - static_cast<int>(missing.size()), " of ", info.world_size,
-                 " ranks arrived; missing rank(s) ", join(missing),
+                 info.master_port, " timed out after ", opts.timeout.count() / 1000.0,
+                 " s: ", info.world_size - static_cast<int>(missing.size()), " of ",
+                 info.world_size, " ranks arrived; missing rank(s) ", join(missing),
                  "\n---> HINT: those ranks did not start or cannot reach the store; check "
                  "that every node runs the launcher with the same --master-addr/--master-port "
                  "and --nnodes, or raise DTORCH_TIMEOUT");
@@ -320,7 +321,9 @@ void Communicator::setup_shared_memory() {
   if (!why.empty()) log::warn("shared-memory allreduce unavailable (", why, "); using Gloo");
 }
 
-c10d::Store& Communicator::store() { return *impl_->store; }
+c10d::Store& Communicator::store() {
+  return *impl_->store;
+}
 
 Work Communicator::start(const std::string& op, const std::string& what, at::Tensor t,
                          const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
@@ -353,8 +356,8 @@ Work Communicator::start_local(const std::string& op, const std::string& what, a
   s.finish = std::move(finish);
   std::lock_guard<std::mutex> lock(impl_->mu);
   s.seq = ++impl_->seq;
-  s.op = str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t),
-             ", shared memory)");
+  s.op =
+      str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t), ", shared memory)");
   ShmAllreduce* shm = impl_->shm.get();
   s.local = impl_->shm_thread->submit([shm, t]() mutable { shm->sum(t); });
   return w;
@@ -372,8 +375,7 @@ Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string&
     if (op == ReduceOp::Avg && n > 1) buf.div_(n);
     if (cast) t.copy_(buf);
   };
-  if (impl_->shm && ShmAllreduce::supports(buf) &&
-      (op == ReduceOp::Sum || op == ReduceOp::Avg)) {
+  if (impl_->shm && ShmAllreduce::supports(buf) && (op == ReduceOp::Sum || op == ReduceOp::Avg)) {
     return start_local("allreduce", what, buf, std::move(finish));
   }
   c10d::AllreduceOptions o;
@@ -516,7 +518,8 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
       std::string theirs(v.begin(), v.end());
       if (theirs != mine) disagree.push_back(str("rank ", r, " was in ", theirs));
     }
-    for (const auto& d : disagree) os << "; " << d;
+    for (const auto& d : disagree)
+      os << "; " << d;
     if (!disagree.empty()) {
       os << " (every rank must issue the same collectives in the same order)";
     }

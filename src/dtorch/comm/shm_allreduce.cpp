@@ -32,7 +32,9 @@ namespace {
 constexpr int kMaxRanks = 512;
 constexpr size_t kPage = 4096;
 
-size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+size_t round_up(size_t x, size_t to) {
+  return (x + to - 1) / to * to;
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -46,7 +48,8 @@ void reduce_share(T* out, char* const* slots, int world, int64_t begin, int64_t 
   std::memcpy(out + begin, first + begin, (end - begin) * sizeof(T));
   for (int r = 1; r < world; ++r) {
     const T* in = reinterpret_cast<const T*>(slots[r]);
-    for (int64_t i = begin; i < end; ++i) out[i] += in[i];
+    for (int64_t i = begin; i < end; ++i)
+      out[i] += in[i];
   }
 }
 
@@ -80,19 +83,20 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int world,
       int err = errno;
       close(fd);
       shm_unlink(name.c_str());
-      DTORCH_FAIL(CommError, "cannot size shared memory ", name, " to ", bytes_, " bytes: ",
-                  std::strerror(err), " (is /dev/shm large enough? set DTORCH_SHM=0 to use Gloo)");
+      DTORCH_FAIL(CommError, "cannot size shared memory ", name, " to ", bytes_,
+                  " bytes: ", std::strerror(err),
+                  " (is /dev/shm large enough? set DTORCH_SHM=0 to use Gloo)");
     }
   } else {
     while ((fd = shm_open(name.c_str(), O_RDWR, 0600)) < 0) {
-      DTORCH_CHECK_T(CommError, std::chrono::steady_clock::now() < deadline,
-                     "shared memory ", name, " did not appear: ", std::strerror(errno));
+      DTORCH_CHECK_T(CommError, std::chrono::steady_clock::now() < deadline, "shared memory ", name,
+                     " did not appear: ", std::strerror(errno));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     struct stat st {};
     while (fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) < bytes_) {
-      DTORCH_CHECK_T(CommError, std::chrono::steady_clock::now() < deadline,
-                     "shared memory ", name, " never reached its size");
+      DTORCH_CHECK_T(CommError, std::chrono::steady_clock::now() < deadline, "shared memory ", name,
+                     " never reached its size");
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
@@ -107,8 +111,8 @@ ShmAllreduce::ShmAllreduce(const std::string& name, int rank, int world,
     header_->ready.store(1, std::memory_order_release);
   }
   while (header_->ready.load(std::memory_order_acquire) != 1) {
-    DTORCH_CHECK_T(CommError, std::chrono::steady_clock::now() < deadline,
-                   "shared memory ", name, " was never initialised by rank 0");
+    DTORCH_CHECK_T(CommError, std::chrono::steady_clock::now() < deadline, "shared memory ", name,
+                   " was never initialised by rank 0");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   header_->pids[rank].store(getpid(), std::memory_order_release);
@@ -166,8 +170,8 @@ void ShmAllreduce::wait_all(Counter* counters, uint64_t target, const char* phas
         if (counters[q].value.load(std::memory_order_acquire) >= target) continue;
         int pid = header_->pids[q].load();
         bool dead = pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
-        (dead ? gone : behind) += (dead ? gone : behind).empty() ? std::to_string(q)
-                                                                 : ", " + std::to_string(q);
+        (dead ? gone : behind) +=
+            (dead ? gone : behind).empty() ? std::to_string(q) : ", " + std::to_string(q);
       }
       DTORCH_CHECK_T(CommError, gone.empty(), "rank(s) ", gone,
                      " exited while this rank waited for them in a shared-memory allreduce (",
@@ -185,7 +189,8 @@ void ShmAllreduce::sum(at::Tensor& t) {
   const int64_t total = t.numel() * esize;
   char* data = static_cast<char*>(t.data_ptr());
   std::vector<char*> slots(world_);
-  for (int r = 0; r < world_; ++r) slots[r] = slot(r);
+  for (int r = 0; r < world_; ++r)
+    slots[r] = slot(r);
   char* result = slot(world_);
   for (int64_t off = 0; off < total; off += kSlotBytes) {
     const int64_t n = std::min<int64_t>(kSlotBytes, total - off);

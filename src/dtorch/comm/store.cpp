@@ -8,7 +8,7 @@
 namespace dtorch::comm {
 
 c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
-                                         std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(port);
   o.isServer = true;
@@ -31,7 +31,7 @@ int served_port(const c10::intrusive_ptr<c10d::Store>& store) {
 }
 
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
-                                           std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(port);
   o.isServer = false;

@@ -16,7 +16,7 @@ namespace dtorch::comm {
 /// Serves a store on addr:port (port 0 picks a free one; see served_port) for `world_size`
 /// clients. Throws CommError naming the port when it is already in use.
 c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
-                                         std::chrono::milliseconds timeout);
+                                            std::chrono::milliseconds timeout);
 
 /// The port a store made by serve_store listens on.
 int served_port(const c10::intrusive_ptr<c10d::Store>& store);
@@ -24,6 +24,6 @@ int served_port(const c10::intrusive_ptr<c10d::Store>& store);
 /// Connects to a store served elsewhere; throws CommError naming addr:port when it cannot be
 /// reached within `timeout`.
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
-                                           std::chrono::milliseconds timeout);
+                                              std::chrono::milliseconds timeout);
 
 }  // namespace dtorch::comm

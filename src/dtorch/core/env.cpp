@@ -28,8 +28,8 @@ std::optional<double> get_seconds(const char* name) {
   if (!v) return std::nullopt;
   char* end = nullptr;
   double x = std::strtod(v->c_str(), &end);
-  DTORCH_CHECK_T(ConfigError, end && *end == '\0' && x > 0, "environment variable ", name, "='",
-                 *v, "' is not a positive number of seconds");
+  DTORCH_CHECK_T(ConfigError, end && *end == '\0' && x > 0, "environment variable ", name, "='", *v,
+                 "' is not a positive number of seconds");
   return x;
 }
 

@@ -52,13 +52,12 @@ std::string str(Args&&... args) {
 }  // namespace dtorch
 
 /// Throws ErrorType with the message and file:line when cond is false.
-#define DTORCH_CHECK_T(ErrorType, cond, ...)                                              \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      throw ErrorType(::dtorch::detail::cat(__VA_ARGS__, " [", ::dtorch::detail::where(   \
-                                                                  __FILE__, __LINE__), \
-                                            "]"));                                        \
-    }                                                                                     \
+#define DTORCH_CHECK_T(ErrorType, cond, ...)                                                    \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      throw ErrorType(::dtorch::detail::cat(__VA_ARGS__, " [",                                  \
+                                            ::dtorch::detail::where(__FILE__, __LINE__), "]")); \
+    }                                                                                           \
   } while (0)
 
 /// Throws dtorch::Error with the message and file:line when cond is false.

@@ -34,8 +34,9 @@ RankInfo rank_info_from_env() {
                    " is not a TCP port (1..65535)");
     r.master_port = static_cast<int>(*p);
   } else {
-    DTORCH_CHECK_T(ConfigError, r.world_size == 1, "MASTER_PORT is not set but WORLD_SIZE=",
-                   r.world_size, "; set MASTER_ADDR and MASTER_PORT, or use `dtorch launch`");
+    DTORCH_CHECK_T(ConfigError, r.world_size == 1,
+                   "MASTER_PORT is not set but WORLD_SIZE=", r.world_size,
+                   "; set MASTER_ADDR and MASTER_PORT, or use `dtorch launch`");
   }
   r.restart_count = static_cast<int>(env::get_int("TORCHELASTIC_RESTART_COUNT").value_or(0));
   r.launcher_hosts_store = env::get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";

@@ -15,7 +15,8 @@ struct RankInfo {
   int nnodes = 1;            ///< node count (world_size / local_world_size)
   std::string master_addr = "127.0.0.1";  ///< rendezvous host (MASTER_ADDR)
   int master_port = 29500;                ///< rendezvous port (MASTER_PORT)
-  int restart_count = 0;  ///< how often the launcher restarted the group (TORCHELASTIC_RESTART_COUNT)
+  int restart_count =
+      0;  ///< how often the launcher restarted the group (TORCHELASTIC_RESTART_COUNT)
   /// The launcher (torchrun's agent, or `dtorch launch`) already serves the rendezvous store
   /// at master_addr:master_port (TORCHELASTIC_USE_AGENT_STORE=True): connect as a client.
   bool launcher_hosts_store = false;

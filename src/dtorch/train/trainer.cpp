@@ -25,18 +25,18 @@ double seconds_since(Clock::time_point t) {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c,
                                                         torch::nn::Module& m) {
   if (c.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        m.parameters(), torch::optim::SGDOptions(c.lr).momentum(c.momentum));
+    return std::make_unique<torch::optim::SGD>(m.parameters(),
+                                               torch::optim::SGDOptions(c.lr).momentum(c.momentum));
   }
   double wd = c.weight_decay > 0 ? c.weight_decay : 0.01;
-  return std::make_unique<torch::optim::AdamW>(
-      m.parameters(), torch::optim::AdamWOptions(c.lr).weight_decay(wd));
+  return std::make_unique<torch::optim::AdamW>(m.parameters(),
+                                               torch::optim::AdamWOptions(c.lr).weight_decay(wd));
 }
 
 std::string config_json(const TrainConfig& c, int world) {
-  return str("{\"model\":\"", c.model, "\",\"data\":\"", c.data, "\",\"batch_size\":",
-             c.batch_size, ",\"lr\":", c.lr, ",\"optimizer\":\"", c.optimizer,
-             "\",\"seed\":", c.seed, ",\"world_size\":", world, "}");
+  return str("{\"model\":\"", c.model, "\",\"data\":\"", c.data, "\",\"batch_size\":", c.batch_size,
+             ",\"lr\":", c.lr, ",\"optimizer\":\"", c.optimizer, "\",\"seed\":", c.seed,
+             ",\"world_size\":", world, "}");
 }
 
 // Sum of loss and correct predictions over this rank's disjoint part of the test split,
@@ -70,17 +70,18 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model) != names.end(),
                  "unknown model '", c.model, "'; choose one of: ", [&] {
                    std::string s;
-                   for (auto& n : names) s += (s.empty() ? "" : ", ") + n;
+                   for (auto& n : names)
+                     s += (s.empty() ? "" : ", ") + n;
                    return s;
                  }());
   DTORCH_CHECK_T(ConfigError, c.data == "fashion-mnist" || c.data == "mnist", "unknown data '",
                  c.data, "'; use fashion-mnist or mnist (IDX files, see --data-dir)");
   DTORCH_CHECK_T(ConfigError, c.epochs >= 1, "--epochs must be >= 1 (got ", c.epochs, ")");
-  DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ",
-                 c.batch_size, ")");
+  DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ", c.batch_size,
+                 ")");
   DTORCH_CHECK_T(ConfigError, c.lr > 0, "--lr must be positive (got ", c.lr, ")");
-  DTORCH_CHECK_T(ConfigError, c.optimizer == "sgd" || c.optimizer == "adamw",
-                 "unknown optimizer '", c.optimizer, "'; use sgd or adamw");
+  DTORCH_CHECK_T(ConfigError, c.optimizer == "sgd" || c.optimizer == "adamw", "unknown optimizer '",
+                 c.optimizer, "'; use sgd or adamw");
   DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
   DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
   DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
@@ -94,9 +95,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   std::string dir = c.data_dir.empty() ? data::kDefaultMnistDir : c.data_dir;
   if (lead) {
     log::info("training ", c.model, " on ", c.data, " (", dir, "), ", world, " rank(s) x batch ",
-              c.batch_size, ", ", c.epochs, " epoch(s), ", c.optimizer, " lr ", c.lr,
-              ", seed ", c.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ",
-              c.out);
+              c.batch_size, ", ", c.epochs, " epoch(s), ", c.optimizer, " lr ", c.lr, ", seed ",
+              c.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ", c.out);
   }
 
   torch::manual_seed(c.seed);
@@ -122,8 +122,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
 
   auto train_set = data::load_mnist(dir, "train");
   auto test_set = data::load_mnist(dir, "test");
-  int64_t n_train = c.train_samples > 0 ? std::min(c.train_samples, train_set.size())
-                                        : train_set.size();
+  int64_t n_train =
+      c.train_samples > 0 ? std::min(c.train_samples, train_set.size()) : train_set.size();
   data::DistributedSampler sampler(n_train, comm->rank(), world, c.seed);
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(c.out + "/metrics.jsonl", c.resume);
@@ -160,17 +160,17 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     double train_seconds = seconds_since(t0);
     progress.finish_epoch();
 
-    auto mean_loss = torch::tensor({loss_sum / std::max<size_t>(1, batches.size())},
-                                   torch::kDouble);
+    auto mean_loss =
+        torch::tensor({loss_sum / std::max<size_t>(1, batches.size())}, torch::kDouble);
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
     auto [test_loss, test_acc] = evaluate(*model, test_set, c.test_samples, *comm);
-    EpochRecord r{epoch, mean_loss.item<double>(), test_loss, test_acc,
-                  samples / train_seconds, seconds_since(t0)};
+    EpochRecord r{epoch,    mean_loss.item<double>(), test_loss,
+                  test_acc, samples / train_seconds,  seconds_since(t0)};
     records.push_back(r);
     if (lead) {
-      log::info("epoch ", epoch + 1, "/", c.epochs, ": train loss ", r.train_loss,
-                ", test loss ", r.test_loss, ", test accuracy ", 100.0 * r.test_accuracy,
-                "%, ", static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s");
+      log::info("epoch ", epoch + 1, "/", c.epochs, ": train loss ", r.train_loss, ", test loss ",
+                r.test_loss, ", test accuracy ", 100.0 * r.test_accuracy, "%, ",
+                static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s");
       metrics->write_epoch(r);
       save_checkpoint(c.out, {epoch + 1, global_step, config_json(c, world)}, *model, opt.get(),
                       c.keep_checkpoints);

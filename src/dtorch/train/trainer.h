@@ -15,16 +15,16 @@
 namespace dtorch::train {
 
 struct TrainConfig {
-  std::string model = "mnist-cnn";  ///< a name from models::model_names()
+  std::string model = "mnist-cnn";     ///< a name from models::model_names()
   std::string data = "fashion-mnist";  ///< fashion-mnist or mnist (IDX files in data_dir)
   std::string data_dir;                ///< empty: Debian's dataset-fashion-mnist folder
   int epochs = 2;
-  int64_t batch_size = 64;       ///< samples per rank per step
+  int64_t batch_size = 64;  ///< samples per rank per step
   double lr = 0.01;
-  std::string optimizer = "sgd";  ///< sgd (momentum 0.9) or adamw
-  double momentum = 0.9;          ///< sgd only
-  double weight_decay = 0.0;      ///< adamw: 0.01 when left at 0
-  uint64_t seed = 1;              ///< model init and data order
+  std::string optimizer = "sgd";    ///< sgd (momentum 0.9) or adamw
+  double momentum = 0.9;            ///< sgd only
+  double weight_decay = 0.0;        ///< adamw: 0.01 when left at 0
+  uint64_t seed = 1;                ///< model init and data order
   std::string out = "runs/latest";  ///< metrics.jsonl, checkpoints, model.pt
   bool resume = false;              ///< continue from the newest good checkpoint in `out`
   int accum_steps = 1;              ///< batches per optimizer step (no_sync for all but last)

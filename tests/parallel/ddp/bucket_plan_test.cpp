@@ -8,7 +8,9 @@
 namespace dtorch::ddp {
 namespace {
 
-ParamSpec f32(int64_t n) { return {n, c10::ScalarType::Float, c10::Device(c10::kCPU)}; }
+ParamSpec f32(int64_t n) {
+  return {n, c10::ScalarType::Float, c10::Device(c10::kCPU)};
+}
 
 TEST(DdpBucketPlan, ReverseOrderAndSmallFirstBucket) {
   // 4 params of 100 floats (400 B); first cap 400 B, later cap 1200 B.
@@ -42,7 +44,8 @@ TEST(DdpBucketPlan, DtypesNeverShareABucket) {
 
 TEST(DdpBucketPlan, EveryParameterPlacedOnce) {
   std::vector<ParamSpec> ps;
-  for (int i = 0; i < 37; ++i) ps.push_back(f32(1 + i * 13));
+  for (int i = 0; i < 37; ++i)
+    ps.push_back(f32(1 + i * 13));
   auto plan = plan_buckets(ps, 64, 1000);
   std::vector<int> seen(ps.size(), 0);
   for (size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -56,7 +59,8 @@ TEST(DdpBucketPlan, EveryParameterPlacedOnce) {
     }
     EXPECT_EQ(bk.numel, off);
   }
-  for (int s : seen) EXPECT_EQ(s, 1);
+  for (int s : seen)
+    EXPECT_EQ(s, 1);
 }
 
 TEST(DdpBucketPlan, RejectsZeroCapacity) {

@@ -47,7 +47,8 @@ std::pair<torch::Tensor, torch::Tensor> batch_of(int step, int micro, int rank, 
 
 std::vector<torch::Tensor> snapshot(TinyNet& m) {
   std::vector<torch::Tensor> out;
-  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
+  for (auto& p : m.parameters())
+    out.push_back(p.detach().clone());
   return out;
 }
 
@@ -110,8 +111,8 @@ DTORCH_TEST_WORKER(ddp_parity) {
   if (comm->rank() == 0) torch::save(snapshot(*m), args.at(0) + "/params.pt");
 }
 
-void expect_parity(int world, int accum, bool unused, const std::string& compression,
-                   double tol, const std::string& path = "shm") {
+void expect_parity(int world, int accum, bool unused, const std::string& compression, double tol,
+                   const std::string& path = "shm") {
   std::string dir = testing::scratch_dir("ddp_parity");
   ASSERT_EQ(testing::run_ranks(world, "ddp_parity",
                                {dir, std::to_string(accum), unused ? "1" : "0", compression, path}),
@@ -134,16 +135,30 @@ void expect_parity(int world, int accum, bool unused, const std::string& compres
   EXPECT_GT((snapshot(init)[2] - want[2]).abs().max().item<double>(), 1e-3);
 }
 
-TEST(DdpParity, TwoRanks) { expect_parity(2, 1, false, "none", 1e-5); }
-TEST(DdpParity, ThreeRanks) { expect_parity(3, 1, false, "none", 1e-5); }
-TEST(DdpParity, TwoRanksOverGloo) { expect_parity(2, 1, false, "none", 1e-5, "gloo"); }
+TEST(DdpParity, TwoRanks) {
+  expect_parity(2, 1, false, "none", 1e-5);
+}
+TEST(DdpParity, ThreeRanks) {
+  expect_parity(3, 1, false, "none", 1e-5);
+}
+TEST(DdpParity, TwoRanksOverGloo) {
+  expect_parity(2, 1, false, "none", 1e-5, "gloo");
+}
 TEST(DdpParity, ThreeRanksOverGlooWithAccumulation) {
   expect_parity(3, 2, false, "none", 1e-5, "gloo");
 }
-TEST(DdpParity, TwoRanksNoSyncAccumulation) { expect_parity(2, 3, false, "none", 1e-5); }
-TEST(DdpParity, ThreeRanksNoSyncAccumulation) { expect_parity(3, 2, false, "none", 1e-5); }
-TEST(DdpParity, UnusedParametersOnSomeRanks) { expect_parity(2, 1, true, "none", 1e-5); }
-TEST(DdpParity, Fp16CompressionStaysClose) { expect_parity(2, 1, false, "fp16", 2e-3); }
+TEST(DdpParity, TwoRanksNoSyncAccumulation) {
+  expect_parity(2, 3, false, "none", 1e-5);
+}
+TEST(DdpParity, ThreeRanksNoSyncAccumulation) {
+  expect_parity(3, 2, false, "none", 1e-5);
+}
+TEST(DdpParity, UnusedParametersOnSomeRanks) {
+  expect_parity(2, 1, true, "none", 1e-5);
+}
+TEST(DdpParity, Fp16CompressionStaysClose) {
+  expect_parity(2, 1, false, "fp16", 2e-3);
+}
 
 DTORCH_TEST_WORKER(ddp_unused_error) {
   auto comm = comm::Communicator::from_env();

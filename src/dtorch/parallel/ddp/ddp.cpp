@@ -25,7 +25,8 @@ void check_same_model(const torch::nn::Module& model, comm::Communicator& comm) 
   std::string root = comm.broadcast_string(joined, 0, "DDP model check");
   std::vector<std::string> theirs;
   std::istringstream in(root);
-  for (std::string line; std::getline(in, line);) theirs.push_back(line);
+  for (std::string line; std::getline(in, line);)
+    theirs.push_back(line);
 
   std::string diff;
   for (size_t i = 0; i < std::max(mine.size(), theirs.size()) && diff.empty(); ++i) {
@@ -58,7 +59,8 @@ void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, comm::Communic
   }
   for (auto& [key, group] : groups) {
     std::vector<at::Tensor> flat;
-    for (auto& t : group) flat.push_back(t.reshape({-1}));
+    for (auto& t : group)
+      flat.push_back(t.reshape({-1}));
     at::Tensor all = at::cat(flat);
     comm.broadcast(all, 0, "DDP initial weights");
     int64_t off = 0;
@@ -89,8 +91,10 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   if (comm_->size() > 1) {
     check_same_model(*model_, *comm_);
     std::vector<at::Tensor> state;
-    for (auto& p : model_->parameters()) state.push_back(p.detach());
-    for (auto& b : model_->buffers()) state.push_back(b);
+    for (auto& p : model_->parameters())
+      state.push_back(p.detach());
+    for (auto& b : model_->buffers())
+      state.push_back(b);
     broadcast_from_rank0(state, *comm_);
   }
   std::vector<at::Tensor> params;
@@ -105,8 +109,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), std::move(buffers),
                                        comm_, opts_);
   if (comm_->rank() == 0) {
-    log::debug("DDP: ", reducer_->plan().buckets.size(), " gradient buckets over ",
-               comm_->size(), " ranks");
+    log::debug("DDP: ", reducer_->plan().buckets.size(), " gradient buckets over ", comm_->size(),
+               " ranks");
   }
 }
 
@@ -116,7 +120,9 @@ DistributedDataParallel::NoSync DistributedDataParallel::no_sync() {
   return NoSync(reducer_.get());
 }
 
-const BucketPlan& DistributedDataParallel::plan() const { return reducer_->plan(); }
+const BucketPlan& DistributedDataParallel::plan() const {
+  return reducer_->plan();
+}
 
 double DistributedDataParallel::comm_wait_seconds() const {
   return reducer_->comm_wait_seconds();

@@ -1,10 +1,10 @@
 // Reducer: bucketed, overlapped gradient averaging for DDP (see reducer.h).
 #include "dtorch/parallel/ddp/reducer.h"
 
+#include <c10/util/strides.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
-#include <c10/util/strides.h>
 
 #include <chrono>
 
@@ -38,7 +38,8 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 
 std::vector<ParamSpec> specs_of(const std::vector<at::Tensor>& params) {
   std::vector<ParamSpec> specs;
-  for (const auto& p : params) specs.push_back({p.numel(), p.scalar_type(), p.device()});
+  for (const auto& p : params)
+    specs.push_back({p.numel(), p.scalar_type(), p.device()});
   return specs;
 }
 
@@ -49,7 +50,9 @@ at::Tensor alias_of(const at::Tensor& flat, int64_t offset, at::IntArrayRef size
       .set_(flat.storage(), flat.storage_offset() + offset, sizes, c10::contiguous_strides(sizes));
 }
 
-size_t mib(double x) { return static_cast<size_t>(x * 1024.0 * 1024.0); }
+size_t mib(double x) {
+  return static_cast<size_t>(x * 1024.0 * 1024.0);
+}
 
 }  // namespace
 
@@ -61,8 +64,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       buffers_(std::move(buffers)),
       comm_(std::move(comm)),
       opts_(opts),
-      plan_(plan_buckets(specs_of(params_), mib(opts.first_bucket_cap_mb),
-                         mib(opts.bucket_cap_mb))),
+      plan_(
+          plan_buckets(specs_of(params_), mib(opts.first_bucket_cap_mb), mib(opts.bucket_cap_mb))),
       ready_(params_.size(), false) {
   for (const Bucket& b : plan_.buckets) {
     BucketState s;
@@ -81,7 +84,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
 }
 
 Reducer::~Reducer() {
-  for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (size_t i = 0; i < accumulators_.size(); ++i)
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
 void Reducer::prepare_for_backward() {
@@ -167,7 +171,8 @@ void Reducer::finalize() {
     unready = false;
   }
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t b = 0; b < next_bucket_; ++b) buckets_[b].work.wait();
+  for (size_t b = 0; b < next_bucket_; ++b)
+    buckets_[b].work.wait();
   comm_wait_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (unready) fail_unready();
@@ -184,7 +189,8 @@ void Reducer::finalize() {
     }
   }
   if (opts_.broadcast_buffers) {
-    for (auto& buf : buffers_) comm_->broadcast(buf, 0, "DDP buffer broadcast");
+    for (auto& buf : buffers_)
+      comm_->broadcast(buf, 0, "DDP buffer broadcast");
   }
 }
 
