@@ -81,6 +81,7 @@ Setup parse(const std::vector<std::string>& a) {
   s.opts.first_bucket_cap_mb = 0.0005;  // ~500 B: forces several buckets on a tiny model
   s.opts.bucket_cap_mb = 0.002;
   if (a.at(3) == "fp16") s.opts.compression = ddp::Compression::FP16;
+  if (a.at(3) == "bf16") s.opts.compression = ddp::Compression::BF16;
   setenv("DTORCH_SHM", a.at(4) == "gloo" ? "0" : "1", 1);
   return s;
 }
@@ -129,6 +130,9 @@ void expect_parity(int world, int accum, bool unused, const std::string& compres
     worst = std::max(worst, (got[i] - want[i]).abs().max().item<double>());
   }
   EXPECT_LE(worst, tol);
+  // Compressed gradients are rounded: the result must differ from the exact one, or the
+  // compression did not happen.
+  if (compression != "none") EXPECT_GT(worst, 1e-7);
   // The run must have trained: far from the initial weights.
   torch::manual_seed(0);
   TinyNet init;
@@ -158,6 +162,12 @@ TEST(DdpParity, UnusedParametersOnSomeRanks) {
 }
 TEST(DdpParity, Fp16CompressionStaysClose) {
   expect_parity(2, 1, false, "fp16", 2e-3);
+}
+TEST(DdpParity, Bf16CompressionStaysClose) {
+  expect_parity(2, 1, false, "bf16", 1e-2);
+}
+TEST(DdpParity, Bf16CompressionOverGloo) {
+  expect_parity(2, 1, false, "bf16", 1e-2, "gloo");
 }
 
 DTORCH_TEST_WORKER(ddp_unused_error) {
