@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args()
+    a.dtorch = os.path.abspath(a.dtorch)
+    a.peer = os.path.abspath(a.peer)
     if not os.path.exists(a.peer):
         sys.exit(f"bench: the peer {a.peer} is missing (it ships in shared/peers beside the repo)")
 
@@ -84,6 +86,18 @@ def main():
             rows[(model, n)] = dict(ours=statistics.median(ours), peer=statistics.median(peer),
                                     breakdown=last["ms_per_step"], torch=p.get("torch"))
 
+    # The allreduce itself: dtorch's shared-memory path against the same ranks over Gloo
+    # (DTORCH_SHM=0: c10d's ProcessGroupGloo, what PyTorch's DDP uses on CPU).
+    allreduce = []
+    for nbytes in (4096, 1 << 20, 4 << 20):
+        ms = {}
+        for path, env in (("shm", "1"), ("gloo", "0")):
+            os.environ["DTORCH_SHM"] = env
+            ms[path] = run_json([a.dtorch, "bench", "allreduce", "--nproc-per-node", "2",
+                                 "--bytes", str(nbytes), "--iters", "200"])["ms"]
+        os.environ.pop("DTORCH_SHM", None)
+        allreduce.append((nbytes, ms["shm"], ms["gloo"]))
+
     cmd = "make bench   # = bench/bench_ddp.py --repeats %d --steps %d --warmup %d" % (
         a.repeats, a.steps, a.warmup)
     lines = [
@@ -96,9 +110,12 @@ def main():
          "1.13.1 (Debian)"),
         "- Protocol: the peer's (`shared/peers/torch_ddp_mnist.py`): uniformly random batches "
         "of %d per rank from Fashion-MNIST, SGD lr 0.01 momentum 0.9, cross-entropy, "
-        "%d warm-up steps untimed, %d timed steps, 1 thread per rank, Gloo on 127.0.0.1. "
+        "%d warm-up steps untimed, %d timed steps, 1 thread per rank. "
         "Median of %d runs, ours and the peer's alternating." % (a.batch, a.warmup, a.steps,
                                                                    a.repeats),
+        "- Transport: the peer reduces gradients with Gloo over TCP on 127.0.0.1; dtorch, whose "
+        "ranks are all on one node here, through shared memory (Gloo for everything else, and "
+        "for every collective across nodes).",
         "",
         "## DDP throughput (samples/s, all ranks together)",
         "",
@@ -114,6 +131,11 @@ def main():
         one, two = rows[(model, 1)], rows[(model, 2)]
         lines.append("| %s | %.2f | %.2f |" % (model, two["ours"] / (2 * one["ours"]),
                                               two["peer"] / (2 * one["peer"])))
+    lines += ["", "## Allreduce between 2 ranks (`dtorch bench allreduce`, ms per call)", "",
+              "| bytes | dtorch shared memory | Gloo (DTORCH_SHM=0) | speed-up |",
+              "|---|---|---|---|"]
+    for nbytes, shm, gloo in allreduce:
+        lines.append("| %d | %.3f | %.3f | %.0fx |" % (nbytes, shm, gloo, gloo / shm))
     lines += ["", "## Where a dtorch step's time goes (ms per step, rank 0, last run)", "",
               "Backward includes the time blocked on gradient communication at its end "
               "(`comm wait`); the rest of the allreduce overlaps with backward.", "",
@@ -131,6 +153,24 @@ def main():
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
+    update_readme(lines)
+
+
+def update_readme(lines):
+    """Copies the throughput and scaling tables into README.md between its bench markers."""
+    path = os.path.join(ROOT, "README.md")
+    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+    with open(path) as f:
+        text = f.read()
+    if start not in text or end not in text:
+        return
+    first = lines.index("## DDP throughput (samples/s, all ranks together)")
+    last = next(i for i, l in enumerate(lines) if l.startswith("## Allreduce between"))
+    block = "\n".join(l.replace("## ", "#### ") for l in lines[first:last]).strip()
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + start + "\n" + block + "\n" + end + tail)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include "dtorch/launch/launcher.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/train/zero_grad.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -64,7 +65,7 @@ int bench_worker(const BenchFlags& f) {
     auto loss = torch::cross_entropy_loss(model->forward(x), y);
     t_fwd += since(t);
     t = Clock::now();
-    opt.zero_grad();
+    train::zero_grad_to_none(opt);  // the peer's zero_grad(set_to_none=True)
     loss.backward();
     t_bwd += since(t);
     t = Clock::now();

@@ -12,3 +12,4 @@
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/train/checkpoint.h"
 #include "dtorch/train/state_dict.h"
+#include "dtorch/train/zero_grad.h"

@@ -12,6 +12,7 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/train/checkpoint.h"
 #include "dtorch/train/state_dict.h"
+#include "dtorch/train/zero_grad.h"
 
 namespace dtorch::train {
 namespace {
@@ -149,7 +150,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       }
       if (last_micro) {
         opt->step();
-        opt->zero_grad();
+        zero_grad_to_none(*opt);
         ++global_step;
       }
       double l = loss.item<double>();

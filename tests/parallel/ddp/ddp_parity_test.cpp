@@ -9,6 +9,7 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/train/zero_grad.h"
 #include "support/workers.h"
 
 namespace dtorch {
@@ -96,7 +97,13 @@ DTORCH_TEST_WORKER(ddp_parity) {
   torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   bool extra = !s.unused_on_odd_ranks || comm->rank() % 2 == 0;
   for (int step = 0; step < s.steps; ++step) {
-    opt.zero_grad();
+    // Both ways of clearing gradients must work: in place (LibTorch 1.13's zero_grad) at 2
+    // ranks, set to undefined (2.x's default) at 3.
+    if (comm->size() == 3) {
+      train::zero_grad_to_none(opt);
+    } else {
+      opt.zero_grad();
+    }
     for (int k = 0; k < s.accum; ++k) {
       auto [x, y] = batch_of(step, k, comm->rank(), s.batch);
       auto loss = torch::cross_entropy_loss(m->forward(x, extra), y) / s.accum;
