@@ -48,6 +48,11 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
+// Gloo in LibTorch 1.13 cannot carry bfloat16: such tensors travel as float32.
+bool needs_float_cast(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 && !t.is_cuda() && !kGlooReducesBFloat16;
+}
+
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
@@ -325,18 +330,27 @@ c10d::Store& Communicator::store() {
   return *impl_->store;
 }
 
-Work Communicator::start(const std::string& op, const std::string& what, at::Tensor t,
-                         const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
-                         std::function<void()> finish) {
+// Builds the handle and numbers the operation; callers hold impl_->mu so that numbering and
+// issuing happen in one order on every rank.
+Work Communicator::new_work(const std::string& op, const std::string& what, const at::Tensor& t,
+                            std::function<void()> finish, const char* path) {
   Work w;
   w.state_ = std::make_shared<Work::State>();
   auto& s = *w.state_;
   s.comm = shared_from_this();
   s.finish = std::move(finish);
-  std::lock_guard<std::mutex> lock(impl_->mu);
   s.seq = ++impl_->seq;
-  s.op = str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t), ")");
+  s.op = str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t), path, ")");
+  return w;
+}
+
+Work Communicator::start(const std::string& op, const std::string& what, at::Tensor t,
+                         const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
+                         std::function<void()> finish) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Work w = new_work(op, what, t, std::move(finish), "");
   if (size() == 1) return w;
+  auto& s = *w.state_;
   try {
     s.work = launch(t);
   } catch (const CommError&) {
@@ -349,17 +363,10 @@ Work Communicator::start(const std::string& op, const std::string& what, at::Ten
 
 Work Communicator::start_local(const std::string& op, const std::string& what, at::Tensor t,
                                std::function<void()> finish) {
-  Work w;
-  w.state_ = std::make_shared<Work::State>();
-  auto& s = *w.state_;
-  s.comm = shared_from_this();
-  s.finish = std::move(finish);
   std::lock_guard<std::mutex> lock(impl_->mu);
-  s.seq = ++impl_->seq;
-  s.op =
-      str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t), ", shared memory)");
+  Work w = new_work(op, what, t, std::move(finish), ", shared memory");
   ShmAllreduce* shm = impl_->shm.get();
-  s.local = impl_->shm_thread->submit([shm, t]() mutable { shm->sum(t); });
+  w.state_->local = impl_->shm_thread->submit([shm, t]() mutable { shm->sum(t); });
   return w;
 }
 
@@ -368,7 +375,7 @@ Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string&
   DTORCH_CHECK(op != ReduceOp::Avg || t.is_floating_point(), "ReduceOp::Avg needs a floating ",
                "point tensor, got ", t.scalar_type());
   at::Tensor buf = t;
-  bool cast = t.scalar_type() == at::kBFloat16 && !t.is_cuda() && !kGlooReducesBFloat16;
+  bool cast = needs_float_cast(t);
   if (cast) buf = t.to(at::kFloat);
   int n = size();
   auto finish = [t, buf, op, n, cast]() mutable {
@@ -397,7 +404,7 @@ Work Communicator::broadcast_async(at::Tensor t, int root, const std::string& wh
   DTORCH_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
   DTORCH_CHECK(root >= 0 && root < size(), "broadcast root ", root, " is not a rank");
   at::Tensor buf = t;
-  bool cast = t.scalar_type() == at::kBFloat16 && !t.is_cuda() && !kGlooReducesBFloat16;
+  bool cast = needs_float_cast(t);
   if (cast) buf = t.to(at::kFloat);
   c10d::BroadcastOptions o;
   o.rootRank = root;

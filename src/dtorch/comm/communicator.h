@@ -97,6 +97,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Work start(const std::string& op, const std::string& what, at::Tensor t,
              const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
              std::function<void()> finish);
+  Work new_work(const std::string& op, const std::string& what, const at::Tensor& t,
+                std::function<void()> finish, const char* path);
   /// An allreduce through shared memory (Note [Shared-memory allreduce]), on its own thread.
   Work start_local(const std::string& op, const std::string& what, at::Tensor t,
                    std::function<void()> finish);
