@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "dtorch/comm/backend_compat.h"
+#include "dtorch/comm/gloo_device.h"
 #include "dtorch/comm/shm_allreduce.h"
 #include "dtorch/comm/store.h"
 #include "dtorch/core/env.h"
@@ -53,10 +54,6 @@ bool needs_float_cast(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 && !t.is_cuda() && !kGlooReducesBFloat16;
 }
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
-
 std::string first_line(const std::string& s) {
   auto p = s.find('\n');
   return p == std::string::npos ? s : s.substr(0, p);
@@ -70,21 +67,41 @@ std::string describe(const at::Tensor& t) {
   return os.str();
 }
 
+int64_t nbytes(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+// Note [Reduce-scatter on Gloo]
+// LibTorch 1.13's Gloo has no reduce-scatter, and an allreduce whose result is mostly thrown
+// away sends twice the bytes. Within one node the shared-memory path reads each rank's chunk
+// straight from the others' slots. Otherwise a ring over send/recv: in step s rank r sends its
+// running sum of chunk r-s-1 to rank r+1 and adds what rank r-1 sends into chunk r-s-2; after
+// N-1 steps chunk r holds every rank's contribution. Each rank sends N-1 chunks, (N-1)/N of
+// the input: the volume of a real reduce-scatter (and of NCCL's). Steps run one after
+// another on the communicator's ordered thread; tags derived from the operation's sequence
+// number keep concurrent collectives apart.
+void ring_reduce_scatter(Backend& pg, const at::Tensor& in, int rank, int n, long seq,
+                         std::chrono::milliseconds timeout) {
+  const int64_t c = in.numel() / n;
+  auto chunk = [&](int i) { return in.narrow(0, ((i % n + n) % n) * c, c); };
+  at::Tensor incoming = at::empty({c}, in.options());
+  const int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    const int tag = static_cast<int>((seq * 1024 + s) % (1 << 30));
+    std::vector<at::Tensor> rv{incoming}, sv{chunk(rank - s - 1)};
+    auto r = pg.recv(rv, prev, tag);
+    auto w = pg.send(sv, next, tag);
+    w->wait(timeout);
+    r->wait(timeout);
+    chunk(rank - s - 2).add_(incoming);
+  }
+}
+
 std::string join(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i)
     s += (i ? ", " : "") + std::to_string(v[i]);
   return s;
-}
-
-std::shared_ptr<::gloo::transport::Device> make_gloo_device(const launch::RankInfo& info) {
-  if (auto ifname = env::get("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
-  }
-  if (is_loopback(info.master_addr)) {
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  }
-  return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
 // Runs jobs one at a time in submission order, off the caller's thread, so a shared-memory
@@ -191,10 +208,11 @@ struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> store;       // namespaced to this restart attempt
   c10::intrusive_ptr<Backend> gloo;
   c10::intrusive_ptr<Backend> nccl;
-  std::unique_ptr<ShmAllreduce> shm;  // Note [Shared-memory allreduce], single node only
-  std::unique_ptr<OrderedThread> shm_thread;
+  std::unique_ptr<ShmAllreduce> shm;      // Note [Shared-memory allreduce], single node only
+  std::unique_ptr<OrderedThread> worker;  // multi-step collectives, in issue order
   std::mutex mu;  // collectives must be issued in one order; hooks may race to issue them
   long seq = 0;
+  Traffic traffic;  // guarded by mu
 
   Backend& backend_for(const at::Tensor& t) {
     if (t.is_cuda()) {
@@ -291,6 +309,7 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
                 "\n---> HINT: on several hosts, set GLOO_SOCKET_IFNAME to the network "
                 "interface the nodes share (e.g. ib0 or eth0)");
   }
+  m.worker = std::make_unique<OrderedThread>();
   c->setup_shared_memory();
   return c;
 }
@@ -318,10 +337,7 @@ void Communicator::setup_shared_memory() {
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MIN;
   m.gloo->allreduce(v, o)->wait(opts_.timeout);
-  if (ok.item<int>() == 1) {
-    m.shm_thread = std::make_unique<OrderedThread>();
-    return;
-  }
+  if (ok.item<int>() == 1) return;
   m.shm.reset();
   if (!why.empty()) log::warn("shared-memory allreduce unavailable (", why, "); using Gloo");
 }
@@ -361,13 +377,30 @@ Work Communicator::start(const std::string& op, const std::string& what, at::Ten
   return w;
 }
 
-Work Communicator::start_local(const std::string& op, const std::string& what, at::Tensor t,
-                               std::function<void()> finish) {
+Work Communicator::start_local(const std::string& op, const std::string& what, const at::Tensor& t,
+                               std::function<void(long seq)> job, std::function<void()> finish,
+                               const char* path) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Work w = new_work(op, what, t, std::move(finish), ", shared memory");
-  ShmAllreduce* shm = impl_->shm.get();
-  w.state_->local = impl_->shm_thread->submit([shm, t]() mutable { shm->sum(t); });
+  Work w = new_work(op, what, t, std::move(finish), path);
+  if (size() == 1) return w;
+  w.state_->local =
+      impl_->worker->submit([job = std::move(job), seq = w.state_->seq] { job(seq); });
   return w;
+}
+
+void Communicator::count(int64_t Traffic::*kind, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->traffic.*kind += bytes;
+}
+
+Traffic Communicator::traffic() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->traffic;
+}
+
+void Communicator::reset_traffic() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->traffic = Traffic();
 }
 
 Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string& what) {
@@ -382,8 +415,12 @@ Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string&
     if (op == ReduceOp::Avg && n > 1) buf.div_(n);
     if (cast) t.copy_(buf);
   };
+  if (n > 1) count(&Traffic::allreduce, 2 * (n - 1) * nbytes(buf) / n);
   if (impl_->shm && ShmAllreduce::supports(buf) && (op == ReduceOp::Sum || op == ReduceOp::Avg)) {
-    return start_local("allreduce", what, buf, std::move(finish));
+    ShmAllreduce* shm = impl_->shm.get();
+    return start_local(
+        "allreduce", what, buf, [shm, buf](long) mutable { shm->sum(buf); }, std::move(finish),
+        ", shared memory");
   }
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
@@ -406,6 +443,7 @@ Work Communicator::broadcast_async(at::Tensor t, int root, const std::string& wh
   at::Tensor buf = t;
   bool cast = needs_float_cast(t);
   if (cast) buf = t.to(at::kFloat);
+  if (size() > 1) count(&Traffic::broadcast, nbytes(buf));
   c10d::BroadcastOptions o;
   o.rootRank = root;
   return start(
@@ -421,6 +459,95 @@ Work Communicator::broadcast_async(at::Tensor t, int root, const std::string& wh
 
 void Communicator::broadcast(at::Tensor t, int root, const std::string& what) {
   broadcast_async(std::move(t), root, what).wait();
+}
+
+Work Communicator::reduce_scatter_async(at::Tensor in, at::Tensor out, ReduceOp op,
+                                        const std::string& what) {
+  const int n = size();
+  DTORCH_CHECK(in.is_contiguous() && out.is_contiguous() && in.dim() == 1 && out.dim() == 1,
+               "reduce_scatter needs contiguous 1-D tensors");
+  DTORCH_CHECK(in.numel() == out.numel() * n, "reduce_scatter input has ", in.numel(),
+               " elements; it must be ", n, " x the output's ", out.numel());
+  DTORCH_CHECK(in.scalar_type() == out.scalar_type() && in.is_floating_point(),
+               "reduce_scatter needs floating point tensors of one dtype");
+  DTORCH_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, "reduce_scatter supports Sum and Avg");
+  if (n == 1) {
+    if (!out.is_same(in)) out.copy_(in);
+    if (op == ReduceOp::Avg) out.div_(1);
+    return Work();
+  }
+  at::Tensor buf = needs_float_cast(in) ? in.to(at::kFloat) : in;
+  at::Tensor res = needs_float_cast(out) ? at::empty(out.sizes(), buf.options()) : out;
+  count(&Traffic::reduce_scatter, (n - 1) * nbytes(buf) / n);
+  auto finish = [out, res, op, n]() mutable {
+    if (op == ReduceOp::Avg) res.div_(n);
+    if (!res.is_same(out)) out.copy_(res);
+  };
+  if (impl_->shm && ShmAllreduce::supports(buf)) {
+    ShmAllreduce* shm = impl_->shm.get();
+    return start_local(
+        "reduce_scatter", what, buf,
+        [shm, buf, res](long) mutable { shm->reduce_scatter_sum(buf, res); }, std::move(finish),
+        ", shared memory");
+  }
+  Backend* pg = &impl_->backend_for(buf);
+  const int me = rank();
+  auto timeout = opts_.timeout;
+  return start_local(
+      "reduce_scatter", what, buf,
+      [pg, buf, res, me, n, timeout](long seq) mutable {
+        ring_reduce_scatter(*pg, buf, me, n, seq, timeout);
+        at::Tensor mine = buf.narrow(0, me * res.numel(), res.numel());
+        if (!res.is_same(mine)) res.copy_(mine);
+      },
+      std::move(finish), ", ring");
+}
+
+void Communicator::reduce_scatter(at::Tensor in, at::Tensor out, ReduceOp op,
+                                  const std::string& what) {
+  reduce_scatter_async(std::move(in), std::move(out), op, what).wait();
+}
+
+Work Communicator::allgather_into_async(at::Tensor out, at::Tensor in, const std::string& what) {
+  const int n = size();
+  DTORCH_CHECK(in.is_contiguous() && out.is_contiguous(),
+               "allgather_into needs contiguous tensors");
+  DTORCH_CHECK(out.numel() == in.numel() * n, "allgather_into output has ", out.numel(),
+               " elements; it must be ", n, " x the input's ", in.numel());
+  DTORCH_CHECK(in.scalar_type() == out.scalar_type(), "allgather_into: input is ", in.scalar_type(),
+               " but output is ", out.scalar_type());
+  at::Tensor flat_out = out.view({-1}), flat_in = in.view({-1});
+  if (n == 1) {
+    if (!flat_out.is_same(flat_in)) flat_out.copy_(flat_in);
+    return Work();
+  }
+  count(&Traffic::allgather, (n - 1) * nbytes(out) / n);
+  if (impl_->shm) {
+    ShmAllreduce* shm = impl_->shm.get();
+    return start_local(
+        "allgather", what, in,
+        [shm, flat_in, flat_out](long) mutable { shm->allgather(flat_in, flat_out); }, nullptr,
+        ", shared memory");
+  }
+  // Gloo moves bytes: reinterpret bfloat16, unknown to it in 1.13, as the same-size float16.
+  auto wire = [](const at::Tensor& t) {
+    return t.scalar_type() == at::kBFloat16 && !t.is_cuda() ? t.view(at::kHalf) : t;
+  };
+  std::vector<at::Tensor> chunks;
+  for (int r = 0; r < n; ++r)
+    chunks.push_back(wire(flat_out.narrow(0, r * flat_in.numel(), flat_in.numel())));
+  return start(
+      "allgather", what, wire(flat_in),
+      [this, chunks](at::Tensor& b) {
+        std::vector<std::vector<at::Tensor>> outs{chunks};
+        std::vector<at::Tensor> ins{b};
+        return impl_->backend_for(b).allgather(outs, ins);
+      },
+      nullptr);
+}
+
+void Communicator::allgather_into(at::Tensor out, at::Tensor in, const std::string& what) {
+  allgather_into_async(std::move(out), std::move(in), what).wait();
 }
 
 void Communicator::allgather(std::vector<at::Tensor>& out, const at::Tensor& in,
@@ -443,6 +570,7 @@ void Communicator::allgather(std::vector<at::Tensor>& out, const at::Tensor& in,
 }
 
 void Communicator::send(at::Tensor t, int dst, int tag) {
+  count(&Traffic::send, nbytes(t));
   start(
       "send", str("to rank ", dst), t,
       [this, dst, tag](at::Tensor& b) {

@@ -38,6 +38,19 @@ CommOptions comm_options_from_env();
 
 class Communicator;
 
+/// Bytes this rank sent in collectives, by kind, counted as a bandwidth-optimal ring sends
+/// them (allreduce 2(N-1)/N of the tensor, reduce-scatter (N-1)/N of the input, allgather
+/// (N-1)/N of the output, broadcast and send the tensor once): the volumes the ZeRO paper's
+/// accounting uses. See Note [Reduce-scatter on Gloo] in communicator.cpp.
+struct Traffic {
+  int64_t allreduce = 0;
+  int64_t reduce_scatter = 0;
+  int64_t allgather = 0;
+  int64_t broadcast = 0;
+  int64_t send = 0;
+  int64_t total() const { return allreduce + reduce_scatter + allgather + broadcast + send; }
+};
+
 /// Handle to an asynchronous collective. wait() blocks until the result is in the tensor
 /// given to the call (averaging and dtype casts done), and throws CommError on failure.
 class Work {
@@ -79,6 +92,19 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// In-place broadcast of `t` from `root` to every rank.
   Work broadcast_async(at::Tensor t, int root, const std::string& what = "");
   void broadcast(at::Tensor t, int root, const std::string& what = "");
+  /// Reduce-scatter: rank r receives into `out` the sum (or average) over ranks of their
+  /// in[r*n, (r+1)*n), n = out.numel(); in.numel() must be size()*n. `in` is used as scratch
+  /// and holds garbage afterwards; `out` may alias in's chunk r. Each rank sends (N-1)/N of
+  /// `in`, as a real reduce-scatter does (Gloo in LibTorch 1.13 has none: Note
+  /// [Reduce-scatter on Gloo]).
+  Work reduce_scatter_async(at::Tensor in, at::Tensor out, ReduceOp op = ReduceOp::Sum,
+                            const std::string& what = "");
+  void reduce_scatter(at::Tensor in, at::Tensor out, ReduceOp op = ReduceOp::Sum,
+                      const std::string& what = "");
+  /// Allgather into one flat tensor: out[r*n, (r+1)*n) receives rank r's `in` (n =
+  /// in.numel(), out.numel() == size()*n, both contiguous). `in` may alias out's chunk r.
+  Work allgather_into_async(at::Tensor out, at::Tensor in, const std::string& what = "");
+  void allgather_into(at::Tensor out, at::Tensor in, const std::string& what = "");
   /// out[r] receives rank r's `in`; out must hold size() tensors shaped like `in`.
   void allgather(std::vector<at::Tensor>& out, const at::Tensor& in, const std::string& what = "");
   void send(at::Tensor t, int dst, int tag = 0);
@@ -91,6 +117,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// The rendezvous store, namespaced to this job and restart attempt.
   c10d::Store& store();
 
+  /// Bytes sent so far (see Traffic); reset_traffic() starts counting again.
+  Traffic traffic() const;
+  void reset_traffic();
+
  private:
   struct Impl;
   Communicator(launch::RankInfo info, CommOptions opts);
@@ -99,9 +129,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
              std::function<void()> finish);
   Work new_work(const std::string& op, const std::string& what, const at::Tensor& t,
                 std::function<void()> finish, const char* path);
-  /// An allreduce through shared memory (Note [Shared-memory allreduce]), on its own thread.
-  Work start_local(const std::string& op, const std::string& what, at::Tensor t,
-                   std::function<void()> finish);
+  /// Runs `job` on the communicator's ordered thread: shared-memory collectives (Note
+  /// [Shared-memory allreduce]) and the ring reduce-scatter, which are several steps each.
+  Work start_local(const std::string& op, const std::string& what, const at::Tensor& t,
+                   std::function<void(long seq)> job, std::function<void()> finish,
+                   const char* path);
+  void count(int64_t Traffic::*kind, int64_t bytes);
   void setup_shared_memory();
   [[noreturn]] void fail(const std::string& op, long seq, const std::string& cause);
   friend class Work;

@@ -1,4 +1,4 @@
-// Shared-memory allreduce for the ranks of one node (see shm_allreduce.h).
+// Shared-memory collectives for the ranks of one node (see shm_allreduce.h).
 #include "dtorch/comm/shm_allreduce.h"
 
 #include <fcntl.h>
@@ -26,6 +26,9 @@ namespace dtorch::comm {
 // Reuse is safe without a third barrier: a rank overwrites its slot for the next chunk only
 // after every rank reduced (so read) this one, and a rank writes the result slot for the
 // next chunk only after every rank arrived there, i.e. finished copying this chunk's result.
+// Reduce-scatter and allgather use the same two counters: a rank fills its slot, waits for
+// all arrivals, reads what it needs from the others' slots, bumps `reduced`, and may refill
+// its slot only once every rank has bumped `reduced` (finished reading).
 
 namespace {
 
@@ -40,6 +43,17 @@ inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
+}
+
+template <typename T>
+void sum_slots(T* out, char* const* slots, int world, int64_t offset, int64_t n) {
+  const T* first = reinterpret_cast<const T*>(slots[0]) + offset;
+  std::memcpy(out, first, n * sizeof(T));
+  for (int r = 1; r < world; ++r) {
+    const T* in = reinterpret_cast<const T*>(slots[r]) + offset;
+    for (int64_t i = 0; i < n; ++i)
+      out[i] += in[i];
+  }
 }
 
 template <typename T>
@@ -174,10 +188,10 @@ void ShmAllreduce::wait_all(Counter* counters, uint64_t target, const char* phas
             (dead ? gone : behind).empty() ? std::to_string(q) : ", " + std::to_string(q);
       }
       DTORCH_CHECK_T(CommError, gone.empty(), "rank(s) ", gone,
-                     " exited while this rank waited for them in a shared-memory allreduce (",
+                     " exited while this rank waited for them in a shared-memory collective (",
                      phase, ")");
       DTORCH_CHECK_T(CommError, now - start < timeout_, "timed out after ",
-                     timeout_.count() / 1000.0, " s in a shared-memory allreduce (", phase,
+                     timeout_.count() / 1000.0, " s in a shared-memory collective (", phase,
                      ") waiting for rank(s) ", behind);
     }
   }
@@ -208,6 +222,62 @@ void ShmAllreduce::sum(at::Tensor& t) {
     header_->reduced[rank_].value.store(seq_, std::memory_order_release);
     wait_all(header_->reduced, seq_, "reduce");
     std::memcpy(data + off, result, n);
+  }
+}
+
+}  // namespace dtorch::comm
+
+namespace dtorch::comm {
+
+void ShmAllreduce::reduce_scatter_sum(const at::Tensor& in, at::Tensor& out) {
+  DTORCH_CHECK(supports(in) && supports(out) && in.scalar_type() == out.scalar_type(),
+               "shared-memory reduce-scatter needs contiguous float CPU tensors of one dtype");
+  const int64_t n = out.numel(), esize = in.element_size();
+  DTORCH_CHECK(in.numel() == n * world_, "reduce-scatter input has ", in.numel(),
+               " elements, expected ", n * world_);
+  // Each round moves `per` elements of every rank's chunk: the slot holds world pieces.
+  const int64_t per = std::max<int64_t>(1, kSlotBytes / (esize * world_));
+  const char* src = static_cast<const char*>(in.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  std::vector<char*> slots(world_);
+  for (int r = 0; r < world_; ++r)
+    slots[r] = slot(r);
+  for (int64_t off = 0; off < n; off += per) {
+    const int64_t m = std::min(per, n - off);
+    ++seq_;
+    for (int q = 0; q < world_; ++q)
+      std::memcpy(slots[rank_] + q * per * esize, src + (q * n + off) * esize, m * esize);
+    header_->arrived[rank_].value.store(seq_, std::memory_order_release);
+    wait_all(header_->arrived, seq_, "reduce-scatter arrive");
+    if (in.scalar_type() == at::kFloat) {
+      sum_slots(reinterpret_cast<float*>(dst) + off, slots.data(), world_, rank_ * per, m);
+    } else {
+      sum_slots(reinterpret_cast<double*>(dst) + off, slots.data(), world_, rank_ * per, m);
+    }
+    header_->reduced[rank_].value.store(seq_, std::memory_order_release);
+    wait_all(header_->reduced, seq_, "reduce-scatter read");
+  }
+}
+
+void ShmAllreduce::allgather(const at::Tensor& in, at::Tensor& out) {
+  DTORCH_CHECK(in.device().is_cpu() && in.is_contiguous() && out.is_contiguous() &&
+                   in.scalar_type() == out.scalar_type(),
+               "shared-memory allgather needs contiguous CPU tensors of one dtype");
+  const int64_t esize = in.element_size(), total = in.numel() * esize;
+  DTORCH_CHECK(out.numel() == in.numel() * world_, "allgather output has ", out.numel(),
+               " elements, expected ", in.numel() * world_);
+  const char* src = static_cast<const char*>(in.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  for (int64_t off = 0; off < total; off += kSlotBytes) {
+    const int64_t m = std::min<int64_t>(kSlotBytes, total - off);
+    ++seq_;
+    std::memcpy(slot(rank_), src + off, m);
+    header_->arrived[rank_].value.store(seq_, std::memory_order_release);
+    wait_all(header_->arrived, seq_, "allgather arrive");
+    for (int q = 0; q < world_; ++q)
+      std::memcpy(dst + q * total + off, slot(q), m);
+    header_->reduced[rank_].value.store(seq_, std::memory_order_release);
+    wait_all(header_->reduced, seq_, "allgather read");
   }
 }
 

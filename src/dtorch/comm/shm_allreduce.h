@@ -1,4 +1,5 @@
-// Allreduce through shared memory for ranks on one node. Gloo's TCP path costs about a
+// Collectives through shared memory for ranks on one node (allreduce, reduce-scatter,
+// allgather). Gloo's TCP path costs about a
 // millisecond per allreduce here in thread hand-offs alone, more than a small model's whole
 // step; a shared segment needs two barriers and one pass over the data per chunk.
 // See Note [Shared-memory allreduce] in shm_allreduce.cpp.
@@ -32,6 +33,13 @@ class ShmAllreduce {
   /// order. Throws CommError naming the ranks that did not arrive within the timeout, or
   /// that exited.
   void sum(at::Tensor& t);
+  /// Rank r receives into `out` the sum over ranks of their in[r*n, (r+1)*n), n = out.numel()
+  /// (in.numel() == world*n). Summed in rank order, bit-identical to sum(). `out` may alias
+  /// `in`'s own chunk.
+  void reduce_scatter_sum(const at::Tensor& in, at::Tensor& out);
+  /// out[q*n, (q+1)*n) receives rank q's `in` (n = in.numel(), out.numel() == world*n). Any
+  /// dtype.
+  void allgather(const at::Tensor& in, at::Tensor& out);
 
  private:
   struct Header;

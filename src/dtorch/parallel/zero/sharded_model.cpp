@@ -1,0 +1,662 @@
+// ShardedModel: executes a ShardPlan (ZeRO stages 1-3) for one model: flat units, gradient
+// reduce-scatter during backward, sharded optimizer step, and gathers (see zero.h).
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+
+#include "dtorch/core/error.h"
+#include "dtorch/models/model.h"
+#include "dtorch/parallel/model_sync.h"
+#include "dtorch/parallel/zero/zero.h"
+
+namespace dtorch::zero {
+
+// Note [Sharding stages]
+// Every stage packs the parameters into flat units (Note [Flat units]) whose slices the
+// parameters become (Tensor::set_data onto views), and gives the optimizer one fp32 "master"
+// tensor per unit: this rank's shard. What differs is what stays whole:
+//   stage 1: parameters and gradients whole. Gradients accumulate into a flat buffer the
+//     parameters' .grad alias; on the synchronised backward each unit is reduce-scattered in
+//     place, so this rank's chunk of that buffer is its gradient shard. fp32 masters are views
+//     of the rank's chunk of the parameters: 4P + 4P + 8P/N bytes with AdamW.
+//   stage 2: gradients are never whole for long: when a unit's last gradient arrives its
+//     gradients are copied into a bucket, released, and the bucket is reduce-scattered while
+//     backward goes on; the result is added to a persistent fp32 gradient shard.
+//     4P + 12P/N.
+//   stage 3: parameters sharded too. Masters are separate fp32 shards; a unit's full buffer
+//     is allocated and all-gathered just before its first block runs (the next unit's gather
+//     prefetched) and its memory released after its last block, then gathered again when
+//     backward reaches it (an identity autograd function on the unit's output triggers
+//     that) and released once its gradients are reduced. 16P/N + the gathered units.
+// Units are reduced strictly in reverse plan order on every rank (backward produces the
+// last units' gradients first), so collectives match across ranks; a unit whose gradients
+// never all arrive (unused parameters) is reduced with zeros at the end of backward.
+// Releasing keeps each parameter's TensorImpl (autograd has saved it) but gives its storage
+// zero bytes; gathering gives the same storage fresh memory, so the saved tensors see the
+// gathered values again (this is what FSDP does with storage().resize_()).
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t bytes_of(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+std::string state_key(const at::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+// The per-element state tensors of one parameter's optimizer state, by name.
+std::vector<std::pair<std::string, at::Tensor>> state_tensors(
+    torch::optim::OptimizerParamState* s) {
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+    std::vector<std::pair<std::string, at::Tensor>> v{{"exp_avg", a->exp_avg()},
+                                                      {"exp_avg_sq", a->exp_avg_sq()}};
+    if (a->max_exp_avg_sq().defined()) v.emplace_back("max_exp_avg_sq", a->max_exp_avg_sq());
+    return v;
+  }
+  if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+    std::vector<std::pair<std::string, at::Tensor>> v{{"exp_avg", a->exp_avg()},
+                                                      {"exp_avg_sq", a->exp_avg_sq()}};
+    if (a->max_exp_avg_sq().defined()) v.emplace_back("max_exp_avg_sq", a->max_exp_avg_sq());
+    return v;
+  }
+  if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+    return {{"momentum_buffer", g->momentum_buffer()}};
+  }
+  DTORCH_FAIL(ConfigError, "sharded training supports the SGD, Adam and AdamW optimizers");
+}
+
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::function<void(size_t)> fn, size_t index) : fn_(std::move(fn)), i_(index) {}
+  variable_list operator()(const variable_list& outputs, const variable_list&) override {
+    fn_(i_);
+    return outputs;
+  }
+
+ private:
+  std::function<void(size_t)> fn_;
+  size_t i_;
+};
+
+}  // namespace
+
+struct ShardedModel::Impl {
+  struct UnitState {
+    at::Tensor full;        // [padded], param dtype; the parameters are views of it
+    at::Tensor master;      // [shard] fp32: the optimizer's parameter
+    at::Tensor grad_shard;  // [shard] fp32: the master's gradient
+    at::Tensor grad_full;   // stage 1: [padded], param dtype; .grad of the parameters alias it
+    at::Tensor bucket;      // stages 2-3, during backward: gradients to reduce (reduce dtype)
+    at::Tensor incoming;    // stages 2-3, during backward: this rank's reduced chunk
+    comm::Work reduce, gather;
+    size_t pending = 0;
+    bool materialized = true;
+  };
+
+  std::shared_ptr<torch::nn::Module> module;
+  models::Model* model = nullptr;  // set when the module has blocks (stage 3 hooks)
+  std::shared_ptr<comm::Communicator> comm;
+  Options opts;
+  ShardPlan plan;
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<at::Tensor> params, buffers;
+  std::vector<UnitState> units;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<uintptr_t> hook_keys;  // keys returned by add_post_hook (1.13: positions)
+  std::map<std::string, std::pair<size_t, bool>> block_first, block_last;  // block -> unit
+  std::vector<bool> ready;
+  size_t next_launch = 0;  // index into the reverse unit order
+  bool in_backward = false, sync = true, keep_gathered = false;
+  int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
+
+  int rank() const { return comm->rank(); }
+  bool sharded_params() const { return opts.stage == 3; }
+  bool is_root(size_t u) const { return sharded_params() && plan.units[u].name == "root"; }
+  at::Tensor own(const at::Tensor& flat, size_t u) const {
+    return flat.narrow(0, rank() * plan.units[u].shard, plan.units[u].shard);
+  }
+
+  void build(const OptimizerFactory& make_optimizer);
+  void install_block_hooks();
+  void on_grad_ready(size_t i);
+  void absorb(size_t i);
+  void launch_ready();
+  void launch(size_t u);
+  void finalize();
+  void gather_async(size_t u);
+  void ensure_gathered(size_t u);
+  void release(size_t u);
+  void before_block(const std::string& block);
+  at::Tensor after_block(const std::string& block, at::Tensor out);
+  void before_unit_backward(size_t u);
+};
+
+namespace {
+
+// Identity in forward; in backward, tells the model that backward is about to enter unit
+// `u` so its parameters are gathered first (Note [Sharding stages]).
+struct PreBackward : public torch::autograd::Function<PreBackward> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, int64_t impl, int64_t unit) {
+    ctx->saved_data["impl"] = impl;
+    ctx->saved_data["unit"] = unit;
+    return x.view_as(x);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* impl = reinterpret_cast<ShardedModel::Impl*>(ctx->saved_data["impl"].toInt());
+    impl->before_unit_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    return {grads[0], at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
+  const std::string who = str("ZeRO-", opts.stage);
+  DTORCH_CHECK_T(ConfigError, opts.stage >= 1 && opts.stage <= 3,
+                 "ZeRO stage must be 1, 2 or 3 (got ", opts.stage, ")");
+  DTORCH_CHECK_T(ConfigError,
+                 opts.param_dtype == torch::kFloat || opts.param_dtype == torch::kBFloat16,
+                 "parameter dtype must be float32 or bfloat16");
+  DTORCH_CHECK_T(ConfigError,
+                 opts.reduce_dtype == torch::kFloat || opts.reduce_dtype == torch::kBFloat16,
+                 "gradient reduction dtype must be float32 or bfloat16");
+  parallel::check_same_model(*module, *comm, who);
+
+  std::vector<ParamInfo> infos;
+  for (const auto& kv : module->named_parameters()) {
+    const at::Tensor& p = kv.value();
+    DTORCH_CHECK_T(ConfigError, p.requires_grad(), who, ": parameter ", kv.key(),
+                   " is frozen (requires_grad false); sharded training trains every parameter, "
+                   "so register frozen weights as buffers instead");
+    DTORCH_CHECK_T(ConfigError, p.scalar_type() == torch::kFloat && p.device().is_cpu(), who,
+                   ": parameter ", kv.key(), " is ", p.scalar_type(), " on ", p.device(),
+                   "; build the model in float32 (set Options::param_dtype for bfloat16)");
+    names.push_back(kv.key());
+    shapes.push_back(p.sizes().vec());
+    params.push_back(p);
+    infos.push_back({kv.key(), p.numel()});
+  }
+  for (const auto& b : module->buffers())
+    buffers.push_back(b);
+
+  auto* m = dynamic_cast<models::Model*>(module.get());
+  std::vector<std::string> blocks = m ? m->block_names() : std::vector<std::string>{};
+  std::vector<UnitSpec> specs;
+  if (sharded_params() && !blocks.empty()) {
+    specs = units_by_blocks(infos, blocks, opts.min_unit_params);
+    model = m;
+  } else if (sharded_params()) {
+    specs = {{"root", {}, {}}};  // no blocks to hook: one unit, always gathered
+    for (size_t i = 0; i < infos.size(); ++i)
+      specs[0].params.push_back(i);
+  } else {
+    specs = units_by_size(infos, static_cast<int64_t>(opts.bucket_cap_mb * 1024 * 1024 / 4));
+  }
+  plan = make_plan(infos, specs, comm->size());
+
+  // Pack rank 0's weights into the units, then point the parameters into them.
+  std::vector<at::Tensor> flats;
+  for (const Unit& u : plan.units) {
+    at::Tensor flat = at::zeros({u.padded}, at::kFloat);
+    for (const UnitEntry& e : u.entries)
+      flat.narrow(0, e.offset, e.numel).copy_(params[e.param].detach().reshape({-1}));
+    flats.push_back(flat);
+  }
+  std::vector<at::Tensor> to_sync = flats;
+  to_sync.insert(to_sync.end(), buffers.begin(), buffers.end());
+  parallel::broadcast_from_rank0(to_sync, *comm, who + " initial weights");
+
+  const bool mixed = opts.param_dtype != torch::kFloat;
+  torch::NoGradGuard no_grad;
+  units.resize(plan.units.size());
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    UnitState& s = units[u];
+    at::Tensor flat = flats[u];
+    s.full = mixed ? flat.to(opts.param_dtype) : flat;
+    // Stages 1-2 in fp32 update the parameters' own chunk in place: no separate master.
+    s.master = (mixed || sharded_params()) ? own(flat, u).clone() : own(s.full, u);
+    if (opts.stage == 1) {
+      s.grad_full = at::zeros({plan.units[u].padded}, s.full.options());
+      s.grad_shard = mixed ? at::zeros({plan.units[u].shard}, at::kFloat) : own(s.grad_full, u);
+    } else {
+      s.grad_shard = at::zeros({plan.units[u].shard}, at::kFloat);
+    }
+    s.master.mutable_grad() = s.grad_shard;
+    for (const UnitEntry& e : plan.units[u].entries) {
+      at::Tensor& p = params[e.param];
+      p.mutable_grad().reset();
+      p.set_data(s.full.narrow(0, e.offset, e.numel).view(shapes[e.param]));
+    }
+    gathered_bytes += bytes_of(s.full);
+  }
+  peak_gathered_bytes = gathered_bytes;
+
+  std::vector<at::Tensor> masters;
+  for (auto& s : units)
+    masters.push_back(s.master);
+  optimizer = make_optimizer(masters);
+  DTORCH_CHECK(optimizer, "the optimizer factory returned nothing");
+
+  ready.assign(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params[i]);
+    hook_keys.push_back(acc->add_post_hook(
+        std::make_unique<GradReadyHook>([this](size_t k) { on_grad_ready(k); }, i)));
+    accumulators.push_back(std::move(acc));
+  }
+  if (model) {
+    install_block_hooks();
+    for (size_t u = 0; u < units.size(); ++u)
+      release(u);
+  }
+}
+
+void ShardedModel::Impl::install_block_hooks() {
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const auto& bl = plan.units[u].blocks;
+    if (bl.empty()) continue;
+    block_first[bl.front()] = {u, true};
+    block_last[bl.back()] = {u, true};
+  }
+  models::Model::BlockHooks hooks;
+  hooks.before = [this](const std::string& b) { before_block(b); };
+  hooks.after = [this](const std::string& b, at::Tensor out) { return after_block(b, out); };
+  model->set_block_hooks(hooks);
+}
+
+void ShardedModel::Impl::before_block(const std::string& block) {
+  auto it = block_first.find(block);
+  if (it == block_first.end()) return;
+  size_t u = it->second.first;
+  ensure_gathered(u);
+  if (opts.prefetch && u + 1 < units.size()) gather_async(u + 1);
+}
+
+at::Tensor ShardedModel::Impl::after_block(const std::string& block, at::Tensor out) {
+  auto it = block_last.find(block);
+  if (it == block_last.end()) return out;
+  size_t u = it->second.first;
+  if (out.requires_grad()) {
+    out = PreBackward::apply(out, reinterpret_cast<int64_t>(this), static_cast<int64_t>(u));
+  }
+  release(u);
+  return out;
+}
+
+void ShardedModel::Impl::before_unit_backward(size_t u) {
+  ensure_gathered(u);
+  if (opts.prefetch && u > 0) gather_async(u - 1);
+}
+
+void ShardedModel::Impl::gather_async(size_t u) {
+  UnitState& s = units[u];
+  if (s.materialized) return;
+  c10::StorageImpl* st = s.full.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
+  st->set_data_ptr_noswap(st->allocator()->allocate(nbytes));
+  st->set_nbytes(nbytes);
+  s.materialized = true;
+  gathered_bytes += bytes_of(s.full);
+  peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
+  torch::NoGradGuard no_grad;
+  at::Tensor mine = own(s.full, u);
+  mine.copy_(s.master);
+  s.gather = comm->allgather_into_async(s.full, mine, str("ZeRO-3 gather of ", plan.units[u].name));
+}
+
+void ShardedModel::Impl::ensure_gathered(size_t u) {
+  gather_async(u);
+  units[u].gather.wait();
+  units[u].gather = comm::Work();
+}
+
+void ShardedModel::Impl::release(size_t u) {
+  UnitState& s = units[u];
+  if (!sharded_params() || is_root(u) || keep_gathered || !s.materialized) return;
+  s.gather.wait();
+  s.gather = comm::Work();
+  c10::StorageImpl* st = s.full.storage().unsafeGetStorageImpl();
+  st->set_data_ptr_noswap(at::DataPtr(nullptr, st->device()));
+  st->set_nbytes(0);
+  s.materialized = false;
+  gathered_bytes -= bytes_of(s.full);
+}
+
+void ShardedModel::Impl::on_grad_ready(size_t i) {
+  if (!sync) return;  // stage 1 under no_sync: gradients just accumulate
+  if (!in_backward) {
+    in_backward = true;
+    next_launch = 0;
+    std::fill(ready.begin(), ready.end(), false);
+    for (size_t u = 0; u < units.size(); ++u)
+      units[u].pending = plan.units[u].entries.size();
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+  }
+  DTORCH_CHECK(!ready[i], "ZeRO: parameter ", names[i], " got its gradient twice in one backward ",
+               "pass; run one backward per step (use no_sync() for gradient accumulation)");
+  absorb(i);
+  if (--units[plan.where[i].first].pending == 0) launch_ready();
+}
+
+// Moves parameter i's gradient into its unit's buffer (a missing gradient counts as zeros).
+void ShardedModel::Impl::absorb(size_t i) {
+  ready[i] = true;
+  auto [u, k] = plan.where[i];
+  UnitState& s = units[u];
+  const UnitEntry& e = plan.units[u].entries[k];
+  at::Tensor& g = params[i].mutable_grad();
+  torch::NoGradGuard no_grad;
+  if (opts.stage == 1) {
+    at::Tensor view = s.grad_full.narrow(0, e.offset, e.numel).view(shapes[i]);
+    if (g.defined() && !g.is_same(view)) view.copy_(g);
+    return;
+  }
+  if (!s.bucket.defined()) s.bucket = at::zeros({plan.units[u].padded}, opts.reduce_dtype);
+  if (g.defined()) s.bucket.narrow(0, e.offset, e.numel).copy_(g.reshape({-1}));
+  g.reset();  // the bucket has it; free it now rather than after backward
+}
+
+void ShardedModel::Impl::launch_ready() {
+  while (next_launch < units.size()) {
+    size_t u = units.size() - 1 - next_launch;
+    if (units[u].pending != 0) return;
+    ++next_launch;
+    launch(u);
+  }
+}
+
+void ShardedModel::Impl::launch(size_t u) {
+  UnitState& s = units[u];
+  const Unit& unit = plan.units[u];
+  std::string what = str("ZeRO-", opts.stage, " gradients of ", unit.name);
+  if (opts.stage == 1) {
+    const bool same = s.grad_full.scalar_type() == opts.reduce_dtype;
+    at::Tensor in = same ? s.grad_full : s.grad_full.to(opts.reduce_dtype);
+    if (same && s.grad_shard.scalar_type() == opts.reduce_dtype && s.grad_shard.is_alias_of(in)) {
+      s.reduce = comm->reduce_scatter_async(in, s.grad_shard, comm::ReduceOp::Avg, what);
+    } else {
+      s.bucket = in;
+      s.incoming = at::empty({unit.shard}, opts.reduce_dtype);
+      s.reduce = comm->reduce_scatter_async(in, s.incoming, comm::ReduceOp::Avg, what);
+    }
+    return;
+  }
+  if (!s.bucket.defined()) s.bucket = at::zeros({unit.padded}, opts.reduce_dtype);
+  s.incoming = at::empty({unit.shard}, opts.reduce_dtype);
+  s.reduce = comm->reduce_scatter_async(s.bucket, s.incoming, comm::ReduceOp::Avg, what);
+  release(u);  // backward is done with this unit's parameters (Note [Sharding stages])
+}
+
+void ShardedModel::Impl::finalize() {
+  in_backward = false;
+  // Units whose gradients did not all arrive (unused parameters) are reduced now, with
+  // zeros for what is missing, still in order.
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (ready[i]) continue;
+    absorb(i);
+    --units[plan.where[i].first].pending;
+  }
+  launch_ready();
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < units.size(); ++k) {
+    UnitState& s = units[units.size() - 1 - k];
+    s.reduce.wait();
+    s.reduce = comm::Work();
+    if (s.incoming.defined()) {
+      s.grad_shard.add_(s.incoming);
+      s.incoming = at::Tensor();
+    }
+    s.bucket = at::Tensor();
+  }
+  if (opts.stage == 1) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto [u, k] = plan.where[i];
+      const UnitEntry& e = plan.units[u].entries[k];
+      at::Tensor& g = params[i].mutable_grad();
+      at::Tensor view = units[u].grad_full.narrow(0, e.offset, e.numel).view(shapes[i]);
+      if (!g.defined() || !g.is_same(view)) g = view;
+    }
+  }
+  for (size_t u = 0; u < units.size(); ++u)
+    release(u);
+  if (opts.broadcast_buffers && !buffers.empty()) {
+    parallel::broadcast_from_rank0(buffers, *comm, str("ZeRO-", opts.stage, " buffers"));
+  }
+}
+
+// ---- ShardedModel ------------------------------------------------------------------------
+
+ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> model,
+                           std::shared_ptr<comm::Communicator> comm, Options opts,
+                           const OptimizerFactory& make_optimizer)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->module = std::move(model);
+  impl_->comm = std::move(comm);
+  impl_->opts = opts;
+  impl_->build(make_optimizer);
+}
+
+ShardedModel::~ShardedModel() {
+  for (size_t i = 0; i < impl_->accumulators.size(); ++i)
+    impl_->accumulators[i]->del_post_hook(impl_->hook_keys[i]);
+  if (impl_->model) impl_->model->set_block_hooks({});
+  for (auto& s : impl_->units) {
+    s.reduce.wait();
+    s.gather.wait();
+  }
+}
+
+ShardedModel::NoSync::NoSync(ShardedModel* m) : m_(m) {
+  DTORCH_CHECK(m_->impl_->sync, "no_sync() guards must not nest");
+  // Stages 2-3 reduce every backward (Note [Sharding stages]); only stage 1 can wait.
+  if (m_->impl_->opts.stage == 1) m_->impl_->sync = false;
+}
+
+ShardedModel::NoSync::~NoSync() {
+  if (m_) m_->impl_->sync = true;
+}
+
+ShardedModel::NoSync ShardedModel::no_sync() {
+  return NoSync(this);
+}
+
+ShardedModel::FullParams::FullParams(ShardedModel* m) : m_(m) {
+  auto& impl = *m_->impl_;
+  for (size_t u = 0; u < impl.units.size(); ++u)
+    impl.gather_async(u);
+  for (size_t u = 0; u < impl.units.size(); ++u)
+    impl.ensure_gathered(u);
+  impl.keep_gathered = true;
+}
+
+ShardedModel::FullParams::~FullParams() {
+  auto& impl = *m_->impl_;
+  impl.keep_gathered = false;
+  for (size_t u = 0; u < impl.units.size(); ++u)
+    impl.release(u);
+}
+
+ShardedModel::FullParams ShardedModel::full_params() {
+  return FullParams(this);
+}
+
+double ShardedModel::clip_grad_norm(double max_norm) {
+  DTORCH_CHECK_T(ConfigError, max_norm > 0, "clip-grad-norm must be positive (got ", max_norm, ")");
+  at::Tensor sq = at::zeros({1}, at::kDouble);
+  for (auto& s : impl_->units)
+    sq += s.grad_shard.to(at::kDouble).pow(2).sum();
+  impl_->comm->allreduce(sq, comm::ReduceOp::Sum, "ZeRO gradient norm");
+  const double norm = std::sqrt(sq.item<double>());
+  // The same coefficient as torch::nn::utils::clip_grad_norm_.
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) {
+    for (auto& s : impl_->units)
+      s.grad_shard.mul_(coef);
+  }
+  return norm;
+}
+
+void ShardedModel::step() {
+  DTORCH_CHECK(!impl_->in_backward, "step() was called during backward");
+  impl_->optimizer->step();
+  publish_params();
+}
+
+void ShardedModel::publish_params() {
+  auto& impl = *impl_;
+  torch::NoGradGuard no_grad;
+  std::vector<size_t> started;
+  for (size_t u = 0; u < impl.units.size(); ++u) {
+    auto& s = impl.units[u];
+    if (!s.materialized) continue;  // stage 3: gathered from the masters when next needed
+    s.gather.wait();
+    at::Tensor mine = impl.own(s.full, u);
+    if (!mine.is_same(s.master)) mine.copy_(s.master);
+    s.gather = impl.comm->allgather_into_async(
+        s.full, mine, str("ZeRO-", impl.opts.stage, " parameters of ", impl.plan.units[u].name));
+    started.push_back(u);
+  }
+  for (size_t u : started) {
+    impl.units[u].gather.wait();
+    impl.units[u].gather = comm::Work();
+  }
+}
+
+void ShardedModel::zero_grad() {
+  torch::NoGradGuard no_grad;
+  for (auto& s : impl_->units) {
+    s.grad_shard.zero_();
+    if (s.grad_full.defined()) s.grad_full.zero_();
+  }
+}
+
+torch::optim::Optimizer& ShardedModel::optimizer() {
+  return *impl_->optimizer;
+}
+const ShardPlan& ShardedModel::plan() const {
+  return impl_->plan;
+}
+const Options& ShardedModel::options() const {
+  return impl_->opts;
+}
+const std::vector<std::string>& ShardedModel::param_names() const {
+  return impl_->names;
+}
+const std::vector<std::vector<int64_t>>& ShardedModel::param_shapes() const {
+  return impl_->shapes;
+}
+
+MemoryStats ShardedModel::memory() const {
+  MemoryStats m;
+  for (auto& s : impl_->units) {
+    if (!s.master.is_alias_of(s.full)) m.param_bytes += bytes_of(s.master);
+    if (!s.grad_shard.is_alias_of(s.grad_full)) m.grad_bytes += bytes_of(s.grad_shard);
+    m.grad_bytes += bytes_of(s.grad_full) + bytes_of(s.bucket) + bytes_of(s.incoming);
+  }
+  m.optim_bytes = optimizer_state_bytes(*impl_->optimizer);
+  if (impl_->sharded_params()) {
+    for (auto& s : impl_->units) {
+      m.largest_unit_bytes =
+          std::max(m.largest_unit_bytes, s.full.numel() * int64_t(s.full.element_size()));
+    }
+  }
+  m.param_bytes += impl_->gathered_bytes;
+  m.peak_param_bytes = m.param_bytes - impl_->gathered_bytes + impl_->peak_gathered_bytes;
+  return m;
+}
+
+void ShardedModel::init_optimizer_state() {
+  auto& impl = *impl_;
+  auto& opt = *impl.optimizer;
+  for (auto& s : impl.units) {
+    const std::string key = state_key(s.master);
+    if (opt.state().count(key)) continue;
+    auto zeros = [&] { return at::zeros_like(s.master); };
+    if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
+      auto st = std::make_unique<torch::optim::AdamWParamState>();
+      st->step(0);
+      st->exp_avg(zeros());
+      st->exp_avg_sq(zeros());
+      auto& o = static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options());
+      if (o.amsgrad()) st->max_exp_avg_sq(zeros());
+      opt.state()[key] = std::move(st);
+    } else if (dynamic_cast<torch::optim::Adam*>(&opt)) {
+      auto st = std::make_unique<torch::optim::AdamParamState>();
+      st->step(0);
+      st->exp_avg(zeros());
+      st->exp_avg_sq(zeros());
+      auto& o = static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options());
+      if (o.amsgrad()) st->max_exp_avg_sq(zeros());
+      opt.state()[key] = std::move(st);
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&opt)) {
+      auto& o = static_cast<torch::optim::SGDOptions&>(sgd->param_groups()[0].options());
+      if (o.momentum() == 0) continue;  // SGD without momentum keeps no state
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(zeros());
+      opt.state()[key] = std::move(st);
+    } else {
+      DTORCH_FAIL(ConfigError, "sharded checkpoints support the SGD, Adam and AdamW optimizers");
+    }
+  }
+}
+
+std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
+  auto& impl = *impl_;
+  std::vector<ShardSlice> out;
+  auto& state = impl.optimizer->state();
+  for (size_t u = 0; u < impl.units.size(); ++u) {
+    const Unit& unit = impl.plan.units[u];
+    auto [begin, end] = unit.owned(impl.rank());
+    auto slice = [&](const at::Tensor& t) { return t.narrow(0, 0, end - begin); };
+    out.push_back({"param/" + unit.name, unit.numel, begin, slice(impl.units[u].master)});
+    auto it = state.find(state_key(impl.units[u].master));
+    if (it == state.end()) continue;
+    for (auto& [name, t] : state_tensors(it->second.get()))
+      out.push_back({str("optim/", unit.name, "/", name), unit.numel, begin, slice(t)});
+  }
+  return out;
+}
+
+int64_t ShardedModel::optimizer_steps() const {
+  auto& state = impl_->optimizer->state();
+  auto it = state.find(state_key(impl_->units.at(0).master));
+  if (it == state.end()) return 0;
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return a->step();
+  if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) return a->step();
+  return 0;
+}
+
+void ShardedModel::set_optimizer_steps(int64_t steps) {
+  for (auto& [key, st] : impl_->optimizer->state()) {
+    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(st.get())) a->step(steps);
+    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(st.get())) a->step(steps);
+  }
+}
+
+int64_t optimizer_state_bytes(torch::optim::Optimizer& opt) {
+  int64_t total = 0;
+  for (auto& [key, st] : opt.state()) {
+    for (auto& [name, t] : state_tensors(st.get()))
+      total += bytes_of(t);
+  }
+  return total;
+}
+
+std::shared_ptr<ShardedModel> shard(std::shared_ptr<torch::nn::Module> model,
+                                    std::shared_ptr<comm::Communicator> comm, Options opts,
+                                    const OptimizerFactory& make_optimizer) {
+  return std::make_shared<ShardedModel>(std::move(model), std::move(comm), opts, make_optimizer);
+}
+
+}  // namespace dtorch::zero

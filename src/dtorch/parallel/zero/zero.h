@@ -1,0 +1,167 @@
+// Sharded data parallelism (ZeRO stages 1-3; stage 3 is FSDP), applied to a model by a function:
+//   auto sharded = dtorch::zero::shard(model, comm, {.stage = 3}, make_adamw);
+//   loss.backward();            // gradients reduce-scattered into per-rank shards
+//   sharded->clip_grad_norm(1.0);
+//   sharded->step();            // each rank updates its shard; parameters gathered again
+//   sharded->zero_grad();
+// The optimizer is built by the caller's factory over the rank's flat fp32 master shards, so
+// any elementwise torch::optim optimizer (SGD, Adam, AdamW) works unchanged.
+// See Note [Flat units] in shard_plan.h and Note [Sharding stages] in sharded_model.cpp.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtorch/comm/communicator.h"
+#include "dtorch/parallel/zero/shard_plan.h"
+
+namespace dtorch::zero {
+
+struct Options {
+  /// 1: optimizer state sharded; 2: gradients too; 3: parameters too (FSDP).
+  int stage = 2;
+  /// Stages 1-2: parameters per unit (bucket), in MiB of fp32.
+  double bucket_cap_mb = 25.0;
+  /// Stage 3 wrap policy: consecutive blocks (Model::block_names()) are merged into one unit
+  /// until it holds at least this many parameters; 0 gives one unit per block.
+  int64_t min_unit_params = 0;
+  /// Stage 3: start gathering the next unit while the current one computes.
+  bool prefetch = true;
+  /// The dtype forward and backward see (and gathers move): kFloat, or kBFloat16 for mixed
+  /// precision. The optimizer always updates fp32 master weights.
+  torch::Dtype param_dtype = torch::kFloat;
+  /// The dtype gradients are reduced in: kFloat, or kBFloat16 (half the bytes; on Gloo in
+  /// LibTorch 1.13 the sum itself runs in fp32).
+  torch::Dtype reduce_dtype = torch::kFloat;
+  /// Broadcast buffers (BatchNorm statistics) from rank 0 after each backward, like DDP.
+  bool broadcast_buffers = true;
+};
+
+/// Bytes of model state this rank holds in the toolkit's own buffers.
+struct MemoryStats {
+  int64_t param_bytes = 0;  ///< gathered (full) parameters plus fp32 master shards when separate
+  int64_t grad_bytes = 0;   ///< gradient buffers
+  int64_t optim_bytes = 0;  ///< optimizer state (momentum, Adam moments)
+  /// Stage 3: the most parameter bytes held at once, including units gathered for a block.
+  int64_t peak_param_bytes = 0;
+  /// Stage 3: bytes of the largest unit when gathered (the root unit counts).
+  int64_t largest_unit_bytes = 0;
+  int64_t total() const { return param_bytes + grad_bytes + optim_bytes; }
+};
+
+/// Builds the optimizer over the given (flat fp32 master) tensors.
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+/// One flat tensor's slice, as sharded checkpoints store it: rank `begin`..`begin+numel()`
+/// of the logical flat tensor `key` whose full length is `full_numel`.
+struct ShardSlice {
+  std::string key;
+  int64_t full_numel = 0;
+  int64_t begin = 0;
+  torch::Tensor data;  ///< 1-D, aliases the live buffer (writing it changes training state)
+};
+
+class ShardedModel {
+ public:
+  /// RAII guard for gradient accumulation: while it lives, stage 1 accumulates gradients
+  /// locally without communicating. Stages 2-3 never hold whole gradients, so they reduce
+  /// every backward and accumulate the shards; the guard changes nothing for them.
+  class NoSync {
+   public:
+    explicit NoSync(ShardedModel* m);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync(NoSync&& o) noexcept : m_(o.m_) { o.m_ = nullptr; }
+
+   private:
+    ShardedModel* m_;
+  };
+
+  /// RAII guard: every unit stays gathered (stage 3) so parameters can be read whole, e.g.
+  /// to evaluate with a different number of batches per rank or to save model.pt.
+  /// Collective: every rank must create and destroy it at the same point.
+  class FullParams {
+   public:
+    explicit FullParams(ShardedModel* m);
+    ~FullParams();
+    FullParams(const FullParams&) = delete;
+    FullParams& operator=(const FullParams&) = delete;
+
+   private:
+    ShardedModel* m_;
+  };
+
+  ShardedModel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<comm::Communicator> comm,
+               Options opts, const OptimizerFactory& make_optimizer);
+  ~ShardedModel();
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+
+  [[nodiscard]] NoSync no_sync();
+  [[nodiscard]] FullParams full_params();
+
+  /// Scales the gradient shards so that the norm of the whole (unsharded) gradient is at
+  /// most max_norm, as torch::nn::utils::clip_grad_norm_ would on the full gradient; returns
+  /// that norm before clipping. Collective.
+  double clip_grad_norm(double max_norm);
+  /// Updates this rank's shards with the optimizer, then makes the parameters whole again
+  /// (stages 1-2) or leaves them sharded until the next forward (stage 3). Collective.
+  void step();
+  /// Clears the gradient shards (call after step, before the next backward).
+  void zero_grad();
+
+  torch::optim::Optimizer& optimizer();
+  const ShardPlan& plan() const;
+  const Options& options() const;
+  MemoryStats memory() const;
+  /// Names of the model's parameters, in the order the plan's indices use.
+  const std::vector<std::string>& param_names() const;
+  /// Shapes of the model's parameters, in the same order.
+  const std::vector<std::vector<int64_t>>& param_shapes() const;
+
+  /// This rank's slices of every flat tensor a sharded checkpoint holds: "param/<unit>" (fp32
+  /// master weights) and "optim/<unit>/<state>" (the optimizer's per-element state), plus
+  /// "optim/step" (a 1-element tensor, the same on every rank). Optimizer state exists only
+  /// after the first step.
+  std::vector<ShardSlice> checkpoint_slices();
+  /// Makes the optimizer's state exist (as after one step with zero gradients), so that
+  /// checkpoint_slices() lists every tensor a loaded checkpoint will fill.
+  void init_optimizer_state();
+  /// Copies the master shards into the parameters the model computes with (after loading
+  /// new values into "param/..." slices). Collective.
+  void publish_params();
+  /// Adam(W)'s step count (the same for every shard); 0 for SGD or before the first step.
+  int64_t optimizer_steps() const;
+  /// Sets it on every shard's state (after init_optimizer_state, when loading).
+  void set_optimizer_steps(int64_t steps);
+
+  struct Impl;  ///< opaque; public only so the autograd hooks in sharded_model.cpp can name it
+
+ private:
+  friend class NoSync;
+  friend class FullParams;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Bytes of every state tensor `opt` holds (momentum buffers, Adam moments), for any of
+/// torch::optim's SGD, Adam and AdamW.
+int64_t optimizer_state_bytes(torch::optim::Optimizer& opt);
+
+/// Shards `model` over `comm` (see Note [Sharding stages]): checks that every rank built the
+/// same model, makes all ranks start from rank 0's weights, packs the parameters into flat
+/// units, and installs gradient hooks (and, for stage 3 on a models::Model with blocks, the
+/// block hooks that gather units on demand). The model's parameters become views into the
+/// units: keep the returned handle alive as long as the model trains.
+std::shared_ptr<ShardedModel> shard(std::shared_ptr<torch::nn::Module> model,
+                                    std::shared_ptr<comm::Communicator> comm, Options opts,
+                                    const OptimizerFactory& make_optimizer);
+
+}  // namespace dtorch::zero

@@ -1,0 +1,86 @@
+// Shard planning: units tile the parameters, shards tile each padded unit, and the wrap
+// policy follows the model's blocks.
+#include "dtorch/parallel/zero/shard_plan.h"
+
+#include <gtest/gtest.h>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::zero {
+namespace {
+
+std::vector<ParamInfo> gpt_like() {
+  return {{"wte.weight", 100}, {"h.0.w", 30},  {"h.0.b", 3},      {"h.1.w", 30},
+          {"h.1.b", 3},        {"h.10.w", 30}, {"ln_f.weight", 5}};
+}
+
+TEST(ShardPlan, PadsEachUnitToAMultipleOfTheWorldAndTilesShards) {
+  auto params = gpt_like();
+  auto plan = make_plan(params, units_by_size(params, 40), 4);
+  ASSERT_EQ(plan.units.size(), 3u);  // {100}, {30,3,30}, {3,30,5}: a unit closes once >= 40
+  EXPECT_EQ(plan.units[0].numel, 100);
+  EXPECT_EQ(plan.units[1].numel, 63);
+  EXPECT_EQ(plan.units[1].padded, 64);
+  EXPECT_EQ(plan.units[1].shard, 16);
+  // Rank 3 of unit 1 owns [48, 63): the last element of its shard is padding.
+  EXPECT_EQ(plan.units[1].owned(3), (std::pair<int64_t, int64_t>{48, 63}));
+  int64_t total = 0;
+  for (auto& u : plan.units) {
+    int64_t off = 0;
+    for (auto& e : u.entries) {
+      EXPECT_EQ(e.offset, off);
+      off += e.numel;
+    }
+    int64_t covered = 0;
+    for (int r = 0; r < 4; ++r) {
+      auto [b, e] = u.owned(r);
+      EXPECT_EQ(b, std::min(u.numel, r * u.shard));
+      covered += e - b;
+    }
+    EXPECT_EQ(covered, u.numel);
+    total += u.numel;
+  }
+  EXPECT_EQ(total, 201);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto [u, k] = plan.where[i];
+    EXPECT_EQ(plan.units[u].entries[k].param, i);
+  }
+}
+
+TEST(ShardPlan, ShardOfATinyUnitMayBeAllPadding) {
+  std::vector<ParamInfo> params{{"a", 2}};
+  auto plan = make_plan(params, units_by_size(params, 10), 4);
+  EXPECT_EQ(plan.units[0].shard, 1);
+  EXPECT_EQ(plan.units[0].owned(2), (std::pair<int64_t, int64_t>{2, 2}));
+  EXPECT_EQ(plan.units[0].owned(3), (std::pair<int64_t, int64_t>{2, 2}));
+}
+
+TEST(ShardPlan, BlocksPolicyMakesRootThenOneUnitPerBlock) {
+  auto params = gpt_like();
+  auto units = units_by_blocks(params, {"h.0", "h.1", "h.10"}, 0);
+  ASSERT_EQ(units.size(), 4u);
+  EXPECT_EQ(units[0].name, "root");
+  EXPECT_EQ(units[0].params, (std::vector<size_t>{0, 6}));
+  EXPECT_EQ(units[1].params, (std::vector<size_t>{1, 2}));
+  // "h.1." must not swallow "h.10.w".
+  EXPECT_EQ(units[2].params, (std::vector<size_t>{3, 4}));
+  EXPECT_EQ(units[3].params, (std::vector<size_t>{5}));
+  EXPECT_EQ(units[3].blocks, (std::vector<std::string>{"h.10"}));
+}
+
+TEST(ShardPlan, ThresholdMergesConsecutiveBlocks) {
+  auto units = units_by_blocks(gpt_like(), {"h.0", "h.1", "h.10"}, 60);
+  ASSERT_EQ(units.size(), 3u);
+  EXPECT_EQ(units[1].blocks, (std::vector<std::string>{"h.0", "h.1"}));
+  EXPECT_EQ(units[2].blocks, (std::vector<std::string>{"h.10"}));
+}
+
+TEST(ShardPlan, BadBlocksAreConfigErrors) {
+  EXPECT_THROW(units_by_blocks(gpt_like(), {"nope"}, 0), ConfigError);
+  EXPECT_THROW(units_by_blocks(gpt_like(), {"h", "h.0"}, 0), ConfigError);
+  std::vector<UnitSpec> missing{{"u", {0}, {}}};
+  EXPECT_THROW(make_plan(gpt_like(), missing, 2), ConfigError);
+}
+
+}  // namespace
+}  // namespace dtorch::zero
