@@ -30,6 +30,7 @@ test: deps-test $(BUILD)/build.ninja
 
 bench: deps-bench build
 	bench/bench_ddp.py --dtorch $(BUILD)/dtorch
+	bench/bench_memory.py --dtorch $(BUILD)/dtorch
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

@@ -123,8 +123,10 @@ int allreduce_worker(int64_t bytes, int iters) {
   return 0;
 }
 
+}  // namespace
+
 // Runs `dtorch bench <sub> ...` on n local ranks through the launcher, rank 0's output shown.
-int relaunch(const std::string& sub, int n, bool every_rank = false) {
+int relaunch_bench(const std::string& sub, int n, bool every_rank) {
   launch::LaunchOptions lo;
   lo.nproc_per_node = n;
   lo.standalone = true;
@@ -137,8 +139,6 @@ int relaunch(const std::string& sub, int n, bool every_rank = false) {
   // The workers see RANK and run the benchmark themselves.
   return launch::run(lo);
 }
-
-}  // namespace
 
 void add_bench_command(CLI::App& app, int& exit_code) {
   auto f = std::make_shared<BenchFlags>();
@@ -161,7 +161,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                    "bench ddp: --nproc-per-node, --threads, --steps and --batch-size must be "
                    ">= 1, --warmup >= 0");
     if (f->nproc_per_node > 1 && !env::get("RANK")) {
-      exit_code = relaunch("ddp", f->nproc_per_node, f->every_rank);
+      exit_code = relaunch_bench("ddp", f->nproc_per_node, f->every_rank);
     } else {
       exit_code = bench_worker(*f);
     }
@@ -177,9 +177,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   ar->callback([=, &exit_code] {
     DTORCH_CHECK_T(ConfigError, *nproc >= 1 && *bytes >= 4 && *iters >= 1,
                    "bench allreduce: --nproc-per-node and --iters must be >= 1, --bytes >= 4");
-    exit_code = *nproc > 1 && !env::get("RANK") ? relaunch("allreduce", *nproc)
+    exit_code = *nproc > 1 && !env::get("RANK") ? relaunch_bench("allreduce", *nproc, false)
                                                 : allreduce_worker(*bytes, *iters);
   });
+  add_bench_memory_command(*bench, exit_code);
 }
 
 }  // namespace dtorch::tools

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   dtorch::tools::add_launch_command(app, exit_code);
   dtorch::tools::add_train_command(app, exit_code);
   dtorch::tools::add_bench_command(app, exit_code);
+  dtorch::tools::add_checkpoint_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,7 +4,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
-#include <zlib.h>
 
 #include <cxxabi.h>
 
@@ -22,6 +21,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/train/crc32.h"
 #include "dtorch/train/state_dict.h"
 
 namespace dtorch::train {
@@ -56,18 +56,6 @@ uint64_t get_le(const char* p, int bytes) {
   for (int i = 0; i < bytes; ++i)
     v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
   return v;
-}
-
-uint32_t crc_of(const char* data, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  // zlib's crc32 takes a uInt length; feed large payloads in pieces.
-  while (n > 0) {
-    uInt piece = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), piece);
-    data += piece;
-    n -= piece;
-  }
-  return static_cast<uint32_t>(crc);
 }
 
 torch::Tensor bytes_to_tensor(const std::string& bytes) {
@@ -137,7 +125,7 @@ Parsed parse(const std::string& path) {
   require(length == have, (have < length ? "truncated" : "padded"), ": header announces ", length,
           " payload bytes, file holds ", have);
   const uint32_t crc = static_cast<uint32_t>(get_le(bytes.data() + 20, 4));
-  require(crc == crc_of(bytes.data() + kHeaderSize, have), "CRC mismatch: the file is corrupt");
+  require(crc == crc32_of(bytes.data() + kHeaderSize, have), "CRC mismatch: the file is corrupt");
 
   std::vector<char> payload(bytes.begin() + kHeaderSize, bytes.end());
   bytes = {};
@@ -269,7 +257,7 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
   file.reserve(kHeaderSize + payload.size());
   put_le(file, kCheckpointVersion, 4);
   put_le(file, payload.size(), 8);
-  put_le(file, crc_of(payload.data(), payload.size()), 4);
+  put_le(file, crc32_of(payload.data(), payload.size()), 4);
   file.insert(file.end(), payload.begin(), payload.end());
   const std::string path = checkpoint_path(dir, data.epoch);
   write_file_atomically(path, file);

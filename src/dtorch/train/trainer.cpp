@@ -1,18 +1,20 @@
-// Trainer: load data, build and wrap the model, then per epoch train, evaluate, record and
-// checkpoint. All ranks take the same number of steps (the sampler pads) so DDP never waits
-// on a rank that ran out of data.
+// Trainer: load data, build the model and apply the strategy, then per epoch train, evaluate,
+// record and checkpoint. All ranks take the same number of steps (the sampler pads) so no
+// collective ever waits on a rank that ran out of data.
 #include "dtorch/train/trainer.h"
 
 #include <filesystem>
+#include <numeric>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/data/mnist_dataset.h"
 #include "dtorch/data/sampler.h"
+#include "dtorch/data/text_dataset.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/checkpoint.h"
+#include "dtorch/parallel/autocast.h"
 #include "dtorch/train/state_dict.h"
-#include "dtorch/train/zero_grad.h"
+#include "dtorch/train/strategy.h"
 
 namespace dtorch::train {
 namespace {
@@ -23,44 +25,112 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const TrainConfig& c,
-                                                        torch::nn::Module& m) {
-  if (c.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(m.parameters(),
-                                               torch::optim::SGDOptions(c.lr).momentum(c.momentum));
-  }
-  double wd = c.weight_decay > 0 ? c.weight_decay : 0.01;
-  return std::make_unique<torch::optim::AdamW>(m.parameters(),
-                                               torch::optim::AdamWOptions(c.lr).weight_decay(wd));
+bool is_text(const std::string& data) {
+  return data == "text" || data.rfind("text:", 0) == 0;
 }
 
 std::string config_json(const TrainConfig& c, int world) {
   return str("{\"model\":\"", c.model, "\",\"data\":\"", c.data, "\",\"batch_size\":", c.batch_size,
-             ",\"lr\":", c.lr, ",\"optimizer\":\"", c.optimizer, "\",\"seed\":", c.seed,
-             ",\"world_size\":", world, "}");
+             ",\"lr\":", c.lr, ",\"optimizer\":\"", c.optimizer, "\",\"strategy\":\"", c.strategy,
+             "\",\"precision\":\"", c.precision, "\",\"seed\":", c.seed, ",\"world_size\":", world,
+             "}");
+}
+
+StrategyConfig strategy_config(const TrainConfig& c) {
+  StrategyConfig s;
+  s.strategy = c.strategy;
+  s.precision = c.precision;
+  s.reduce_dtype = c.reduce_dtype;
+  s.optimizer = c.optimizer;
+  s.lr = c.lr;
+  s.momentum = c.momentum;
+  s.weight_decay = c.weight_decay > 0 ? c.weight_decay : 0.01;
+  s.bucket_cap_mb = c.ddp.bucket_cap_mb;
+  s.min_unit_params = c.min_unit_params;
+  s.ddp = c.ddp;
+  return s;
+}
+
+// One split of the training data, whatever its kind: `size` samples (images, or text
+// windows), and the batch of inputs and targets for any list of sample indices.
+struct Split {
+  int64_t size = 0;
+  std::function<std::pair<torch::Tensor, torch::Tensor>(const std::vector<int64_t>&)> batch;
+};
+
+struct Data {
+  Split train, test;
+  std::string describe;
+};
+
+Data load_data(const TrainConfig& c) {
+  Data d;
+  if (is_text(c.data)) {
+    auto text = data::load_text(c.data == "text" ? "" : c.data.substr(5));
+    auto parts = std::make_shared<data::TextSplits>(data::split_text(text));
+    const int64_t T = c.seq_len;
+    d.train = {data::num_windows(parts->train, T), [parts, T](const std::vector<int64_t>& idx) {
+                 auto b = data::text_batch(parts->train, idx, T);
+                 return std::make_pair(b.inputs, b.targets);
+               }};
+    d.test = {data::num_windows(parts->val, T), [parts, T](const std::vector<int64_t>& idx) {
+                auto b = data::text_batch(parts->val, idx, T);
+                return std::make_pair(b.inputs, b.targets);
+              }};
+    d.describe = str(text.source, " (", text.size(), " byte tokens, windows of ", T, ")");
+    return d;
+  }
+  std::string dir = c.data_dir.empty() ? data::kDefaultMnistDir : c.data_dir;
+  auto train = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "train"));
+  auto test = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "test"));
+  auto batch_of = [](std::shared_ptr<data::MnistSplit> s) {
+    return [s](const std::vector<int64_t>& idx) {
+      auto b = data::gather(*s, idx);
+      return std::make_pair(b.images, b.labels);
+    };
+  };
+  d.train = {train->size(), batch_of(train)};
+  d.test = {test->size(), batch_of(test)};
+  d.describe = str(c.data, " (", dir, ")");
+  return d;
+}
+
+// Cross-entropy of a classifier (B x classes) or a language model (B x T x vocab), summed or
+// averaged, computed in fp32 whatever the compute dtype.
+torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y,
+                      at::Reduction::Reduction r = at::Reduction::Mean) {
+  return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat),
+                                   y.reshape({-1}), {}, r);
 }
 
 // Sum of loss and correct predictions over this rank's disjoint part of the test split,
-// added up across ranks: every test sample counts exactly once.
-std::pair<double, double> evaluate(models::Model& model, const data::MnistSplit& test,
-                                   int64_t limit, comm::Communicator& comm) {
+// added up across ranks: every test sample (every target token) counts exactly once.
+std::pair<double, double> evaluate(models::Model& model, const Split& test, int64_t limit,
+                                   Strategy& strategy, comm::Communicator& comm) {
   torch::NoGradGuard no_grad;
+  auto whole = strategy.whole_parameters();  // ranks may run different numbers of batches
   model.eval();
-  int64_t n = limit > 0 ? std::min(limit, test.size()) : test.size();
+  int64_t n = limit > 0 ? std::min(limit, test.size) : test.size;
   auto shard = data::eval_shard(n, comm.rank(), comm.size());
   auto sums = torch::zeros({3}, torch::kDouble);  // loss, correct, count
-  for (int64_t b = shard.begin; b < shard.end; b += 1000) {
-    int64_t e = std::min(shard.end, b + 1000);
-    auto x = test.images.slice(0, b, e);
-    auto y = test.labels.slice(0, b, e);
-    auto logits = model.forward(x);
-    sums[0] += torch::cross_entropy_loss(logits, y, {}, at::Reduction::Sum).item<double>();
-    sums[1] += logits.argmax(1).eq(y).sum().item<double>();
-    sums[2] += static_cast<double>(e - b);
+  const int64_t step = model.takes_tokens() ? 16 : 1000;
+  for (int64_t b = shard.begin; b < shard.end; b += step) {
+    int64_t e = std::min(shard.end, b + step);
+    std::vector<int64_t> idx(e - b);
+    std::iota(idx.begin(), idx.end(), b);
+    auto [x, y] = test.batch(idx);
+    torch::Tensor out;
+    {
+      parallel::CpuAutocast autocast(strategy.autocast());
+      out = model.forward(x);
+    }
+    sums[0] += loss_of(out, y, at::Reduction::Sum).item<double>();
+    sums[1] += out.argmax(-1).eq(y).sum().item<double>();
+    sums[2] += static_cast<double>(y.numel());
   }
   comm.allreduce(sums, comm::ReduceOp::Sum, "evaluation totals");
   model.train();
-  double count = sums[2].item<double>();
+  double count = std::max(1.0, sums[2].item<double>());
   return {sums[0].item<double>() / count, sums[1].item<double>() / count};
 }
 
@@ -75,17 +145,24 @@ void validate(const TrainConfig& c) {
                      s += (s.empty() ? "" : ", ") + n;
                    return s;
                  }());
-  DTORCH_CHECK_T(ConfigError, c.data == "fashion-mnist" || c.data == "mnist", "unknown data '",
-                 c.data, "'; use fashion-mnist or mnist (IDX files, see --data-dir)");
+  DTORCH_CHECK_T(ConfigError, c.data == "fashion-mnist" || c.data == "mnist" || is_text(c.data),
+                 "unknown data '", c.data,
+                 "'; use fashion-mnist or mnist (IDX files, see --data-dir), or text[:PATH] for "
+                 "language models");
+  const bool lm = c.model.rfind("gpt", 0) == 0;
+  DTORCH_CHECK_T(ConfigError, lm == is_text(c.data), "model ", c.model,
+                 lm ? " is a language model: use --data text (Debian's fortunes) or text:PATH"
+                    : " classifies images: use --data fashion-mnist or mnist");
   DTORCH_CHECK_T(ConfigError, c.epochs >= 1, "--epochs must be >= 1 (got ", c.epochs, ")");
   DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ", c.batch_size,
                  ")");
+  DTORCH_CHECK_T(ConfigError, c.seq_len >= 1, "--seq-len must be >= 1 (got ", c.seq_len, ")");
   DTORCH_CHECK_T(ConfigError, c.lr > 0, "--lr must be positive (got ", c.lr, ")");
-  DTORCH_CHECK_T(ConfigError, c.optimizer == "sgd" || c.optimizer == "adamw", "unknown optimizer '",
-                 c.optimizer, "'; use sgd or adamw");
   DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
+  DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
   DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
   DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
+  validate(strategy_config(c));
 }
 
 std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm) {
@@ -93,19 +170,25 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   if (c.threads > 0) torch::set_num_threads(c.threads);
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
-  std::string dir = c.data_dir.empty() ? data::kDefaultMnistDir : c.data_dir;
+  Data data = load_data(c);
   if (lead) {
-    log::info("training ", c.model, " on ", c.data, " (", dir, "), ", world, " rank(s) x batch ",
+    log::info("training ", c.model, " on ", data.describe, ", ", world, " rank(s) x batch ",
               c.batch_size, ", ", c.epochs, " epoch(s), ", c.optimizer, " lr ", c.lr, ", seed ",
               c.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ", c.out);
   }
 
   torch::manual_seed(c.seed);
   auto model = models::make_model(c.model);
-  auto opt = make_optimizer(c, *model);
+  auto strategy = make_strategy(strategy_config(c), model, comm);
+  if (lead) log::info("strategy: ", strategy->describe());
   int64_t start_epoch = 0, global_step = 0;
-  if (c.resume) {
-    if (auto ck = load_latest_checkpoint(c.out, *model, opt.get())) {
+  // A group the launcher restarted (--max-restarts) resumes by itself, as torchrun scripts
+  // reload their snapshot: the checkpoints in `out` are this job's own.
+  const int restart = comm->info().restart_count;
+  const bool resume = c.resume || restart > 0;
+  if (lead && restart > 0) log::info("restart ", restart, " of the group: resuming from ", c.out);
+  if (resume) {
+    if (auto ck = strategy->load_latest(c.out)) {
       start_epoch = ck->data.epoch;
       global_step = ck->data.global_step;
       if (lead) log::info("resuming from ", ck->path, " (", start_epoch, " epoch(s) done)");
@@ -119,15 +202,12 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                    "ranks found different checkpoints in ", c.out,
                    " (is --out on a filesystem every node shares?)");
   }
-  auto ddp = ddp::wrap(model, comm, c.ddp);
 
-  auto train_set = data::load_mnist(dir, "train");
-  auto test_set = data::load_mnist(dir, "test");
   int64_t n_train =
-      c.train_samples > 0 ? std::min(c.train_samples, train_set.size()) : train_set.size();
+      c.train_samples > 0 ? std::min(c.train_samples, data.train.size) : data.train.size;
   data::DistributedSampler sampler(n_train, comm->rank(), world, c.seed);
   std::unique_ptr<MetricsWriter> metrics;
-  if (lead) metrics = std::make_unique<MetricsWriter>(c.out + "/metrics.jsonl", c.resume);
+  if (lead) metrics = std::make_unique<MetricsWriter>(c.out + "/metrics.jsonl", resume);
   ProgressReporter progress(lead ? c.progress : ProgressConfig{ProgressConfig::Mode::Off});
 
   std::vector<EpochRecord> records;
@@ -140,22 +220,21 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     double loss_sum = 0;
     int64_t samples = 0;
     for (size_t i = 0; i < batches.size(); ++i) {
-      auto batch = data::gather(train_set, batches[i]);
+      auto [x, y] = data.train.batch(batches[i]);
       bool last_micro = (i + 1) % c.accum_steps == 0 || i + 1 == batches.size();
-      auto loss = torch::cross_entropy_loss(model->forward(batch.images), batch.labels);
+      torch::Tensor loss;
       {
-        std::optional<ddp::DistributedDataParallel::NoSync> guard;
-        if (!last_micro) guard.emplace(ddp->no_sync());
-        (loss / c.accum_steps).backward();
+        parallel::CpuAutocast autocast(strategy->autocast());
+        loss = loss_of(model->forward(x), y);
       }
+      strategy->backward(loss / c.accum_steps, last_micro);
       if (last_micro) {
-        opt->step();
-        zero_grad_to_none(*opt);
+        strategy->step(c.clip_grad_norm);
         ++global_step;
       }
       double l = loss.item<double>();
       loss_sum += l;
-      samples += batch.labels.size(0) * world;
+      samples += x.size(0) * world;
       progress.update(static_cast<int64_t>(i) + 1, l, samples);
     }
     double train_seconds = seconds_since(t0);
@@ -164,7 +243,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     auto mean_loss =
         torch::tensor({loss_sum / std::max<size_t>(1, batches.size())}, torch::kDouble);
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
-    auto [test_loss, test_acc] = evaluate(*model, test_set, c.test_samples, *comm);
+    auto [test_loss, test_acc] = evaluate(*model, data.test, c.test_samples, *strategy, *comm);
     EpochRecord r{epoch,    mean_loss.item<double>(), test_loss,
                   test_acc, samples / train_seconds,  seconds_since(t0)};
     records.push_back(r);
@@ -173,14 +252,16 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                 r.test_loss, ", test accuracy ", 100.0 * r.test_accuracy, "%, ",
                 static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s");
       metrics->write_epoch(r);
-      save_checkpoint(c.out, {epoch + 1, global_step, config_json(c, world)}, *model, opt.get(),
-                      c.keep_checkpoints);
     }
-    comm->barrier("end of epoch");
+    strategy->save(c.out, {epoch + 1, global_step, config_json(c, world)}, c.keep_checkpoints);
   }
-  if (lead) {
-    save_state_dict(*model, c.out + "/model.pt");
-    log::info("wrote ", c.out, "/model.pt (a state_dict for Python's torch.load)");
+  {
+    auto whole = strategy->whole_parameters();
+    if (lead) {
+      save_state_dict(*model, c.out + "/model.pt");
+      log::info("wrote ", c.out, "/model.pt (a state_dict for Python's torch.load)");
+    }
+    comm->barrier("model.pt written");
   }
   return records;
 }

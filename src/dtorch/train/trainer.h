@@ -1,6 +1,6 @@
-// The training loop behind `dtorch train`: a registered model on an image dataset, data
-// parallel over the communicator's ranks, with progress, per-epoch evaluation, metrics,
-// checkpoints and resume. Rank 0 reports and writes; every rank trains.
+// The training loop behind `dtorch train`: a registered model on an image dataset or a text,
+// spread over the communicator's ranks by a strategy (DDP or ZeRO-1/2/3), with progress,
+// per-epoch evaluation, metrics, checkpoints and resume. Rank 0 reports; every rank trains.
 #pragma once
 
 #include <memory>
@@ -15,24 +15,32 @@
 namespace dtorch::train {
 
 struct TrainConfig {
-  std::string model = "mnist-cnn";     ///< a name from models::model_names()
-  std::string data = "fashion-mnist";  ///< fashion-mnist or mnist (IDX files in data_dir)
-  std::string data_dir;                ///< empty: Debian's dataset-fashion-mnist folder
+  std::string model = "mnist-cnn";  ///< a name from models::model_names()
+  /// fashion-mnist or mnist (IDX files in data_dir) for image models; text or text:PATH
+  /// (byte tokens; default corpus: Debian's fortunes) for language models (gpt-*).
+  std::string data = "fashion-mnist";
+  std::string data_dir;  ///< empty: Debian's dataset-fashion-mnist folder
+  int64_t seq_len = 64;  ///< text: tokens per training window
   int epochs = 2;
   int64_t batch_size = 64;  ///< samples per rank per step
   double lr = 0.01;
-  std::string optimizer = "sgd";    ///< sgd (momentum 0.9) or adamw
-  double momentum = 0.9;            ///< sgd only
-  double weight_decay = 0.0;        ///< adamw: 0.01 when left at 0
-  uint64_t seed = 1;                ///< model init and data order
-  std::string out = "runs/latest";  ///< metrics.jsonl, checkpoints, model.pt
-  bool resume = false;              ///< continue from the newest good checkpoint in `out`
-  int accum_steps = 1;              ///< batches per optimizer step (no_sync for all but last)
-  int threads = 0;                  ///< intra-op threads per rank (0: leave as is)
-  int64_t train_samples = 0;        ///< use the first N training samples (0: all)
-  int64_t test_samples = 0;         ///< evaluate on the first N test samples (0: all)
+  std::string optimizer = "sgd";      ///< sgd (momentum 0.9) or adamw
+  double momentum = 0.9;              ///< sgd only
+  double weight_decay = 0.0;          ///< adamw: 0.01 when left at 0
+  std::string strategy = "ddp";       ///< ddp | zero1 | zero2 | zero3
+  std::string precision = "fp32";     ///< fp32 | bf16 (bf16 compute, fp32 master weights)
+  std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
+  double clip_grad_norm = 0;          ///< clip the whole gradient to this norm (0: off)
+  int64_t min_unit_params = 0;        ///< zero3 wrap policy: merge blocks up to this size
+  uint64_t seed = 1;                  ///< model init and data order
+  std::string out = "runs/latest";    ///< metrics.jsonl, checkpoints, model.pt
+  bool resume = false;                ///< continue from the newest good checkpoint in `out`
+  int accum_steps = 1;                ///< batches per optimizer step (no_sync for all but last)
+  int threads = 0;                    ///< intra-op threads per rank (0: leave as is)
+  int64_t train_samples = 0;          ///< use the first N training samples (0: all)
+  int64_t test_samples = 0;           ///< evaluate on the first N test samples (0: all)
   int keep_checkpoints = 2;
-  ddp::Options ddp;
+  ddp::Options ddp;  ///< bucket_cap_mb also sizes the zero1/zero2 units
   ProgressConfig progress;
 };
 

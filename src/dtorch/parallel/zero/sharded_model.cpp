@@ -259,6 +259,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     install_block_hooks();
     for (size_t u = 0; u < units.size(); ++u)
       release(u);
+    peak_gathered_bytes = gathered_bytes;  // what training holds, not the set-up
   }
 }
 
@@ -561,7 +562,9 @@ MemoryStats ShardedModel::memory() const {
   MemoryStats m;
   for (auto& s : impl_->units) {
     if (!s.master.is_alias_of(s.full)) m.param_bytes += bytes_of(s.master);
-    if (!s.grad_shard.is_alias_of(s.grad_full)) m.grad_bytes += bytes_of(s.grad_shard);
+    if (!s.grad_full.defined() || !s.grad_shard.is_alias_of(s.grad_full)) {
+      m.grad_bytes += bytes_of(s.grad_shard);
+    }
     m.grad_bytes += bytes_of(s.grad_full) + bytes_of(s.bucket) + bytes_of(s.incoming);
   }
   m.optim_bytes = optimizer_state_bytes(*impl_->optimizer);

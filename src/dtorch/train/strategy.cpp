@@ -1,0 +1,257 @@
+// The trainer's strategies (see strategy.h): DDP with a plain optimizer and single-file
+// checkpoints, and the ZeRO stages with sharded optimizers and sharded checkpoints.
+#include "dtorch/train/strategy.h"
+
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+#include "dtorch/train/sharded_checkpoint.h"
+#include "dtorch/train/state_dict.h"
+#include "dtorch/train/zero_grad.h"
+
+namespace dtorch::train {
+namespace {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
+                                                        std::vector<torch::Tensor> params) {
+  if (c.optimizer == "sgd") {
+    return std::make_unique<torch::optim::SGD>(params,
+                                               torch::optim::SGDOptions(c.lr).momentum(c.momentum));
+  }
+  return std::make_unique<torch::optim::AdamW>(
+      params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+}
+
+int64_t bytes_of(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+// DDP: replicated weights (fp32; with --precision bf16 they are the master weights and
+// forward runs under bf16 autocast), gradients averaged by the DDP reducer.
+class DdpStrategy : public Strategy {
+ public:
+  DdpStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
+              std::shared_ptr<comm::Communicator> comm)
+      : c_(c), model_(std::move(model)), comm_(std::move(comm)) {
+    ddp::Options o = c.ddp;
+    o.bucket_cap_mb = c.bucket_cap_mb;
+    if (c.reduce_dtype == "bf16") o.compression = ddp::Compression::BF16;
+    ddp_ = ddp::wrap(model_, comm_, o);
+    opt_ = make_optimizer(c, model_->parameters());
+  }
+
+  void backward(const torch::Tensor& loss, bool sync) override {
+    std::optional<ddp::DistributedDataParallel::NoSync> guard;
+    if (!sync) guard.emplace(ddp_->no_sync());
+    loss.backward();
+  }
+
+  double step(double max_norm) override {
+    double norm = 0;
+    if (max_norm > 0) norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+    opt_->step();
+    zero_grad_to_none(*opt_);
+    return norm;
+  }
+
+  std::shared_ptr<void> whole_parameters() override { return nullptr; }
+
+  void save(const std::string& dir, const CheckpointData& data, int keep) override {
+    if (comm_->rank() == 0) save_checkpoint(dir, data, *model_, opt_.get(), keep);
+    comm_->barrier("checkpoint written");
+  }
+
+  std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
+    return load_latest_checkpoint(dir, *model_, opt_.get());
+  }
+
+  zero::MemoryStats memory() const override {
+    zero::MemoryStats m;
+    for (const auto& p : model_->parameters())
+      m.param_bytes += bytes_of(p);
+    for (const auto& b : ddp_->plan().buckets)
+      m.grad_bytes += b.numel * static_cast<int64_t>(c10::elementSize(b.dtype));
+    m.optim_bytes = zero::optimizer_state_bytes(*opt_);
+    m.peak_param_bytes = m.param_bytes;
+    return m;
+  }
+
+  bool autocast() const override { return c_.precision == "bf16"; }
+
+  std::string describe() const override {
+    return str("ddp (", ddp_->plan().buckets.size(), " buckets), ", c_.precision, " compute, ",
+               c_.reduce_dtype, " gradient reduction");
+  }
+
+ private:
+  StrategyConfig c_;
+  std::shared_ptr<models::Model> model_;
+  std::shared_ptr<comm::Communicator> comm_;
+  std::shared_ptr<ddp::DistributedDataParallel> ddp_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+};
+
+// ZeRO-1/2/3: sharded optimizer state (and gradients, and parameters), sharded checkpoints
+// that reload at any world size (Note [Sharded checkpoint format]).
+class ZeroStrategy : public Strategy {
+ public:
+  ZeroStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
+               std::shared_ptr<comm::Communicator> comm)
+      : c_(c), model_(std::move(model)), comm_(std::move(comm)) {
+    zero::Options o;
+    o.stage = c.strategy.back() - '0';
+    o.bucket_cap_mb = c.bucket_cap_mb;
+    o.min_unit_params = c.min_unit_params;
+    o.param_dtype = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+    o.reduce_dtype = c.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+    o.broadcast_buffers = c.ddp.broadcast_buffers;
+    sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
+      return make_optimizer(c, std::move(p));
+    });
+  }
+
+  void backward(const torch::Tensor& loss, bool sync) override {
+    std::optional<zero::ShardedModel::NoSync> guard;
+    if (!sync) guard.emplace(sharded_->no_sync());
+    loss.backward();
+  }
+
+  double step(double max_norm) override {
+    double norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm) : 0;
+    sharded_->step();
+    sharded_->zero_grad();
+    return norm;
+  }
+
+  std::shared_ptr<void> whole_parameters() override {
+    return std::make_shared<zero::ShardedModel::FullParams>(sharded_.get());
+  }
+
+  void save(const std::string& dir, const CheckpointData& data, int keep) override {
+    ShardedCheckpointData d;
+    d.epoch = data.epoch;
+    d.global_step = data.global_step;
+    d.metadata_json = data.metadata_json;
+    const auto& plan = sharded_->plan();
+    for (const auto& unit : plan.units) {
+      auto& layout = d.layouts[unit.name];
+      for (const auto& e : unit.entries) {
+        layout.push_back(
+            {sharded_->param_names()[e.param], sharded_->param_shapes()[e.param], e.offset});
+      }
+    }
+    std::vector<ShardPiece> mine;
+    for (auto& s : sharded_->checkpoint_slices())
+      mine.push_back({s.key, s.full_numel, s.begin, s.data});
+    std::vector<std::pair<std::string, torch::Tensor>> full;
+    for (const auto& b : model_->named_buffers())
+      full.emplace_back("buffer/" + b.key(), b.value());
+    full.emplace_back("optim/step", torch::tensor({sharded_->optimizer_steps()}, torch::kLong));
+    {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      full.emplace_back("rng_state", gen.get_state());
+    }
+    save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
+  }
+
+  std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
+    auto path = latest_complete(dir);
+    if (!path) return std::nullopt;
+    ShardedCheckpointReader reader(*path);
+    check_layout(reader);
+    torch::NoGradGuard no_grad;
+    sharded_->init_optimizer_state();
+    for (auto& s : sharded_->checkpoint_slices()) {
+      DTORCH_CHECK_T(CheckpointError, reader.has_flat(s.key), reader.dir(), " has no ", s.key,
+                     " (saved with another optimizer?); start a new --out directory");
+      s.data.copy_(reader.read_range(s.key, s.begin, s.begin + s.data.numel()));
+    }
+    if (reader.has_full("optim/step")) {
+      sharded_->set_optimizer_steps(reader.read_full("optim/step").item<int64_t>());
+    }
+    for (const auto& b : model_->named_buffers()) {
+      b.value().copy_(reader.read_full("buffer/" + b.key()));
+    }
+    if (reader.has_full("rng_state")) {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(reader.read_full("rng_state"));
+    }
+    sharded_->publish_params();
+    LoadedCheckpoint out;
+    out.path = reader.dir();
+    out.data.epoch = reader.data().epoch;
+    out.data.global_step = reader.data().global_step;
+    out.data.metadata_json = reader.data().metadata_json;
+    return out;
+  }
+
+  zero::MemoryStats memory() const override { return sharded_->memory(); }
+
+  bool autocast() const override { return c_.precision == "bf16"; }
+
+  std::string describe() const override {
+    return str(c_.strategy, " (", sharded_->plan().units.size(), " units), ", c_.precision,
+               " compute, ", c_.reduce_dtype, " gradient reduction");
+  }
+
+ private:
+  // The checkpoint must describe this model: same parameter names and shapes, in any units.
+  void check_layout(ShardedCheckpointReader& reader) {
+    std::map<std::string, std::vector<int64_t>> saved;
+    for (const auto& [unit, entries] : reader.data().layouts) {
+      for (const auto& e : entries)
+        saved[e.name] = e.shape;
+    }
+    const auto& names = sharded_->param_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto it = saved.find(names[i]);
+      DTORCH_CHECK_T(CheckpointError, it != saved.end(), reader.dir(), " has no parameter ",
+                     names[i], ": it was written for another model; use a new --out directory");
+      DTORCH_CHECK_T(CheckpointError, it->second == sharded_->param_shapes()[i], reader.dir(),
+                     ": parameter ", names[i],
+                     " has another shape; it was written for another "
+                     "model configuration");
+    }
+    // Units are matched by name, so the same --strategy (and wrap policy) must be used.
+    for (const auto& unit : sharded_->plan().units) {
+      DTORCH_CHECK_T(CheckpointError, reader.data().layouts.count(unit.name), reader.dir(),
+                     " was saved with other units (no ", unit.name,
+                     "): resume with the same "
+                     "--strategy, --bucket-cap-mb and --min-unit-params, or consolidate it "
+                     "with `dtorch checkpoint consolidate`");
+    }
+  }
+
+  StrategyConfig c_;
+  std::shared_ptr<models::Model> model_;
+  std::shared_ptr<comm::Communicator> comm_;
+  std::shared_ptr<zero::ShardedModel> sharded_;
+};
+
+}  // namespace
+
+void validate(const StrategyConfig& c) {
+  DTORCH_CHECK_T(ConfigError,
+                 c.strategy == "ddp" || c.strategy == "zero1" || c.strategy == "zero2" ||
+                     c.strategy == "zero3",
+                 "unknown strategy '", c.strategy, "'; use ddp, zero1, zero2 or zero3");
+  DTORCH_CHECK_T(ConfigError, c.precision == "fp32" || c.precision == "bf16", "unknown precision '",
+                 c.precision, "'; use fp32 or bf16");
+  DTORCH_CHECK_T(ConfigError, c.reduce_dtype == "fp32" || c.reduce_dtype == "bf16",
+                 "unknown gradient reduction dtype '", c.reduce_dtype, "'; use fp32 or bf16");
+  DTORCH_CHECK_T(ConfigError, c.optimizer == "sgd" || c.optimizer == "adamw", "unknown optimizer '",
+                 c.optimizer, "'; use sgd or adamw");
+  DTORCH_CHECK_T(ConfigError, c.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
+  DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
+}
+
+std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
+                                        std::shared_ptr<models::Model> model,
+                                        std::shared_ptr<comm::Communicator> comm) {
+  validate(c);
+  if (c.strategy == "ddp") return std::make_unique<DdpStrategy>(c, model, comm);
+  return std::make_unique<ZeroStrategy>(c, model, comm);
+}
+
+}  // namespace dtorch::train

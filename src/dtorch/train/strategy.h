@@ -1,0 +1,67 @@
+// How the trainer spreads a model over ranks: DDP, or a ZeRO stage (1-3, stage 3 being FSDP),
+// each with its optimizer, mixed precision, gradient clipping and checkpoints behind one small
+// interface, so the training loop reads the same whatever `--strategy` says.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dtorch/comm/communicator.h"
+#include "dtorch/models/model.h"
+#include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/parallel/zero/zero.h"
+#include "dtorch/train/checkpoint.h"
+
+namespace dtorch::train {
+
+/// What a strategy needs from the training configuration.
+struct StrategyConfig {
+  std::string strategy = "ddp";       ///< ddp | zero1 | zero2 | zero3
+  std::string precision = "fp32";     ///< fp32 | bf16 (compute; master weights stay fp32)
+  std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
+  std::string optimizer = "sgd";      ///< sgd (with momentum) | adamw
+  double lr = 0.01;
+  double momentum = 0.9;
+  double weight_decay = 0.01;  ///< adamw
+  double bucket_cap_mb = 25.0;
+  int64_t min_unit_params = 0;  ///< zero3 wrap policy (0: one unit per block)
+  ddp::Options ddp;
+};
+
+/// Throws ConfigError naming the bad field and the choices.
+void validate(const StrategyConfig& c);
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  /// Backward of `loss`; sync=false accumulates gradients without communicating where the
+  /// strategy can (DDP and ZeRO-1; ZeRO-2/3 reduce every backward).
+  virtual void backward(const torch::Tensor& loss, bool sync) = 0;
+  /// Clips the whole gradient to `max_norm` (when > 0), updates the weights and clears the
+  /// gradients. Returns the gradient norm before clipping (0 when not clipping). Collective.
+  virtual double step(double max_norm) = 0;
+  /// Keeps every parameter whole until the returned guard is destroyed (ZeRO-3 gathers);
+  /// needed to evaluate with a different number of batches per rank, or to save the model.
+  /// Collective.
+  virtual std::shared_ptr<void> whole_parameters() = 0;
+  /// Writes a checkpoint of model and optimizer into `dir`. Collective.
+  virtual void save(const std::string& dir, const CheckpointData& data, int keep) = 0;
+  /// Restores the newest good checkpoint in `dir` (any world size for the sharded
+  /// strategies); nullopt when there is none. Collective.
+  virtual std::optional<LoadedCheckpoint> load_latest(const std::string& dir) = 0;
+  /// Model state this rank holds, in bytes.
+  virtual zero::MemoryStats memory() const = 0;
+  /// Whether forward should run under bf16 autocast.
+  virtual bool autocast() const = 0;
+  /// One line for the log: "zero3 (5 units), bf16 compute, fp32 reduction".
+  virtual std::string describe() const = 0;
+};
+
+/// Applies the configured strategy to `model` (which must be freshly built from the same
+/// seed on every rank; rank 0's weights win).
+std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
+                                        std::shared_ptr<models::Model> model,
+                                        std::shared_ptr<comm::Communicator> comm);
+
+}  // namespace dtorch::train

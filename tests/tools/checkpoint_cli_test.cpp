@@ -1,0 +1,109 @@
+// `dtorch checkpoint inspect|consolidate` as a user runs them, on the toy checkpoint that 4
+// ranks saved (train/sharded_fixture.h); PyTorch itself loads the consolidated model.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "dtorch/train/state_dict.h"
+#include "models/python_peer.h"
+#include "support/command.h"
+#include "support/workers.h"
+#include "train/sharded_fixture.h"
+
+namespace dtorch {
+namespace {
+
+using testing::contains;
+using testing::run_command;
+
+TEST(CheckpointCli, ConsolidatedModelLoadsInPyTorch) {
+  std::string dir = testing::toy_checkpoint_copy("ckpt-cli-consolidate");
+  const std::string out = dir + "/model.pt";
+  auto r =
+      run_command("ckpt-cli-consolidate-cmd", {DTORCH_CLI, "checkpoint", "consolidate", dir, out});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "8 tensors")) << r.out;
+  EXPECT_TRUE(contains(r.out, "global step 20")) << r.out;
+
+  // Read back in C++: names, shapes and values against the fixture's formula.
+  auto state = train::unpickle_state_dict(train::read_file(out), out);
+  std::map<std::string, torch::Tensor> got(state.begin(), state.end());
+  ASSERT_EQ(got.size(), 8u);
+  EXPECT_TRUE(torch::equal(
+      got.at("fc.weight"),
+      testing::toy_flat(20, "param/1", 7, torch::kFloat).narrow(0, 0, 6).view({3, 2})));
+
+  DTORCH_SKIP_WITHOUT_PYTHON(false);
+  std::string output;
+  int rc = testing::run_python(dir, "load_consolidated", R"(
+import sys, torch
+sd = torch.load(sys.argv[2])
+def flat(step, key, n):
+    code = sum(key.encode()) % 97
+    return torch.arange(n, dtype=torch.float64) * 0.5 + (step * 1000 + code)
+p0, p1, p2 = flat(20, "param/0", 10), flat(20, "param/1", 7), flat(20, "param/2", 3)
+want = {
+    "conv.weight": p0[0:8].view(2, 1, 2, 2), "conv.bias": p0[8:10],
+    "fc.weight": p1[0:6].view(3, 2), "fc.bias": p1[6:7],
+    "scale": p2[0].reshape(()), "gain": p2[1:3],
+    "bn.running_mean": torch.tensor([20.25, 20.75]),
+    "bn.num_batches_tracked": torch.tensor(20),
+}
+assert sorted(sd) == sorted(want), sorted(sd)
+for k, v in want.items():
+    assert sd[k].shape == v.shape, (k, sd[k].shape, v.shape)
+    assert torch.equal(sd[k].double(), v.double()), (k, sd[k], v)
+assert sd["conv.weight"].dtype == torch.float32
+assert sd["bn.num_batches_tracked"].dtype == torch.int64
+print("PYTHON OK", len(sd))
+)",
+                               {out}, &output);
+  EXPECT_EQ(rc, 0) << output;
+  EXPECT_TRUE(contains(output, "PYTHON OK 8")) << output;
+}
+
+TEST(CheckpointCli, InspectShowsContentsAndVerifiesFiles) {
+  std::string dir = testing::toy_checkpoint_copy("ckpt-cli-inspect");
+  auto r = run_command("ckpt-cli-inspect-cmd", {DTORCH_CLI, "checkpoint", "inspect", dir});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (const char* want :
+       {"step-000020", "format       version 1", "world size   4", "epoch        2",
+        "global step  20", R"(metadata     {"model":"toy","strategy":"zero2"})",
+        "unit 0: param/0, 10 elements, 2 parameters", "conv.weight", "[2, 1, 2, 2]",
+        "unit 2: param/2, 3 elements", "scale", "optim/1/momentum_buffer", "optim/step",
+        "bn.running_mean", "shard-00003-of-00004.pt", "full.pt"}) {
+    EXPECT_TRUE(contains(r.out, want)) << want << "\n" << r.out;
+  }
+  EXPECT_FALSE(contains(r.out, "BAD")) << r.out;
+
+  // A corrupt shard of the step inspected directly: listed as bad, exit code 1.
+  const std::string step = dir + "/step-000020";
+  const std::string shard = step + "/shard-00002-of-00004.pt";
+  std::filesystem::resize_file(shard, 100);
+  r = run_command("ckpt-cli-inspect-bad", {DTORCH_CLI, "checkpoint", "inspect", step});
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_TRUE(contains(r.out, "shard-00002-of-00004.pt")) << r.out;
+  EXPECT_TRUE(contains(r.out, "BAD: truncated")) << r.out;
+  EXPECT_TRUE(contains(r.err, "1 file(s)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "older step directory")) << r.err;
+  // The run directory falls back to step 10, saying why.
+  r = run_command("ckpt-cli-inspect-run", {DTORCH_CLI, "checkpoint", "inspect", dir});
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "global step  10")) << r.out;
+  EXPECT_TRUE(contains(r.err, "shard-00002-of-00004.pt")) << r.err;
+}
+
+TEST(CheckpointCli, NotACheckpointIsAClearError) {
+  std::string dir = testing::scratch_dir("ckpt-cli-not");
+  auto r = run_command("ckpt-cli-not-cmd", {DTORCH_CLI, "checkpoint", "inspect", dir});
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_TRUE(contains(r.err, "not a sharded checkpoint")) << r.err;
+  r = run_command("ckpt-cli-not-cmd2",
+                  {DTORCH_CLI, "checkpoint", "consolidate", dir, dir + "/model.pt"});
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/model.pt"));
+}
+
+}  // namespace
+}  // namespace dtorch

@@ -1,0 +1,154 @@
+// `dtorch bench memory`: the model-state bytes each rank holds under a strategy (counted from
+// the toolkit's own buffers), the ZeRO paper's formula for them, the process's peak RSS, the
+// bytes each rank sends per step, and throughput: one JSON line per rank.
+#include <sys/resource.h>
+#include <torch/version.h>
+#include <nlohmann/json.hpp>
+
+#include <iostream>
+
+#include "dtorch/core/env.h"
+#include "dtorch/core/error.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/parallel/autocast.h"
+#include "dtorch/train/strategy.h"
+#include "tools/commands.h"
+
+namespace dtorch::tools {
+namespace {
+
+struct MemoryFlags {
+  train::StrategyConfig strategy;
+  std::string model = "gpt-debug";
+  int nproc_per_node = 1;
+  int threads = 1;
+  int64_t batch_size = 2;
+  int64_t seq_len = 64;
+  int steps = 3;  ///< timed steps, after one untimed
+};
+
+using Clock = std::chrono::steady_clock;
+
+// The ZeRO paper's per-rank model-state bytes for fp32 AdamW (4 bytes of parameters, 4 of
+// gradients, 8 of Adam moments per parameter); ZeRO-3 adds the largest unit gathered whole.
+double formula_bytes(const std::string& s, double P, int N, double largest_unit_bytes) {
+  if (s == "ddp") return 16 * P;
+  if (s == "zero1") return 8 * P + 8 * P / N;
+  if (s == "zero2") return 4 * P + 12 * P / N;
+  return 16 * P / N + largest_unit_bytes;
+}
+
+int memory_worker(MemoryFlags f) {
+  torch::set_num_threads(f.threads);
+  auto comm = comm::Communicator::from_env();
+  torch::manual_seed(0);
+  auto model = models::make_model(f.model);
+  int64_t P = 0;
+  for (const auto& p : model->parameters())
+    P += p.numel();
+  auto strategy = train::make_strategy(f.strategy, model, comm);
+  auto gen = at::detail::createCPUGenerator(comm->rank());
+  auto batch = [&] {
+    if (model->takes_tokens()) {
+      return std::make_pair(torch::randint(0, 256, {f.batch_size, f.seq_len}, gen),
+                            torch::randint(0, 256, {f.batch_size, f.seq_len}, gen));
+    }
+    return std::make_pair(torch::randn({f.batch_size, 1, 28, 28}, gen),
+                          torch::randint(0, 10, {f.batch_size}, gen));
+  };
+  Clock::time_point t0;
+  for (int step = 0; step < 1 + f.steps; ++step) {
+    if (step == 1) {
+      comm->barrier("bench start");
+      comm->reset_traffic();
+      t0 = Clock::now();
+    }
+    auto [x, y] = batch();
+    torch::Tensor loss;
+    {
+      parallel::CpuAutocast autocast(strategy->autocast());
+      auto out = model->forward(x);
+      loss = torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat),
+                                       y.reshape({-1}));
+    }
+    strategy->backward(loss, true);
+    strategy->step(0);
+  }
+  comm->barrier("bench end");
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto traffic = comm->traffic();
+  auto m = strategy->memory();
+
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  const int n = comm->size();
+  double expected = formula_bytes(f.strategy.strategy, double(P), n, double(m.largest_unit_bytes));
+  nlohmann::json j = {
+      {"impl", "dtorch"},
+      {"bench", "memory"},
+      {"torch", TORCH_VERSION},
+      {"model", f.model},
+      {"strategy", f.strategy.strategy},
+      {"precision", f.strategy.precision},
+      {"nproc", n},
+      {"rank", comm->rank()},
+      {"params", P},
+      {"param_bytes", m.param_bytes},
+      {"grad_bytes", m.grad_bytes},
+      {"optim_bytes", m.optim_bytes},
+      {"model_state_bytes", m.total()},
+      {"peak_param_bytes", m.peak_param_bytes},
+      {"largest_unit_bytes", m.largest_unit_bytes},
+      {"formula_bytes", expected},
+      {"model_state_over_formula", m.total() / expected},
+      {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024},
+      {"samples_per_s", f.steps * f.batch_size * n / seconds},
+      {"bytes_sent_per_step",
+       {{"allreduce", traffic.allreduce / f.steps},
+        {"reduce_scatter", traffic.reduce_scatter / f.steps},
+        {"allgather", traffic.allgather / f.steps},
+        {"broadcast", traffic.broadcast / f.steps},
+        {"total", traffic.total() / f.steps}}},
+      {"sent_per_step_over_param_bytes", double(traffic.total()) / f.steps / (4.0 * P)},
+  };
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_memory_command(CLI::App& bench, int& exit_code) {
+  auto f = std::make_shared<MemoryFlags>();
+  f->strategy.optimizer = "adamw";
+  f->strategy.lr = 1e-4;
+  auto* cmd = bench.add_subcommand(
+      "memory", "Model-state bytes per rank against the ZeRO formulas, peak RSS, traffic");
+  cmd->add_option("--model", f->model)->capture_default_str();
+  cmd->add_option("--strategy", f->strategy.strategy, "ddp | zero1 | zero2 | zero3")
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}))
+      ->capture_default_str();
+  cmd->add_option("--precision", f->strategy.precision, "fp32 | bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--optimizer", f->strategy.optimizer, "adamw | sgd")->capture_default_str();
+  cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node)->capture_default_str();
+  cmd->add_option("--threads", f->threads, "intra-op threads per rank")->capture_default_str();
+  cmd->add_option("--batch-size", f->batch_size, "per rank")->capture_default_str();
+  cmd->add_option("--seq-len", f->seq_len, "tokens per sequence (gpt)")->capture_default_str();
+  cmd->add_option("--steps", f->steps, "timed steps, after one untimed")->capture_default_str();
+  cmd->add_option("--bucket-cap-mb", f->strategy.bucket_cap_mb)->capture_default_str();
+  cmd->add_option("--min-unit-params", f->strategy.min_unit_params)->capture_default_str();
+  cmd->callback([f, &exit_code] {
+    DTORCH_CHECK_T(ConfigError,
+                   f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
+                       f->batch_size >= 1 && f->seq_len >= 1,
+                   "bench memory: --nproc-per-node, --threads, --steps, --batch-size and "
+                   "--seq-len must be >= 1");
+    train::validate(f->strategy);
+    exit_code = f->nproc_per_node > 1 && !env::get("RANK")
+                    ? relaunch_bench("memory", f->nproc_per_node, true)
+                    : memory_worker(*f);
+  });
+}
+
+}  // namespace dtorch::tools

@@ -1,0 +1,124 @@
+// `dtorch checkpoint inspect|consolidate`: what a sharded checkpoint holds and whether its files
+// are intact, and the whole model as one state dict that Python's torch.load reads.
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+
+#include "dtorch/core/error.h"
+#include "dtorch/train/sharded_checkpoint.h"
+#include "dtorch/train/state_dict.h"
+#include "tools/commands.h"
+
+namespace dtorch::tools {
+namespace {
+
+struct CheckpointFlags {
+  std::string dir;
+  std::string out;
+};
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+int run_inspect(const CheckpointFlags& f) {
+  train::ShardedCheckpointReader reader(f.dir);
+  const auto& d = reader.data();
+  std::ostream& o = std::cout;
+  o << "checkpoint   " << reader.dir() << "\n"
+    << "format       version " << reader.version() << "\n"
+    << "world size   " << reader.world_size() << " (at save)\n"
+    << "epoch        " << d.epoch << "\n"
+    << "global step  " << d.global_step << "\n"
+    << "metadata     " << d.metadata_json << "\n";
+  auto row = [&](const std::string& a, const std::string& b, const std::string& c) {
+    o << "    " << std::left << std::setw(36) << a << " " << std::setw(18) << b << " " << c << "\n";
+  };
+  const auto& flat = reader.flat_tensors();
+  for (const auto& [unit, layout] : d.layouts) {
+    auto it = flat.find("param/" + unit);
+    o << "unit " << unit << ": param/" << unit;
+    if (it != flat.end()) o << ", " << it->second.numel << " elements";
+    o << ", " << layout.size() << " parameters\n";
+    for (const auto& e : layout) {
+      int64_t n = 1;
+      for (int64_t s : e.shape)
+        n *= s;
+      row(e.name, shape_text(e.shape), std::to_string(n));
+    }
+  }
+  o << "optimizer state\n";
+  for (const auto& [key, info] : flat)
+    if (starts_with(key, "optim/"))
+      row(key, std::to_string(info.numel) + " elements", str(info.dtype));
+  for (const auto& [key, info] : reader.full_tensors())
+    if (starts_with(key, "optim/")) row(key, shape_text(info.shape), str(info.dtype));
+  o << "buffers and other tensors\n";
+  for (const auto& [key, info] : flat)
+    if (!starts_with(key, "optim/") && !starts_with(key, "param/"))
+      row(key, std::to_string(info.numel) + " elements", str(info.dtype));
+  for (const auto& [key, info] : reader.full_tensors())
+    if (!starts_with(key, "optim/")) row(key, shape_text(info.shape), str(info.dtype));
+  o << "files\n";
+  int bad = 0;
+  std::string bad_names;
+  for (const auto& s : reader.check_files()) {
+    const std::string name = std::filesystem::path(s.path).filename().string();
+    const std::string size =
+        s.actual_bytes < 0 ? "missing" : std::to_string(s.actual_bytes) + " bytes";
+    row(name, size, s.ok ? "ok" : "BAD: " + s.problem);
+    if (!s.ok) {
+      ++bad;
+      bad_names += " " + name;
+    }
+  }
+  o.flush();
+  DTORCH_CHECK_T(CheckpointError, bad == 0, bad, " file(s) of checkpoint ", reader.dir(),
+                 " failed verification:", bad_names,
+                 ". Fall back to an older step directory or re-run the save.");
+  return 0;
+}
+
+int run_consolidate(const CheckpointFlags& f) {
+  train::ShardedCheckpointReader reader(f.dir);
+  train::StateDict state = train::consolidate_model(reader);
+  train::write_file_atomically(f.out, train::pickle_state_dict(state));
+  int64_t elements = 0;
+  for (const auto& [name, t] : state)
+    elements += t.numel();
+  std::cout << "wrote " << f.out << ": " << state.size() << " tensors, " << elements
+            << " elements, from " << reader.dir() << " (epoch " << reader.data().epoch
+            << ", global step " << reader.data().global_step << ")\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_checkpoint_command(CLI::App& app, int& exit_code) {
+  auto f = std::make_shared<CheckpointFlags>();
+  auto* cmd = app.add_subcommand("checkpoint", "Inspect or consolidate a sharded checkpoint");
+  cmd->require_subcommand(1);
+  const std::string dir_help =
+      "a run's checkpoint directory (its newest intact checkpoint) or a step-NNNNNN directory";
+
+  auto* inspect = cmd->add_subcommand(
+      "inspect", "Print what a checkpoint holds and verify each file's size and checksum");
+  inspect->add_option("DIR", f->dir, dir_help)->required();
+  inspect->callback([f, &exit_code] { exit_code = run_inspect(*f); });
+
+  auto* consolidate = cmd->add_subcommand(
+      "consolidate", "Write the whole model (parameters and buffers) as one state dict file");
+  consolidate->add_option("DIR", f->dir, dir_help)->required();
+  consolidate->add_option("OUT", f->out, "output file, e.g. model.pt (torch.load reads it)")
+      ->required();
+  consolidate->callback([f, &exit_code] { exit_code = run_consolidate(*f); });
+}
+
+}  // namespace dtorch::tools
