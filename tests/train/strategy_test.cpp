@@ -136,3 +136,39 @@ TEST(MixedPrecision, Bf16LossCurveStaysCloseToFp32) {
 
 }  // namespace
 }  // namespace dtorch::train
+
+namespace dtorch::train {
+namespace {
+
+// args: DIR. Two bf16 steps of resnet-debug (BatchNorm buffers follow the parameters' dtype)
+// under every strategy; the loss must stay finite.
+DTORCH_TEST_WORKER(bf16_resnet) {
+  auto comm = comm::Communicator::from_env();
+  for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) {
+    torch::manual_seed(3);
+    auto model = models::make_model("resnet-debug");
+    auto c = adamw(strategy);
+    c.precision = "bf16";
+    auto s = make_strategy(c, model, comm);
+    for (int i = 0; i < 2; ++i) {
+      torch::manual_seed(10 * i + comm->rank());
+      auto x = torch::randn({4, 1, 28, 28});
+      auto y = torch::randint(0, 10, {4});
+      torch::Tensor loss;
+      {
+        parallel::CpuAutocast autocast(s->autocast());
+        loss = torch::cross_entropy_loss(model->forward(x).to(torch::kFloat), y);
+      }
+      s->backward(loss, true);
+      s->step(1.0);
+      DTORCH_CHECK(std::isfinite(loss.item<double>()), strategy, ": loss ", loss.item<double>());
+    }
+  }
+}
+
+TEST(MixedPrecision, ResNetWithBatchNormTrainsInBf16UnderEveryStrategy) {
+  EXPECT_EQ(testing::run_ranks(2, "bf16_resnet", {testing::scratch_dir("bf16_resnet")}), 0);
+}
+
+}  // namespace
+}  // namespace dtorch::train

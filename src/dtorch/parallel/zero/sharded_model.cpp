@@ -219,6 +219,12 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
 
   const bool mixed = opts.param_dtype != torch::kFloat;
   torch::NoGradGuard no_grad;
+  if (mixed) {
+    // BatchNorm wants its running statistics in its input's dtype (FSDP's buffer_dtype).
+    for (auto& b : buffers) {
+      if (b.is_floating_point()) b.set_data(b.to(opts.param_dtype));
+    }
+  }
   units.resize(plan.units.size());
   for (size_t u = 0; u < plan.units.size(); ++u) {
     UnitState& s = units[u];
