@@ -1,5 +1,6 @@
 // dtorch's public API in one include, for programs that link dtorch::dtorch.
-// The pieces: the communicator, DDP, the launcher's rank description, data and training helpers.
+// The pieces: the communicator, DDP and ZeRO, the launcher's rank description, data, models
+// and training helpers.
 #pragma once
 
 #include "dtorch/comm/communicator.h"
@@ -7,9 +8,13 @@
 #include "dtorch/core/log.h"
 #include "dtorch/data/mnist_dataset.h"
 #include "dtorch/data/sampler.h"
+#include "dtorch/data/text_dataset.h"
 #include "dtorch/launch/rank_info.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
+#include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/zero_grad.h"

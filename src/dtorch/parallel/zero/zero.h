@@ -1,5 +1,5 @@
 // Sharded data parallelism (ZeRO stages 1-3; stage 3 is FSDP), applied to a model by a function:
-//   auto sharded = dtorch::zero::shard(model, comm, {.stage = 3}, make_adamw);
+//   auto sharded = dtorch::zero::shard(model, comm, opts /* stage 1-3 */, make_adamw);
 //   loss.backward();            // gradients reduce-scattered into per-rank shards
 //   sharded->clip_grad_norm(1.0);
 //   sharded->step();            // each rank updates its shard; parameters gathered again
