@@ -64,6 +64,57 @@ DTORCH_TEST_WORKER(comm_reduce_scatter) {
                c->traffic().allgather);
 }
 
+// Bytes this process has written through write/send system calls (sockets included).
+int64_t bytes_written() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "wchar:") return value;
+  }
+  return -1;
+}
+
+// args: DIR. Over Gloo (TCP), measures what reduce-scatter, allgather and allreduce of the
+// same 4 MiB buffer really write to the sockets, and writes it to DIR/wire<rank>.
+DTORCH_TEST_WORKER(comm_wire_bytes) {
+  setenv("DTORCH_SHM", "0", 1);
+  auto c = Communicator::from_env();
+  const int n = c->size();
+  const int64_t numel = 1 << 20;  // 4 MiB of float
+  auto measure = [&](auto op) {
+    op();  // warm-up: connections and buffers set up
+    c->barrier();
+    int64_t before = bytes_written();
+    for (int i = 0; i < 5; ++i)
+      op();
+    int64_t sent = bytes_written() - before;
+    c->barrier();
+    return sent / 5;
+  };
+  auto in = torch::ones({numel});
+  auto out = torch::empty({numel / n});
+  int64_t rs = measure([&] { c->reduce_scatter(in, out); });
+  int64_t ag = measure([&] { c->allgather_into(in, out); });
+  int64_t ar = measure([&] { c->allreduce(in); });
+  std::ofstream(str(args.at(0), "/wire", c->rank())) << rs << " " << ag << " " << ar;
+}
+
+TEST(ReduceScatterWire, SendsWhatARealReduceScatterSends) {
+  auto dir = testing::scratch_dir("wire_bytes");
+  ASSERT_EQ(testing::run_ranks(4, "comm_wire_bytes", {dir}), 0);
+  const double buffer = 4 << 20, n = 4;
+  for (int r = 0; r < 4; ++r) {
+    std::ifstream in(str(dir, "/wire", r));
+    double rs = 0, ag = 0, ar = 0;
+    in >> rs >> ag >> ar;
+    // (N-1)/N of the buffer (plus a few headers), and half of what an allreduce sends.
+    EXPECT_NEAR(rs / ((n - 1) / n * buffer), 1.0, 0.05) << "rank " << r;
+    EXPECT_NEAR(ag / ((n - 1) / n * buffer), 1.0, 0.05) << "rank " << r;
+    EXPECT_NEAR(ar / (2 * (n - 1) / n * buffer), 1.0, 0.05) << "rank " << r;
+  }
+}
+
 struct Case {
   int ranks;
   const char* path;
