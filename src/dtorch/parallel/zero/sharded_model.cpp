@@ -74,6 +74,20 @@ std::vector<std::pair<std::string, at::Tensor>> state_tensors(
   DTORCH_FAIL(ConfigError, "sharded training supports the SGD, Adam and AdamW optimizers");
 }
 
+// Adam(W) state as before the first step: step 0, zero moments (what a loaded checkpoint
+// then overwrites).
+template <class State, class Options>
+std::unique_ptr<State> fresh_adam_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
+  auto st = std::make_unique<State>();
+  st->step(0);
+  st->exp_avg(at::zeros_like(p));
+  st->exp_avg_sq(at::zeros_like(p));
+  if (static_cast<Options&>(opt.param_groups()[0].options()).amsgrad()) {
+    st->max_exp_avg_sq(at::zeros_like(p));
+  }
+  return st;
+}
+
 class GradReadyHook : public torch::autograd::FunctionPostHook {
  public:
   GradReadyHook(std::function<void(size_t)> fn, size_t index) : fn_(std::move(fn)), i_(index) {}
@@ -591,28 +605,18 @@ void ShardedModel::init_optimizer_state() {
   for (auto& s : impl.units) {
     const std::string key = state_key(s.master);
     if (opt.state().count(key)) continue;
-    auto zeros = [&] { return at::zeros_like(s.master); };
     if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
-      auto st = std::make_unique<torch::optim::AdamWParamState>();
-      st->step(0);
-      st->exp_avg(zeros());
-      st->exp_avg_sq(zeros());
-      auto& o = static_cast<torch::optim::AdamWOptions&>(opt.param_groups()[0].options());
-      if (o.amsgrad()) st->max_exp_avg_sq(zeros());
-      opt.state()[key] = std::move(st);
+      opt.state()[key] =
+          fresh_adam_state<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(opt,
+                                                                                      s.master);
     } else if (dynamic_cast<torch::optim::Adam*>(&opt)) {
-      auto st = std::make_unique<torch::optim::AdamParamState>();
-      st->step(0);
-      st->exp_avg(zeros());
-      st->exp_avg_sq(zeros());
-      auto& o = static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options());
-      if (o.amsgrad()) st->max_exp_avg_sq(zeros());
-      opt.state()[key] = std::move(st);
+      opt.state()[key] =
+          fresh_adam_state<torch::optim::AdamParamState, torch::optim::AdamOptions>(opt, s.master);
     } else if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&opt)) {
       auto& o = static_cast<torch::optim::SGDOptions&>(sgd->param_groups()[0].options());
       if (o.momentum() == 0) continue;  // SGD without momentum keeps no state
       auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(zeros());
+      st->momentum_buffer(at::zeros_like(s.master));
       opt.state()[key] = std::move(st);
     } else {
       DTORCH_FAIL(ConfigError, "sharded checkpoints support the SGD, Adam and AdamW optimizers");
