@@ -11,6 +11,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/train/state_dict.h"
+#include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
 
@@ -53,7 +54,9 @@ TEST(ModelMnist, MlpHasThePeersParameters) {
 }
 
 TEST(ModelRegistry, MakesModelsByName) {
-  EXPECT_EQ(model_names(), (std::vector<std::string>{"mnist-cnn", "mnist-mlp"}));
+  EXPECT_EQ(model_names(), (std::vector<std::string>{"gpt-debug", "gpt-small", "mnist-cnn",
+                                                     "mnist-mlp", "resnet-debug", "resnet18",
+                                                     "resnet50", "vit-debug", "vit-tiny"}));
   EXPECT_NE(std::dynamic_pointer_cast<MnistCnn>(make_model("mnist-cnn")), nullptr);
   EXPECT_NE(std::dynamic_pointer_cast<MnistMlp>(make_model("mnist-mlp")), nullptr);
   try {
@@ -68,7 +71,8 @@ TEST(ModelRegistry, MakesModelsByName) {
 
 // Runs the peer's model class on C++ weights and input; returns Python's JSON verdict.
 nlohmann::json compare_with_peer(const std::string& name, const std::string& peer_class) {
-  auto dir = dtorch::testing::scratch_dir("model-peer-" + name);
+  dtorch::testing::TempDir tmp("model-peer-" + name);
+  const std::string& dir = tmp.path();
   torch::manual_seed(1);
   auto model = make_model(name);
   torch::Tensor x = torch::randn({8, 1, 28, 28});

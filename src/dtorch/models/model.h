@@ -5,15 +5,69 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace dtorch::models {
 
 /// A model: architecture only (no training or communication code). Parameters and buffers
 /// are registered under the names PyTorch's Python module of the same model uses, so state
 /// dicts move between C++ and Python unchanged.
+///
+/// Note [Block hooks]: sharded data parallelism (FSDP, ZeRO-3) keeps each rank's parameters
+/// as shards and must gather a block's full parameters right before the block runs and free
+/// them right after; Python does this with forward pre-hooks and hooks on submodules.
+/// LibTorch modules have no hooks, so a model names its repeating blocks (block_names()) and
+/// runs each of them through run_block(), which calls the hooks installed with
+/// set_block_hooks() around it. The parallel code stays a function applied to the model;
+/// the model only marks where its blocks begin and end.
 class Model : public torch::nn::Module {
  public:
   /// Maps a batch of inputs to a batch of outputs (logits for classifiers).
   virtual torch::Tensor forward(torch::Tensor x) = 0;
+
+  /// Module paths, as named_modules() spells them ("transformer.h.0", "layer1"), of the
+  /// model's repeating blocks, in forward order: the units a sharding wrap policy may gather
+  /// one at a time. Empty: no such blocks.
+  virtual std::vector<std::string> block_names() const { return {}; }
+
+  /// What forward() takes. false: float images B x C x H x W (B x 1 x 28 x 28 for the
+  /// built-in models), output B x classes. true: int64 token ids B x T, output logits
+  /// B x T x vocab (language models).
+  virtual bool takes_tokens() const { return false; }
+  /// For models that take tokens: the longest sequence forward() accepts (a GPT's
+  /// block_size); 0 otherwise.
+  virtual int64_t max_sequence_length() const { return 0; }
+
+  /// Called around each block's forward (see run_block and Note [Block hooks]).
+  struct BlockHooks {
+    /// Runs just before block `block`'s forward; may be empty.
+    std::function<void(const std::string& block)> before;
+    /// Runs just after it with the block's output; returns the tensor the model continues
+    /// with (return `out` to leave it unchanged). May be empty.
+    std::function<torch::Tensor(const std::string& block, torch::Tensor out)> after;
+  };
+  /// Replaces the hooks (an empty BlockHooks removes them). Not thread-safe against a
+  /// concurrent forward.
+  void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
+  const BlockHooks& block_hooks() const { return hooks_; }
+
+ protected:
+  /// Runs f(x) as block `name` with the hooks around it: before(name), out = f(x),
+  /// out = after(name, out). Models run every block listed in block_names() through this,
+  /// and nothing else. When f throws, `after` is not called.
+  template <class F>
+  torch::Tensor run_block(const std::string& name, torch::Tensor x, F&& f) {
+    if (hooks_.before) hooks_.before(name);
+    torch::Tensor out = std::forward<F>(f)(std::move(x));
+    if (hooks_.after) out = hooks_.after(name, std::move(out));
+    return out;
+  }
+
+ private:
+  BlockHooks hooks_;
 };
 
 }  // namespace dtorch::models

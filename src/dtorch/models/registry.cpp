@@ -6,7 +6,10 @@
 #include <map>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/gpt.h"
 #include "dtorch/models/mnist.h"
+#include "dtorch/models/resnet.h"
+#include "dtorch/models/vit.h"
 
 namespace dtorch::models {
 namespace {
@@ -17,6 +20,13 @@ const std::map<std::string, Factory>& table() {
   static const std::map<std::string, Factory> t = {
       {"mnist-cnn", [] { return std::make_shared<MnistCnn>(); }},
       {"mnist-mlp", [] { return std::make_shared<MnistMlp>(); }},
+      {"resnet18", [] { return std::make_shared<ResNet>(ResNetConfig::resnet18()); }},
+      {"resnet50", [] { return std::make_shared<ResNet>(ResNetConfig::resnet50()); }},
+      {"resnet-debug", [] { return std::make_shared<ResNet>(ResNetConfig::debug()); }},
+      {"vit-tiny", [] { return std::make_shared<VisionTransformer>(ViTConfig::tiny()); }},
+      {"vit-debug", [] { return std::make_shared<VisionTransformer>(ViTConfig::debug()); }},
+      {"gpt-small", [] { return std::make_shared<GPT>(GPTConfig::small()); }},
+      {"gpt-debug", [] { return std::make_shared<GPT>(GPTConfig::debug()); }},
   };
   return t;
 }

@@ -1,0 +1,117 @@
+// Reads text files as byte tokens and gathers windows of them into batches. Bytes, not
+// characters: any file is valid input and the vocabulary is fixed at 256.
+#include "dtorch/data/text_dataset.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::data {
+namespace fs = std::filesystem;
+namespace {
+
+std::string fix_hint(bool is_default) {
+  if (is_default) {
+    return str("install the default corpus with `apt-get install fortunes` (it goes to ",
+               kDefaultTextDir, "), or pass the path of a text file or folder of text files");
+  }
+  return "pass the path of a non-empty text file or folder of text files (or none, for the "
+         "default corpus from `apt-get install fortunes`)";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The files a folder contributes, sorted by name so every rank reads the same text.
+std::vector<fs::path> text_files(const fs::path& dir) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    // fortune's strfile writes NAME.dat (binary index); NAME.u8 is a symlink to NAME.
+    if (name.empty() || name[0] == '.' || ends_with(name, ".dat") || ends_with(name, ".u8"))
+      continue;
+    if (entry.is_symlink(ec) || !entry.is_regular_file(ec)) continue;
+    files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+void append_file(const fs::path& path, std::string* bytes, const std::string& hint) {
+  std::ifstream in(path, std::ios::binary);
+  DTORCH_CHECK_T(DataError, in.good(), "cannot read text file ", path.string(), ": ", hint);
+  bytes->append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  DTORCH_CHECK_T(DataError, !in.bad(), "error while reading text file ", path.string());
+}
+
+}  // namespace
+
+TextData load_text(const std::string& spec) {
+  const bool is_default = spec.empty();
+  const fs::path path = is_default ? fs::path(kDefaultTextDir) : fs::path(spec);
+  const std::string hint = fix_hint(is_default);
+  std::error_code ec;
+  DTORCH_CHECK_T(DataError, fs::exists(path, ec), "text corpus ", path.string(),
+                 " does not exist: ", hint);
+  std::string bytes;
+  if (fs::is_directory(path, ec)) {
+    const auto files = text_files(path);
+    DTORCH_CHECK_T(DataError, !files.empty(), "text folder ", path.string(),
+                   " holds no text files (hidden, *.dat and *.u8 files are skipped): ", hint);
+    for (const auto& f : files)
+      append_file(f, &bytes, hint);
+  } else {
+    append_file(path, &bytes, hint);
+  }
+  DTORCH_CHECK_T(DataError, !bytes.empty(), "text corpus ", path.string(), " is empty: ", hint);
+
+  TextData out;
+  out.source = path.string();
+  out.tokens = torch::from_blob(bytes.data(), {int64_t(bytes.size())}, torch::kUInt8)
+                   .to(torch::kLong);  // a copy: `bytes` dies here
+  return out;
+}
+
+TextSplits split_text(const TextData& text, double val_fraction) {
+  DTORCH_CHECK_T(ConfigError, val_fraction >= 0.0 && val_fraction < 1.0, "validation fraction ",
+                 val_fraction, " must be in [0, 1)");
+  const int64_t n = text.size();
+  const int64_t n_val = static_cast<int64_t>(double(n) * val_fraction);
+  TextSplits s;
+  s.train = {text.tokens.slice(0, 0, n - n_val), text.source + " (train)"};
+  s.val = {text.tokens.slice(0, n - n_val, n), text.source + " (validation)"};
+  return s;
+}
+
+int64_t num_windows(const TextData& text, int64_t seq_len) {
+  DTORCH_CHECK_T(ConfigError, seq_len >= 1, "sequence length ", seq_len, " must be at least 1");
+  const int64_t n = text.size();
+  DTORCH_CHECK_T(DataError, n >= seq_len + 1, "text ", text.source, " has ", n,
+                 " tokens, too few for one window of ", seq_len, " inputs and ", seq_len,
+                 " targets (", seq_len + 1,
+                 " tokens): use a longer text or a shorter sequence "
+                 "length");
+  return (n - 1) / seq_len;
+}
+
+TextBatch text_batch(const TextData& text, const std::vector<int64_t>& windows, int64_t seq_len) {
+  const int64_t count = num_windows(text, seq_len);
+  std::vector<torch::Tensor> rows;
+  rows.reserve(windows.size());
+  for (int64_t w : windows) {
+    DTORCH_CHECK_T(DataError, w >= 0 && w < count, "window ", w, " is outside 0..", count - 1,
+                   " of text ", text.source, " at sequence length ", seq_len);
+    rows.push_back(text.tokens.slice(0, w * seq_len, w * seq_len + seq_len + 1));
+  }
+  DTORCH_CHECK_T(DataError, !rows.empty(), "text_batch needs at least one window");
+  torch::Tensor stacked = torch::stack(rows);  // B x (T + 1)
+  return {stacked.slice(1, 0, seq_len).contiguous(), stacked.slice(1, 1, seq_len + 1).contiguous()};
+}
+
+}  // namespace dtorch::data

@@ -1,0 +1,99 @@
+// A decoder-only transformer with nanoGPT's parameter names (transformer.wte, transformer.h.N,
+// ...), the language model the tutorials' FSDP and ZeRO examples train: GPT-2 small and a tiny one.
+#pragma once
+
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtorch/models/model.h"
+
+namespace dtorch::models {
+
+/// Shape of a GPT (nanoGPT's GPTConfig, with bias on and dropout off).
+struct GPTConfig {
+  /// Longest sequence the learned position table covers.
+  int64_t block_size = 1024;
+  /// Token ids are 0..vocab_size-1.
+  int64_t vocab_size = 50304;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  /// Embedding width; must be a multiple of n_head.
+  int64_t n_embd = 768;
+
+  /// GPT-2 small with nanoGPT's vocabulary padded from 50257 to 50304 (a multiple of 64):
+  /// 124,475,904 parameters.
+  static GPTConfig small() { return {}; }
+  /// Byte-level (vocab 256), 32 positions, 2 layers, 2 heads, 32 wide.
+  static GPTConfig debug() { return {32, 256, 2, 2, 32}; }
+};
+
+/// How many parameters a GPT of this shape has (each counted once: the output projection
+/// is the token embedding).
+int64_t gpt_num_parameters(const GPTConfig& config);
+
+/// nanoGPT's CausalSelfAttention: c_attn (dim -> 3 dim), causal softmax attention, c_proj.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  CausalSelfAttentionImpl(int64_t dim, int64_t num_heads);
+  /// x: B x T x dim -> B x T x dim; token t attends to tokens 0..t.
+  torch::Tensor forward(torch::Tensor x);
+
+ private:
+  int64_t num_heads_;
+  torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+/// nanoGPT's Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), mlp = c_fc (4x), GELU, c_proj.
+class GPTBlockImpl : public torch::nn::Module {
+ public:
+  GPTBlockImpl(int64_t dim, int64_t num_heads);
+  torch::Tensor forward(torch::Tensor x);
+
+ private:
+  torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
+  CausalSelfAttention attn_{nullptr};
+  torch::nn::Linear c_fc_{nullptr}, c_proj_{nullptr};
+};
+TORCH_MODULE(GPTBlock);
+
+/// "gpt-debug", "gpt-small": nanoGPT's GPT. Parameters transformer.wte.weight,
+/// transformer.wpe.weight, transformer.h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
+/// mlp.c_proj}.{weight, bias}, transformer.ln_f.{weight, bias}; learned positions, pre-norm,
+/// exact GELU, no dropout.
+///
+/// Note [Tied embedding]: the logits are x @ transformer.wte.weight^T. There is no lm_head
+/// parameter, so every parameter appears exactly once (for sharding, gradient buckets and
+/// optimizer state). Python's nanoGPT ties by assignment (lm_head.weight = wte.weight), so its
+/// state_dict has one extra key, lm_head.weight, aliasing transformer.wte.weight: drop it
+/// when loading Python's state dict here, and add it back (or use strict=False) when loading
+/// ours in Python. nanoGPT without flash attention also has a causal-mask buffer attn.bias
+/// per block; here the mask is built in forward and is not part of the state.
+///
+/// Input int64 token ids B x T (T <= block_size), output logits B x T x vocab_size.
+/// Initialised as nanoGPT: Linear and Embedding weights normal(0, 0.02), biases zero,
+/// LayerNorm 1/0, and each residual projection (attn.c_proj, mlp.c_proj) normal with std
+/// 0.02 / sqrt(2 n_layer).
+class GPT : public Model {
+ public:
+  explicit GPT(const GPTConfig& config);
+  torch::Tensor forward(torch::Tensor idx) override;
+  /// "transformer.h.0", "transformer.h.1", ...
+  std::vector<std::string> block_names() const override;
+  bool takes_tokens() const override { return true; }
+  int64_t max_sequence_length() const override { return config_.block_size; }
+  const GPTConfig& config() const { return config_; }
+
+ private:
+  GPTConfig config_;
+  torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  std::vector<GPTBlock> h_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+};
+
+}  // namespace dtorch::models

@@ -1,0 +1,99 @@
+// ResNet code: torchvision's blocks and stage layout, the small-image stem, torchvision's
+// initialisation. Every stage runs through run_block so sharding code can gather it alone.
+#include "dtorch/models/resnet.h"
+
+#include <torch/nn/init.h>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::models {
+namespace nn = torch::nn;
+
+namespace {
+
+nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) {
+  return nn::Conv2d(
+      nn::Conv2dOptions(in, out, kernel).stride(stride).padding(kernel / 2).bias(false));
+}
+
+}  // namespace
+
+ResidualBlockImpl::ResidualBlockImpl(bool bottleneck, int64_t in_planes, int64_t planes,
+                                     int64_t stride) {
+  const int64_t out_planes = planes * expansion(bottleneck);
+  if (bottleneck) {
+    conv1_ = register_module("conv1", conv(in_planes, planes, 1, 1));
+    bn1_ = register_module("bn1", nn::BatchNorm2d(planes));
+    conv2_ = register_module("conv2", conv(planes, planes, 3, stride));
+    bn2_ = register_module("bn2", nn::BatchNorm2d(planes));
+    conv3_ = register_module("conv3", conv(planes, out_planes, 1, 1));
+    bn3_ = register_module("bn3", nn::BatchNorm2d(out_planes));
+  } else {
+    conv1_ = register_module("conv1", conv(in_planes, planes, 3, stride));
+    bn1_ = register_module("bn1", nn::BatchNorm2d(planes));
+    conv2_ = register_module("conv2", conv(planes, planes, 3, 1));
+    bn2_ = register_module("bn2", nn::BatchNorm2d(planes));
+  }
+  if (stride != 1 || in_planes != out_planes) {
+    downsample_ = register_module(
+        "downsample",
+        nn::Sequential(conv(in_planes, out_planes, 1, stride), nn::BatchNorm2d(out_planes)));
+  }
+}
+
+torch::Tensor ResidualBlockImpl::forward(torch::Tensor x) {
+  torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
+  torch::Tensor out = torch::relu(bn1_->forward(conv1_->forward(x)));
+  out = bn2_->forward(conv2_->forward(out));
+  if (conv3_) out = bn3_->forward(conv3_->forward(torch::relu(out)));
+  return torch::relu(out + identity);
+}
+
+ResNet::ResNet(const ResNetConfig& config) : config_(config) {
+  DTORCH_CHECK_T(ConfigError, !config.blocks.empty() && config.width > 0,
+                 "ResNet needs at least one stage and a positive width");
+  conv1_ = register_module("conv1", conv(config.in_channels, config.width, 3, 1));
+  bn1_ = register_module("bn1", nn::BatchNorm2d(config.width));
+  int64_t in_planes = config.width;
+  for (size_t s = 0; s < config.blocks.size(); ++s) {
+    DTORCH_CHECK_T(ConfigError, config.blocks[s] > 0, "ResNet stage ", s + 1, " has no blocks");
+    const int64_t planes = config.width << s;
+    nn::Sequential stage;
+    for (int64_t b = 0; b < config.blocks[s]; ++b) {
+      const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+      stage->push_back(ResidualBlock(config.bottleneck, in_planes, planes, stride));
+      in_planes = planes * ResidualBlockImpl::expansion(config.bottleneck);
+    }
+    stages_.push_back(register_module("layer" + std::to_string(s + 1), stage));
+  }
+  fc_ = register_module("fc", nn::Linear(in_planes, config.num_classes));
+
+  // torchvision's ResNet.__init__ initialisation; fc keeps Linear's default.
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* c = m->as<nn::Conv2d>()) {
+      nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
+    } else if (auto* bn = m->as<nn::BatchNorm2d>()) {
+      nn::init::ones_(bn->weight);
+      nn::init::zeros_(bn->bias);
+    }
+  }
+}
+
+torch::Tensor ResNet::forward(torch::Tensor x) {
+  x = torch::relu(bn1_->forward(conv1_->forward(x)));
+  const auto names = block_names();
+  for (size_t s = 0; s < stages_.size(); ++s)
+    x = run_block(names[s], x, [&](torch::Tensor t) { return stages_[s]->forward(t); });
+  x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+  return fc_->forward(x);
+}
+
+std::vector<std::string> ResNet::block_names() const {
+  std::vector<std::string> names;
+  for (size_t s = 0; s < config_.blocks.size(); ++s)
+    names.push_back("layer" + std::to_string(s + 1));
+  return names;
+}
+
+}  // namespace dtorch::models

@@ -1,0 +1,115 @@
+// ViT code: torchvision's module tree rebuilt from plain modules (LibTorch's own
+// MultiheadAttention is sequence-first only), so names and numerics match vit_b_16's class.
+#include "dtorch/models/vit.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::models {
+namespace nn = torch::nn;
+
+SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t num_heads) : num_heads_(num_heads) {
+  // nn.MultiheadAttention._reset_parameters: xavier-uniform in_proj, zero biases.
+  in_proj_weight_ = register_parameter("in_proj_weight", torch::empty({3 * dim, dim}));
+  in_proj_bias_ = register_parameter("in_proj_bias", torch::zeros({3 * dim}));
+  out_proj_ = register_module("out_proj", nn::Linear(dim, dim));
+  torch::NoGradGuard no_grad;
+  nn::init::xavier_uniform_(in_proj_weight_);
+  nn::init::zeros_(out_proj_->bias);
+}
+
+torch::Tensor SelfAttentionImpl::forward(torch::Tensor x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / num_heads_;
+  auto qkv = torch::linear(x, in_proj_weight_, in_proj_bias_).chunk(3, /*dim=*/-1);
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({B, T, num_heads_, hs}).transpose(1, 2);
+  };
+  torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  torch::Tensor att =
+      torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hs)), -1);
+  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+  return out_proj_->forward(y);
+}
+
+EncoderBlockImpl::EncoderBlockImpl(int64_t dim, int64_t num_heads, int64_t mlp_dim) {
+  ln_1_ = register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
+  self_attention_ = register_module("self_attention", SelfAttention(dim, num_heads));
+  ln_2_ = register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
+  // A module named "mlp" whose children are "0" and "3", the indices of the two Linears in
+  // torchvision's MLPBlock (Linear, GELU, Dropout, Linear, Dropout).
+  auto mlp = register_module("mlp", std::make_shared<nn::Module>());
+  fc1_ = mlp->register_module("0", nn::Linear(dim, mlp_dim));
+  fc2_ = mlp->register_module("3", nn::Linear(mlp_dim, dim));
+  // torchvision's MLPBlock: xavier-uniform weights, biases normal(std=1e-6).
+  torch::NoGradGuard no_grad;
+  for (auto& fc : {fc1_, fc2_}) {
+    nn::init::xavier_uniform_(fc->weight);
+    nn::init::normal_(fc->bias, 0.0, 1e-6);
+  }
+}
+
+torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
+  x = x + self_attention_->forward(ln_1_->forward(x));
+  torch::Tensor h = fc2_->forward(torch::gelu(fc1_->forward(ln_2_->forward(x))));
+  return x + h;
+}
+
+VisionTransformer::VisionTransformer(const ViTConfig& c) : config_(c) {
+  DTORCH_CHECK_T(ConfigError, c.patch_size > 0 && c.image_size % c.patch_size == 0,
+                 "ViT patch size ", c.patch_size, " must divide the image size ", c.image_size);
+  DTORCH_CHECK_T(ConfigError, c.num_heads > 0 && c.hidden_dim % c.num_heads == 0, "ViT hidden_dim ",
+                 c.hidden_dim, " must be a multiple of num_heads ", c.num_heads);
+  const int64_t patches = (c.image_size / c.patch_size) * (c.image_size / c.patch_size);
+  class_token_ = register_parameter("class_token", torch::zeros({1, 1, c.hidden_dim}));
+  conv_proj_ = register_module(
+      "conv_proj",
+      nn::Conv2d(
+          nn::Conv2dOptions(c.in_channels, c.hidden_dim, c.patch_size).stride(c.patch_size)));
+  auto encoder = register_module("encoder", std::make_shared<nn::Module>());
+  pos_embedding_ =
+      encoder->register_parameter("pos_embedding", torch::empty({1, patches + 1, c.hidden_dim}));
+  auto layers = encoder->register_module("layers", std::make_shared<nn::Module>());
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    layers_.push_back(layers->register_module("encoder_layer_" + std::to_string(i),
+                                              EncoderBlock(c.hidden_dim, c.num_heads, c.mlp_dim)));
+  }
+  ln_ =
+      encoder->register_module("ln", nn::LayerNorm(nn::LayerNormOptions({c.hidden_dim}).eps(1e-6)));
+  auto heads = register_module("heads", std::make_shared<nn::Module>());
+  head_ = heads->register_module("head", nn::Linear(c.hidden_dim, c.num_classes));
+
+  // torchvision's VisionTransformer.__init__: patch embedding normal with std
+  // sqrt(1 / fan_in) truncated at +-2 (absolute, so many standard deviations out: LibTorch
+  // 1.13 has no trunc_normal_, and clamping only matters beyond them), zero conv bias,
+  // normal(0.02) positions, zero class token.
+  torch::NoGradGuard no_grad;
+  const double fan_in = double(c.in_channels * c.patch_size * c.patch_size);
+  nn::init::normal_(conv_proj_->weight, 0.0, std::sqrt(1.0 / fan_in)).clamp_(-2.0, 2.0);
+  nn::init::zeros_(conv_proj_->bias);
+  nn::init::normal_(pos_embedding_, 0.0, 0.02);
+}
+
+torch::Tensor VisionTransformer::forward(torch::Tensor x) {
+  const int64_t B = x.size(0);
+  // B x C x H x W -> B x hidden x h x w -> B x (h w) x hidden, patches in row-major order.
+  x = conv_proj_->forward(x).flatten(2).transpose(1, 2);
+  x = torch::cat({class_token_.expand({B, -1, -1}), x}, 1) + pos_embedding_;
+  const auto names = block_names();
+  for (size_t i = 0; i < layers_.size(); ++i)
+    x = run_block(names[i], x, [&](torch::Tensor t) { return layers_[i]->forward(t); });
+  x = ln_->forward(x);
+  return head_->forward(x.select(1, 0));
+}
+
+std::vector<std::string> VisionTransformer::block_names() const {
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < config_.num_layers; ++i)
+    names.push_back("encoder.layers.encoder_layer_" + std::to_string(i));
+  return names;
+}
+
+}  // namespace dtorch::models

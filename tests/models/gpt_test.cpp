@@ -1,0 +1,186 @@
+// Tests for the GPT: nanoGPT's names, GPT-2 small's parameter count and initialisation,
+// causality, and logits equal to a nanoGPT-equivalent PyTorch model loaded with our weights.
+#include "dtorch/models/gpt.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "dtorch/core/error.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/train/state_dict.h"
+#include "models/interop.h"
+#include "models/python_peer.h"
+#include "support/workers.h"
+
+namespace dtorch::models {
+namespace {
+
+TEST(ModelGPT, DebugNamesShapesAndBlocks) {
+  auto m = make_model("gpt-debug");
+  std::vector<std::string> names;
+  std::map<std::string, std::vector<int64_t>> s;
+  for (const auto& [name, t] : train::state_dict(*m)) {
+    names.push_back(name);
+    s[name] = t.sizes().vec();
+  }
+  const std::vector<std::string> block = {
+      "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+      "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+      "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+  std::vector<std::string> expected = {"transformer.wte.weight", "transformer.wpe.weight"};
+  for (int i = 0; i < 2; ++i)
+    for (const auto& n : block)
+      expected.push_back("transformer.h." + std::to_string(i) + "." + n);
+  expected.push_back("transformer.ln_f.weight");
+  expected.push_back("transformer.ln_f.bias");
+  EXPECT_EQ(names, expected) << "nanoGPT's names, no lm_head, no mask buffer";
+  EXPECT_EQ(s.at("transformer.wte.weight"), (std::vector<int64_t>{256, 32}));
+  EXPECT_EQ(s.at("transformer.wpe.weight"), (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(s.at("transformer.h.1.attn.c_attn.weight"), (std::vector<int64_t>{96, 32}));
+  EXPECT_EQ(s.at("transformer.h.1.mlp.c_proj.weight"), (std::vector<int64_t>{32, 128}));
+  EXPECT_EQ(m->block_names(), (std::vector<std::string>{"transformer.h.0", "transformer.h.1"}));
+  EXPECT_TRUE(m->takes_tokens());
+
+  int64_t n = 0;
+  for (const auto& p : m->parameters())
+    n += p.numel();
+  EXPECT_EQ(n, gpt_num_parameters(GPTConfig::debug()));
+  EXPECT_EQ(m->forward(torch::randint(0, 256, {3, 32}, torch::kLong)).sizes(),
+            (std::vector<int64_t>{3, 32, 256}));
+}
+
+TEST(ModelGPT, RejectsBadInput) {
+  auto m = make_model("gpt-debug");
+  EXPECT_THROW(m->forward(torch::zeros({2, 33}, torch::kLong)), ConfigError);
+  EXPECT_THROW(m->forward(torch::zeros({2, 8})), ConfigError);
+}
+
+// Constructs GPT-2 small (no forward): nanoGPT's 124M parameters and initialisation.
+TEST(ModelGPT, SmallHasGpt2SmallsParametersAndNanoGptInit) {
+  torch::manual_seed(0);
+  auto m = make_model("gpt-small");
+  int64_t n = 0;
+  for (const auto& p : m->parameters())
+    n += p.numel();
+  // nanoGPT prints 123.69M: it leaves out the 786,432 position weights.
+  EXPECT_EQ(n, 124475904);
+  EXPECT_EQ(gpt_num_parameters(GPTConfig::small()), 124475904);
+  auto p = m->named_parameters();
+  auto std_of = [&](const std::string& k) { return p[k].std().item<double>(); };
+  EXPECT_NEAR(std_of("transformer.wte.weight"), 0.02, 0.0005);
+  EXPECT_NEAR(std_of("transformer.h.3.attn.c_attn.weight"), 0.02, 0.0005);
+  EXPECT_NEAR(std_of("transformer.h.3.mlp.c_fc.weight"), 0.02, 0.0005);
+  const double proj = 0.02 / std::sqrt(24.0);
+  EXPECT_NEAR(std_of("transformer.h.3.attn.c_proj.weight"), proj, proj * 0.02);
+  EXPECT_NEAR(std_of("transformer.h.11.mlp.c_proj.weight"), proj, proj * 0.02);
+  EXPECT_EQ(p["transformer.h.0.mlp.c_fc.bias"].abs().max().item<double>(), 0.0);
+  EXPECT_EQ(p["transformer.ln_f.weight"].min().item<double>(), 1.0);
+  EXPECT_EQ(p["transformer.ln_f.bias"].abs().max().item<double>(), 0.0);
+}
+
+TEST(ModelGPT, LogitsDependOnlyOnEarlierTokens) {
+  torch::manual_seed(1);
+  auto m = make_model("gpt-debug");
+  torch::NoGradGuard no_grad;
+  torch::Tensor a = torch::randint(0, 256, {2, 20}, torch::kLong);
+  torch::Tensor b = a.clone();
+  b.slice(1, 12, 20).random_(0, 256);
+  torch::Tensor la = m->forward(a), lb = m->forward(b);
+  EXPECT_TRUE(torch::allclose(la.slice(1, 0, 12), lb.slice(1, 0, 12)));
+  EXPECT_FALSE(torch::allclose(la.slice(1, 12, 20), lb.slice(1, 12, 20)));
+}
+
+TEST(ModelGPTPeer, DebugMatchesNanoGpt) {
+  DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/false);
+  dtorch::testing::TempDir tmp("gpt-peer");
+  const std::string& dir = tmp.path();
+  torch::manual_seed(7);
+  auto model = make_model("gpt-debug");
+  dtorch::testing::perturb_constant_tensors(*model);
+  train::save_state_dict(*model, dir + "/weights.pt");
+  torch::Tensor x = torch::randint(0, 256, {3, 32}, torch::kLong);
+  torch::Tensor y = model->forward(x).detach();
+  dtorch::testing::save_tensors(dir + "/io.pt", {{"x", x}, {"y", y}});
+  // nanoGPT's model.py (bias on, dropout 0, no flash attention), trimmed to the forward pass.
+  auto r = dtorch::testing::python_json(dir, R"PY(
+import math
+import torch.nn as nn
+import torch.nn.functional as F
+V, BS, L, H, C = 256, 32, 2, 2, 32
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.register_buffer("bias", torch.tril(torch.ones(BS, BS)).view(1, 1, BS, BS),
+                             persistent=False)
+    def forward(self, x):
+        B, T, _ = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, H, C // H).transpose(1, 2)
+        q = q.view(B, T, H, C // H).transpose(1, 2)
+        v = v.view(B, T, H, C // H).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * C, C)
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(C)
+        self.attn = CausalSelfAttention()
+        self.ln_2 = nn.LayerNorm(C)
+        self.mlp = MLP()
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(V, C), wpe=nn.Embedding(BS, C),
+            h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+    def forward(self, idx):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+net = GPT()
+ours = torch.load("weights.pt")
+theirs = net.state_dict()
+names_differ = sorted(set(theirs) ^ set(ours))
+ours["lm_head.weight"] = ours["transformer.wte.weight"]  # nanoGPT's alias of the tied weight
+net.load_state_dict(ours, strict=True)
+io = torch.load("io.pt")
+with torch.no_grad():
+    diff = (net(io["x"]) - io["y"]).abs().max().item()
+print(json.dumps({"names_differ": names_differ, "max_abs_diff": diff,
+                  "scale": io["y"].abs().max().item()}))
+)PY");
+  ASSERT_FALSE(r.is_null());
+  EXPECT_EQ(r["names_differ"], nlohmann::json::array({"lm_head.weight"})) << r.dump();
+  EXPECT_GT(r["scale"].get<double>(), 0.01) << r.dump();
+  EXPECT_LE(r["max_abs_diff"].get<double>(), 1e-5) << r.dump();
+}
+
+}  // namespace
+}  // namespace dtorch::models

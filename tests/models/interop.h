@@ -1,0 +1,43 @@
+// Test helpers for comparing a dtorch model with an equivalent PyTorch model: write tensors
+// torch.load reads, randomise constant initial values, and read Python's JSON verdict.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dtorch::testing {
+
+/// A fresh scratch directory (support/workers.h scratch_dir) removed with everything in it
+/// when this goes out of scope: model weights files run to ~100 MB.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+/// Writes name -> tensor as a pickled dict (torch.load gives a dict).
+void save_tensors(const std::string& path,
+                  const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+
+/// Adds noise (std 0.1) to every floating parameter and buffer whose elements are all equal
+/// (zero biases, LayerNorm and BatchNorm affine terms and statistics, class tokens), so a
+/// forward comparison depends on each of them. Call it before saving the state dict.
+void perturb_constant_tensors(torch::nn::Module& module);
+
+/// Runs `code` with run_python from `dir`; returns the JSON object of the last line that
+/// starts with '{', or null after a failed test assertion showing the output.
+nlohmann::json python_json(const std::string& dir, const std::string& code,
+                           const std::vector<std::string>& args = {});
+
+}  // namespace dtorch::testing
