@@ -3,48 +3,21 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <map>
 #include <string>
 
 #include "dtorch/core/error.h"
 #include "dtorch/launch/rank_info.h"
+#include "launch/scoped_env.h"
 
 namespace dtorch::launch {
 namespace {
 
-const char* const kVars[] = {"RANK",
-                             "LOCAL_RANK",
-                             "WORLD_SIZE",
-                             "LOCAL_WORLD_SIZE",
-                             "GROUP_RANK",
-                             "MASTER_ADDR",
-                             "MASTER_PORT",
-                             "TORCHELASTIC_RESTART_COUNT",
-                             "TORCHELASTIC_USE_AGENT_STORE"};
-
-// Clears torchrun's variables for one test and puts the originals back afterwards, so a test
-// run under `dtorch launch` or torchrun itself still passes.
+// Each test starts from an environment without any launcher's variables and gets the original
+// back afterwards, so a test run under `dtorch launch`, torchrun, srun or mpirun still passes.
 class RankInfoEnv : public ::testing::Test {
  protected:
-  void SetUp() override {
-    for (const char* v : kVars) {
-      const char* old = std::getenv(v);
-      if (old) saved_[v] = old;
-      ::unsetenv(v);
-    }
-  }
-  void TearDown() override {
-    for (const char* v : kVars) {
-      auto it = saved_.find(v);
-      if (it == saved_.end()) {
-        ::unsetenv(v);
-      } else {
-        ::setenv(v, it->second.c_str(), 1);
-      }
-    }
-  }
   static void set(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
-  std::map<std::string, std::string> saved_;
+  dtorch::testing::ScopedEnv env_;
 };
 
 std::string config_error_of(void (*fn)()) {

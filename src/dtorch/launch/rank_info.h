@@ -1,5 +1,5 @@
 // Where this process sits in the job: its rank, its node, and where the rendezvous is.
-// Read from torchrun's environment (which `dtorch launch` also sets); world size 1 needs none.
+// Read from whichever launcher started it (torchrun, `dtorch launch`, mpirun, srun, PBS).
 #pragma once
 
 #include <string>
@@ -22,9 +22,11 @@ struct RankInfo {
   bool launcher_hosts_store = false;
 };
 
-/// Reads torchrun's variables. With none set: a single process (world size 1). A partial or
-/// inconsistent set (RANK without WORLD_SIZE, RANK >= WORLD_SIZE, ...) is a ConfigError that
-/// names the variables.
+/// Reads the launch environment: torchrun's variables, else Open MPI's, Cray PALS's, PMI's or
+/// Slurm's, with the master address from MASTER_ADDR or the job's first host (see Note [Launch
+/// environment precedence] in detect.h). With none set: a single process (world size 1). A
+/// partial, inconsistent or conflicting set (RANK without WORLD_SIZE, RANK >= WORLD_SIZE,
+/// RANK=1 next to SLURM_PROCID=3, ...) is a ConfigError that names the variables.
 RankInfo rank_info_from_env();
 
 }  // namespace dtorch::launch

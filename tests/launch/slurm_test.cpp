@@ -1,0 +1,154 @@
+// dtorch under a real Slurm (a private slurmctld + slurmd on 127.0.0.1): srun starting the
+// ranks, the example job scripts submitted with sbatch, and a classic job-script mistake.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch/scoped_env.h"
+#include "launch/slurm_cluster.h"
+#include "support/command.h"
+#include "support/workers.h"
+
+namespace dtorch {
+namespace {
+
+using testing::contains;
+using testing::SlurmCluster;
+using Clock = std::chrono::steady_clock;
+
+// A tiny run: enough to start every rank, train one epoch and write metrics.jsonl.
+const std::vector<std::string> kTinyTrain = {"--train-samples", "512", "--test-samples", "256",
+                                             "--epochs",        "1",   "--progress",     "lines"};
+
+size_t metric_lines(const std::string& out) {
+  std::istringstream in(testing::read_file(out + "/metrics.jsonl"));
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);)
+    n += line.find("\"test_accuracy\"") != std::string::npos;
+  return n;
+}
+
+class SlurmJobs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why = SlurmCluster::unavailable();
+    if (!why.empty()) GTEST_SKIP() << why;
+    cluster_ = std::make_unique<SlurmCluster>();
+    std::string error;
+    ASSERT_TRUE(cluster_->wait_ready(30, &error)) << error;
+  }
+  void TearDown() override { cluster_.reset(); }  // cancels jobs, stops the daemons
+
+  // Submits a job script from examples/slurm and waits for it to end; the flags fit the one
+  // test node (the scripts ask for a real cluster's nodes, CPUs and memory). Returns the job's
+  // final JobState and ExitCode as scontrol shows them ("COMPLETED 0:0").
+  std::string sbatch(const std::string& script, const std::vector<std::string>& flags,
+                     const std::string& out, std::vector<std::string> env = {}) {
+    std::vector<std::string> argv = {"sbatch",   "--parsable", "--nodes=1",
+                                     "--time=5", "--mem=100M", "--output=" + out + "/job.out"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.push_back(std::string(DTORCH_SOURCE_DIR) + "/examples/slurm/" + script);
+    argv.insert(argv.end(), kTinyTrain.begin(), kTinyTrain.end());
+    env.push_back(std::string("DTORCH=") + DTORCH_CLI);
+    env.push_back("OUT=" + out + "/run");
+    auto r = cluster_->run("sbatch", argv, 30, env);
+    if (r.exit_code() != 0) return "sbatch failed: " + r.err;
+    std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
+    // sbatch --wait polls slowly (tens of seconds); scontrol answers at once.
+    auto deadline = Clock::now() + std::chrono::seconds(90);
+    std::smatch m;
+    while (Clock::now() < deadline) {
+      std::string job = cluster_->run("scontrol", {"scontrol", "show", "job", "-o", id}, 10).out;
+      static const std::regex state("JobState=(\\w+).* ExitCode=(\\d+:\\d+)");
+      if (std::regex_search(job, m, state) &&
+          !std::regex_match(m[1].str(), std::regex("PENDING|RUNNING|CONFIGURING|COMPLETING"))) {
+        return m[1].str() + " " + m[2].str();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    return "job " + id + " did not end within 90 s";
+  }
+
+  testing::ScopedEnv env_;  // no launcher variables of an outer job leak into this cluster's
+  std::unique_ptr<SlurmCluster> cluster_;
+};
+
+TEST_F(SlurmJobs, SrunStartsOneRankPerTask) {
+  std::string out = testing::scratch_dir("slurm_srun") + "/run";
+  std::vector<std::string> argv = {"srun",
+                                   "--ntasks=2",
+                                   "--cpus-per-task=1",
+                                   "--time=5",
+                                   "--kill-on-bad-exit=1",
+                                   DTORCH_CLI,
+                                   "train",
+                                   "--out",
+                                   out};
+  argv.insert(argv.end(), kTinyTrain.begin(), kTinyTrain.end());
+  auto r = cluster_->run("srun", argv, 60, {"DTORCH_LOG_LEVEL=debug"});
+  ASSERT_EQ(r.exit_code(), 0) << r.out << r.err << cluster_->logs();
+  EXPECT_TRUE(contains(r.err, "2 rank(s)")) << r.err;
+  // Both ranks found themselves through Slurm, rendezvous port derived from the job id.
+  EXPECT_TRUE(contains(r.err, "launch environment: Slurm (SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=2)"))
+      << r.err;
+  EXPECT_TRUE(contains(
+      r.err, "master 127.0.0.1:" + std::to_string(20000 + cluster_->first_job_id() % 10000)))
+      << r.err;
+  EXPECT_EQ(metric_lines(out), 1u);
+}
+
+TEST_F(SlurmJobs, SbatchOneTaskPerRank) {
+  std::string out = testing::scratch_dir("slurm_sbatch_per_rank");
+  std::string end =
+      sbatch("train_per_rank.sbatch", {"--ntasks-per-node=2", "--cpus-per-task=1"}, out);
+  std::string log = testing::read_file(out + "/job.out");
+  ASSERT_EQ(end, "COMPLETED 0:0") << log << cluster_->logs();
+  EXPECT_TRUE(contains(log, "2 ranks on 1 node(s)")) << log;
+  EXPECT_TRUE(contains(log, "2 rank(s)")) << log;
+  EXPECT_EQ(metric_lines(out + "/run"), 1u) << log;
+}
+
+TEST_F(SlurmJobs, SbatchOneLauncherPerNode) {
+  std::string out = testing::scratch_dir("slurm_sbatch_launch");
+  std::string end = sbatch("train_launch.sbatch", {"--ntasks-per-node=1", "--cpus-per-task=2"}, out,
+                           {"NPROC_PER_NODE=2"});
+  std::string log = testing::read_file(out + "/job.out");
+  ASSERT_EQ(end, "COMPLETED 0:0") << log << cluster_->logs();
+  // The launcher took its node from the job (one node: loopback and a free port).
+  EXPECT_TRUE(contains(log, "nodes from Slurm (SLURM_PROCID=0, SLURM_STEP_NUM_TASKS=1)")) << log;
+  EXPECT_TRUE(contains(log, "[n0 r0]")) << log;
+  EXPECT_TRUE(contains(log, "2 rank(s)")) << log;
+  EXPECT_EQ(metric_lines(out + "/run"), 1u) << log;
+}
+
+// `export RANK=$SLURM_PROCID` in the job script runs once, so every task gets RANK=0: the rank
+// that Slurm calls 1 must stop with the reason instead of joining as a second rank 0.
+TEST_F(SlurmJobs, RankExportedInTheJobScriptFailsClearly) {
+  std::string out = testing::scratch_dir("slurm_rank_exported") + "/run";
+  std::vector<std::string> argv = {"srun",
+                                   "--ntasks=2",
+                                   "--cpus-per-task=1",
+                                   "--time=5",
+                                   "--kill-on-bad-exit=1",
+                                   DTORCH_CLI,
+                                   "train",
+                                   "--out",
+                                   out};
+  argv.insert(argv.end(), kTinyTrain.begin(), kTinyTrain.end());
+  auto r = cluster_->run(
+      "srun_bad", argv, 60,
+      {"RANK=0", "WORLD_SIZE=2", "MASTER_PORT=" + std::to_string(testing::free_port())});
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "RANK=0 but SLURM_PROCID=1")) << r.out << r.err;
+  EXPECT_LT(r.seconds, 50);
+}
+
+}  // namespace
+}  // namespace dtorch
