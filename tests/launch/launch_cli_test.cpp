@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtorch/launch/node_rendezvous.h"
 #include "support/command.h"
 #include "support/workers.h"
 
@@ -230,20 +231,25 @@ TEST(LaunchCli, BadFlagsAreConfigErrors) {
   EXPECT_TRUE(contains(r.err, "no program to run")) << r.err;
 }
 
-TEST(LaunchCli, SecondNodeGetsItsRanksAndDoesNotServe) {
-  // Node 1 alone: its launcher must not serve the store (node 0's does), so nothing listens on
-  // the port, and its workers are global ranks 2 and 3.
+TEST(LaunchCli, SecondNodeGetsItsRanksAndTheHostInItsPrefix) {
+  // Two launchers as on two hosts: node 1's workers are global ranks 2 and 3, and on a job of
+  // several nodes each line names its host. (That node 1 does not serve the store itself is in
+  // launch_faults_test.cpp: alone, it finds nobody at the master.)
   int port = free_port();
-  auto r = run_cli("cli-node1",
-                   {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr",
-                    "127.0.0.1", "--master-port", std::to_string(port), "--", "bash", "-c",
-                    "echo rank=$RANK local=$LOCAL_RANK group=$GROUP_RANK ws=$WORLD_SIZE; "
-                    "if (exec 3<>/dev/tcp/$MASTER_ADDR/$MASTER_PORT) 2>/dev/null; then "
-                    "echo served; fi"});
+  std::vector<Cli> nodes;
+  for (int node = 0; node < 2; ++node) {
+    nodes.push_back(
+        start_cli(testing::scratch_dir("cli-node" + std::to_string(node)),
+                  {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+                   "--master-addr", "127.0.0.1", "--master-port", std::to_string(port), "--", "sh",
+                   "-c", "echo rank=$RANK local=$LOCAL_RANK group=$GROUP_RANK ws=$WORLD_SIZE"}));
+  }
+  finish_cli(nodes[0]);
+  CliResult r = finish_cli(nodes[1]);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "[n1 r2] rank=2 local=0 group=1 ws=4")) << r.out;
-  EXPECT_TRUE(contains(r.out, "[n1 r3] rank=3 local=1 group=1 ws=4")) << r.out;
-  EXPECT_FALSE(contains(r.out, "served")) << r.out;
+  std::string host = short_hostname();
+  EXPECT_TRUE(contains(r.out, "[" + host + " n1 r2] rank=2 local=0 group=1 ws=4")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[" + host + " n1 r3] rank=3 local=1 group=1 ws=4")) << r.out;
 }
 
 TEST(LaunchCli, TwoNodesMeetAtTheStoreOfNodeZero) {

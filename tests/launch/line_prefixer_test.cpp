@@ -20,6 +20,7 @@ std::string feed_all(LinePrefixer& p, const std::vector<std::string>& chunks) {
 TEST(LinePrefixer, RankPrefixFormat) {
   EXPECT_EQ(rank_prefix(0, 1), "[n0 r1] ");
   EXPECT_EQ(rank_prefix(3, 25), "[n3 r25] ");
+  EXPECT_EQ(rank_prefix(1, 3, "gpu17"), "[gpu17 n1 r3] ");
 }
 
 TEST(LinePrefixer, PrefixesEachNewlineLine) {

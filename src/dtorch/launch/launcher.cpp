@@ -3,6 +3,7 @@
 // the group down (then restarts it or fails, naming the rank) as soon as one worker fails.
 #include "dtorch/launch/launcher.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <random>
@@ -26,6 +28,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/launch/line_prefixer.h"
+#include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/launch/process.h"
 #include "dtorch/launch/signals.h"
 
@@ -146,6 +149,52 @@ class Console {
   int cr_owner_[2] = {kNone, kNone};
 };
 
+// Note [Log files]
+// torchrun's --log-dir writes LOG_DIR/<run id>_<random>/attempt_<n>/<local rank>/stdout.log and
+// stderr.log, and only for the streams named by --redirects or --tee. dtorch writes one file per
+// global rank, LOG_DIR/rank<rank>.log: both streams, unprefixed, whole lines in the order they
+// arrived, with each restart and the launcher's verdict on a failed rank written into it. The
+// name alone says whose output it is, also in a folder that all nodes share, and no second flag
+// is needed. The console keeps the prefixed stream of the ranks --show-ranks selects.
+class RankLogs {
+ public:
+  explicit RankLogs(const LaunchOptions& o) {
+    if (o.log_dir.empty()) return;
+    std::error_code ec;
+    std::filesystem::create_directories(o.log_dir, ec);
+    DTORCH_CHECK_T(ConfigError, !ec, "cannot create --log-dir ", o.log_dir, ": ", ec.message());
+    for (int lr = 0; lr < o.nproc_per_node; ++lr) {
+      std::string path = str(o.log_dir, "/rank", o.node_rank * o.nproc_per_node + lr, ".log");
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        int e = errno;
+        close_all();
+        DTORCH_FAIL(ConfigError, "cannot write the log file ", path,
+                    " (--log-dir): ", std::strerror(e));
+      }
+      fds_.push_back(fd);
+    }
+  }
+  ~RankLogs() { close_all(); }
+  RankLogs(const RankLogs&) = delete;
+  RankLogs& operator=(const RankLogs&) = delete;
+
+  /// The file of local rank `lr`, or -1 without --log-dir.
+  int fd(int lr) const { return fds_.empty() ? -1 : fds_[static_cast<std::size_t>(lr)]; }
+
+  void write(int lr, const std::string& text) const {
+    if (fd(lr) >= 0) write_all(fd(lr), text.data(), text.size());
+  }
+
+ private:
+  void close_all() {
+    for (int fd : fds_)
+      ::close(fd);
+    fds_.clear();
+  }
+  std::vector<int> fds_;
+};
+
 // Everything that is the same for every attempt.
 struct Plan {
   const LaunchOptions& opts;
@@ -155,6 +204,8 @@ struct Plan {
   int world_size = 0;
   std::string run_id;
   std::map<std::string, std::string> env;  // launcher env + opts.env (+ OMP_NUM_THREADS)
+  std::string host;  // in the line prefix of jobs on several nodes; empty on one node
+  const RankLogs* logs = nullptr;
 };
 
 std::vector<std::string> worker_env(const Plan& plan, int local_rank, int attempt) {
@@ -201,6 +252,9 @@ struct Worker {
   int status = 0;
   LinePrefixer out{""};
   LinePrefixer err{""};
+  // Note [Log files]: the same streams, unprefixed, for this rank's file.
+  LinePrefixer log_out{""};
+  LinePrefixer log_err{""};
   std::string hidden_err_tail;
 };
 
@@ -254,9 +308,13 @@ class Attempt {
       w.local_rank = lr;
       w.rank = o.node_rank * o.nproc_per_node + lr;
       w.shown = shown.empty() || std::find(shown.begin(), shown.end(), w.rank) != shown.end();
-      std::string prefix = rank_prefix(o.node_rank, w.rank);
+      std::string prefix = rank_prefix(o.node_rank, w.rank, plan_.host);
       w.out = LinePrefixer(prefix);
       w.err = LinePrefixer(prefix);
+      if (attempt_ > 0) {
+        plan_.logs->write(lr, str("dtorch launch: restart ", attempt_, " of ", o.max_restarts,
+                                  " (TORCHELASTIC_RESTART_COUNT=", attempt_, ")\n"));
+      }
       // A SpawnError leaves through the destructor, which stops the workers already started.
       w.child = spawn(SpawnRequest{plan_.program_path, o.command, worker_env(plan_, lr, attempt_)});
       w.running = true;
@@ -289,6 +347,15 @@ class Attempt {
       tear_down(SIGTERM);
     }
     if (kill_at_ && now >= *kill_at_) {
+      // A stopped (SIGSTOP) or hung worker ignores SIGTERM; say who needed the hard way.
+      std::string left;
+      for (const Worker& w : workers_)
+        if (w.running) left += str(left.empty() ? "" : ", ", w.rank);
+      if (!left.empty()) {
+        console_.message(str("dtorch launch: rank(s) ", left, " still running ",
+                             plan_.opts.grace_seconds, " s after SIGTERM (--grace-period); ",
+                             "sending SIGKILL"));
+      }
       kill_running(SIGKILL);
       kill_at_.reset();
     }
@@ -338,18 +405,24 @@ class Attempt {
     } while (n < 0 && errno == EINTR);
     if (n < 0 && errno == EAGAIN) return true;
     bool is_err = fd == w.child.err_fd;
-    std::string text;
+    std::string text, logged;
+    LinePrefixer& log = is_err ? w.log_err : w.log_out;
     if (n > 0) {
-      (is_err ? w.err : w.out)
-          .feed(std::string_view(buf_.data(), static_cast<std::size_t>(n)), text);
+      std::string_view chunk(buf_.data(), static_cast<std::size_t>(n));
+      (is_err ? w.err : w.out).feed(chunk, text);
+      if (has_log(w)) log.feed(chunk, logged);
     } else {
       (is_err ? w.err : w.out).finish(text);
+      if (has_log(w)) log.finish(logged);
       ::close(fd);
       (is_err ? w.child.err_fd : w.child.out_fd) = -1;
     }
     emit(w, is_err, text);
+    plan_.logs->write(w.local_rank, logged);
     return n > 0;
   }
+
+  bool has_log(const Worker& w) const { return plan_.logs->fd(w.local_rank) >= 0; }
 
   void emit(Worker& w, bool is_err, const std::string& text) {
     if (text.empty()) return;
@@ -371,9 +444,11 @@ class Attempt {
         if (::poll(&p, 1, 0) <= 0) break;  // nothing more now: the worker wrote all it had
       }
       if (*fd >= 0) {
-        std::string text;
+        std::string text, logged;
         (fd == &w.child.err_fd ? w.err : w.out).finish(text);
         emit(w, fd == &w.child.err_fd, text);
+        (fd == &w.child.err_fd ? w.log_err : w.log_out).finish(logged);
+        plan_.logs->write(w.local_rank, logged);
         ::close(*fd);
         *fd = -1;
       }
@@ -455,6 +530,39 @@ const char* node_zero_note(const LaunchOptions& o) {
   return o.node_rank == 0 ? " (served here)" : " (served by node 0's launcher)";
 }
 
+// Every node's launcher, node 0's included, joins the store through --master-addr as its
+// workers will: an address that does not reach node 0 fails here, by name, before any worker
+// starts. Then all nodes wait for each other (Note [Node rendezvous]).
+void meet_other_nodes(Plan& plan, Console& console) {
+  const LaunchOptions& o = plan.opts;
+  auto timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_seconds * 1000));
+  c10::intrusive_ptr<c10d::Store> client;
+  if (o.node_rank == 0) {
+    // The store is local: a working address answers at once, so do not wait long on a bad one.
+    auto t = std::min(timeout, std::chrono::milliseconds(30000));
+    try {
+      client = comm::connect_store(plan.master_addr, plan.master_port, t);
+    } catch (const CommError& e) {
+      std::string why = e.what();
+      DTORCH_FAIL(
+          CommError, "node 0 serves the rendezvous store on port ", plan.master_port,
+          " but cannot reach it through --master-addr ", plan.master_addr,
+          ", so the other nodes and the workers could not either: ", why.substr(0, why.find('\n')),
+          "\n---> HINT: give --master-addr a name or address of this host (node 0) "
+          "that every node can reach");
+    }
+  } else {
+    client = comm::connect_store(plan.master_addr, plan.master_port, timeout);
+  }
+  NodeRoll roll = meet_nodes(*client, o.node_rank, o.nnodes, short_hostname(), timeout);
+  if (o.nnodes > 1 && o.node_rank == 0) {
+    std::string who;
+    for (int i = 0; i < o.nnodes; ++i)
+      who += str(i ? ", " : "", "n", i, " ", roll.hosts[static_cast<std::size_t>(i)]);
+    console.message(str("dtorch launch: all ", o.nnodes, " nodes arrived (", who, ")"));
+  }
+}
+
 int run_plan(const Plan& plan, Console& console) {
   const LaunchOptions& o = plan.opts;
   SignalWatch signals;
@@ -485,7 +593,9 @@ int run_plan(const Plan& plan, Console& console) {
       case End::WorkerFailed:
         break;
     }
-    console.message(describe_failure(plan, end.failure));
+    std::string failure = describe_failure(plan, end.failure);
+    console.message(failure);
+    plan.logs->write(end.failure.local_rank, failure + "\n");
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0) {
         console.message(
@@ -512,6 +622,7 @@ int run(const LaunchOptions& opts) {
   }
   for (const auto& [k, v] : opts.env)
     plan.env[k] = v;
+  if (opts.nnodes > 1) plan.host = short_hostname();
   if (opts.nproc_per_node > 1 && plan.env.find("OMP_NUM_THREADS") == plan.env.end()) {
     // Like torchrun: N workers each starting one OpenMP thread per core would fight for cores.
     plan.env["OMP_NUM_THREADS"] = "1";
@@ -520,6 +631,8 @@ int run(const LaunchOptions& opts) {
                         " workers so they do not oversubscribe the cores; set it to tune"));
   }
   if (plan.run_id.empty()) plan.run_id = opts.standalone ? random_run_id() : "none";
+  RankLogs logs(opts);
+  plan.logs = &logs;
 
   // Node 0's launcher serves the store for the whole run, restarts included, so workers that
   // come back find it where it was (TORCHELASTIC_USE_AGENT_STORE=True).
@@ -532,6 +645,7 @@ int run(const LaunchOptions& opts) {
         std::chrono::milliseconds(static_cast<long long>(opts.rdzv_timeout_seconds * 1000)));
     plan.master_port = comm::served_port(store);
   }
+  if (!opts.standalone) meet_other_nodes(plan, console);
   log::debug("launch: ", opts.nproc_per_node, " worker(s) on node ", opts.node_rank, " of ",
              opts.nnodes, " (world size ", plan.world_size, "), store at ", plan.master_addr, ":",
              plan.master_port, node_zero_note(opts), ", run id ", plan.run_id, ", max restarts ",

@@ -30,6 +30,9 @@ struct LaunchOptions {
   /// TORCHELASTIC_RUN_ID for the workers; empty: a fresh random id with standalone, else "none"
   /// (torchrun's defaults).
   std::string run_id;
+  /// When set, each worker's output also goes to LOG_DIR/rank<global rank>.log (stdout and
+  /// stderr, unprefixed, restarts appended). See Note [Log files].
+  std::string log_dir;
 };
 
 /// Runs the group to completion and returns the exit code `dtorch launch` should exit with:

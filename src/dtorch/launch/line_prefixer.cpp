@@ -6,8 +6,9 @@
 
 namespace dtorch::launch {
 
-std::string rank_prefix(int node_rank, int global_rank) {
-  return "[n" + std::to_string(node_rank) + " r" + std::to_string(global_rank) + "] ";
+std::string rank_prefix(int node_rank, int global_rank, const std::string& host) {
+  return "[" + (host.empty() ? "" : host + " ") + "n" + std::to_string(node_rank) + " r" +
+         std::to_string(global_rank) + "] ";
 }
 
 LinePrefixer::LinePrefixer(std::string prefix, std::size_t max_line)

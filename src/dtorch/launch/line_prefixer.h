@@ -8,8 +8,10 @@
 
 namespace dtorch::launch {
 
-/// The prefix `dtorch launch` puts in front of each line of a worker: "[n<node> r<rank>] ".
-std::string rank_prefix(int node_rank, int global_rank);
+/// The prefix `dtorch launch` puts in front of each line of a worker: "[n<node> r<rank>] ", or
+/// "[<host> n<node> r<rank>] " when `host` is given (jobs on several nodes, whose output often
+/// ends up in one file, e.g. Slurm's).
+std::string rank_prefix(int node_rank, int global_rank, const std::string& host = "");
 
 /// Pure line splitter for one stream (stdout or stderr) of one worker. Bytes come in as the pipe
 /// delivers them; what comes out is always a sequence of whole, prefixed lines.

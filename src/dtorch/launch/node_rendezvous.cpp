@@ -1,0 +1,115 @@
+// Node-level rendezvous through the launcher's store (see node_rendezvous.h): one key per node,
+// polled, so a missing node is named by its rank.
+#include "dtorch/launch/node_rendezvous.h"
+
+#include <unistd.h>
+
+#include <functional>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::launch {
+namespace {
+
+std::string node_key(int node) {
+  return "dtorch/launch/node/" + std::to_string(node);
+}
+
+}  // namespace
+
+std::vector<int> NodeRoll::missing() const {
+  std::vector<int> m;
+  for (int i = 0; i < nnodes; ++i)
+    if (hosts[static_cast<std::size_t>(i)].empty()) m.push_back(i);
+  return m;
+}
+
+std::string describe_missing_nodes(const NodeRoll& roll) {
+  std::string arrived, missing;
+  int n_arrived = 0;
+  for (int i = 0; i < roll.nnodes; ++i) {
+    const std::string& h = roll.hosts[static_cast<std::size_t>(i)];
+    if (h.empty()) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+    } else {
+      arrived += str(arrived.empty() ? "" : ", ", "node ", i, " on ", h);
+      ++n_arrived;
+    }
+  }
+  return str(n_arrived, " of ", roll.nnodes, " node(s) arrived", arrived.empty() ? "" : " (",
+             arrived, arrived.empty() ? "" : ")", "; missing node rank(s): ", missing);
+}
+
+std::string short_hostname() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) != 0) return "";
+  std::string h = host;
+  return h.substr(0, h.find('.'));
+}
+
+// Note [Node rendezvous]
+// Workers also rendezvous (Communicator::create names missing ranks), but only after
+// DTORCH_TIMEOUT, and a rank number does not say which machine never started. Launchers meet
+// first, under --rdzv-timeout, one key per node: when a node is missing, the message names its
+// node rank and the hosts of those that came. Every node waits for all, so no worker anywhere
+// starts before the job is whole; node 0, which serves the store, also waits until every node
+// has seen the roll complete, so it cannot finish and take the store away before they have.
+NodeRoll meet_nodes(c10d::Store& store, int node_rank, int nnodes, const std::string& host,
+                    std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  // A host without a name still counts as arrived.
+  std::string me = host.empty() ? "?" : host;
+  store.set(node_key(node_rank), std::vector<uint8_t>(me.begin(), me.end()));
+  NodeRoll roll{nnodes, std::vector<std::string>(static_cast<std::size_t>(nnodes))};
+  NodeRoll ready{nnodes, std::vector<std::string>(static_cast<std::size_t>(nnodes))};
+  auto deadline = Clock::now() + timeout;
+  // Fills the empty entries of `r` from keys `key(i)`; true when none is left empty.
+  auto poll = [&](NodeRoll& r, const std::function<std::string(int)>& key) {
+    bool all = true;
+    for (int i = 0; i < nnodes; ++i) {
+      std::string& h = r.hosts[static_cast<std::size_t>(i)];
+      if (!h.empty()) continue;
+      try {
+        if (store.check({key(i)})) {
+          auto v = store.get(key(i));
+          h.assign(v.begin(), v.end());
+        } else {
+          all = false;
+        }
+      } catch (const std::exception& e) {
+        std::string why = e.what();
+        DTORCH_FAIL(CommError, "rendezvous failed: the store went away while this node waited (",
+                    why.substr(0, why.find('\n')), "), so node 0's launcher gave up or exited; ",
+                    describe_missing_nodes(roll), " as far as this node saw");
+      }
+    }
+    return all;
+  };
+  // Phase 1: every node's arrival. Phase 2 (node 0 only): every node has seen phase 1 end.
+  // Node 0 serves the store and leaves once its workers are done; without phase 2 a job whose
+  // workers finish at once could end before a slower node saw the roll complete.
+  std::string ready_prefix = "dtorch/launch/ready/";
+  bool ok = false;
+  for (;;) {
+    if (!ok && poll(roll, node_key)) {
+      ok = true;
+      store.set(ready_prefix + std::to_string(node_rank),
+                std::vector<uint8_t>(me.begin(), me.end()));
+      if (node_rank != 0) return roll;
+    }
+    if (ok && poll(ready, [&](int i) { return ready_prefix + std::to_string(i); })) return roll;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (ok) roll = ready;  // the nodes that never confirmed count as missing
+  DTORCH_FAIL(CommError, "rendezvous failed after ", timeout.count() / 1000.0,
+              " s (--rdzv-timeout): ", describe_missing_nodes(roll),
+              "\n---> HINT: start `dtorch launch --node-rank <i>` on each missing node with the "
+              "same --nnodes, --master-addr and --master-port (in a batch job, check that the "
+              "job step runs on every node), or raise --rdzv-timeout if they start late");
+}
+
+}  // namespace dtorch::launch

@@ -1,0 +1,35 @@
+// The launchers of a multi-node job meet in node 0's store before any worker starts, so a node
+// that never comes is named after --rdzv-timeout instead of surfacing later as a hung collective.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace dtorch::launch {
+
+/// Who had arrived when the rendezvous ended. hosts[i] is node i's host name ("" if missing).
+struct NodeRoll {
+  int nnodes = 0;
+  std::vector<std::string> hosts;
+  std::vector<int> missing() const;
+};
+
+/// Registers this node in `store` under "dtorch/launch/node/<node_rank>" (value: `host`), then
+/// waits until all `nnodes` have, polling until `timeout`. Returns the roll on success; throws
+/// CommError naming how many nodes arrived and the node ranks missing (see
+/// describe_missing_nodes) when the timeout passes first.
+NodeRoll meet_nodes(c10d::Store& store, int node_rank, int nnodes, const std::string& host,
+                    std::chrono::milliseconds timeout);
+
+/// "1 of 2 node(s) arrived (node 0 on hostA); missing node rank(s): 1".
+std::string describe_missing_nodes(const NodeRoll& roll);
+
+/// This host's name up to the first dot ("" when it has none).
+std::string short_hostname();
+
+}  // namespace dtorch::launch

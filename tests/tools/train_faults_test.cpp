@@ -1,0 +1,148 @@
+// `dtorch train` meeting faults: a worker killed with SIGKILL mid-epoch under --max-restarts
+// (the group restarts, resumes from the last checkpoint and ends where an uninterrupted run
+// does), and a worker started with torchrun's variables but nothing at MASTER_ADDR.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "support/command.h"
+#include "support/workers.h"
+
+namespace dtorch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using testing::contains;
+using testing::read_file;
+
+std::vector<std::string> short_run(const std::string& out) {
+  return {DTORCH_CLI,        "train", "--model",        "mnist-cnn", "--epochs", "3",
+          "--train-samples", "3000",  "--test-samples", "1000",      "--seed",   "7",
+          "--out",           out,     "--progress",     "lines"};
+}
+
+std::vector<nlohmann::json> metrics(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(read_file(out + "/metrics.jsonl"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+// The worker with RANK=`rank` among the children of `launcher`, or -1.
+pid_t worker_pid(pid_t launcher, int rank) {
+  namespace fs = std::filesystem;
+  std::string want = "RANK=" + std::to_string(rank);
+  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(launcher) + "/task")) {
+    std::istringstream children(read_file(task.path().string() + "/children"));
+    for (pid_t pid; children >> pid;) {
+      std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+      for (std::size_t at = 0; at < env.size(); at = env.find('\0', at) + 1) {
+        if (env.compare(at, want.size() + 1, want + '\0') == 0) return pid;
+        if (env.find('\0', at) == std::string::npos) break;
+      }
+    }
+  }
+  return -1;
+}
+
+TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRun) {
+  std::string dir = testing::scratch_dir("train-killed");
+  // The uninterrupted run launches itself, and passes --log-dir on to its launcher.
+  auto whole_args = short_run(dir + "/whole");
+  whole_args.insert(whole_args.end(), {"--nproc-per-node", "2", "--log-dir", dir + "/whole-logs"});
+  auto whole = testing::run_command("train-killed-whole", whole_args, 120);
+  ASSERT_EQ(whole.exit_code(), 0) << whole.err;
+  std::string whole_log = read_file(dir + "/whole-logs/rank0.log");
+  EXPECT_TRUE(contains(whole_log, "epoch 3/3: train loss")) << whole_log;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/whole-logs/rank1.log"));
+
+  std::vector<std::string> args = {
+      DTORCH_CLI, "launch",    "--standalone", "--nproc-per-node", "2", "--max-restarts",
+      "1",        "--log-dir", dir + "/logs",  "--grace-period",   "1", "--"};
+  for (const auto& a : short_run(dir + "/killed"))
+    args.push_back(a);
+  auto cli = testing::start_command(testing::scratch_dir("train-killed-cmd"), args);
+  // Kill rank 1 as soon as epoch 1's checkpoint exists: it is then inside epoch 2.
+  std::string first = dir + "/killed/checkpoint-000001.dtc";
+  auto deadline = Clock::now() + std::chrono::seconds(90);
+  while (!std::filesystem::exists(first) && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!std::filesystem::exists(first)) ::kill(cli.pid, SIGKILL);
+  ASSERT_TRUE(std::filesystem::exists(first)) << read_file(cli.dir + "/stderr");
+  pid_t victim = worker_pid(cli.pid, 1);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  auto r = testing::finish_command(cli, 120);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1 (node 0, local rank 1, pid " + std::to_string(victim) +
+                                  ") was killed by signal 9 (SIGKILL)"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "restarting all workers (restart 1 of 1)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "restart 1 of the group: resuming")) << r.err;
+  // The restart picked up where the checkpoint left off, not at epoch 1.
+  EXPECT_TRUE(contains(r.err, "resuming from " + dir + "/killed/checkpoint-00000")) << r.err;
+  auto restarted = r.err.find("restart 1 of 1");
+  ASSERT_NE(restarted, std::string::npos);
+  EXPECT_FALSE(contains(r.err.substr(restarted), "epoch 1/3:")) << r.err;
+
+  auto a = metrics(dir + "/whole"), b = metrics(dir + "/killed");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_GE(b.size(), 3u);
+  EXPECT_EQ(b.back()["epoch"], 2);
+  double acc_whole = a.back()["test_accuracy"], acc_killed = b.back()["test_accuracy"];
+  EXPECT_NEAR(acc_killed, acc_whole, 0.005);
+  EXPECT_GT(acc_whole, 0.6);
+
+  std::string log0 = read_file(dir + "/logs/rank0.log"), log1 = read_file(dir + "/logs/rank1.log");
+  EXPECT_TRUE(contains(log0, "resuming from")) << log0;
+  EXPECT_TRUE(contains(log1, "was killed by signal 9 (SIGKILL)")) << log1;
+  EXPECT_TRUE(contains(log1, "restart 1 of 1")) << log1;
+}
+
+TEST(TrainFaults, WorkerWithNothingAtTheMasterFailsWithinTheTimeout) {
+  std::string out = testing::scratch_dir("train-no-master") + "/run";
+  std::string port = std::to_string(testing::free_port());
+  std::vector<std::string> args = {DTORCH_CLI, "train", "--epochs", "1", "--out", out};
+  std::vector<std::string> env = {"RANK=1",
+                                  "WORLD_SIZE=2",
+                                  "LOCAL_RANK=1",
+                                  "LOCAL_WORLD_SIZE=2",
+                                  "MASTER_ADDR=127.0.0.1",
+                                  "MASTER_PORT=" + port,
+                                  "DTORCH_TIMEOUT=2"};
+  auto r = testing::run_command("train-no-master-1", args, 30, env);
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_TRUE(
+      contains(r.err, "cannot reach the rendezvous store at 127.0.0.1:" + port + " within 2 s"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "MASTER_ADDR/MASTER_PORT")) << r.err;
+
+  // Rank 0 serves the store itself (torchrun-style, no agent store) and waits for rank 1.
+  env[0] = "RANK=0";
+  env[2] = "LOCAL_RANK=0";
+  r = testing::run_command("train-no-master-0", args, 30, env);
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_TRUE(contains(r.err, "timed out after 2 s: 1 of 2 ranks arrived; missing rank(s) 1"))
+      << r.err;
+
+  // A master that does not resolve.
+  env[4] = "MASTER_ADDR=no-such-host.invalid";
+  env[0] = "RANK=1";
+  env[2] = "LOCAL_RANK=1";
+  r = testing::run_command("train-no-master-name", args, 30, env);
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_TRUE(contains(r.err, "no-such-host.invalid:" + port)) << r.err;
+}
+
+}  // namespace
+}  // namespace dtorch
