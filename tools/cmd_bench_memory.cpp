@@ -48,10 +48,12 @@ int memory_worker(MemoryFlags f) {
     P += p.numel();
   auto strategy = train::make_strategy(f.strategy, model, comm);
   auto gen = at::detail::createCPUGenerator(comm->rank());
+  // Capped at the model's block size (gpt-debug's is 32).
+  const int64_t T = std::min(f.seq_len, model->max_sequence_length());
   auto batch = [&] {
     if (model->takes_tokens()) {
-      return std::make_pair(torch::randint(0, 256, {f.batch_size, f.seq_len}, gen),
-                            torch::randint(0, 256, {f.batch_size, f.seq_len}, gen));
+      return std::make_pair(torch::randint(0, 256, {f.batch_size, T}, gen),
+                            torch::randint(0, 256, {f.batch_size, T}, gen));
     }
     return std::make_pair(torch::randn({f.batch_size, 1, 28, 28}, gen),
                           torch::randint(0, 10, {f.batch_size}, gen));

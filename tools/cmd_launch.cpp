@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+#include "dtorch/launch/job_nodes.h"
 #include "dtorch/launch/launcher.h"
 #include "tools/commands.h"
 
@@ -109,7 +111,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
                   "seconds between SIGTERM and SIGKILL when stopping workers")
       ->capture_default_str();
   sub->add_option("--rdzv-timeout,--rdzv_timeout", opts->rdzv_timeout_seconds,
-                  "seconds the rendezvous store waits for workers")
+                  "seconds the nodes wait for each other to arrive (and the store for workers)")
       ->capture_default_str();
   sub->add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", opts->run_id,
                   "job id given to workers as TORCHELASTIC_RUN_ID (default: none, or random "
@@ -117,6 +119,8 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("--timeout", opts->timeout_seconds,
                   "stop the job and fail after this many seconds (0: no limit)")
       ->capture_default_str();
+  sub->add_option("--log-dir,--log_dir", opts->log_dir,
+                  "also write each worker's output to DIR/rank<global rank>.log");
   sub->add_flag("--no-python,--no_python",
                 "accepted for torchrun compatibility: dtorch always runs PROGRAM itself");
 
@@ -144,6 +148,11 @@ void add_launch_command(CLI::App& app, int& exit_code) {
     launch::LaunchOptions o = *opts;
     o.nproc_per_node = parse_nproc(flags->nproc_per_node);
     o.nnodes = parse_nnodes(flags->nnodes);
+    // Inside a Slurm/PBS/MPI job the node flags default to the job's (explicit flags win).
+    std::string filled = launch::fill_nodes_from_job(
+        o, {sub->count("--nnodes") > 0, sub->count("--node-rank") > 0,
+            sub->count("--master-addr") > 0, sub->count("--master-port") > 0});
+    if (!filled.empty()) log::info(filled);
     o.command = program_and_args(*flags, sub->remaining());
     exit_code = launch::run(o);
   });

@@ -6,6 +6,7 @@
 #include "dtorch/core/log.h"
 #include "dtorch/data/mnist_dataset.h"
 #include "dtorch/launch/launcher.h"
+#include "dtorch/launch/rank_info.h"
 #include "dtorch/train/trainer.h"
 #include "tools/commands.h"
 
@@ -15,6 +16,7 @@ namespace {
 struct TrainFlags {
   train::TrainConfig config;
   int nproc_per_node = 0;
+  std::string log_dir;  // with nproc_per_node: the launcher's --log-dir
   std::string compression = "none";
   std::string progress = "auto";
 };
@@ -46,11 +48,13 @@ int run_train(TrainFlags& f, const std::vector<std::string>& raw_args) {
                     : f.progress == "off"   ? Mode::Off
                                             : Mode::Auto;
   train::validate(c);  // fail before launching anything
-  bool launched = env::get("RANK").has_value();
+  // Already one rank of a job (torchrun, dtorch launch, srun, mpirun, ...): train as that rank.
+  bool launched = env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
   if (f.nproc_per_node > 1 && !launched) {
     launch::LaunchOptions lo;
     lo.nproc_per_node = f.nproc_per_node;
     lo.standalone = true;
+    lo.log_dir = f.log_dir;
     lo.command = worker_command(raw_args);
     return launch::run(lo);
   }
@@ -67,9 +71,35 @@ int run_train(TrainFlags& f, const std::vector<std::string>& raw_args) {
 void add_train_command(CLI::App& app, int& exit_code) {
   auto f = std::make_shared<TrainFlags>();
   auto& c = f->config;
-  auto* cmd = app.add_subcommand("train", "Train a model data-parallel (DDP) on this node's ranks");
-  cmd->add_option("--model", c.model, "mnist-cnn | mnist-mlp")->capture_default_str();
-  cmd->add_option("--data", c.data, "fashion-mnist | mnist")->capture_default_str();
+  auto* cmd = app.add_subcommand(
+      "train", "Train a model data-parallel (DDP or ZeRO-1/2/3) on this node's ranks");
+  cmd->add_option("--model", c.model,
+                  "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | "
+                  "vit-debug | gpt-small | gpt-debug")
+      ->capture_default_str();
+  cmd->add_option("--data", c.data,
+                  "fashion-mnist | mnist (images), text | text:PATH (byte tokens, for gpt-*; "
+                  "default corpus: Debian's fortunes)")
+      ->capture_default_str();
+  cmd->add_option("--strategy", c.strategy,
+                  "ddp | zero1 (sharded optimizer state) | zero2 (+ gradients) | zero3 (+ "
+                  "parameters: FSDP)")
+      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}))
+      ->capture_default_str();
+  cmd->add_option("--precision", c.precision, "fp32 | bf16 (bf16 compute, fp32 master weights)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--reduce-dtype", c.reduce_dtype, "gradient reduction dtype: fp32 | bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--clip-grad-norm", c.clip_grad_norm,
+                  "clip the whole gradient to this norm (0: off)");
+  cmd->add_option("--min-unit-params", c.min_unit_params,
+                  "zero3 wrap policy: merge consecutive blocks into units of at least this many "
+                  "parameters (0: one unit per block)");
+  cmd->add_option("--seq-len", c.seq_len,
+                  "text: tokens per training sequence (default: the model's block size, at "
+                  "most 64)");
   cmd->add_option(
       "--data-dir", c.data_dir,
       std::string("folder with the IDX files (default ") + data::kDefaultMnistDir + ")");
@@ -85,6 +115,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--resume", c.resume, "continue from the newest good checkpoint in --out");
   cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node,
                   "launch this many local ranks (like `dtorch launch --standalone`)");
+  cmd->add_option("--log-dir", f->log_dir,
+                  "with --nproc-per-node: also write each rank's output to DIR/rank<rank>.log");
   cmd->add_option("--accum-steps", c.accum_steps, "batches per optimizer step")
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "intra-op threads per rank (0: default)");

@@ -63,12 +63,22 @@ struct Data {
   std::string describe;
 };
 
-Data load_data(const TrainConfig& c) {
+// Tokens per text window: --seq-len, or the model's longest sequence capped at 64 (a short
+// default keeps CPU steps quick; gpt-debug's block is 32).
+int64_t window_length(const TrainConfig& c, const models::Model& m) {
+  const int64_t longest = m.max_sequence_length();
+  if (c.seq_len == 0) return std::min<int64_t>(64, longest);
+  DTORCH_CHECK_T(ConfigError, c.seq_len <= longest, "--seq-len ", c.seq_len, " is longer than ",
+                 c.model, "'s block size ", longest, "; use --seq-len ", longest, " or less");
+  return c.seq_len;
+}
+
+Data load_data(const TrainConfig& c, int64_t seq_len) {
   Data d;
   if (is_text(c.data)) {
     auto text = data::load_text(c.data == "text" ? "" : c.data.substr(5));
     auto parts = std::make_shared<data::TextSplits>(data::split_text(text));
-    const int64_t T = c.seq_len;
+    const int64_t T = seq_len;
     d.train = {data::num_windows(parts->train, T), [parts, T](const std::vector<int64_t>& idx) {
                  auto b = data::text_batch(parts->train, idx, T);
                  return std::make_pair(b.inputs, b.targets);
@@ -156,7 +166,10 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.epochs >= 1, "--epochs must be >= 1 (got ", c.epochs, ")");
   DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ", c.batch_size,
                  ")");
-  DTORCH_CHECK_T(ConfigError, c.seq_len >= 1, "--seq-len must be >= 1 (got ", c.seq_len, ")");
+  DTORCH_CHECK_T(ConfigError, c.seq_len >= 0,
+                 "--seq-len must be >= 1, or 0 for the model's "
+                 "longest sequence (got ",
+                 c.seq_len, ")");
   DTORCH_CHECK_T(ConfigError, c.lr > 0, "--lr must be positive (got ", c.lr, ")");
   DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
   DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
@@ -170,15 +183,15 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   if (c.threads > 0) torch::set_num_threads(c.threads);
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
-  Data data = load_data(c);
+  torch::manual_seed(c.seed);
+  auto model = models::make_model(c.model);
+  Data data = load_data(c, model->takes_tokens() ? window_length(c, *model) : 0);
   if (lead) {
     log::info("training ", c.model, " on ", data.describe, ", ", world, " rank(s) x batch ",
               c.batch_size, ", ", c.epochs, " epoch(s), ", c.optimizer, " lr ", c.lr, ", seed ",
               c.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ", c.out);
   }
 
-  torch::manual_seed(c.seed);
-  auto model = models::make_model(c.model);
   auto strategy = make_strategy(strategy_config(c), model, comm);
   if (lead) log::info("strategy: ", strategy->describe());
   int64_t start_epoch = 0, global_step = 0;

@@ -7,6 +7,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <malloc.h>
+
 #include <cmath>
 
 #include "dtorch/core/error.h"
@@ -44,6 +46,19 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// Note [Returning released memory]
+// Sharding allocates and frees the same large buffers every step (gathered units, gradient
+// buckets). glibc serves a large allocation with mmap and unmaps it on free, but after such a
+// free it raises its mmap threshold to that size (up to 32 MiB), so the next ones come from
+// the heap, which keeps freed memory: the process's RSS then grows back to what sharding
+// saved. A fixed threshold keeps buffers of 4 MiB and more in mmap, returned on free.
+void return_large_buffers_to_the_os() {
+#ifdef M_MMAP_THRESHOLD
+  static const bool once = [] { return mallopt(M_MMAP_THRESHOLD, 4 << 20) == 1; }();
+  (void)once;
+#endif
+}
 
 int64_t bytes_of(const at::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
@@ -186,6 +201,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
                  opts.reduce_dtype == torch::kFloat || opts.reduce_dtype == torch::kBFloat16,
                  "gradient reduction dtype must be float32 or bfloat16");
   parallel::check_same_model(*module, *comm, who);
+  return_large_buffers_to_the_os();
 
   std::vector<ParamInfo> infos;
   for (const auto& kv : module->named_parameters()) {
@@ -219,33 +235,29 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   }
   plan = make_plan(infos, specs, comm->size());
 
-  // Pack rank 0's weights into the units, then point the parameters into them.
-  std::vector<at::Tensor> flats;
-  for (const Unit& u : plan.units) {
-    at::Tensor flat = at::zeros({u.padded}, at::kFloat);
-    for (const UnitEntry& e : u.entries)
-      flat.narrow(0, e.offset, e.numel).copy_(params[e.param].detach().reshape({-1}));
-    flats.push_back(flat);
-  }
-  std::vector<at::Tensor> to_sync = flats;
-  to_sync.insert(to_sync.end(), buffers.begin(), buffers.end());
-  parallel::broadcast_from_rank0(to_sync, *comm, who + " initial weights");
-
   const bool mixed = opts.param_dtype != torch::kFloat;
   torch::NoGradGuard no_grad;
+  parallel::broadcast_from_rank0(buffers, *comm, who + " initial buffers");
   if (mixed) {
     // BatchNorm wants its running statistics in its input's dtype (FSDP's buffer_dtype).
     for (auto& b : buffers) {
       if (b.is_floating_point()) b.set_data(b.to(opts.param_dtype));
     }
   }
+  // One unit at a time: pack rank 0's weights, point the parameters into the unit (which
+  // frees their old storage) and, for stage 3, release it, so set-up never holds much more
+  // than the model as it was built.
   units.resize(plan.units.size());
   for (size_t u = 0; u < plan.units.size(); ++u) {
     UnitState& s = units[u];
-    at::Tensor flat = flats[u];
+    at::Tensor flat = at::zeros({plan.units[u].padded}, at::kFloat);
+    for (const UnitEntry& e : plan.units[u].entries)
+      flat.narrow(0, e.offset, e.numel).copy_(params[e.param].detach().reshape({-1}));
+    comm->broadcast(flat, 0, str(who, " initial weights of ", plan.units[u].name));
     s.full = mixed ? flat.to(opts.param_dtype) : flat;
     // Stages 1-2 in fp32 update the parameters' own chunk in place: no separate master.
     s.master = (mixed || sharded_params()) ? own(flat, u).clone() : own(s.full, u);
+    flat = at::Tensor();
     if (opts.stage == 1) {
       s.grad_full = at::zeros({plan.units[u].padded}, s.full.options());
       s.grad_shard = mixed ? at::zeros({plan.units[u].shard}, at::kFloat) : own(s.grad_full, u);
@@ -259,8 +271,9 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
       p.set_data(s.full.narrow(0, e.offset, e.numel).view(shapes[e.param]));
     }
     gathered_bytes += bytes_of(s.full);
+    if (model) release(u);
   }
-  peak_gathered_bytes = gathered_bytes;
+  peak_gathered_bytes = gathered_bytes;  // what training holds, not the set-up
 
   std::vector<at::Tensor> masters;
   for (auto& s : units)
@@ -275,12 +288,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
         std::make_unique<GradReadyHook>([this](size_t k) { on_grad_ready(k); }, i)));
     accumulators.push_back(std::move(acc));
   }
-  if (model) {
-    install_block_hooks();
-    for (size_t u = 0; u < units.size(); ++u)
-      release(u);
-    peak_gathered_bytes = gathered_bytes;  // what training holds, not the set-up
-  }
+  if (model) install_block_hooks();
 }
 
 void ShardedModel::Impl::install_block_hooks() {
