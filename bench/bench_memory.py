@@ -78,7 +78,8 @@ def main():
         "its own buffers after a step (parameters, gradients, optimizer state); the formula is "
         "the ZeRO paper's (Rajbhandari et al. 2020, section 5) with 4 + 4 + 8 bytes per "
         "parameter; peak RSS is the largest of the ranks' (`getrusage`), which also holds "
-        "activations, the autograd graph and LibTorch itself. No Python peer: PyTorch 1.13's "
+        "activations, gradients in flight, the fp32 model as built before it is sharded, and "
+        "LibTorch itself. No Python peer: PyTorch 1.13's "
         "FSDP needs CUDA and there is no DeepSpeed for CPU here; the reference is the formula."
         % (cmd, datetime.date.today().isoformat(), a.model, P, P / 1e6, a.batch, a.seq_len),
         "",
