@@ -20,7 +20,7 @@ struct TrainConfig {
   /// (byte tokens; default corpus: Debian's fortunes) for language models (gpt-*).
   std::string data = "fashion-mnist";
   std::string data_dir;  ///< empty: Debian's dataset-fashion-mnist folder
-  int64_t seq_len = 0;  ///< text: tokens per window (0: the model's maximum, at most 64)
+  int64_t seq_len = 0;   ///< text: tokens per window (0: the model's maximum, at most 64)
   int epochs = 2;
   int64_t batch_size = 64;  ///< samples per rank per step
   double lr = 0.01;
