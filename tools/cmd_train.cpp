@@ -16,7 +16,8 @@ namespace {
 struct TrainFlags {
   train::TrainConfig config;
   int nproc_per_node = 0;
-  std::string log_dir;  // with nproc_per_node: the launcher's --log-dir
+  std::string log_dir;   // with nproc_per_node: the launcher's --log-dir
+  int max_restarts = 0;  // with nproc_per_node: the launcher's --max-restarts
   std::string compression = "none";
   std::string progress = "auto";
 };
@@ -55,6 +56,7 @@ int run_train(TrainFlags& f, const std::vector<std::string>& raw_args) {
     lo.nproc_per_node = f.nproc_per_node;
     lo.standalone = true;
     lo.log_dir = f.log_dir;
+    lo.max_restarts = f.max_restarts;
     lo.command = worker_command(raw_args);
     return launch::run(lo);
   }
@@ -115,6 +117,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--resume", c.resume, "continue from the newest good checkpoint in --out");
   cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node,
                   "launch this many local ranks (like `dtorch launch --standalone`)");
+  cmd->add_option("--max-restarts", f->max_restarts,
+                  "with --nproc-per-node: restart the group this many times after a failure; it "
+                  "resumes from the newest checkpoint in --out");
   cmd->add_option("--log-dir", f->log_dir,
                   "with --nproc-per-node: also write each rank's output to DIR/rank<rank>.log");
   cmd->add_option("--accum-steps", c.accum_steps, "batches per optimizer step")
