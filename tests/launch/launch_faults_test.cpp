@@ -247,8 +247,9 @@ TEST(LaunchFaults, KilledNodeLauncherTakesItsWorkersAndFailsTheOtherNode) {
   EXPECT_LT(seconds_since(t0), 10 + 5 + 1 + 5.0);  // timeout, diagnosis, grace, slack
   EXPECT_NE(r.exit_code(), 0);
   std::string host = short_hostname();
-  EXPECT_TRUE(contains(r.err, "[" + host + " n0 r0] ")) << r.err;
-  EXPECT_TRUE(contains(r.err, "rank(s) 2, 3 did not reach or did not finish")) << r.err;
+  // Whichever of node 0's ranks fails first reports (the other may be torn down before).
+  EXPECT_TRUE(contains(r.err, "[" + host + " n0 r")) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank(s) 2, 3 died")) << r.err;
   EXPECT_TRUE(contains(r.err, "dtorch launch: rank ")) << r.err;
   EXPECT_FALSE(alive(pids[0]));
   EXPECT_FALSE(alive(pids[1]));

@@ -7,6 +7,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#include <signal.h>
+
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -32,7 +35,8 @@ using std::chrono::milliseconds;
 // Gloo reports a dead peer as "connection closed" and a stalled one as a timeout, without
 // saying which rank is at fault. On failure every rank posts "failed/<rank>" (with the
 // collective it was in) to the store and waits a short window for the others: ranks that
-// post nothing are dead or stalled, ranks that posted "left/<rank>" finished early, and
+// post nothing are dead or stalled (dead for sure when they ran on this host and their pid is
+// gone, which ends the wait at once), ranks that posted "left/<rank>" finished early, and
 // differing collectives mean the ranks called collectives in different orders.
 constexpr milliseconds kDiagnosisWindow{5000};
 
@@ -94,6 +98,24 @@ void ring_reduce_scatter(Backend& pg, const at::Tensor& in, int rank, int n, lon
     w->wait(timeout);
     r->wait(timeout);
     chunk(rank - s - 2).add_(incoming);
+  }
+}
+
+// Whether rank r ran on this host (its rendezvous entry says "<host> pid <pid>") and that
+// process no longer exists: dead for sure, rather than stopped or stuck.
+bool process_gone(c10d::Store& store, int r) {
+  try {
+    auto v = store.get("arrived/" + std::to_string(r));
+    std::string entry(v.begin(), v.end());
+    auto at = entry.rfind(" pid ");
+    if (at == std::string::npos) return false;
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    if (entry.substr(0, at) != host) return false;
+    pid_t pid = static_cast<pid_t>(std::stol(entry.substr(at + 5)));
+    return ::kill(pid, 0) != 0 && errno == ESRCH;
+  } catch (const std::exception&) {
+    return false;
   }
 }
 
@@ -619,18 +641,27 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
     auto& store = *impl_->store;
     std::string mine = op;
     store.set(str("failed/", seq, "/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
-    std::vector<int> silent, left, failed;
+    // Also under a key without the number: a peer that had already moved on to the next
+    // collective (or not reached this one) fails there, and is then not silent.
+    store.set(str("failing/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<int> silent, left, failed, elsewhere, dead;
     auto deadline = Clock::now() + kDiagnosisWindow;
     for (;;) {
       silent.clear();
       left.clear();
       failed.clear();
+      elsewhere.clear();
+      dead.clear();
       for (int r = 0; r < size(); ++r) {
         if (r == rank()) continue;
         if (store.check({str("failed/", seq, "/", r)})) {
           failed.push_back(r);
+        } else if (store.check({str("failing/", r)})) {
+          elsewhere.push_back(r);
         } else if (store.check({str("left/", r)})) {
           left.push_back(r);
+        } else if (process_gone(store, r)) {
+          dead.push_back(r);
         } else {
           silent.push_back(r);
         }
@@ -639,12 +670,16 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
       std::this_thread::sleep_for(milliseconds(100));
     }
     std::ostringstream os;
+    if (!dead.empty()) {
+      os << "rank(s) " << join(dead) << " died: their processes on this host are gone";
+    }
     if (!silent.empty()) {
+      if (!dead.empty()) os << "; ";
       os << "rank(s) " << join(silent) << " did not reach or did not finish this collective: "
          << "dead, stopped, or stuck in other work (look at their logs first)";
     }
     if (!left.empty()) {
-      os << (silent.empty() ? "" : "; ") << "rank(s) " << join(left)
+      os << (silent.empty() && dead.empty() ? "" : "; ") << "rank(s) " << join(left)
          << " had already finished: they ran fewer collectives than this rank";
     }
     std::vector<std::string> disagree;
@@ -653,12 +688,17 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
       std::string theirs(v.begin(), v.end());
       if (theirs != mine) disagree.push_back(str("rank ", r, " was in ", theirs));
     }
+    for (int r : elsewhere) {
+      auto v = store.get(str("failing/", r));
+      os << (os.tellp() > 0 ? "; " : "") << "rank " << r << " failed in "
+         << std::string(v.begin(), v.end());
+    }
     for (const auto& d : disagree)
       os << "; " << d;
     if (!disagree.empty()) {
       os << " (every rank must issue the same collectives in the same order)";
     }
-    if (silent.empty() && left.empty() && disagree.empty()) {
+    if (silent.empty() && dead.empty() && left.empty() && disagree.empty() && elsewhere.empty()) {
       os << "every other rank failed in the same collective";
     }
     diagnosis = os.str();
