@@ -11,6 +11,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/train/loss.h"
 #include "dtorch/train/strategy.h"
 #include "tools/commands.h"
 
@@ -69,9 +70,7 @@ int memory_worker(MemoryFlags f) {
     torch::Tensor loss;
     {
       parallel::CpuAutocast autocast(strategy->autocast());
-      auto out = model->forward(x);
-      loss = torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat),
-                                       y.reshape({-1}));
+      loss = train::cross_entropy(model->forward(x), y);
     }
     strategy->backward(loss, true);
     strategy->step(0);

@@ -80,8 +80,8 @@ class SlurmJobs : public ::testing::Test {
   std::unique_ptr<SlurmCluster> cluster_;
 };
 
-TEST_F(SlurmJobs, SrunStartsOneRankPerTask) {
-  std::string out = testing::scratch_dir("slurm_srun") + "/run";
+// `srun` starting 2 tasks of a tiny `dtorch train` writing to `out`.
+std::vector<std::string> srun_train(const std::string& out) {
   std::vector<std::string> argv = {"srun",
                                    "--ntasks=2",
                                    "--cpus-per-task=1",
@@ -92,6 +92,12 @@ TEST_F(SlurmJobs, SrunStartsOneRankPerTask) {
                                    "--out",
                                    out};
   argv.insert(argv.end(), kTinyTrain.begin(), kTinyTrain.end());
+  return argv;
+}
+
+TEST_F(SlurmJobs, SrunStartsOneRankPerTask) {
+  std::string out = testing::scratch_dir("slurm_srun") + "/run";
+  std::vector<std::string> argv = srun_train(out);
   auto r = cluster_->run("srun", argv, 60, {"DTORCH_LOG_LEVEL=debug"});
   ASSERT_EQ(r.exit_code(), 0) << r.out << r.err << cluster_->logs();
   EXPECT_TRUE(contains(r.err, "2 rank(s)")) << r.err;
@@ -132,16 +138,7 @@ TEST_F(SlurmJobs, SbatchOneLauncherPerNode) {
 // that Slurm calls 1 must stop with the reason instead of joining as a second rank 0.
 TEST_F(SlurmJobs, RankExportedInTheJobScriptFailsClearly) {
   std::string out = testing::scratch_dir("slurm_rank_exported") + "/run";
-  std::vector<std::string> argv = {"srun",
-                                   "--ntasks=2",
-                                   "--cpus-per-task=1",
-                                   "--time=5",
-                                   "--kill-on-bad-exit=1",
-                                   DTORCH_CLI,
-                                   "train",
-                                   "--out",
-                                   out};
-  argv.insert(argv.end(), kTinyTrain.begin(), kTinyTrain.end());
+  std::vector<std::string> argv = srun_train(out);
   auto r = cluster_->run(
       "srun_bad", argv, 60,
       {"RANK=0", "WORLD_SIZE=2", "MASTER_PORT=" + std::to_string(testing::free_port())});

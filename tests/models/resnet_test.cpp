@@ -105,9 +105,11 @@ print(json.dumps({"missing": missing, "unexpected": unexpected, "shape_diff": sh
                                       {name});
 }
 
-TEST(ModelResNetPeer, Resnet18MatchesTorchvision) {
+class ModelResNetPeer : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ModelResNetPeer, MatchesTorchvision) {
   DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/false);
-  auto r = compare_with_torchvision("resnet18");
+  auto r = compare_with_torchvision(GetParam());
   ASSERT_FALSE(r.is_null());
   if (r.contains("skip")) GTEST_SKIP() << r["skip"].get<std::string>();
   EXPECT_TRUE(r["missing"].empty()) << r.dump();
@@ -118,18 +120,7 @@ TEST(ModelResNetPeer, Resnet18MatchesTorchvision) {
   EXPECT_LE(r["train_diff"].get<double>(), 1e-5) << r.dump();
 }
 
-TEST(ModelResNetPeer, Resnet50MatchesTorchvision) {
-  DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/false);
-  auto r = compare_with_torchvision("resnet50");
-  ASSERT_FALSE(r.is_null());
-  if (r.contains("skip")) GTEST_SKIP() << r["skip"].get<std::string>();
-  EXPECT_TRUE(r["missing"].empty()) << r.dump();
-  EXPECT_TRUE(r["unexpected"].empty()) << r.dump();
-  EXPECT_TRUE(r["shape_diff"].empty()) << r.dump();
-  EXPECT_GT(r["scale"].get<double>(), 0.01) << r.dump();
-  EXPECT_LE(r["eval_diff"].get<double>(), 1e-5) << r.dump();
-  EXPECT_LE(r["train_diff"].get<double>(), 1e-5) << r.dump();
-}
+INSTANTIATE_TEST_SUITE_P(Depths, ModelResNetPeer, ::testing::Values("resnet18", "resnet50"));
 
 }  // namespace
 }  // namespace dtorch::models

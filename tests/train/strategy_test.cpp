@@ -11,6 +11,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/train/loss.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "support/workers.h"
 
@@ -35,9 +36,7 @@ double train_steps(Strategy& s, models::Model& m, int steps, int rank, int seed_
     torch::Tensor loss;
     {
       parallel::CpuAutocast autocast(s.autocast());
-      auto out = m.forward(x);
-      loss = torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat),
-                                       y.reshape({-1}));
+      loss = cross_entropy(m.forward(x), y);
     }
     s.backward(loss, true);
     s.step(1.0);
@@ -157,7 +156,7 @@ DTORCH_TEST_WORKER(bf16_resnet) {
       torch::Tensor loss;
       {
         parallel::CpuAutocast autocast(s->autocast());
-        loss = torch::cross_entropy_loss(model->forward(x).to(torch::kFloat), y);
+        loss = cross_entropy(model->forward(x), y);
       }
       s->backward(loss, true);
       s->step(1.0);

@@ -72,7 +72,7 @@ std::string describe(const at::Tensor& t) {
 }
 
 int64_t nbytes(const at::Tensor& t) {
-  return t.numel() * static_cast<int64_t>(t.element_size());
+  return static_cast<int64_t>(t.nbytes());
 }
 
 // Note [Reduce-scatter on Gloo]

@@ -21,10 +21,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
       params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
-int64_t bytes_of(const at::Tensor& t) {
-  return t.numel() * static_cast<int64_t>(t.element_size());
-}
-
 // DDP: replicated weights (fp32; with --precision bf16 they are the master weights and
 // forward runs under bf16 autocast), gradients averaged by the DDP reducer.
 class DdpStrategy : public Strategy {
@@ -67,7 +63,7 @@ class DdpStrategy : public Strategy {
   zero::MemoryStats memory() const override {
     zero::MemoryStats m;
     for (const auto& p : model_->parameters())
-      m.param_bytes += bytes_of(p);
+      m.param_bytes += static_cast<int64_t>(p.nbytes());
     for (const auto& b : ddp_->plan().buckets)
       m.grad_bytes += b.numel * static_cast<int64_t>(c10::elementSize(b.dtype));
     m.optim_bytes = zero::optimizer_state_bytes(*opt_);

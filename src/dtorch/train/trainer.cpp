@@ -13,6 +13,7 @@
 #include "dtorch/data/text_dataset.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/train/loss.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
 
@@ -105,14 +106,6 @@ Data load_data(const TrainConfig& c, int64_t seq_len) {
   return d;
 }
 
-// Cross-entropy of a classifier (B x classes) or a language model (B x T x vocab), summed or
-// averaged, computed in fp32 whatever the compute dtype.
-torch::Tensor loss_of(const torch::Tensor& out, const torch::Tensor& y,
-                      at::Reduction::Reduction r = at::Reduction::Mean) {
-  return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat),
-                                   y.reshape({-1}), {}, r);
-}
-
 // Sum of loss and correct predictions over this rank's disjoint part of the test split,
 // added up across ranks: every test sample (every target token) counts exactly once.
 std::pair<double, double> evaluate(models::Model& model, const Split& test, int64_t limit,
@@ -134,7 +127,7 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
       parallel::CpuAutocast autocast(strategy.autocast());
       out = model.forward(x);
     }
-    sums[0] += loss_of(out, y, at::Reduction::Sum).item<double>();
+    sums[0] += cross_entropy(out, y, at::Reduction::Sum).item<double>();
     sums[1] += out.argmax(-1).eq(y).sum().item<double>();
     sums[2] += static_cast<double>(y.numel());
   }
@@ -238,7 +231,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       torch::Tensor loss;
       {
         parallel::CpuAutocast autocast(strategy->autocast());
-        loss = loss_of(model->forward(x), y);
+        loss = cross_entropy(model->forward(x), y);
       }
       strategy->backward(loss / c.accum_steps, last_micro);
       if (last_micro) {

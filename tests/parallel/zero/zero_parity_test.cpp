@@ -11,6 +11,7 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/zero/zero.h"
+#include "dtorch/train/loss.h"
 #include "support/workers.h"
 
 namespace dtorch::zero {
@@ -37,11 +38,6 @@ std::pair<torch::Tensor, torch::Tensor> batch(const models::Model& m, int step, 
     return {x, torch::randint(0, 256, {2, 16}, torch::kLong)};
   }
   return {torch::randn({4, 1, 28, 28}), torch::randint(0, 10, {4}, torch::kLong)};
-}
-
-torch::Tensor loss_of(models::Model& m, const torch::Tensor& x, const torch::Tensor& y) {
-  auto out = m.forward(x);
-  return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), y.reshape({-1}));
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_opt(const std::string& kind,
@@ -89,12 +85,12 @@ DTORCH_TEST_WORKER(zero_parity) {
       {
         std::optional<ddp::DistributedDataParallel::NoSync> guard;
         if (!last) guard.emplace(ddp->no_sync());
-        (loss_of(*ref, x, y) / s.accum).backward();
+        (train::cross_entropy(ref->forward(x), y) / s.accum).backward();
       }
       for (size_t k = 0; k < sharded.size(); ++k) {
         std::optional<ShardedModel::NoSync> guard;
         if (!last) guard.emplace(sharded[k]->no_sync());
-        (loss_of(*models[k], x, y) / s.accum).backward();
+        (train::cross_entropy(models[k]->forward(x), y) / s.accum).backward();
       }
     }
     if (s.clip > 0) {

@@ -61,7 +61,7 @@ void return_large_buffers_to_the_os() {
 }
 
 int64_t bytes_of(const at::Tensor& t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+  return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
 }
 
 std::string state_key(const at::Tensor& p) {
@@ -412,7 +412,7 @@ void ShardedModel::Impl::launch(size_t u) {
   if (opts.stage == 1) {
     const bool same = s.grad_full.scalar_type() == opts.reduce_dtype;
     at::Tensor in = same ? s.grad_full : s.grad_full.to(opts.reduce_dtype);
-    if (same && s.grad_shard.scalar_type() == opts.reduce_dtype && s.grad_shard.is_alias_of(in)) {
+    if (s.grad_shard.is_alias_of(in)) {  // fp32 throughout: reduce in place
       s.reduce = comm->reduce_scatter_async(in, s.grad_shard, comm::ReduceOp::Avg, what);
     } else {
       s.bucket = in;
@@ -598,8 +598,7 @@ MemoryStats ShardedModel::memory() const {
   m.optim_bytes = optimizer_state_bytes(*impl_->optimizer);
   if (impl_->sharded_params()) {
     for (auto& s : impl_->units) {
-      m.largest_unit_bytes =
-          std::max(m.largest_unit_bytes, s.full.numel() * int64_t(s.full.element_size()));
+      m.largest_unit_bytes = std::max(m.largest_unit_bytes, bytes_of(s.full));
     }
   }
   m.param_bytes += impl_->gathered_bytes;

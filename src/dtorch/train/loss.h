@@ -1,0 +1,18 @@
+// The loss every dtorch model trains on: cross-entropy over a classifier's classes (B x C) or
+// over a language model's tokens (B x T x vocab), so the trainer, benchmarks and tests share it.
+#pragma once
+
+#include <torch/nn/functional/loss.h>
+#include <torch/types.h>
+
+namespace dtorch::train {
+
+/// Cross-entropy of `out` (B x C, or B x T x V) against class indices `target` (B, or B x T),
+/// computed in fp32 whatever dtype the forward ran in (bf16 under autocast).
+inline torch::Tensor cross_entropy(const torch::Tensor& out, const torch::Tensor& target,
+                                   at::Reduction::Reduction r = at::Reduction::Mean) {
+  return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}).to(torch::kFloat),
+                                   target.reshape({-1}), {}, r);
+}
+
+}  // namespace dtorch::train
