@@ -1,7 +1,27 @@
 # The two commands: `make demo` and `make test`. Each installs what is missing first.
-BUILD ?= build
+#
+# TORCH picks the LibTorch, both first-class:
+#   TORCH=debian (default)  Debian 12's libtorch-dev 1.13 (CPU, Gloo), from apt; build in build/
+#   TORCH=pip               PyPI's torch 2.x wheel (CUDA, NCCL) in the virtual environment
+#                           $(VENV); build in build-pip/. Its Python is the peer tests compare with.
+TORCH ?= debian
+VENV ?= .venv
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+VENV_PYTHON = $(abspath $(VENV))/bin/python
+
+ifeq ($(TORCH),debian)
+BUILD ?= build
+TORCH_FLAGS =
+VENV_DEPS = true
+else ifeq ($(TORCH),pip)
+BUILD ?= build-pip
+TORCH_FLAGS = -DCMAKE_PREFIX_PATH="$$($(VENV_PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+  -DDTORCH_PYTHON=$(VENV_PYTHON)
+VENV_DEPS = scripts/install-deps venv && scripts/install-venv $(VENV)
+else
+$(error TORCH=$(TORCH) is not one of debian, pip)
+endif
 
 .PHONY: all build demo test bench deps-build deps-test deps-bench format clean
 
@@ -9,13 +29,17 @@ all: build
 
 deps-build:
 	@scripts/install-deps build data
+	@$(VENV_DEPS) build
 deps-test:
 	@scripts/install-deps build data test
+	@$(VENV_DEPS) test
+# The benchmarks compare with PyTorch 1.13 (Debian) and 2.x (PyPI) whichever LibTorch is built.
 deps-bench:
-	@scripts/install-deps build data bench
+	@scripts/install-deps build data bench venv
+	@scripts/install-venv $(VENV) bench
 
 $(BUILD)/build.ninja: CMakeLists.txt
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) $(TORCH_FLAGS)
 
 build: deps-build $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
@@ -28,12 +52,18 @@ test: deps-test $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
-bench: deps-bench build
-	bench/bench_ddp.py --dtorch $(BUILD)/dtorch
-	bench/bench_memory.py --dtorch $(BUILD)/dtorch
+# dtorch on both LibTorch versions: DDP on Debian's 1.13 against PyTorch 1.13 and 2.x; Gloo's
+# own collectives (2.x only) against dtorch's; the sharded strategies on LibTorch 2.x against
+# PyTorch 2.x's FSDP, ZeroRedundancyOptimizer and DeepSpeed on the same torch.
+bench: deps-bench
+	$(MAKE) build TORCH=debian
+	$(MAKE) build TORCH=pip
+	bench/bench_ddp.py --dtorch build/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_collectives.py --dtorch build-pip/dtorch
+	bench/bench_memory.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf build build-pip

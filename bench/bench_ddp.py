@@ -3,9 +3,13 @@
 
 Same machine, same run, same protocol (../shared/peers/torch_ddp_mnist.py): uniformly random
 batches from Fashion-MNIST drawn by a per-rank generator, SGD lr 0.01 momentum 0.9,
-cross-entropy, warm-up steps not timed. Each configuration runs ours then the peer's,
-`--repeats` times, and the median samples/s is reported.
-Usage: bench/bench_ddp.py [--dtorch build/dtorch] [--peer PATH] [--out BENCHMARKS.md]
+cross-entropy, warm-up steps not timed. The peer runs under two Pythons: Debian's (PyTorch
+1.13, what dtorch's Debian LibTorch is) and the virtual environment's (PyPI's PyTorch 2.x,
+what users have today), so the tables show how dtorch compares with both in one run. Each
+configuration runs ours then each peer's, `--repeats` times, and the median samples/s is
+reported.
+Usage: bench/bench_ddp.py [--dtorch build/dtorch] [--peer PATH] [--python /usr/bin/python3]
+                          [--python2 .venv/bin/python] [--out BENCHMARKS.md]
 """
 import argparse
 import datetime
@@ -42,6 +46,12 @@ def active_blas():
         return "unknown"
 
 
+def short_version(v):
+    """'2.15.0+cu132' -> '2.15', '1.13.0a0' -> '1.13': the part a column name needs."""
+    m = re.match(r"(\d+\.\d+)", v or "")
+    return m.group(1) if m else str(v)
+
+
 def cpu_name():
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -55,6 +65,12 @@ def main():
     ap.add_argument("--dtorch", default=os.path.join(ROOT, "build", "dtorch"))
     ap.add_argument("--peer", default=os.path.join(ROOT, "..", "shared", "peers",
                                                    "torch_ddp_mnist.py"))
+    ap.add_argument("--python", default="/usr/bin/python3",
+                    help="first peer's Python (Debian's, PyTorch 1.13)")
+    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
+    ap.add_argument("--python2", default=venv_python if os.path.exists(venv_python) else None,
+                    help="second peer's Python (PyPI's PyTorch 2.x; default .venv/bin/python "
+                    "when it exists, else the second peer is left out)")
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=200)
@@ -65,26 +81,39 @@ def main():
     a.peer = os.path.abspath(a.peer)
     if not os.path.exists(a.peer):
         sys.exit(f"bench: the peer {a.peer} is missing (it ships in shared/peers beside the repo)")
+    pythons = [a.python] + ([a.python2] if a.python2 else [])
+    for py in pythons:
+        if not os.path.exists(py):
+            sys.exit(f"bench: no Python at {py} (make deps-bench makes .venv; --python2 names "
+                     "another)")
 
+    # rows[(model, n)]: ours = dtorch's median, peers = one median per Python, in `pythons` order.
     rows = {}
+    peer_torch = [None] * len(pythons)  # each peer's torch.__version__, as it printed it
     port = 29600
     for model in ("mnist-mlp", "mnist-cnn"):
         for n in (1, 2):
-            ours, peer, last = [], [], None
+            ours, peers, last = [], [[] for _ in pythons], None
             for _ in range(a.repeats):
                 last = run_json([a.dtorch, "bench", "ddp", "--model", model, "--nproc-per-node",
                                  str(n), "--threads", "1", "--batch-size", str(a.batch),
                                  "--steps", str(a.steps), "--warmup", str(a.warmup)])
                 ours.append(last["samples_per_s"])
-                port += 1
-                p = run_json(["/usr/bin/python3", a.peer, "--model", model, "--nproc", str(n),
-                              "--threads", "1", "--batch", str(a.batch), "--steps", str(a.steps),
-                              "--warmup", str(a.warmup), "--port", str(port)])
-                peer.append(p["samples_per_s"])
-                print(f"{model} x{n}: dtorch {ours[-1]:.0f}  peer {peer[-1]:.0f} samples/s",
-                      file=sys.stderr)
-            rows[(model, n)] = dict(ours=statistics.median(ours), peer=statistics.median(peer),
-                                    breakdown=last["ms_per_step"], torch=p.get("torch"))
+                for i, py in enumerate(pythons):
+                    port += 1
+                    p = run_json([py, a.peer, "--model", model, "--nproc", str(n), "--threads",
+                                  "1", "--batch", str(a.batch), "--steps", str(a.steps),
+                                  "--warmup", str(a.warmup), "--port", str(port)])
+                    peers[i].append(p["samples_per_s"])
+                    peer_torch[i] = p.get("torch")
+                print(f"{model} x{n}: dtorch {ours[-1]:.0f}  " + "  ".join(
+                    f"peer {v} {x[-1]:.0f}" for v, x in zip(peer_torch, peers)) + " samples/s",
+                    file=sys.stderr)
+            rows[(model, n)] = dict(ours=statistics.median(ours),
+                                    peers=[statistics.median(x) for x in peers],
+                                    breakdown=last["ms_per_step"], dtorch_torch=last.get("torch"))
+    # Column names carry the peers' PyTorch versions ("PyTorch 1.13 DDP", "PyTorch 2.15 DDP").
+    names = ["PyTorch %s DDP" % short_version(v) for v in peer_torch]
 
     # The allreduce itself: dtorch's shared-memory path against the same ranks over Gloo
     # (DTORCH_SHM=0: c10d's ProcessGroupGloo, what PyTorch's DDP uses on CPU).
@@ -105,32 +134,35 @@ def main():
         "",
         "Measured by `%s` on %s." % (cmd, datetime.date.today().isoformat()),
         "",
-        "- Machine: %s, %d cores; BLAS: `%s`; PyTorch (peer) %s, LibTorch (dtorch) %s." %
-        (cpu_name(), os.cpu_count(), active_blas(), rows[("mnist-cnn", 1)]["torch"],
-         "1.13.1 (Debian)"),
+        "- Machine: %s, %d cores; BLAS: `%s`; PyTorch (peers) %s; LibTorch (dtorch) %s." %
+        (cpu_name(), os.cpu_count(), active_blas(),
+         " and ".join("%s (`%s`)" % (v, py) for v, py in zip(peer_torch, pythons)),
+         rows[("mnist-cnn", 1)]["dtorch_torch"]),
         "- Protocol: the peer's (`shared/peers/torch_ddp_mnist.py`): uniformly random batches "
         "of %d per rank from Fashion-MNIST, SGD lr 0.01 momentum 0.9, cross-entropy, "
         "%d warm-up steps untimed, %d timed steps, 1 thread per rank. "
-        "Median of %d runs, ours and the peer's alternating." % (a.batch, a.warmup, a.steps,
-                                                                   a.repeats),
-        "- Transport: the peer reduces gradients with Gloo over TCP on 127.0.0.1; dtorch, whose "
+        "Median of %d runs, ours and the peers' alternating." % (a.batch, a.warmup, a.steps,
+                                                                    a.repeats),
+        "- Transport: the peers reduce gradients with Gloo over TCP on 127.0.0.1; dtorch, whose "
         "ranks are all on one node here, through shared memory (Gloo for everything else, and "
         "for every collective across nodes).",
         "",
         "## DDP throughput (samples/s, all ranks together)",
         "",
-        "| model | ranks | dtorch | PyTorch DDP (peer) | dtorch / peer |",
-        "|---|---|---|---|---|",
+        "| model | ranks | dtorch | " + " | ".join(names) + " | " +
+        " | ".join("dtorch / %s" % m.replace(" DDP", "") for m in names) + " |",
+        "|---|---|---|" + "---|" * (2 * len(names)),
     ]
     for (model, n), r in rows.items():
-        lines.append("| %s | %d | %.0f | %.0f | %.2fx |" % (model, n, r["ours"], r["peer"],
-                                                           r["ours"] / r["peer"]))
+        lines.append("| %s | %d | %.0f | " % (model, n, r["ours"]) +
+                     " | ".join("%.0f" % x for x in r["peers"]) + " | " +
+                     " | ".join("%.2fx" % (r["ours"] / x) for x in r["peers"]) + " |")
     lines += ["", "## Scaling efficiency (2-rank samples/s over twice the 1-rank figure)", "",
-              "| model | dtorch | PyTorch DDP (peer) |", "|---|---|---|"]
+              "| model | dtorch | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for model in ("mnist-mlp", "mnist-cnn"):
         one, two = rows[(model, 1)], rows[(model, 2)]
-        lines.append("| %s | %.2f | %.2f |" % (model, two["ours"] / (2 * one["ours"]),
-                                              two["peer"] / (2 * one["peer"])))
+        lines.append("| %s | %.2f | " % (model, two["ours"] / (2 * one["ours"])) + " | ".join(
+            "%.2f" % (b / (2 * a1)) for a1, b in zip(one["peers"], two["peers"])) + " |")
     lines += ["", "## Allreduce between 2 ranks (`dtorch bench allreduce`, ms per call)", "",
               "| bytes | dtorch shared memory | Gloo (DTORCH_SHM=0) | speed-up |",
               "|---|---|---|---|"]
@@ -159,7 +191,8 @@ def main():
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    update_readme(lines)
+    if os.path.abspath(a.out) == os.path.join(ROOT, "BENCHMARKS.md"):  # not for a scratch --out
+        update_readme(lines)
 
 
 def update_readme(lines):

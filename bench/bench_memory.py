@@ -5,8 +5,12 @@ Per rank: the model-state bytes dtorch holds (counted from its own buffers) agai
 paper's formulas for fp32 AdamW (16P for DDP, 8P + 8P/N for ZeRO-1, 4P + 12P/N for ZeRO-2,
 16P/N + the largest gathered unit for ZeRO-3), the process's peak RSS, the bytes each rank
 sends per step against the paper's communication volume, and samples/s relative to DDP at
-the smallest N, all from one run on one machine.
+the smallest N, all from one run on one machine. Then the same training under PyTorch 2.x's
+DDP, ZeroRedundancyOptimizer and FSDP and under DeepSpeed's ZeRO-1/2/3 (bench/peer_sharded.py,
+run by the virtual environment's Python, same model, batch, optimizer and steps), so that
+dtorch's samples/s and peak RSS per rank stand beside what Python users run today.
 Usage: bench/bench_memory.py [--dtorch build/dtorch] [--model gpt-small] [--nprocs 2 4]
+                             [--python2 .venv/bin/python]
 """
 import argparse
 import datetime
@@ -19,6 +23,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+# (dtorch strategy, peer strategy, what the peer is): the same ZeRO stage on both sides.
+PAIRS = (("ddp", "ddp", "PyTorch DDP"),
+         ("zero1", "zero-redundancy", "PyTorch ZeroRedundancyOptimizer"),
+         ("zero3", "fsdp", "PyTorch FSDP"),
+         ("zero1", "deepspeed-zero1", "DeepSpeed ZeRO-1"),
+         ("zero2", "deepspeed-zero2", "DeepSpeed ZeRO-2"),
+         ("zero3", "deepspeed-zero3", "DeepSpeed ZeRO-3"))
+PEER_STRATEGIES = tuple(dict.fromkeys(p for _, p, _ in PAIRS))
 
 
 def run_lines(cmd):
@@ -36,6 +48,25 @@ def run_lines(cmd):
     return sorted(rows, key=lambda r: r["rank"])
 
 
+def run_peer(cmd):
+    """Runs bench/peer_sharded.py: (rows by rank, None) or ([], the one-line reason it failed)."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
+    rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip().startswith("{")]
+    errors = [r["error"] for r in rows if "error" in r]
+    if errors:
+        return [], errors[0]
+    if p.returncode != 0 or not rows:
+        tail = [l for l in p.stderr.strip().splitlines() if l.strip()]
+        return [], "exit code %d: %s" % (p.returncode, tail[-1] if tail else "no output")
+    return sorted(rows, key=lambda r: r["rank"]), None
+
+
+def short_version(v):
+    """'2.15.0+cu132' -> '2.15': the part a heading needs."""
+    m = re.match(r"(\d+\.\d+)", v or "")
+    return m.group(1) if m else str(v)
+
+
 def gib(b):
     return b / 2**30
 
@@ -49,8 +80,15 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
+    ap.add_argument("--python2", default=venv_python if os.path.exists(venv_python) else None,
+                    help="Python with PyTorch 2.x and DeepSpeed for the peers (default "
+                    ".venv/bin/python when it exists, else the peers are left out)")
+    ap.add_argument("--peer", default=os.path.join(ROOT, "bench", "peer_sharded.py"))
     a = ap.parse_args()
     a.dtorch = os.path.abspath(a.dtorch)
+    if a.python2 and not os.path.exists(a.python2):
+        sys.exit(f"bench: no Python at {a.python2} (make deps-bench makes .venv)")
 
     results = {}
     for n in a.nprocs:
@@ -64,6 +102,25 @@ def main():
                   f"({r['model_state_over_formula']:.3f} of formula), peak RSS "
                   f"{gib(max(x['peak_rss_bytes'] for x in rows)):.2f} GiB, "
                   f"{r['samples_per_s']:.2f} samples/s", file=sys.stderr)
+
+    # The peers, after all of dtorch's runs, with the same settings. A peer that cannot run
+    # is recorded with its reason, not fatal: the table says why.
+    peers = {}
+    for n in a.nprocs if a.python2 else []:
+        for s in PEER_STRATEGIES:
+            rows, err = run_peer([a.python2, os.path.abspath(a.peer), "--strategy", s,
+                                  "--model", a.model, "--nproc", str(n), "--steps",
+                                  str(a.steps), "--batch", str(a.batch), "--seq-len",
+                                  str(a.seq_len)])
+            peers[(s, n)] = (rows, err)
+            print(f"peer {s} x{n}: " + (f"failed: {err}" if err else
+                  f"{rows[0]['impl']}, peak RSS "
+                  f"{gib(max(x['peak_rss_bytes'] for x in rows)):.2f} GiB, "
+                  f"{rows[0]['samples_per_s']:.2f} samples/s"), file=sys.stderr)
+    ran = [rows[0] for rows, _ in peers.values() if rows]
+    torch2 = ran[0]["torch"] if ran else None
+    deepspeed = next((r["deepspeed"] for r in ran if "deepspeed" in r), None)
+    fsdp = next((r["impl"] for r in ran if r["strategy"] == "fsdp"), None)
 
     P = results[("ddp", a.nprocs[0])][0]["params"]
     n0 = a.nprocs[0]
@@ -79,9 +136,9 @@ def main():
         "the ZeRO paper's (Rajbhandari et al. 2020, section 5) with 4 + 4 + 8 bytes per "
         "parameter; peak RSS is the largest of the ranks' (`getrusage`), which also holds "
         "activations, gradients in flight, the fp32 model as built before it is sharded, and "
-        "LibTorch itself. No Python peer: PyTorch 1.13's "
-        "FSDP needs CUDA and there is no DeepSpeed for CPU here; the reference is the formula."
-        % (cmd, datetime.date.today().isoformat(), a.model, P, P / 1e6, a.batch, a.seq_len),
+        "LibTorch itself. The references are the formula and, in the last table, %s"
+        % (cmd, datetime.date.today().isoformat(), a.model, P, P / 1e6, a.batch, a.seq_len,
+           peer_sentence(a, peers, torch2, deepspeed, fsdp)),
         "",
         "| strategy | N | params | grads | optimizer | model state | formula | state / "
         "formula | peak RSS |",
@@ -139,6 +196,8 @@ def main():
         r = results[(s, n0)][0]
         lines.append("| %s | %d | %.2f | %.2f |" % (s, n0, r["samples_per_s"],
                                                    r["samples_per_s"] / base))
+    if peers:
+        lines += peer_table(a, results, peers, torch2)
     lines.append(END)
     block = "\n".join(lines)
 
@@ -151,6 +210,77 @@ def main():
     with open(a.out, "w") as f:
         f.write(text)
     print(block)
+
+
+def shown_path(path):
+    """A path as the reader's checkout would have it: relative to the repository when inside."""
+    rel = os.path.relpath(os.path.abspath(path), ROOT)
+    return path if rel.startswith("..") else rel
+
+
+def peer_sentence(a, peers, torch2, deepspeed, fsdp):
+    """What the peer table compares with, for the section's introduction."""
+    if not a.python2:
+        return ("nothing else: no Python with PyTorch 2.x was given (`--python2`, made by "
+                "`make deps-bench` in .venv), so the peers did not run.")
+    failed = sorted({s for (s, _), (rows, err) in peers.items() if err})
+    text = ("PyTorch %s's own DDP, ZeroRedundancyOptimizer and FSDP%s and DeepSpeed%s's "
+            "ZeRO-1/2/3, all on CPU over Gloo, run by `bench/peer_sharded.py` under `%s` "
+            "after dtorch's runs with the same model, batch, fp32 AdamW and steps (Debian's "
+            "PyTorch 1.13 is left out: its torch.distributed.fsdp does not import under Python "
+            "3.11, and its FSDP needs CUDA)." % (
+                short_version(torch2) if torch2 else "2.x", " (%s)" % fsdp if fsdp else "",
+                " " + deepspeed if deepspeed else "", shown_path(a.python2)))
+    fallback = next((r[0]["fully_shard_error"] for r, _ in peers.values()
+                     if r and "fully_shard_error" in r[0]), None)
+    if fallback:
+        text += " FSDP2's `fully_shard` failed on CPU (%s), so FSDP1 ran." % fallback
+    if failed:
+        text += " Did not run: %s (reasons in the table)." % ", ".join(failed)
+    return text
+
+
+def peer_table(a, results, peers, torch2):
+    """dtorch against the peer of the same ZeRO stage, per N: samples/s and the largest peak RSS."""
+    lines = [
+        "",
+        "## dtorch vs PyTorch %s and DeepSpeed (same run)" % (short_version(torch2) if torch2
+                                                              else "2.x"),
+        "",
+        "The peers (`bench/peer_sharded.py`) train the same %s (nanoGPT's model.py, the "
+        "sharding unit a transformer block) on %d x %d random token ids per rank, fp32 AdamW "
+        "(lr 1e-4, weight decay 0.01), one thread per rank, one untimed step then %d timed; "
+        "every rank builds the whole model before it is sharded, as dtorch does. DeepSpeed's "
+        "reduce and allgather buckets are set to 25 MiB like DDP's and dtorch's (its default, "
+        "5e8 elements, is 2 GB in fp32). Peak RSS is the largest rank's. dtorch / peer above 1 "
+        "means dtorch is faster; RSS dtorch / peer below 1 that it holds less memory."
+        % (a.model, a.batch, a.seq_len, a.steps),
+        "",
+        "| N | dtorch | samples/s | peak RSS | peer | samples/s | peak RSS | samples/s dtorch "
+        "/ peer | RSS dtorch / peer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = []
+    for n in a.nprocs:
+        for ours, theirs, name in PAIRS:
+            o = results[(ours, n)]
+            o_sps, o_rss = o[0]["samples_per_s"], max(x["peak_rss_bytes"] for x in o)
+            rows, err = peers[(theirs, n)]
+            if err:
+                lines.append("| %d | %s | %.2f | %.2f GiB | %s | did not run: %s | | | |" % (
+                    n, ours, o_sps, gib(o_rss), name, err.replace("|", "/")))
+                continue
+            t_sps, t_rss = rows[0]["samples_per_s"], max(x["peak_rss_bytes"] for x in rows)
+            impl = " (%s)" % rows[0]["impl"] if theirs == "fsdp" else ""
+            lines.append("| %d | %s | %.2f | %.2f GiB | %s%s | %.2f | %.2f GiB | %.2f | %.2f |" % (
+                n, ours, o_sps, gib(o_rss), name, impl, t_sps, gib(t_rss), o_sps / t_sps,
+                o_rss / t_rss))
+            base += [x["rss_before_model_bytes"] for x in rows]
+    if base:
+        lines += ["", "Of each peer rank's peak RSS, %.2f-%.2f GiB is held before the model "
+                  "exists (Python, PyPI's torch with its CUDA libraries mapped even on CPU, the "
+                  "process group)." % (gib(min(base)), gib(max(base)))]
+    return lines
 
 
 if __name__ == "__main__":

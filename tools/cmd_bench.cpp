@@ -100,24 +100,41 @@ int bench_worker(const BenchFlags& f) {
   return 0;
 }
 
-// Allreduce latency and bus bandwidth for one message size (like nccl-tests' all_reduce_perf):
-// busbw = 2 (n-1)/n * bytes / time, the bytes each rank's link carries in a ring.
-int allreduce_worker(int64_t bytes, int iters) {
+// Latency and bus bandwidth of one collective for one message size (like nccl-tests'
+// all_reduce_perf): busbw = factor * bytes / time with nccl-tests' factors, the bytes each
+// rank's link carries in a ring: 2 (n-1)/n for allreduce, (n-1)/n for reduce-scatter and
+// allgather (bytes: the whole buffer, input of a reduce-scatter, output of an allgather).
+int collective_worker(const std::string& op, int64_t bytes, int iters) {
   torch::set_num_threads(1);
   auto comm = comm::Communicator::from_env();
-  auto t = torch::ones({std::max<int64_t>(1, bytes / 4)});
+  const int n = comm->size();
+  const int64_t numel = std::max<int64_t>(n, bytes / 4 / n * n);
+  auto full = torch::ones({numel});
+  auto part = torch::ones({numel / n});
+  auto once = [&] {
+    if (op == "allreduce") comm->allreduce(full);
+    if (op == "reduce-scatter") comm->reduce_scatter(full, part);
+    if (op == "allgather") comm->allgather_into(full, part);
+  };
   for (int i = 0; i < 5; ++i)
-    comm->allreduce(t);
+    once();
   comm->barrier("bench start");
   auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i)
-    comm->allreduce(t);
+    once();
   double s = since(t0) / iters;
   if (comm->rank() == 0) {
-    int n = comm->size();
-    double busbw = n > 1 ? 2.0 * (n - 1) / n * t.numel() * 4 / s : 0;
-    nlohmann::json j = {{"impl", "dtorch"},       {"op", "allreduce"}, {"nproc", n},
-                        {"bytes", t.numel() * 4}, {"ms", 1000 * s},    {"busbw_GBps", busbw / 1e9}};
+    const double factor = (op == "allreduce" ? 2.0 : 1.0) * (n - 1) / n;
+    nlohmann::json j = {{"impl", "dtorch"},
+                        {"op", op},
+                        {"nproc", n},
+                        {"bytes", numel * 4},
+                        {"ms", 1000 * s},
+                        {"busbw_GBps", n > 1 ? factor * numel * 4 / s / 1e9 : 0.0},
+                        {"path", env::get("DTORCH_SHM").value_or("1") == "0"
+                                     ? "gloo (" + comm->options().gloo_collectives + ")"
+                                     : "shared memory"},
+                        {"torch", TORCH_VERSION}};
     std::cout << j.dump() << std::endl;
   }
   return 0;
@@ -167,18 +184,25 @@ void add_bench_command(CLI::App& app, int& exit_code) {
     }
   });
 
-  auto* ar = bench->add_subcommand("allreduce", "Allreduce time and bus bandwidth");
+  auto* ar = bench->add_subcommand(
+      "allreduce",
+      "Time and bus bandwidth of one collective (--op; DTORCH_SHM=0 for Gloo, "
+      "DTORCH_GLOO_COLLECTIVES=native|dtorch to pick its reduce-scatter and allgather)");
   auto nproc = std::make_shared<int>(2);
   auto bytes = std::make_shared<int64_t>(4 << 20);
   auto iters = std::make_shared<int>(100);
+  auto op = std::make_shared<std::string>("allreduce");
   ar->add_option("--nproc-per-node,--nproc_per_node", *nproc)->capture_default_str();
   ar->add_option("--bytes", *bytes, "message size")->capture_default_str();
   ar->add_option("--iters", *iters)->capture_default_str();
+  ar->add_option("--op", *op, "allreduce | reduce-scatter | allgather")
+      ->check(CLI::IsMember({"allreduce", "reduce-scatter", "allgather"}))
+      ->capture_default_str();
   ar->callback([=, &exit_code] {
     DTORCH_CHECK_T(ConfigError, *nproc >= 1 && *bytes >= 4 && *iters >= 1,
                    "bench allreduce: --nproc-per-node and --iters must be >= 1, --bytes >= 4");
     exit_code = *nproc > 1 && !env::get("RANK") ? relaunch_bench("allreduce", *nproc, false)
-                                                : allreduce_worker(*bytes, *iters);
+                                                : collective_worker(*op, *bytes, *iters);
   });
   add_bench_memory_command(*bench, exit_code);
 }

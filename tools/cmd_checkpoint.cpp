@@ -89,7 +89,11 @@ int run_inspect(const CheckpointFlags& f) {
 int run_consolidate(const CheckpointFlags& f) {
   train::ShardedCheckpointReader reader(f.dir);
   train::StateDict state = train::consolidate_model(reader);
-  train::write_file_atomically(f.out, train::pickle_state_dict(state));
+  // The format follows the file name: .safetensors gets safetensors, anything else torch.save's.
+  const bool st = f.out.size() >= 12 && f.out.compare(f.out.size() - 12, 12, ".safetensors") == 0;
+  train::write_file_atomically(
+      f.out, train::serialize_state_dict(
+                 state, st ? train::SaveFormat::Safetensors : train::SaveFormat::Torch));
   int64_t elements = 0;
   for (const auto& [name, t] : state)
     elements += t.numel();
@@ -116,7 +120,9 @@ void add_checkpoint_command(CLI::App& app, int& exit_code) {
   auto* consolidate = cmd->add_subcommand(
       "consolidate", "Write the whole model (parameters and buffers) as one state dict file");
   consolidate->add_option("DIR", f->dir, dir_help)->required();
-  consolidate->add_option("OUT", f->out, "output file, e.g. model.pt (torch.load reads it)")
+  consolidate
+      ->add_option("OUT", f->out,
+                   "output file: model.pt (torch.load reads it) or model.safetensors")
       ->required();
   consolidate->callback([f, &exit_code] { exit_code = run_consolidate(*f); });
 }

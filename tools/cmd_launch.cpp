@@ -121,8 +121,10 @@ void add_launch_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   sub->add_option("--log-dir,--log_dir", opts->log_dir,
                   "also write each worker's output to DIR/rank<global rank>.log");
-  sub->add_flag("--no-python,--no_python",
-                "accepted for torchrun compatibility: dtorch always runs PROGRAM itself");
+  // (description() apart: CLI11 2.3 under C++20, as LibTorch 2.x builds, cannot choose between
+  // add_flag's overloads for a flag name and a string literal)
+  sub->add_flag("--no-python,--no_python")
+      ->description("accepted for torchrun compatibility: dtorch always runs PROGRAM itself");
 
   // Note [Program after the flags]
   // torchrun takes `torchrun FLAGS PROGRAM ARGS...` and `torchrun FLAGS -- PROGRAM ARGS...`.

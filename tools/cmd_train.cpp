@@ -114,6 +114,10 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--out", c.out, "output folder: metrics.jsonl, checkpoints, model.pt")
       ->capture_default_str();
+  cmd->add_option("--save-format", c.save_format,
+                  "final model file: pt (model.pt for torch.load) or safetensors "
+                  "(model.safetensors)")
+      ->capture_default_str();
   cmd->add_flag("--resume", c.resume, "continue from the newest good checkpoint in --out");
   cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node,
                   "launch this many local ranks (like `dtorch launch --standalone`)");

@@ -1,7 +1,11 @@
 // Entry point of the `dtorch` command line: parses the subcommand and turns every error into
 // one clear message and a non-zero exit code. Library code never exits; only this does.
+#include <torch/cuda.h>
+#include <torch/version.h>
+
 #include <iostream>
 
+#include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
 #include "tools/commands.h"
 
@@ -15,6 +19,21 @@ const std::vector<std::string>& command_line() {
 void set_command_line(int argc, char** argv) {
   g_command_line.assign(argv, argv + argc);
 }
+
+namespace {
+// `dtorch version`: what this build was made against, for bug reports and job logs.
+void add_version_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("version", "The LibTorch and backends this dtorch was built with");
+  cmd->callback([] {
+    std::string backends;
+    for (const auto& b : comm::compiled_backends())
+      backends += (backends.empty() ? "" : ", ") + b;
+    std::cout << "dtorch " << DTORCH_VERSION << "\nLibTorch " << TORCH_VERSION << "\nbackends "
+              << backends << "\nCUDA devices " << static_cast<int>(torch::cuda::device_count())
+              << std::endl;
+  });
+}
+}  // namespace
 }  // namespace dtorch::tools
 
 int main(int argc, char** argv) {
@@ -26,6 +45,7 @@ int main(int argc, char** argv) {
   dtorch::tools::add_train_command(app, exit_code);
   dtorch::tools::add_bench_command(app, exit_code);
   dtorch::tools::add_checkpoint_command(app, exit_code);
+  dtorch::tools::add_version_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

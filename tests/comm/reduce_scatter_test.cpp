@@ -1,10 +1,12 @@
-// Reduce-scatter and flat allgather, on both transports (shared memory and the Gloo ring):
+// Reduce-scatter and flat allgather, on every path (shared memory, dtorch's Gloo ring, and
+// Gloo's own collectives on LibTorch 2.x, Note [Gloo on 2.x]):
 // each rank's result equals the slice of a sum computed locally in float64, and the traffic
 // counters report the volume of a real reduce-scatter, not of an allreduce.
 #include <gtest/gtest.h>
 
 #include <fstream>
 
+#include "dtorch/comm/backend_compat.h"
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
 #include "support/workers.h"
@@ -17,9 +19,10 @@ torch::Tensor contribution(int r, int64_t numel, torch::Dtype dtype) {
   return (torch::arange(numel, torch::kDouble) * 0.001 + r * 1.5).sin().to(dtype);
 }
 
-// args: DIR PATH NUMEL DTYPE (float|double|bf16)
+// args: DIR PATH (shm|gloo|native) NUMEL DTYPE (float|double|bf16)
 DTORCH_TEST_WORKER(comm_reduce_scatter) {
-  setenv("DTORCH_SHM", args.at(1) == "gloo" ? "0" : "1", 1);
+  setenv("DTORCH_SHM", args.at(1) == "shm" ? "1" : "0", 1);
+  setenv("DTORCH_GLOO_COLLECTIVES", args.at(1) == "native" ? "native" : "dtorch", 1);
   auto c = Communicator::from_env();
   const int r = c->rank(), n = c->size();
   const int64_t shard = std::stoll(args.at(2));
@@ -39,7 +42,10 @@ DTORCH_TEST_WORKER(comm_reduce_scatter) {
   const double tol = dtype == torch::kBFloat16 ? 0.05 : dtype == torch::kFloat ? 1e-5 : 1e-12;
   double err = (out.to(torch::kDouble) - expected).abs().max().item<double>();
   DTORCH_CHECK(err <= tol, "reduce_scatter sum off by ", err);
-  const int64_t esize = dtype == torch::kDouble ? 8 : 4;  // bf16 travels as float on Gloo 1.13
+  // bf16 travels as float on Gloo 1.13, as itself on 2.x.
+  const int64_t esize = dtype == torch::kDouble                             ? 8
+                        : dtype == torch::kBFloat16 && kGlooReducesBFloat16 ? 2
+                                                                            : 4;
   DTORCH_CHECK(c->traffic().reduce_scatter == (n - 1) * shard * esize, "reduce_scatter traffic ",
                c->traffic().reduce_scatter);
   DTORCH_CHECK(c->traffic().allreduce == 0, "reduce_scatter counted as allreduce");
@@ -126,6 +132,8 @@ class ReduceScatter : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ReduceScatter, MatchesSliceOfFloat64Sum) {
   auto p = GetParam();
+  if (std::string(p.path) == "native" && !kGlooHasReduceScatter)
+    GTEST_SKIP() << "Gloo in LibTorch " << TORCH_VERSION << " has no reduce-scatter";
   auto dir = testing::scratch_dir("reduce_scatter");
   EXPECT_EQ(testing::run_ranks(p.ranks, "comm_reduce_scatter",
                                {dir, p.path, std::to_string(p.shard), p.dtype}),
@@ -138,7 +146,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{2, "shm", 1000, "float"}, Case{3, "shm", 700001, "float"},
                       Case{2, "shm", 333, "double"}, Case{2, "gloo", 1000, "float"},
                       Case{3, "gloo", 200003, "float"}, Case{4, "gloo", 17, "double"},
-                      Case{2, "gloo", 64, "bf16"}, Case{2, "shm", 64, "bf16"}),
+                      Case{2, "gloo", 64, "bf16"}, Case{2, "shm", 64, "bf16"},
+                      Case{2, "native", 1000, "float"}, Case{3, "native", 200003, "float"},
+                      Case{4, "native", 17, "double"}, Case{2, "native", 64, "bf16"}),
     [](const auto& info) {
       return std::string(info.param.path) + std::to_string(info.param.ranks) + "r" +
              std::to_string(info.param.shard) + info.param.dtype;

@@ -78,11 +78,7 @@ nlohmann::json compare_with_peer(const std::string& name, const std::string& pee
   torch::Tensor x = torch::randn({8, 1, 28, 28});
   torch::Tensor y = model->forward(x).detach();
   train::save_state_dict(*model, dir + "/weights.pt");
-  c10::Dict<std::string, torch::Tensor> io;
-  io.insert("x", x);
-  io.insert("y", y);
-  auto bytes = torch::pickle_save(c10::IValue(io));
-  std::ofstream(dir + "/io.pt", std::ios::binary).write(bytes.data(), bytes.size());
+  dtorch::testing::save_tensors(dir + "/io.pt", {{"x", x}, {"y", y}});
 
   // Also: does the same seed give the same initial weights in both languages?
   torch::manual_seed(0);

@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dtorch/core/torch_compat.h"
+
 namespace dtorch::testing {
 namespace {
 
-const char* kPython = "/usr/bin/python3";
+const std::string kPython = DTORCH_PYTHON;
 
 std::string quote(const std::string& s) {
   std::string q = "'";
@@ -44,13 +46,26 @@ std::string peer_script() {
   return "";
 }
 
+std::string python() {
+  return kPython;
+}
+
+std::vector<std::string> torchrun_command() {
+  if (compat::kTorch2) return {kPython, "-m", "torch.distributed.run"};
+  return {kPython, (std::filesystem::path(peer_script()).parent_path() / "torchrun").string()};
+}
+
 std::string python_unavailable_reason(bool need_peer) {
   static const int torch_rc = [] {
     std::string out;
     // From / so that no 'torch' folder in the working directory shadows the package.
-    return run_shell(std::string("cd / && ") + kPython + " -c 'import torch' 2>&1", &out);
+    return run_shell("cd / && " + quote(kPython) + " -c 'import torch' 2>&1", &out);
   }();
-  if (torch_rc != 0) return "no /usr/bin/python3 with torch (apt-get install python3-torch)";
+  if (torch_rc != 0) {
+    return "no torch for " + kPython +
+           (compat::kTorch2 ? " (make test TORCH=pip makes that environment)"
+                            : " (apt-get install python3-torch)");
+  }
   if (need_peer && peer_script().empty())
     return "peer script shared/peers/torch_ddp_mnist.py not found beside the repository";
   return "";
@@ -69,7 +84,7 @@ if sys.argv[1]:
   const std::string path = dir + "/" + name + ".py";
   std::ofstream(path) << prelude << code << "\n";
   std::string cmd =
-      "cd " + quote(dir) + " && " + kPython + " " + quote(path) + " " + quote(peer_script());
+      "cd " + quote(dir) + " && " + quote(kPython) + " " + quote(path) + " " + quote(peer_script());
   for (const auto& a : args)
     cmd += " " + quote(a);
   return run_shell(cmd + " 2>&1", output);

@@ -1,5 +1,7 @@
-// Test helper: runs snippets on Debian's /usr/bin/python3 with the Python peer
-// (shared/peers/torch_ddp_mnist.py) importable, so C++ results are checked against PyTorch.
+// Test helper: runs snippets on the Python whose torch matches the LibTorch under test (Debian's
+// /usr/bin/python3 for 1.13, the virtual environment's for PyPI's 2.x; DTORCH_PYTHON at
+// configure time) with the Python peer (shared/peers/torch_ddp_mnist.py) importable, so C++
+// results are checked against PyTorch.
 #pragma once
 
 #include <string>
@@ -10,11 +12,19 @@ namespace dtorch::testing {
 /// Path of the peer script, or "" when it is not beside the repository.
 std::string peer_script();
 
-/// Why Python checks cannot run here ("" when they can): no /usr/bin/python3, no
-/// python3-torch, or (when `need_peer`) no peer script.
+/// The Python interpreter the tests compare with (its torch matches the LibTorch under test).
+std::string python();
+
+/// PyTorch's torchrun for that Python, as the start of a command line: Debian's 1.13 needs
+/// the patched shared/peers/torchrun (its own crashes on Python 3.11), 2.x has
+/// `python -m torch.distributed.run`.
+std::vector<std::string> torchrun_command();
+
+/// Why Python checks cannot run here ("" when they can): no such Python, no torch for it, or
+/// (when `need_peer`) no peer script.
 std::string python_unavailable_reason(bool need_peer);
 
-/// Writes `code` to DIR/NAME.py and runs it with /usr/bin/python3 from `dir` (which holds
+/// Writes `code` to DIR/NAME.py and runs it with python() from `dir` (which holds
 /// no 'torch' folder, so `import torch` finds the installed one), with argv[1] the peer
 /// script path and then `args`. Before `code` runs, `peer` is the imported peer module when
 /// the script exists (else None). Returns the exit code; stdout+stderr go to *output.

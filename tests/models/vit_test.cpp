@@ -68,7 +68,7 @@ TEST(ModelViTPeer, DebugAndTinyMatchTorchvision) {
 try:
     from torchvision.models.vision_transformer import VisionTransformer
 except ImportError:
-    print(json.dumps({"skip": "no torchvision for /usr/bin/python3 (apt-get install python3-torchvision)"}))
+    print(json.dumps({"skip": "no torchvision for " + sys.executable + " (make test installs it)"}))
     sys.exit(0)
 p, layers, heads, hidden, mlp = map(int, sys.argv[2:7])
 net = VisionTransformer(28, p, layers, heads, hidden, mlp, num_classes=10)

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "dtorch/train/safetensors.h"
 #include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/command.h"
@@ -60,6 +61,46 @@ print("PYTHON OK", len(sd))
 )",
                                {out}, &output);
   EXPECT_EQ(rc, 0) << output;
+  EXPECT_TRUE(contains(output, "PYTHON OK 8")) << output;
+}
+
+// OUT's suffix picks the format: .safetensors gives what the safetensors package reads.
+TEST(CheckpointCli, ConsolidatesToSafetensorsByFileName) {
+  std::string dir = testing::toy_checkpoint_copy("ckpt-cli-safetensors");
+  const std::string pt = dir + "/model.pt", st = dir + "/model.safetensors";
+  for (const auto& out : {pt, st}) {
+    auto r = run_command("ckpt-cli-safetensors-cmd",
+                         {DTORCH_CLI, "checkpoint", "consolidate", dir, out});
+    ASSERT_EQ(r.exit_code(), 0) << r.err;
+  }
+  auto bytes = train::read_file(st);
+  ASSERT_TRUE(train::looks_like_safetensors(bytes));
+  auto from_st = train::parse_safetensors(bytes, st);
+  auto from_pt = train::unpickle_state_dict(train::read_file(pt), pt);
+  ASSERT_EQ(from_st.size(), from_pt.size());
+  for (size_t i = 0; i < from_st.size(); ++i) {
+    EXPECT_EQ(from_st[i].first, from_pt[i].first);
+    EXPECT_TRUE(torch::equal(from_st[i].second, from_pt[i].second)) << from_st[i].first;
+  }
+
+  DTORCH_SKIP_WITHOUT_PYTHON(false);
+  std::string output;
+  int rc = testing::run_python(dir, "load_safetensors", R"(
+import sys, torch
+try:
+    from safetensors.torch import load_file
+except ImportError:
+    print("SKIP no safetensors package for " + sys.executable)
+    sys.exit(0)
+st, pt = load_file(sys.argv[2]), torch.load(sys.argv[3])
+assert list(st) == list(pt), (list(st), list(pt))
+for k in st:
+    assert st[k].dtype == pt[k].dtype and torch.equal(st[k], pt[k]), k
+print("PYTHON OK", len(st))
+)",
+                               {st, pt}, &output);
+  ASSERT_EQ(rc, 0) << output;
+  if (contains(output, "SKIP no safetensors")) GTEST_SKIP() << output;
   EXPECT_TRUE(contains(output, "PYTHON OK 8")) << output;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -103,12 +104,31 @@ TEST(TrainCli, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   EXPECT_EQ(metrics(out).size(), 4u);  // epochs 1, 2, then 2 again and 3 after the fallback
 }
 
+TEST(TrainCli, SaveFormatSafetensorsWritesModelSafetensors) {
+  std::string out = testing::scratch_dir("train_safetensors") + "/run";
+  auto args = train_args(out, 1);
+  *(std::find(args.begin(), args.end(), "--train-samples") + 1) = "500";
+  *(std::find(args.begin(), args.end(), "--test-samples") + 1) = "200";
+  args.insert(args.end(), {"--save-format", "safetensors"});
+  auto r = run_command("train_safetensors_cmd", args, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "model.safetensors")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out + "/model.pt"));
+  auto w = weights(out + "/model.safetensors");
+  EXPECT_EQ(w.size(), 8u);
+
+  args.back() = "pickle";
+  auto bad = run_command("train_safetensors_bad_cmd", args, 60);
+  EXPECT_NE(bad.exit_code(), 0);
+  EXPECT_TRUE(contains(bad.err, "save format 'pickle' is not one of pt, safetensors")) << bad.err;
+}
+
 // torchrun's static rendezvous (--master_port: its agent serves the store) and --standalone
 // (c10d rendezvous: rank 0 serves the store at MASTER_PORT).
 void run_under_torchrun(const std::vector<std::string>& rdzv_flags) {
-  std::string torchrun = std::filesystem::path(testing::peer_script()).parent_path() / "torchrun";
   std::string out = testing::scratch_dir("train_torchrun") + "/run";
-  std::vector<std::string> args = {"/usr/bin/python3", torchrun, "--nproc_per_node", "2"};
+  std::vector<std::string> args = testing::torchrun_command();
+  args.insert(args.end(), {"--nproc_per_node", "2"});
   args.insert(args.end(), rdzv_flags.begin(), rdzv_flags.end());
   args.push_back("--no_python");
   for (auto& a : train_args(out, 1))

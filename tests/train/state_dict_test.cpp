@@ -11,6 +11,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/train/safetensors.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
 
@@ -111,7 +112,9 @@ TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {
   std::string out;
   int rc = dtorch::testing::run_python(dir, "load", R"PY(
 for cls, f in ((peer.Net, "cnn.pt"), (peer.MLP, "mlp.pt")):
-    sd = torch.load(f)
+    # Note [Files torch.load reads]: the safe loader (the default from PyTorch 2.6) too.
+    sd = torch.load(f, weights_only=True)
+    assert type(sd) is dict, type(sd)
     net = cls()
     print(net.load_state_dict(sd, strict=True))
     assert list(sd.keys()) == list(net.state_dict().keys()), (list(sd.keys()), f)
@@ -139,6 +142,88 @@ print(json.dumps(sd["fc3.bias"].tolist()))
     EXPECT_NE(std::string(e.what()).find("dict(model.state_dict())"), std::string::npos)
         << e.what();
   }
+}
+
+TEST(StateDict, SafetensorsRoundTripAndDamagedFiles) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-safetensors");
+  auto a = models::make_model("mnist-cnn");
+  auto b = models::make_model("mnist-cnn");
+  save_state_dict(*a, dir + "/m.safetensors", SaveFormat::Safetensors);
+  load_state_dict(*b, dir + "/m.safetensors");  // the format is recognised from the bytes
+  expect_same_state(*a, *b);
+
+  // Every dtype safetensors has, in state order, any shape (a scalar, an empty tensor).
+  StateDict mixed = {{"d", torch::arange(3, torch::kDouble)},
+                     {"h", torch::ones({2, 2}, torch::kHalf)},
+                     {"bf", torch::full({1}, 1.5, torch::kBFloat16)},
+                     {"l", torch::tensor(int64_t{7})},
+                     {"u8", torch::tensor({1, 2}, torch::kByte)},
+                     {"flag", torch::tensor({true, false})},
+                     {"empty", torch::zeros({0, 4})}};
+  auto bytes = safetensors_bytes(mixed, {{"format", "pt"}});
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i)
+    header = (header << 8) | static_cast<unsigned char>(bytes[i]);
+  EXPECT_EQ((8 + header) % 8, 0u) << "tensor data starts 8-byte aligned";
+  EXPECT_NE(std::string(bytes.begin() + 8, bytes.begin() + 8 + header).find(R"("format":"pt")"),
+            std::string::npos);
+  auto back = parse_safetensors(bytes, "mixed");
+  ASSERT_EQ(back.size(), mixed.size());
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    EXPECT_EQ(back[i].first, mixed[i].first);
+    EXPECT_EQ(back[i].second.scalar_type(), mixed[i].second.scalar_type()) << mixed[i].first;
+    EXPECT_TRUE(torch::equal(back[i].second, mixed[i].second)) << mixed[i].first;
+  }
+
+  auto expect_error = [&](std::vector<char> damaged, const std::string& want) {
+    try {
+      parse_safetensors(damaged, "damaged.safetensors");
+      ADD_FAILURE() << "accepted a damaged file (" << want << ")";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("damaged.safetensors"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  auto truncated = bytes;
+  truncated.resize(bytes.size() - 3);
+  expect_error(truncated, "truncated or corrupt");
+  auto trailing = bytes;
+  trailing.push_back(0);
+  expect_error(trailing, "belong to none");
+  expect_error({'P', 'K', 3, 4, 0, 0, 0, 0, 0}, "not a safetensors file");
+  EXPECT_THROW(safetensors_bytes({{"c", torch::zeros({2}, torch::kComplexFloat)}}),
+               CheckpointError);
+}
+
+TEST(StateDict, PythonSafetensorsReadsAndWritesIt) {
+  DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/true);
+  auto dir = dtorch::testing::scratch_dir("state-dict-safetensors-python");
+  auto cnn = models::make_model("mnist-cnn");
+  save_state_dict(*cnn, dir + "/cnn.safetensors", SaveFormat::Safetensors);
+  std::string out;
+  int rc = dtorch::testing::run_python(dir, "load", R"PY(
+try:
+    from safetensors.torch import load_file, save_file
+except ImportError:
+    print("SKIP no safetensors package for " + sys.executable + " (make test TORCH=pip has it)")
+    sys.exit(0)
+sd = load_file("cnn.safetensors")
+net = peer.Net()
+print(net.load_state_dict(sd, strict=True))
+assert list(sd.keys()) == list(net.state_dict().keys())
+mlp = peer.MLP()
+save_file({k: v.contiguous() for k, v in mlp.state_dict().items()}, "mlp.safetensors")
+print(json.dumps(mlp.state_dict()["fc3.bias"].tolist()))
+)PY",
+                                       {}, &out);
+  ASSERT_EQ(rc, 0) << out;
+  if (out.find("SKIP no safetensors") != std::string::npos) GTEST_SKIP() << out;
+  auto fresh = models::make_model("mnist-mlp");
+  load_state_dict(*fresh, dir + "/mlp.safetensors");
+  auto expected = nlohmann::json::parse(out.substr(out.rfind('['))).get<std::vector<float>>();
+  torch::Tensor bias = fresh->named_parameters()["fc3.bias"];
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(bias[i].item<float>(), expected[i]) << i;
 }
 
 }  // namespace

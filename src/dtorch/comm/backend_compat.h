@@ -1,24 +1,95 @@
-// The one place that knows how LibTorch versions spell a process-group backend: 1.13's
-// Gloo/NCCL classes derive from c10d::ProcessGroup, 2.x's from c10d::Backend. Both have the
-// same collective signatures, so the rest of comm/ only sees `Backend`.
+// The one place in comm/ that knows how LibTorch 1.13 and 2.x differ: how a process-group
+// backend is spelt, which collectives Gloo has, and how a TCPStore is served. The rest of
+// comm/ asks these names and compiles unchanged against both.
 #pragma once
 
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef DTORCH_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 namespace dtorch::comm {
 
+// 1.13's Gloo/NCCL classes derive from c10d::ProcessGroup, 2.x's from c10d::Backend; both
+// have the same collective signatures.
 #if TORCH_VERSION_MAJOR >= 2
 using Backend = c10d::Backend;
 #else
 using Backend = c10d::ProcessGroup;
 #endif
 
+// Note [Gloo on 2.x]
+// LibTorch 1.13's Gloo has no reduce-scatter, no flat allgather (_allgather_base) and no
+// bfloat16: dtorch casts bf16 to fp32 around a reduction, sends it as fp16 bit patterns
+// through an allgather, and builds reduce-scatter as a ring over send/recv (Note
+// [Reduce-scatter on Gloo] in communicator.cpp). 2.x's Gloo has all three natively. Which
+// one is faster is measured per path in BENCHMARKS.md (`dtorch bench collectives`); the
+// Communicator uses the native one where these say it exists and the measurement favours it.
+
 /// Whether Gloo can reduce bfloat16 tensors itself (LibTorch 2.x) or dtorch must cast to
 /// float32 around the collective (1.13).
 constexpr bool kGlooReducesBFloat16 = TORCH_VERSION_MAJOR >= 2;
+/// Whether Gloo has _reduce_scatter_base (one flat input, one flat output).
+constexpr bool kGlooHasReduceScatter = TORCH_VERSION_MAJOR >= 2;
+/// Whether Gloo has _allgather_base (allgather_into_tensor: one flat output).
+constexpr bool kGlooHasFlatAllgather = TORCH_VERSION_MAJOR >= 2;
+
+/// What DTORCH_GLOO_COLLECTIVES=auto picks: whether Gloo's own reduce-scatter and flat
+/// allgather beat dtorch's ring and per-chunk allgather (measured, BENCHMARKS.md).
+constexpr bool kGlooNativeIsFaster = false;
+
+/// Gloo's own reduce-scatter of a flat `in` into `out` (sum); only when
+/// kGlooHasReduceScatter.
+inline c10::intrusive_ptr<c10d::Work> native_reduce_scatter(Backend& pg, at::Tensor& out,
+                                                            at::Tensor& in) {
+#if TORCH_VERSION_MAJOR >= 2
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  return pg._reduce_scatter_base(out, in, o);
+#else
+  TORCH_CHECK(false, "Gloo in LibTorch ", TORCH_VERSION, " has no reduce-scatter");
+#endif
+}
+
+/// Gloo's own allgather of `in` into the flat `out`; only when kGlooHasFlatAllgather.
+inline c10::intrusive_ptr<c10d::Work> native_allgather_into(Backend& pg, at::Tensor& out,
+                                                            at::Tensor& in) {
+#if TORCH_VERSION_MAJOR >= 2
+  return pg._allgather_base(out, in, c10d::AllgatherOptions());
+#else
+  TORCH_CHECK(false, "Gloo in LibTorch ", TORCH_VERSION, " has no flat allgather");
+#endif
+}
+
+// Note [TCPStore backend]
+// From 2.4 LibTorch serves a TCPStore with libuv by default (TCPStoreOptions::useLibUV), and
+// a LibTorch built without libuv (Debian 13's 2.6, for one) then refuses to create any store:
+// "use_libuv was requested but PyTorch was build without libuv support". dtorch asks for libuv
+// where the option exists and, when the LibTorch answers that it lacks it, uses the classic
+// server, which speaks the same protocol. USE_LIBUV=0, PyTorch's own switch, asks for the
+// classic server from the start. 1.13 has only the classic server.
+constexpr bool kStoreHasLibuv = TORCH_VERSION_MAJOR > 2 ||
+                                (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
+
+inline void set_store_libuv(c10d::TCPStoreOptions& o, bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  o.useLibUV = on;
+#else
+  (void)o;
+  (void)on;
+#endif
+}
+
+/// Whether `store` is served by libuv (false for clients and on LibTorch < 2.4).
+inline bool store_uses_libuv(const c10d::TCPStore& store) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return store.isLibUvBackend();
+#else
+  (void)store;
+  return false;
+#endif
+}
 
 }  // namespace dtorch::comm

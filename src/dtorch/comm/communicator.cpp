@@ -188,7 +188,23 @@ CommOptions comm_options_from_env() {
                    *b, "' is not one of auto, gloo, nccl");
     o.backend = *b;
   }
+  if (auto g = env::get("DTORCH_GLOO_COLLECTIVES")) {
+    DTORCH_CHECK_T(ConfigError, *g == "auto" || *g == "native" || *g == "dtorch",
+                   "DTORCH_GLOO_COLLECTIVES='", *g, "' is not one of auto, native, dtorch");
+    o.gloo_collectives = *g;
+  }
+  DTORCH_CHECK_T(ConfigError, o.gloo_collectives != "native" || kGlooHasReduceScatter,
+                 "DTORCH_GLOO_COLLECTIVES=native needs LibTorch 2.x: Gloo in ", TORCH_VERSION,
+                 " has no reduce-scatter; use auto or dtorch");
   return o;
+}
+
+std::vector<std::string> compiled_backends() {
+#ifdef DTORCH_WITH_NCCL
+  return {"gloo", "nccl"};
+#else
+  return {"gloo"};
+#endif
 }
 
 // ---- Work ------------------------------------------------------------------------------
@@ -384,9 +400,9 @@ Work Communicator::new_work(const std::string& op, const std::string& what, cons
 
 Work Communicator::start(const std::string& op, const std::string& what, at::Tensor t,
                          const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
-                         std::function<void()> finish) {
+                         std::function<void()> finish, const char* path) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Work w = new_work(op, what, t, std::move(finish), "");
+  Work w = new_work(op, what, t, std::move(finish), path);
   if (size() == 1) return w;
   auto& s = *w.state_;
   try {
@@ -408,6 +424,12 @@ Work Communicator::start_local(const std::string& op, const std::string& what, c
   w.state_->local =
       impl_->worker->submit([job = std::move(job), seq = w.state_->seq] { job(seq); });
   return w;
+}
+
+bool Communicator::native_collective(const at::Tensor& t) const {
+  if (t.is_cuda()) return true;  // NCCL's own are the fast ones on GPUs
+  if (opts_.gloo_collectives == "auto") return kGlooNativeIsFaster;
+  return opts_.gloo_collectives == "native";
 }
 
 void Communicator::count(int64_t Traffic::*kind, int64_t bytes) {
@@ -514,6 +536,18 @@ Work Communicator::reduce_scatter_async(at::Tensor in, at::Tensor out, ReduceOp 
   }
   Backend* pg = &impl_->backend_for(buf);
   const int me = rank();
+  if (native_collective(buf)) {
+    // Gloo reads its input while writing the output: they must not overlap.
+    at::Tensor target = res.is_alias_of(buf) ? at::empty_like(res) : res;
+    return start(
+        "reduce_scatter", what, buf,
+        [pg, target](at::Tensor& b) mutable { return native_reduce_scatter(*pg, target, b); },
+        [finish = std::move(finish), target, res]() mutable {
+          if (!target.is_same(res)) res.copy_(target);
+          finish();
+        },
+        ", native");
+  }
   auto timeout = opts_.timeout;
   return start_local(
       "reduce_scatter", what, buf,
@@ -550,6 +584,13 @@ Work Communicator::allgather_into_async(at::Tensor out, at::Tensor in, const std
         "allgather", what, in,
         [shm, flat_in, flat_out](long) mutable { shm->allgather(flat_in, flat_out); }, nullptr,
         ", shared memory");
+  }
+  if (native_collective(flat_in)) {
+    Backend* pg = &impl_->backend_for(flat_in);
+    return start(
+        "allgather", what, flat_in,
+        [pg, flat_out](at::Tensor& b) mutable { return native_allgather_into(*pg, flat_out, b); },
+        nullptr, ", native");
   }
   // Gloo moves bytes: reinterpret bfloat16, unknown to it in 1.13, as the same-size float16.
   auto wire = [](const at::Tensor& t) {

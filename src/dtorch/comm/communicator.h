@@ -31,10 +31,19 @@ struct CommOptions {
   /// "auto" (Gloo for CPU tensors, plus NCCL for CUDA tensors where compiled), "gloo" or
   /// "nccl". DTORCH_BACKEND overrides.
   std::string backend = "auto";
+  /// Reduce-scatter and flat allgather over Gloo (across nodes, or with DTORCH_SHM=0):
+  /// "auto" (the faster measured on this LibTorch, Note [Gloo on 2.x]), "native" (Gloo's own;
+  /// LibTorch 2.x only) or "dtorch" (dtorch's ring and per-chunk allgather).
+  /// DTORCH_GLOO_COLLECTIVES overrides.
+  std::string gloo_collectives = "auto";
 };
 
-/// CommOptions with DTORCH_TIMEOUT and DTORCH_BACKEND applied.
+/// CommOptions with DTORCH_TIMEOUT, DTORCH_BACKEND and DTORCH_GLOO_COLLECTIVES applied.
 CommOptions comm_options_from_env();
+
+/// The backends this build of dtorch can create: "gloo", plus "nccl" when built against a
+/// LibTorch with CUDA and NCCL (whether a GPU is present or not).
+std::vector<std::string> compiled_backends();
 
 class Communicator;
 
@@ -126,7 +135,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator(launch::RankInfo info, CommOptions opts);
   Work start(const std::string& op, const std::string& what, at::Tensor t,
              const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
-             std::function<void()> finish);
+             std::function<void()> finish, const char* path = "");
+  /// Whether a reduce-scatter or flat allgather of `t` goes through the backend's own
+  /// collective rather than dtorch's (Note [Gloo on 2.x]).
+  bool native_collective(const at::Tensor& t) const;
   Work new_work(const std::string& op, const std::string& what, const at::Tensor& t,
                 std::function<void()> finish, const char* path);
   /// Runs `job` on the communicator's ordered thread: shared-memory collectives (Note

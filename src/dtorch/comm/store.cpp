@@ -3,9 +3,39 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cctype>
+
+#include "dtorch/comm/backend_compat.h"
+#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
 
 namespace dtorch::comm {
+namespace {
+
+bool mentions_libuv(const std::string& s) {
+  std::string lower;
+  for (char c : s)
+    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower.find("libuv") != std::string::npos;
+}
+
+// Note [TCPStore backend] in backend_compat.h: libuv where the LibTorch has it, else classic.
+c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host,
+                                                  c10d::TCPStoreOptions o) {
+  const bool want_libuv = kStoreHasLibuv && env::get("USE_LIBUV").value_or("1") != "0";
+  set_store_libuv(o, want_libuv);
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, o);
+  } catch (const std::exception& e) {
+    if (!want_libuv || !mentions_libuv(e.what())) throw;
+    log::debug("this LibTorch has no libuv TCPStore (", e.what(), "); using the classic one");
+  }
+  set_store_libuv(o, false);
+  return c10::make_intrusive<c10d::TCPStore>(host, o);
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
                                             std::chrono::milliseconds timeout) {
@@ -16,7 +46,7 @@ c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
   o.waitWorkers = false;
   o.timeout = timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>("0.0.0.0", o);
+    return make_tcp_store("0.0.0.0", o);
   } catch (const std::exception& e) {
     DTORCH_FAIL(CommError, "cannot serve the rendezvous store on port ", port, ": ", e.what(),
                 "\n---> HINT: another job probably uses this port; pick another with "
@@ -30,6 +60,12 @@ int served_port(const c10::intrusive_ptr<c10d::Store>& store) {
   return tcp->getPort();
 }
 
+bool served_by_libuv(const c10::intrusive_ptr<c10d::Store>& store) {
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  DTORCH_CHECK(tcp, "served_by_libuv: not a TCPStore");
+  return store_uses_libuv(*tcp);
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
                                               std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions o;
@@ -38,7 +74,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
   o.waitWorkers = false;
   o.timeout = timeout;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(addr, o);
+    return make_tcp_store(addr, o);
   } catch (const std::exception& e) {
     DTORCH_FAIL(CommError, "cannot reach the rendezvous store at ", addr, ":", port, " within ",
                 timeout.count() / 1000.0, " s: ", e.what(),

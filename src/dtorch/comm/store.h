@@ -21,6 +21,10 @@ c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
 /// The port a store made by serve_store listens on.
 int served_port(const c10::intrusive_ptr<c10d::Store>& store);
 
+/// Whether a store made by serve_store runs on libuv (Note [TCPStore backend]); false on
+/// LibTorch 1.13 and where the LibTorch lacks libuv or USE_LIBUV=0.
+bool served_by_libuv(const c10::intrusive_ptr<c10d::Store>& store);
+
 /// Connects to a store served elsewhere; throws CommError naming addr:port when it cannot be
 /// reached within `timeout`.
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,

@@ -1,12 +1,11 @@
-// GPT code: nanoGPT's model.py rebuilt module for module, with the causal mask computed in
-// forward (LibTorch 1.13 has no fused attention) and the output layer tied to wte.
+// GPT code: nanoGPT's model.py rebuilt module for module, with causal attention from
+// models/attention.h (fused on LibTorch 2.x) and the output layer tied to wte.
 #include "dtorch/models/gpt.h"
 
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <cmath>
-#include <limits>
 
 #include "dtorch/core/error.h"
 
@@ -24,8 +23,9 @@ int64_t gpt_num_parameters(const GPTConfig& c) {
   return c.vocab_size * d + c.block_size * d + c.n_layer * per_block + 2 * d;
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t dim, int64_t num_heads)
-    : num_heads_(num_heads) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t dim, int64_t num_heads,
+                                                 AttentionKernel kernel)
+    : num_heads_(num_heads), kernel_(kernel) {
   c_attn_ = register_module("c_attn", nn::Linear(dim, 3 * dim));
   c_proj_ = register_module("c_proj", nn::Linear(dim, dim));
 }
@@ -37,17 +37,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x) {
     return t.view({B, T, num_heads_, hs}).transpose(1, 2);  // B x nh x T x hs
   };
   torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hs)));
-  torch::Tensor future =
-      torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-  att = torch::softmax(att.masked_fill(future, -std::numeric_limits<double>::infinity()), -1);
-  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  torch::Tensor y =
+      attention(q, k, v, /*causal=*/true, kernel_).transpose(1, 2).contiguous().view({B, T, C});
   return c_proj_->forward(y);
 }
 
-GPTBlockImpl::GPTBlockImpl(int64_t dim, int64_t num_heads) {
+GPTBlockImpl::GPTBlockImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel) {
   ln_1_ = register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({dim})));
-  attn_ = register_module("attn", CausalSelfAttention(dim, num_heads));
+  attn_ = register_module("attn", CausalSelfAttention(dim, num_heads, kernel));
   ln_2_ = register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({dim})));
   auto mlp = register_module("mlp", std::make_shared<nn::Module>());
   c_fc_ = mlp->register_module("c_fc", nn::Linear(dim, 4 * dim));
@@ -69,7 +66,7 @@ GPT::GPT(const GPTConfig& c) : config_(c) {
   wpe_ = transformer->register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
   nn::ModuleList h;
   for (int64_t i = 0; i < c.n_layer; ++i) {
-    h_.push_back(GPTBlock(c.n_embd, c.n_head));
+    h_.push_back(GPTBlock(c.n_embd, c.n_head, c.attention));
     h->push_back(h_.back());
   }
   transformer->register_module("h", h);

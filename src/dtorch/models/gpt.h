@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/models/attention.h"
 #include "dtorch/models/model.h"
 
 namespace dtorch::models {
@@ -24,6 +25,8 @@ struct GPTConfig {
   int64_t n_head = 12;
   /// Embedding width; must be a multiple of n_head.
   int64_t n_embd = 768;
+  /// Attention kernel: fused on LibTorch 2.x by default (models/attention.h).
+  AttentionKernel attention = AttentionKernel::Auto;
 
   /// GPT-2 small with nanoGPT's vocabulary padded from 50257 to 50304 (a multiple of 64):
   /// 124,475,904 parameters.
@@ -39,12 +42,14 @@ int64_t gpt_num_parameters(const GPTConfig& config);
 /// nanoGPT's CausalSelfAttention: c_attn (dim -> 3 dim), causal softmax attention, c_proj.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  CausalSelfAttentionImpl(int64_t dim, int64_t num_heads);
+  CausalSelfAttentionImpl(int64_t dim, int64_t num_heads,
+                          AttentionKernel kernel = AttentionKernel::Auto);
   /// x: B x T x dim -> B x T x dim; token t attends to tokens 0..t.
   torch::Tensor forward(torch::Tensor x);
 
  private:
   int64_t num_heads_;
+  AttentionKernel kernel_;
   torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -52,7 +57,7 @@ TORCH_MODULE(CausalSelfAttention);
 /// nanoGPT's Block: x + attn(ln_1(x)), then x + mlp(ln_2(x)), mlp = c_fc (4x), GELU, c_proj.
 class GPTBlockImpl : public torch::nn::Module {
  public:
-  GPTBlockImpl(int64_t dim, int64_t num_heads);
+  GPTBlockImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel = AttentionKernel::Auto);
   torch::Tensor forward(torch::Tensor x);
 
  private:

@@ -12,7 +12,8 @@
 namespace dtorch::models {
 namespace nn = torch::nn;
 
-SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t num_heads) : num_heads_(num_heads) {
+SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel)
+    : num_heads_(num_heads), kernel_(kernel) {
   // nn.MultiheadAttention._reset_parameters: xavier-uniform in_proj, zero biases.
   in_proj_weight_ = register_parameter("in_proj_weight", torch::empty({3 * dim, dim}));
   in_proj_bias_ = register_parameter("in_proj_bias", torch::zeros({3 * dim}));
@@ -29,15 +30,15 @@ torch::Tensor SelfAttentionImpl::forward(torch::Tensor x) {
     return t.view({B, T, num_heads_, hs}).transpose(1, 2);
   };
   torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  torch::Tensor att =
-      torch::softmax(torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(hs)), -1);
-  torch::Tensor y = torch::matmul(att, v).transpose(1, 2).reshape({B, T, C});
+  torch::Tensor y =
+      attention(q, k, v, /*causal=*/false, kernel_).transpose(1, 2).reshape({B, T, C});
   return out_proj_->forward(y);
 }
 
-EncoderBlockImpl::EncoderBlockImpl(int64_t dim, int64_t num_heads, int64_t mlp_dim) {
+EncoderBlockImpl::EncoderBlockImpl(int64_t dim, int64_t num_heads, int64_t mlp_dim,
+                                   AttentionKernel kernel) {
   ln_1_ = register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
-  self_attention_ = register_module("self_attention", SelfAttention(dim, num_heads));
+  self_attention_ = register_module("self_attention", SelfAttention(dim, num_heads, kernel));
   ln_2_ = register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({dim}).eps(1e-6)));
   // A module named "mlp" whose children are "0" and "3", the indices of the two Linears in
   // torchvision's MLPBlock (Linear, GELU, Dropout, Linear, Dropout).
@@ -74,8 +75,9 @@ VisionTransformer::VisionTransformer(const ViTConfig& c) : config_(c) {
       encoder->register_parameter("pos_embedding", torch::empty({1, patches + 1, c.hidden_dim}));
   auto layers = encoder->register_module("layers", std::make_shared<nn::Module>());
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    layers_.push_back(layers->register_module("encoder_layer_" + std::to_string(i),
-                                              EncoderBlock(c.hidden_dim, c.num_heads, c.mlp_dim)));
+    layers_.push_back(
+        layers->register_module("encoder_layer_" + std::to_string(i),
+                                EncoderBlock(c.hidden_dim, c.num_heads, c.mlp_dim, c.attention)));
   }
   ln_ =
       encoder->register_module("ln", nn::LayerNorm(nn::LayerNormOptions({c.hidden_dim}).eps(1e-6)));

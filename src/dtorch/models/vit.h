@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/models/attention.h"
 #include "dtorch/models/model.h"
 
 namespace dtorch::models {
@@ -27,6 +28,8 @@ struct ViTConfig {
   /// Width of each block's MLP.
   int64_t mlp_dim = 768;
   int64_t num_classes = 10;
+  /// Attention kernel: fused on LibTorch 2.x by default (models/attention.h).
+  AttentionKernel attention = AttentionKernel::Auto;
 
   /// ViT-Ti/4 (192 wide, 12 layers, 3 heads) on 28x28: 49 patches and a class token.
   static ViTConfig tiny() { return {}; }
@@ -38,12 +41,13 @@ struct ViTConfig {
 /// with scaled dot-product attention over all tokens (no mask), batch first.
 class SelfAttentionImpl : public torch::nn::Module {
  public:
-  SelfAttentionImpl(int64_t dim, int64_t num_heads);
+  SelfAttentionImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel = AttentionKernel::Auto);
   /// x: B x T x dim -> B x T x dim.
   torch::Tensor forward(torch::Tensor x);
 
  private:
   int64_t num_heads_;
+  AttentionKernel kernel_;
   torch::Tensor in_proj_weight_, in_proj_bias_;
   torch::nn::Linear out_proj_{nullptr};
 };
@@ -53,7 +57,8 @@ TORCH_MODULE(SelfAttention);
 /// ("mlp.0"), GELU, Linear ("mlp.3"), as the Sequential indices of torchvision's MLPBlock.
 class EncoderBlockImpl : public torch::nn::Module {
  public:
-  EncoderBlockImpl(int64_t dim, int64_t num_heads, int64_t mlp_dim);
+  EncoderBlockImpl(int64_t dim, int64_t num_heads, int64_t mlp_dim,
+                   AttentionKernel kernel = AttentionKernel::Auto);
   torch::Tensor forward(torch::Tensor x);
 
  private:

@@ -23,6 +23,7 @@
 #include "dtorch/core/log.h"
 #include "dtorch/train/crc32.h"
 #include "dtorch/train/state_dict.h"
+#include "dtorch/train/torch_save.h"
 
 namespace dtorch::train {
 namespace {
@@ -251,7 +252,7 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
     dict.insert("rng_state", gen.get_state());
   }
   dict.insert("metadata", data.metadata_json);
-  std::vector<char> payload = torch::pickle_save(c10::IValue(dict));
+  std::vector<char> payload = torch_save_bytes(c10::IValue(dict));
 
   std::vector<char> file(kMagic, kMagic + 8);
   file.reserve(kHeaderSize + payload.size());

@@ -1,5 +1,5 @@
-// State dicts in torch.save's format (torch::pickle_save), plus the atomic file write that
-// every dtorch output shares: a crash mid-write must never destroy the previous good file.
+// State dicts in torch.save's format or safetensors, plus the atomic file write that every
+// dtorch output shares: a crash mid-write must never destroy the previous good file.
 #include "dtorch/train/state_dict.h"
 
 #include <fcntl.h>
@@ -15,6 +15,8 @@
 #include <set>
 
 #include "dtorch/core/error.h"
+#include "dtorch/train/safetensors.h"
+#include "dtorch/train/torch_save.h"
 
 namespace dtorch::train {
 namespace {
@@ -56,7 +58,7 @@ std::vector<char> pickle_state_dict(const StateDict& state) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, tensor] : state)
     dict.insert(name, tensor);
-  return torch::pickle_save(c10::IValue(dict));
+  return torch_save_bytes(c10::IValue(dict));
 }
 
 StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {
@@ -130,12 +132,29 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state, const st
     kv.value().copy_(given.at(kv.key()));
 }
 
-void save_state_dict(const torch::nn::Module& module, const std::string& path) {
-  write_file_atomically(path, pickle_state_dict(state_dict(module)));
+SaveFormat parse_save_format(const std::string& name) {
+  if (name == "pt" || name == "torch") return SaveFormat::Torch;
+  if (name == "safetensors") return SaveFormat::Safetensors;
+  DTORCH_FAIL(ConfigError, "save format '", name, "' is not one of pt, safetensors");
+}
+
+std::string file_suffix(SaveFormat format) {
+  return format == SaveFormat::Safetensors ? ".safetensors" : ".pt";
+}
+
+std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format) {
+  return format == SaveFormat::Safetensors ? safetensors_bytes(state) : pickle_state_dict(state);
+}
+
+void save_state_dict(const torch::nn::Module& module, const std::string& path, SaveFormat format) {
+  write_file_atomically(path, serialize_state_dict(state_dict(module), format));
 }
 
 void load_state_dict(torch::nn::Module& module, const std::string& path) {
-  load_state_dict(module, unpickle_state_dict(read_file(path), path), path);
+  std::vector<char> bytes = read_file(path);
+  StateDict state = looks_like_safetensors(bytes) ? parse_safetensors(bytes, path)
+                                                  : unpickle_state_dict(bytes, path);
+  load_state_dict(module, state, path);
 }
 
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {

@@ -18,8 +18,8 @@ using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
 /// The module's state (detached tensors sharing storage with the module).
 StateDict state_dict(const torch::nn::Module& module);
 
-/// Serialises a state dict as a pickled dict name -> tensor (torch::pickle_save), the bytes
-/// of a file torch.load reads.
+/// Serialises a state dict as a pickled dict name -> tensor, the bytes of a file Python's
+/// torch.load reads, weights_only included (Note [Files torch.load reads]).
 std::vector<char> pickle_state_dict(const StateDict& state);
 /// Parses what pickle_state_dict (or Python's torch.save of a state dict) wrote. Throws
 /// CheckpointError naming `source` when the bytes are not a dict of tensors.
@@ -33,13 +33,23 @@ void check_state_dict(const torch::nn::Module& module, const StateDict& state,
 /// check_state_dict, then copies every tensor into the module (converting dtype if needed).
 void load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& source);
 
+/// The two file formats a state dict is written in: torch.save's (`.pt`) and safetensors.
+enum class SaveFormat { Torch, Safetensors };
+/// "pt" (or "torch") and "safetensors"; throws ConfigError naming the value otherwise.
+SaveFormat parse_save_format(const std::string& name);
+/// The usual file suffix: ".pt" or ".safetensors".
+std::string file_suffix(SaveFormat format);
+/// A state dict's bytes in `format`.
+std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format);
+
 /// Writes the module's state to `path` atomically: path.tmp, fsync, rename, so a crash never
 /// leaves a half-written file under `path`. Throws CheckpointError when it cannot.
-void save_state_dict(const torch::nn::Module& module, const std::string& path);
-/// Reads `path` (written by save_state_dict, or by Python as
-/// torch.save(dict(model.state_dict()), path): LibTorch 1.13 cannot unpickle the OrderedDict
-/// that state_dict() itself returns) into the module; throws CheckpointError on unreadable
-/// files and on key or shape mismatches.
+void save_state_dict(const torch::nn::Module& module, const std::string& path,
+                     SaveFormat format = SaveFormat::Torch);
+/// Reads `path` (written by save_state_dict in either format, by safetensors' save_file, or
+/// by Python as torch.save(dict(model.state_dict()), path): LibTorch 1.13 cannot unpickle the
+/// OrderedDict that state_dict() itself returns) into the module; throws CheckpointError on
+/// unreadable files and on key or shape mismatches.
 void load_state_dict(torch::nn::Module& module, const std::string& path);
 
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, fsync, rename,

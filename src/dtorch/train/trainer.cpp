@@ -148,6 +148,7 @@ void validate(const TrainConfig& c) {
                      s += (s.empty() ? "" : ", ") + n;
                    return s;
                  }());
+  parse_save_format(c.save_format);
   DTORCH_CHECK_T(ConfigError, c.data == "fashion-mnist" || c.data == "mnist" || is_text(c.data),
                  "unknown data '", c.data,
                  "'; use fashion-mnist or mnist (IDX files, see --data-dir), or text[:PATH] for "
@@ -264,10 +265,14 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   {
     auto whole = strategy->whole_parameters();
     if (lead) {
-      save_state_dict(*model, c.out + "/model.pt");
-      log::info("wrote ", c.out, "/model.pt (a state_dict for Python's torch.load)");
+      const SaveFormat format = parse_save_format(c.save_format);
+      const std::string path = c.out + "/model" + file_suffix(format);
+      save_state_dict(*model, path, format);
+      log::info("wrote ", path,
+                format == SaveFormat::Torch ? " (a state_dict for Python's torch.load)"
+                                            : " (safetensors: safetensors.torch.load_file)");
     }
-    comm->barrier("model.pt written");
+    comm->barrier("model file written");
   }
   return records;
 }

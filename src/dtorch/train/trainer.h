@@ -34,11 +34,13 @@ struct TrainConfig {
   int64_t min_unit_params = 0;        ///< zero3 wrap policy: merge blocks up to this size
   uint64_t seed = 1;                  ///< model init and data order
   std::string out = "runs/latest";    ///< metrics.jsonl, checkpoints, model.pt
-  bool resume = false;                ///< continue from the newest good checkpoint in `out`
-  int accum_steps = 1;                ///< batches per optimizer step (no_sync for all but last)
-  int threads = 0;                    ///< intra-op threads per rank (0: leave as is)
-  int64_t train_samples = 0;          ///< use the first N training samples (0: all)
-  int64_t test_samples = 0;           ///< evaluate on the first N test samples (0: all)
+  /// The final model file: pt (model.pt, torch.load) or safetensors (model.safetensors).
+  std::string save_format = "pt";
+  bool resume = false;        ///< continue from the newest good checkpoint in `out`
+  int accum_steps = 1;        ///< batches per optimizer step (no_sync for all but last)
+  int threads = 0;            ///< intra-op threads per rank (0: leave as is)
+  int64_t train_samples = 0;  ///< use the first N training samples (0: all)
+  int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all)
   int keep_checkpoints = 2;
   ddp::Options ddp;  ///< bucket_cap_mb also sizes the zero1/zero2 units
   ProgressConfig progress;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
+#include "dtorch/core/torch_compat.h"
 #include "dtorch/parallel/ddp/bucket_plan.h"
 #include "dtorch/parallel/ddp/ddp.h"
 
@@ -57,7 +58,7 @@ class Reducer {
   Options opts_;
   BucketPlan plan_;
   std::vector<BucketState> buckets_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // params hold them weakly
+  std::vector<compat::GradAccumulator> accumulators_;  // params hold them weakly
   std::vector<uintptr_t> hook_keys_;
   std::vector<bool> ready_;
   size_t next_bucket_ = 0;  // buckets launch strictly in order (Note [Bucket order])

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/torch_compat.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/model_sync.h"
 #include "dtorch/parallel/zero/zero.h"
@@ -62,10 +63,6 @@ void return_large_buffers_to_the_os() {
 
 int64_t bytes_of(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
-}
-
-std::string state_key(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
 }
 
 // The per-element state tensors of one parameter's optimizer state, by name.
@@ -141,7 +138,7 @@ struct ShardedModel::Impl {
   std::vector<at::Tensor> params, buffers;
   std::vector<UnitState> units;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<compat::GradAccumulator> accumulators;
   std::vector<uintptr_t> hook_keys;  // keys returned by add_post_hook (1.13: positions)
   std::map<std::string, std::pair<size_t, bool>> block_first, block_last;  // block -> unit
   std::vector<bool> ready;
@@ -610,7 +607,7 @@ void ShardedModel::init_optimizer_state() {
   auto& impl = *impl_;
   auto& opt = *impl.optimizer;
   for (auto& s : impl.units) {
-    const std::string key = state_key(s.master);
+    const auto key = compat::optimizer_state_key(s.master);
     if (opt.state().count(key)) continue;
     if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
       opt.state()[key] =
@@ -640,7 +637,7 @@ std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
     auto [begin, end] = unit.owned(impl.rank());
     auto slice = [&](const at::Tensor& t) { return t.narrow(0, 0, end - begin); };
     out.push_back({"param/" + unit.name, unit.numel, begin, slice(impl.units[u].master)});
-    auto it = state.find(state_key(impl.units[u].master));
+    auto it = state.find(compat::optimizer_state_key(impl.units[u].master));
     if (it == state.end()) continue;
     for (auto& [name, t] : state_tensors(it->second.get()))
       out.push_back({str("optim/", unit.name, "/", name), unit.numel, begin, slice(t)});
@@ -650,7 +647,7 @@ std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
 
 int64_t ShardedModel::optimizer_steps() const {
   auto& state = impl_->optimizer->state();
-  auto it = state.find(state_key(impl_->units.at(0).master));
+  auto it = state.find(compat::optimizer_state_key(impl_->units.at(0).master));
   if (it == state.end()) return 0;
   if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return a->step();
   if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) return a->step();

@@ -1,0 +1,89 @@
+// The one place outside comm/ that knows how LibTorch 1.13 (Debian 12) and 2.x (PyPI's torch
+// wheel, what GPU users have) differ. Everything else in dtorch calls these names and compiles
+// unchanged against both; each difference has a Note saying what changed and why it matters.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/version.h>
+
+#include <string>
+#include <utility>
+
+namespace dtorch::compat {
+
+/// True when built against LibTorch 2.x.
+constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
+
+// Note [Optimizer state key]
+// torch::optim::Optimizer::state() maps a parameter to its state. LibTorch 1.13 keys it by a
+// string of the parameter's TensorImpl address (c10::guts::to_string, gone in 2.x); 2.x keys
+// it by the TensorImpl pointer itself. Code that reads or seeds an optimizer's state (ZeRO's
+// flat shards) asks this function for the key instead of building it.
+#if TORCH_VERSION_MAJOR >= 2
+using OptimizerStateKey = void*;
+inline OptimizerStateKey optimizer_state_key(const at::Tensor& p) {
+  return p.unsafeGetTensorImpl();
+}
+#else
+using OptimizerStateKey = std::string;
+inline OptimizerStateKey optimizer_state_key(const at::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+#endif
+
+// Note [Autograd node handles]
+// DDP and ZeRO keep each parameter's gradient accumulator alive to hang their gradient-ready
+// hooks on it (the parameter holds it only weakly). LibTorch 1.13 (and 2.x up to about 2.9)
+// hands it out as a std::shared_ptr<Node>, later 2.x as a c10::intrusive_ptr<Node>; this
+// alias is whatever grad_accumulator() returns, so both compile without a version test.
+using GradAccumulator =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+// Note [CPU autocast switches]
+// 1.13 has per-device functions (set_cpu_enabled, set_autocast_cpu_dtype); 2.4+ takes the
+// device type as an argument and deprecates the old names.
+inline bool cpu_autocast_enabled() {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::is_autocast_enabled(at::kCPU);
+#else
+  return at::autocast::is_cpu_enabled();
+#endif
+}
+inline at::ScalarType cpu_autocast_dtype() {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::autocast::get_autocast_dtype(at::kCPU);
+#else
+  return at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+inline void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+#else
+  at::autocast::set_cpu_enabled(enabled);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+#endif
+}
+
+// Note [Fused attention]
+// 2.x has at::scaled_dot_product_attention: one call that picks a fused kernel (flash or
+// memory-efficient attention on CUDA, a blocked kernel on CPU) and never materialises the
+// T x T attention matrix, with a causal mask built in. 1.13 has none, so there attention is
+// the explicit softmax(q k^T / sqrt(d)) v. Both compute the same function (tested within
+// 1e-5, models/attention_test.cpp).
+constexpr bool kHasFusedAttention = TORCH_VERSION_MAJOR >= 2;
+
+/// q, k, v: batch x heads x tokens x head_dim. Only callable when kHasFusedAttention.
+inline at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  bool causal) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, causal);
+#else
+  TORCH_CHECK(false, "fused attention needs LibTorch 2.x (this is ", TORCH_VERSION, ")");
+#endif
+}
+
+}  // namespace dtorch::compat

@@ -1,0 +1,38 @@
+// Attention by either kernel; the explicit path is the reference the fused one is tested
+// against (models/attention_test.cpp).
+#include "dtorch/models/attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "dtorch/core/error.h"
+#include "dtorch/core/torch_compat.h"
+
+namespace dtorch::models {
+
+AttentionKernel parse_attention_kernel(const std::string& name) {
+  if (name == "auto") return AttentionKernel::Auto;
+  if (name == "explicit") return AttentionKernel::Explicit;
+  if (name == "fused") return AttentionKernel::Fused;
+  DTORCH_FAIL(ConfigError, "attention kernel '", name, "' is not one of auto, explicit, fused");
+}
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        bool causal, AttentionKernel kernel) {
+  DTORCH_CHECK_T(ConfigError, kernel != AttentionKernel::Fused || compat::kHasFusedAttention,
+                 "fused attention needs LibTorch 2.x (this build uses ", TORCH_VERSION,
+                 "); use the explicit kernel");
+  if (kernel != AttentionKernel::Explicit && compat::kHasFusedAttention) {
+    return compat::fused_attention(q, k, v, causal);
+  }
+  const int64_t T = q.size(-2);
+  torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(-1)));
+  if (causal) {
+    torch::Tensor future =
+        torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+    att = att.masked_fill(future, -std::numeric_limits<double>::infinity());
+  }
+  return torch::matmul(torch::softmax(att, -1), v);
+}
+
+}  // namespace dtorch::models
