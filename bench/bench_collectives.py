@@ -4,8 +4,8 @@ and per-chunk allgather, and writes the collectives section of BENCHMARKS.md.
 
 Both run over Gloo on 127.0.0.1 (DTORCH_SHM=0: the path every multi-node job takes), from the
 same dtorch binary built against LibTorch 2.x, alternating, median of --repeats. The faster per
-operation is what DTORCH_GLOO_COLLECTIVES=auto picks (kGlooNativeIsFaster in
-src/dtorch/comm/backend_compat.h, Note [Gloo on 2.x]). The shared-memory path, which single-node
+operation is what DTORCH_GLOO_COLLECTIVES=auto should pick (kGlooNativeIsFaster in
+src/dtorch/comm/backend_compat.h, Note [Gloo on 2.x], set from this table). The shared-memory path, which single-node
 jobs use, is measured too for scale.
 Usage: bench/bench_collectives.py --dtorch build-pip/dtorch [--nprocs 2 4] [--out BENCHMARKS.md]
 """

@@ -81,7 +81,7 @@ def main():
     a.peer = os.path.abspath(a.peer)
     if not os.path.exists(a.peer):
         sys.exit(f"bench: the peer {a.peer} is missing (it ships in shared/peers beside the repo)")
-    pythons = [a.python] + ([a.python2] if a.python2 else [])
+    pythons = [os.path.abspath(p) for p in [a.python] + ([a.python2] if a.python2 else [])]
     for py in pythons:
         if not os.path.exists(py):
             sys.exit(f"bench: no Python at {py} (make deps-bench makes .venv; --python2 names "

@@ -87,6 +87,8 @@ def main():
     ap.add_argument("--peer", default=os.path.join(ROOT, "bench", "peer_sharded.py"))
     a = ap.parse_args()
     a.dtorch = os.path.abspath(a.dtorch)
+    if a.python2:
+        a.python2 = os.path.abspath(a.python2)  # the peers run from /tmp
     if a.python2 and not os.path.exists(a.python2):
         sys.exit(f"bench: no Python at {a.python2} (make deps-bench makes .venv)")
 
