@@ -182,12 +182,14 @@ def main():
     if os.path.exists(notes_path):
         with open(notes_path) as f:
             lines += ["", f.read().strip()]
-    # bench/bench_memory.py owns the block between its markers: keep it.
+    # bench/bench_collectives.py and bench/bench_memory.py own the blocks between their
+    # markers: keep them.
     if os.path.exists(a.out):
         old = open(a.out).read()
-        start, end = "<!-- memory:start -->", "<!-- memory:end -->"
-        if start in old and end in old:
-            lines += ["", start + old.split(start, 1)[1].split(end, 1)[0] + end]
+        for block in ("collectives", "memory"):
+            start, end = "<!-- %s:start -->" % block, "<!-- %s:end -->" % block
+            if start in old and end in old:
+                lines += ["", start + old.split(start, 1)[1].split(end, 1)[0] + end]
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
