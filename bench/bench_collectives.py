@@ -11,12 +11,11 @@ Usage: bench/bench_collectives.py --dtorch build-pip/dtorch [--nprocs 2 4] [--ou
 """
 import argparse
 import datetime
-import json
 import os
-import re
 import statistics
-import subprocess
 import sys
+
+from benchlib import replace_block, run_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- collectives:start -->", "<!-- collectives:end -->"
@@ -24,18 +23,6 @@ OPS = ("reduce-scatter", "allgather")
 PATHS = (("dtorch ring", {"DTORCH_SHM": "0", "DTORCH_GLOO_COLLECTIVES": "dtorch"}),
          ("Gloo native", {"DTORCH_SHM": "0", "DTORCH_GLOO_COLLECTIVES": "native"}),
          ("shared memory", {"DTORCH_SHM": "1"}))
-
-
-def run_json(cmd, env):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       cwd="/tmp", env=dict(os.environ, **env))
-    if p.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
-    for line in reversed(p.stdout.splitlines()):
-        line = re.sub(r"^\[n\d+ r\d+\] ", "", line.strip())
-        if line.startswith("{"):
-            return json.loads(line)
-    sys.exit(f"bench: no JSON line from {' '.join(cmd)}:\n{p.stdout[-2000:]}")
 
 
 def main():
@@ -95,14 +82,7 @@ def main():
                   "%s %.2f" % (op, statistics.geometric_mean(v)) for op, v in wins.items()) + ".",
               END]
     block = "\n".join(lines)
-    text = open(a.out).read() if os.path.exists(a.out) else "# Benchmarks\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(a.out, "w") as f:
-        f.write(text)
+    replace_block(a.out, START, END, block)
     print(block)
 
 

@@ -21,19 +21,9 @@ import statistics
 import subprocess
 import sys
 
+from benchlib import run_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_json(cmd):
-    """Runs cmd and returns the last JSON object it printed on stdout (launcher prefix removed)."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
-    if p.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
-    for line in reversed(p.stdout.splitlines()):
-        line = re.sub(r"^\[n\d+ r\d+\] ", "", line.strip())
-        if line.startswith("{"):
-            return json.loads(line)
-    sys.exit(f"bench: no JSON line from {' '.join(cmd)}:\n{p.stdout[-2000:]}")
 
 
 def active_blas():

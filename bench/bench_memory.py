@@ -20,6 +20,8 @@ import re
 import subprocess
 import sys
 
+from benchlib import replace_block
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -203,14 +205,7 @@ def main():
     lines.append(END)
     block = "\n".join(lines)
 
-    text = open(a.out).read() if os.path.exists(a.out) else "# Benchmarks\n"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(a.out, "w") as f:
-        f.write(text)
+    replace_block(a.out, START, END, block)
     print(block)
 
 

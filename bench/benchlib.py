@@ -1,0 +1,34 @@
+"""What the benchmark scripts share: running a dtorch or peer command for its JSON result, and
+rewriting one marked block of BENCHMARKS.md while leaving the others' blocks alone."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+
+def run_json(cmd, env=None):
+    """Runs cmd from /tmp and returns the last JSON object it printed on stdout (launcher prefix
+    removed); exits naming the command when it fails or prints none."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp",
+                       env=dict(os.environ, **(env or {})))
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+    for line in reversed(p.stdout.splitlines()):
+        line = re.sub(r"^\[n\d+ r\d+\] ", "", line.strip())
+        if line.startswith("{"):
+            return json.loads(line)
+    sys.exit(f"bench: no JSON line from {' '.join(cmd)}:\n{p.stdout[-2000:]}")
+
+
+def replace_block(path, start, end, block):
+    """Puts `block` (which begins with `start` and ends with `end`) in place of the file's block
+    between those markers, or appends it when the file has none."""
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
