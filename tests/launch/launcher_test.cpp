@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "dtorch/comm/store.h"
+#include "dtorch/launch/store.h"
 #include "dtorch/core/error.h"
 #include "dtorch/launch/launcher.h"
 #include "dtorch/launch/rank_info.h"
@@ -92,7 +92,7 @@ TEST(Launcher, ExtraEnvReachesWorkersButNotOverTorchrunVariables) {
 DTORCH_TEST_WORKER(launch_store_meet) {
   RankInfo info = rank_info_from_env();
   DTORCH_CHECK(info.launcher_hosts_store, "TORCHELASTIC_USE_AGENT_STORE is not True");
-  auto store = comm::connect_store(info.master_addr, info.master_port, std::chrono::seconds(10));
+  auto store = connect_store(info.master_addr, info.master_port, std::chrono::seconds(10));
   store->set("rank" + std::to_string(info.rank), std::vector<uint8_t>{1});
   std::vector<std::string> keys;
   for (int r = 0; r < info.world_size; ++r)

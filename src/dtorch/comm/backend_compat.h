@@ -1,11 +1,11 @@
 // The one place in comm/ that knows how LibTorch 1.13 and 2.x differ: how a process-group
-// backend is spelt, which collectives Gloo has, and how a TCPStore is served. The rest of
+// backend is spelt, and which collectives Gloo has
+// (how a TCPStore is served: launch/store.cpp). The rest of
 // comm/ asks these names and compiles unchanged against both.
 #pragma once
 
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef DTORCH_WITH_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -62,35 +62,6 @@ inline c10::intrusive_ptr<c10d::Work> native_allgather_into(Backend& pg, at::Ten
   return pg._allgather_base(out, in, c10d::AllgatherOptions());
 #else
   TORCH_CHECK(false, "Gloo in LibTorch ", TORCH_VERSION, " has no flat allgather");
-#endif
-}
-
-// Note [TCPStore backend]
-// From 2.4 LibTorch serves a TCPStore with libuv by default (TCPStoreOptions::useLibUV), and
-// a LibTorch built without libuv (Debian 13's 2.6, for one) then refuses to create any store:
-// "use_libuv was requested but PyTorch was build without libuv support". dtorch asks for libuv
-// where the option exists and, when the LibTorch answers that it lacks it, uses the classic
-// server, which speaks the same protocol. USE_LIBUV=0, PyTorch's own switch, asks for the
-// classic server from the start. 1.13 has only the classic server.
-constexpr bool kStoreHasLibuv = TORCH_VERSION_MAJOR > 2 ||
-                                (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
-
-inline void set_store_libuv(c10d::TCPStoreOptions& o, bool on) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  o.useLibUV = on;
-#else
-  (void)o;
-  (void)on;
-#endif
-}
-
-/// Whether `store` is served by libuv (false for clients and on LibTorch < 2.4).
-inline bool store_uses_libuv(const c10d::TCPStore& store) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  return store.isLibUvBackend();
-#else
-  (void)store;
-  return false;
 #endif
 }
 

@@ -21,7 +21,7 @@
 #include "dtorch/comm/backend_compat.h"
 #include "dtorch/comm/gloo_device.h"
 #include "dtorch/comm/shm_allreduce.h"
-#include "dtorch/comm/store.h"
+#include "dtorch/launch/store.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"
 
@@ -296,9 +296,9 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
   log::set_rank(info.rank);
   // Like torchrun: the launcher serves the store if it says so, otherwise rank 0 does.
   if (info.launcher_hosts_store || info.rank != 0) {
-    m.root_store = connect_store(info.master_addr, info.master_port, opts.timeout);
+    m.root_store = launch::connect_store(info.master_addr, info.master_port, opts.timeout);
   } else {
-    m.root_store = serve_store(info.master_port, info.world_size, opts.timeout);
+    m.root_store = launch::serve_store(info.master_port, info.world_size, opts.timeout);
   }
   m.store = c10::make_intrusive<c10d::PrefixStore>(
       "dtorch/attempt" + std::to_string(info.restart_count), m.root_store);

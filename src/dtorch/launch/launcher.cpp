@@ -24,7 +24,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "dtorch/comm/store.h"
+#include "dtorch/launch/store.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/launch/line_prefixer.h"
@@ -541,7 +541,7 @@ void meet_other_nodes(Plan& plan, Console& console) {
     // The store is local: a working address answers at once, so do not wait long on a bad one.
     auto t = std::min(timeout, std::chrono::milliseconds(30000));
     try {
-      client = comm::connect_store(plan.master_addr, plan.master_port, t);
+      client = connect_store(plan.master_addr, plan.master_port, t);
     } catch (const CommError& e) {
       std::string why = e.what();
       DTORCH_FAIL(
@@ -552,7 +552,7 @@ void meet_other_nodes(Plan& plan, Console& console) {
           "that every node can reach");
     }
   } else {
-    client = comm::connect_store(plan.master_addr, plan.master_port, timeout);
+    client = connect_store(plan.master_addr, plan.master_port, timeout);
   }
   NodeRoll roll = meet_nodes(*client, o.node_rank, o.nnodes, short_hostname(), timeout);
   if (o.nnodes > 1 && o.node_rank == 0) {
@@ -640,10 +640,10 @@ int run(const LaunchOptions& opts) {
   plan.master_addr = opts.standalone ? "127.0.0.1" : opts.master_addr;
   plan.master_port = opts.master_port;
   if (opts.node_rank == 0) {
-    store = comm::serve_store(
+    store = serve_store(
         opts.standalone ? 0 : opts.master_port, plan.world_size,
         std::chrono::milliseconds(static_cast<long long>(opts.rdzv_timeout_seconds * 1000)));
-    plan.master_port = comm::served_port(store);
+    plan.master_port = served_port(store);
   }
   if (!opts.standalone) meet_other_nodes(plan, console);
   log::debug("launch: ", opts.nproc_per_node, " worker(s) on node ", opts.node_rank, " of ",

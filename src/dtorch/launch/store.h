@@ -3,6 +3,7 @@
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <string>
@@ -11,7 +12,11 @@ namespace c10d {
 class Store;
 }
 
-namespace dtorch::comm {
+namespace dtorch::launch {
+
+/// Whether this LibTorch can serve a TCPStore with libuv (Note [TCPStore backend]).
+constexpr bool kStoreHasLibuv = TORCH_VERSION_MAJOR > 2 ||
+                                (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
 
 /// Serves a store on addr:port (port 0 picks a free one; see served_port) for `world_size`
 /// clients. Throws CommError naming the port when it is already in use.
@@ -30,4 +35,4 @@ bool served_by_libuv(const c10::intrusive_ptr<c10d::Store>& store);
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
                                               std::chrono::milliseconds timeout);
 
-}  // namespace dtorch::comm
+}  // namespace dtorch::launch

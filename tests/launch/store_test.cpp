@@ -1,16 +1,15 @@
 // Tests for the rendezvous store: served and joined on 127.0.0.1 with libuv where the LibTorch
 // has it and the classic server otherwise or on request (Note [TCPStore backend]).
-#include "dtorch/comm/store.h"
+#include "dtorch/launch/store.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "dtorch/comm/backend_compat.h"
 #include "dtorch/core/error.h"
 #include "launch/scoped_env.h"
 #include "support/command.h"
 
-namespace dtorch::comm {
+namespace dtorch::launch {
 namespace {
 
 using std::chrono::seconds;
@@ -61,4 +60,4 @@ TEST(Store, PortInUseAndUnreachableStoreAreNamed) {
 }
 
 }  // namespace
-}  // namespace dtorch::comm
+}  // namespace dtorch::launch

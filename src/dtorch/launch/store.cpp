@@ -1,17 +1,42 @@
 // TCPStore serving and joining, with errors that say which address and port failed.
-#include "dtorch/comm/store.h"
+#include "dtorch/launch/store.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cctype>
 
-#include "dtorch/comm/backend_compat.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 
-namespace dtorch::comm {
+namespace dtorch::launch {
 namespace {
+
+// Note [TCPStore backend]
+// From 2.4 LibTorch serves a TCPStore with libuv by default (TCPStoreOptions::useLibUV), and
+// a LibTorch built without libuv (Debian 13's 2.6, for one) then refuses to create any store:
+// "use_libuv was requested but PyTorch was build without libuv support". dtorch asks for libuv
+// where the option exists and, when the LibTorch answers that it lacks it, uses the classic
+// server, which speaks the same protocol. USE_LIBUV=0, PyTorch's own switch, asks for the
+// classic server from the start. 1.13 has only the classic server.
+void set_store_libuv(c10d::TCPStoreOptions& o, bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  o.useLibUV = on;
+#else
+  (void)o;
+  (void)on;
+#endif
+}
+
+/// Whether `store` is served by libuv (false for clients and on LibTorch < 2.4).
+bool store_uses_libuv(const c10d::TCPStore& store) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return store.isLibUvBackend();
+#else
+  (void)store;
+  return false;
+#endif
+}
 
 bool mentions_libuv(const std::string& s) {
   std::string lower;
@@ -20,7 +45,6 @@ bool mentions_libuv(const std::string& s) {
   return lower.find("libuv") != std::string::npos;
 }
 
-// Note [TCPStore backend] in backend_compat.h: libuv where the LibTorch has it, else classic.
 c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host,
                                                   c10d::TCPStoreOptions o) {
   const bool want_libuv = kStoreHasLibuv && env::get("USE_LIBUV").value_or("1") != "0";
@@ -84,4 +108,4 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
   }
 }
 
-}  // namespace dtorch::comm
+}  // namespace dtorch::launch
