@@ -9,6 +9,11 @@ rank are compared with what Python users run today, in the same run on the same 
   fsdp                 FSDP2 fully_shard, or FSDP1 with device_id=cpu when
                        fully_shard fails on CPU; "impl" says which ran        (dtorch zero3)
   deepspeed-zero1/2/3  a DeepSpeed engine with zero_optimization.stage 1/2/3 (dtorch zero1/2/3)
+  tensor-parallel      torch.distributed.tensor.parallel over all N ranks (tp = N, dp = 1):
+                       Megatron's plan (c_attn, c_fc colwise; c_proj rowwise; wte rowwise and
+                       lm_head colwise, still tied); every rank feeds the same batch
+  dp-tp                2-D mesh (dp = N / tp, tp = --tp): the same plan on "tp", FSDP2
+                       fully_shard on "dp"; one batch per dp rank, shared by its tp group
 Protocol (dtorch bench memory's): N local ranks, MASTER_ADDR 127.0.0.1, one intra-op thread per
 rank, fp32 AdamW (lr 1e-4, weight decay 0.01), --batch sequences of --seq-len random token ids
 per rank, one untimed warm-up step, then --steps timed steps between two barriers. The model is
@@ -17,8 +22,11 @@ bias on, dropout 0, lm_head tied to wte, 124,475,904 parameters counted once eac
 sharding unit is a transformer block, the root (embeddings, final norm) is the last unit.
 Each rank prints {"rank", "strategy", "impl", "samples_per_s", "peak_rss_bytes",
 "rss_before_model_bytes", "params", "torch", ...}; a strategy that cannot run prints one
-{"strategy", "error": reason} and exits 1.
+{"strategy", "error": reason} and exits 1. tensor-parallel and dp-tp also print "tp", "dp" and
+"bytes_sent_per_step" (the warm-up step's collectives counted as dtorch counts its own); their
+samples/s counts the dp batches only, since a tp group trains on one batch.
 Usage: .venv/bin/python bench/peer_sharded.py --strategy fsdp --nproc 2 [--steps 3]
+       .venv/bin/python bench/peer_sharded.py --strategy dp-tp --nproc 4 [--tp 2]
 """
 import argparse
 import json
@@ -36,11 +44,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 STRATEGIES = ("ddp", "zero-redundancy", "fsdp", "deepspeed-zero1", "deepspeed-zero2",
-              "deepspeed-zero3")
+              "deepspeed-zero3", "tensor-parallel", "dp-tp")
+TP_STRATEGIES = ("tensor-parallel", "dp-tp")
 # (vocab_size, block_size, n_layer, n_head, n_embd), dtorch's GPTConfig::small() and ::debug().
-CONFIGS = {"gpt-small": (50304, 1024, 12, 12, 768), "gpt-debug": (256, 32, 2, 2, 32)}
+CONFIGS = {"gpt-small": (50304, 1024, 12, 12, 768), "gpt-debug": (256, 32, 2, 4, 32)}
 LR, WEIGHT_DECAY = 1e-4, 0.01  # dtorch bench memory's AdamW
 
 
@@ -55,11 +65,16 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x):
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        qkv = self.c_attn(x)
+        # Under tensor parallelism c_attn is column-sharded: this rank sees 3 * C / tp features,
+        # its own q, k and v heads (tensor_parallel's interleave_qkv); unsharded, Cl == C.
+        Cl = qkv.size(2) // 3
+        H = self.n_head * Cl // C
+        q, k, v = qkv.split(Cl, dim=2)
+        q, k, v = (t.view(B, T, H, Cl // H).transpose(1, 2) for t in (q, k, v))
         # nanoGPT's flash branch; dtorch uses the same fused kernel on LibTorch 2.x.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, Cl))
 
 
 class MLP(nn.Module):
@@ -189,6 +204,77 @@ def parallelize_deepspeed(model, a):
     return engine, step, "DeepSpeedEngine ZeRO-%d" % stage
 
 
+def interleave_qkv(linear, tp):
+    """Reorders c_attn's output rows from [q | k | v] to [q_0 k_0 v_0 | q_1 k_1 v_1 | ...].
+
+    ColwiseParallel gives tp rank r the r-th contiguous slice of the rows; of the fused
+    [q | k | v] that would be a slice of q (or of q and k) with no v, which is wrong. After this
+    permutation the r-th slice holds q_r, k_r and v_r, each C / tp wide: heads r * H / tp up to
+    (r + 1) * H / tp of q, k and v, whose outputs c_proj's r-th column slice (RowwiseParallel)
+    expects. The same function as the unpermuted layer: only the storage order changes.
+    """
+    with torch.no_grad():
+        for p in (linear.weight, linear.bias):
+            p.copy_(p.view(3, tp, -1, *p.shape[1:]).transpose(0, 1).reshape(p.shape))
+
+
+def tensor_parallel(model, tp_mesh):
+    """Megatron's plan on tp_mesh: per block c_attn and c_fc colwise, both c_proj rowwise (one
+    allreduce after attention and one after the MLP, forward and backward); wte rowwise
+    (vocab-sharded, PyTorch's recipe for an embedding) and lm_head colwise, with its logits
+    gathered (Replicate) for the plain cross entropy. Layer norms, wpe and the rowwise biases
+    stay replicated. Returns what "impl" says."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    V, H = model.lm_head.out_features, model.transformer.h[0].attn.n_head
+    tp = tp_mesh.size()
+    if H % tp or V % tp:
+        raise ValueError("tp = %d must divide n_head = %d and vocab = %d" % (tp, H, V))
+    plan = {"transformer.wte": RowwiseParallel(input_layouts=Replicate()),
+            "lm_head": ColwiseParallel(output_layouts=Replicate())}
+    for i, block in enumerate(model.transformer.h):
+        interleave_qkv(block.attn.c_attn, tp)
+        plan.update({"transformer.h.%d.attn.c_attn" % i: ColwiseParallel(),
+                     "transformer.h.%d.attn.c_proj" % i: RowwiseParallel(),
+                     "transformer.h.%d.mlp.c_fc" % i: ColwiseParallel(),
+                     "transformer.h.%d.mlp.c_proj" % i: RowwiseParallel()})
+    parallelize_module(model, tp_mesh, plan)
+    # parallelize_module gives wte and lm_head a DTensor each, both Shard(0) of the same
+    # (V, C) weight: tie them again, so that one tensor gets both gradients.
+    model.transformer.wte.weight = model.lm_head.weight
+    return "parallelize_module(Megatron plan, wte RowwiseParallel tied to lm_head " \
+        "ColwiseParallel(output Replicate), c_attn q/k/v interleaved)"
+
+
+def parallelize_tensor(model, a):
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (a.nproc,), mesh_dim_names=("tp",))
+    impl = tensor_parallel(model, mesh)
+    a.dp_size, a.tp_size, a.data_rank = 1, a.nproc, 0  # every rank feeds the same batch
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    return model, torch_step(opt), impl
+
+
+def parallelize_dp_tp(model, a):
+    """The tensor-parallel plan on the "tp" sub-mesh, then FSDP2 on "dp": one unit per block +
+    root, as fsdp; the tp-sharded weights become 2-D DTensors (Shard(0) on dp, their tp
+    placement on tp)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    if a.tp < 1 or a.nproc % a.tp:
+        raise ValueError("--tp %d does not divide --nproc %d" % (a.tp, a.nproc))
+    mesh = init_device_mesh("cpu", (a.nproc // a.tp, a.tp), mesh_dim_names=("dp", "tp"))
+    impl = tensor_parallel(model, mesh["tp"])
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    a.dp_size, a.tp_size = mesh["dp"].size(), mesh["tp"].size()
+    a.data_rank = mesh["dp"].get_local_rank()  # one batch per dp rank, shared by its tp group
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    return model, torch_step(opt), "fully_shard(dp) + " + impl
+
+
 def torch_step(opt):
     def step(loss):
         opt.zero_grad(set_to_none=True)
@@ -209,6 +295,71 @@ def train_step(module, step, x, y):
     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
     step(loss)
     return loss
+
+
+# Collective (schema name, without the namespace) -> (dtorch's traffic kind, the argument whose
+# bytes count: the input buffer, the shard for an allgather).
+COLLECTIVES = {
+    "all_reduce": ("allreduce", 0), "all_reduce_": ("allreduce", 0),
+    "all_reduce_coalesced": ("allreduce", 0), "all_reduce_coalesced_": ("allreduce", 0),
+    "all_gather_into_tensor": ("allgather", 0), "all_gather_into_tensor_out": ("allgather", 0),
+    "all_gather_into_tensor_coalesced": ("allgather", 0),
+    "reduce_scatter_tensor": ("reduce_scatter", 0),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", 0),
+    "broadcast": ("broadcast", 0), "broadcast_": ("broadcast", 0),
+    "allreduce_": ("allreduce", 0), "allreduce_coalesced_": ("allreduce", 0),
+    "_allgather_base_": ("allgather", 1), "allgather_": ("allgather", 1),
+    "allgather_into_tensor_coalesced_": ("allgather", 1),
+    "_reduce_scatter_base_": ("reduce_scatter", 1), "reduce_scatter_": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+}
+# Bytes one rank sends, per byte counted, in a group of n: dtorch's Communicator's ring volumes.
+RING = {"allreduce": lambda n: 2.0 * (n - 1) / n, "allgather": lambda n: n - 1.0,
+        "reduce_scatter": lambda n: (n - 1.0) / n, "broadcast": lambda n: 1.0}
+
+
+class CommBytes(TorchDispatchMode):
+    """Counts the bytes this rank sends in collectives, as dtorch's Communicator counts its own
+    (allreduce 2(n-1)/n of the buffer, reduce-scatter and allgather (n-1)/n of the full buffer,
+    broadcast the buffer): torch.distributed's (FSDP2's) and the functional ones that DTensor
+    issues when it redistributes. As CommDebugMode does, it lets DTensor run first."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent = dict.fromkeys(RING, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        from torch.distributed.tensor import DTensor
+        if any(t is DTensor for t in types):
+            return NotImplemented  # DTensor turns it into local ops and collectives first
+        namespace, _, name = func._schema.name.partition("::")
+        if "c10d" in namespace and name in COLLECTIVES:
+            kind, i = COLLECTIVES[name]
+            n = group_size(list(args) + list(kwargs.values()))
+            if n > 1:
+                self.sent[kind] += int(RING[kind](n) * nbytes(args[i]))
+        return func(*args, **kwargs)
+
+    def per_step(self):
+        return dict(self.sent, total=sum(self.sent.values()))
+
+
+def group_size(args):
+    for x in reversed(args):
+        if isinstance(x, str):  # a functional collective's group name, after its reduce op
+            return dist.distributed_c10d._resolve_process_group(x).size()
+        if isinstance(x, torch.ScriptObject) and x._type().name() == "ProcessGroup":
+            return dist.ProcessGroup.unbox(x).size()  # a torch.distributed collective's group
+    raise ValueError("a collective without a process group")
+
+
+def nbytes(x):
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    return sum(nbytes(t) for t in x) if isinstance(x, (list, tuple)) else 0
 
 
 def one_line(e):
@@ -250,22 +401,30 @@ def run_rank(rank, a):
     model = GPT(*CONFIGS[a.model])
     params = sum(p.numel() for p in model.parameters())  # tied weight counted once
     parallelize = {"ddp": parallelize_ddp, "zero-redundancy": parallelize_zero_redundancy,
-                   "fsdp": parallelize_fsdp}.get(a.strategy, parallelize_deepspeed)
+                   "fsdp": parallelize_fsdp, "tensor-parallel": parallelize_tensor,
+                   "dp-tp": parallelize_dp_tp}.get(a.strategy, parallelize_deepspeed)
     module, step, impl = parallelize(model, a)
-    gen = torch.Generator().manual_seed(rank)
+    # Tensor parallel ranks share their batch: the seed is the rank's dp coordinate.
+    gen = torch.Generator().manual_seed(getattr(a, "data_rank", rank))
+    traffic = CommBytes() if a.strategy in TP_STRATEGIES else None
     t0 = None
     for i in range(1 + a.steps):  # one untimed warm-up step
         if i == 1:
             dist.barrier()
             t0 = time.perf_counter()
+        if i == 0 and traffic is not None:
+            with traffic:  # the warm-up step's collectives, the same as every step's
+                loss = train_step(module, step, *batch_for(a, gen))
+            continue
         loss = train_step(module, step, *batch_for(a, gen))
     dist.barrier()
     seconds = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    batches = getattr(a, "dp_size", a.nproc)  # distinct batches per step
     row = dict(rank=rank, strategy=a.strategy, impl=impl, model=a.model, nproc=a.nproc,
                params=params, batch_per_rank=a.batch, seq_len=min(a.seq_len, CONFIGS[a.model][1]),
                steps=a.steps, seconds=seconds,
-               samples_per_s=a.steps * a.batch * a.nproc / seconds, peak_rss_bytes=rss,
+               samples_per_s=a.steps * a.batch * batches / seconds, peak_rss_bytes=rss,
                rss_before_model_bytes=base_rss, final_loss=float(loss.detach()),
                torch=torch.__version__)
     if a.strategy.startswith("deepspeed"):
@@ -273,6 +432,8 @@ def run_rank(rank, a):
         row["deepspeed"] = deepspeed.__version__
     if getattr(a, "fully_shard_error", None):
         row["fully_shard_error"] = a.fully_shard_error
+    if traffic is not None:
+        row.update(tp=a.tp_size, dp=a.dp_size, bytes_sent_per_step=traffic.per_step())
     dist.barrier()
     dist.destroy_process_group()
     return row
@@ -333,6 +494,8 @@ def main():
     ap.add_argument("--port", type=int, default=0, help="rendezvous port; 0 picks a free one")
     ap.add_argument("--fsdp-impl", choices=("auto", "fully_shard", "fsdp1"), default="auto",
                     help="fsdp: auto tries fully_shard and falls back to FSDP1")
+    ap.add_argument("--tp", type=int, default=2,
+                    help="dp-tp: tensor parallel degree; dp is --nproc / --tp")
     ap.add_argument("--ds-bucket-mb", type=float, default=25.0,
                     help="deepspeed: reduce/allgather bucket MiB (DDP's and dtorch's 25); "
                     "0 keeps DeepSpeed's defaults")

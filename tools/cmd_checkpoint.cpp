@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/train/checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "tools/commands.h"
@@ -87,8 +88,20 @@ int run_inspect(const CheckpointFlags& f) {
 }
 
 int run_consolidate(const CheckpointFlags& f) {
-  train::ShardedCheckpointReader reader(f.dir);
-  train::StateDict state = train::consolidate_model(reader);
+  train::StateDict state;
+  std::string source;
+  train::CheckpointData data;
+  if (f.dir.size() > 4 && f.dir.compare(f.dir.size() - 4, 4, ".dtc") == 0) {
+    // A whole-model checkpoint (DDP's, tensor-parallel runs' included): its model as is.
+    std::tie(state, data) = train::read_checkpoint_model(f.dir);
+    source = f.dir;
+  } else {
+    train::ShardedCheckpointReader reader(f.dir);
+    state = train::consolidate_model(reader);
+    source = reader.dir();
+    data.epoch = reader.data().epoch;
+    data.global_step = reader.data().global_step;
+  }
   // The format follows the file name: .safetensors gets safetensors, anything else torch.save's.
   const bool st = f.out.size() >= 12 && f.out.compare(f.out.size() - 12, 12, ".safetensors") == 0;
   train::write_file_atomically(
@@ -98,8 +111,8 @@ int run_consolidate(const CheckpointFlags& f) {
   for (const auto& [name, t] : state)
     elements += t.numel();
   std::cout << "wrote " << f.out << ": " << state.size() << " tensors, " << elements
-            << " elements, from " << reader.dir() << " (epoch " << reader.data().epoch
-            << ", global step " << reader.data().global_step << ")\n";
+            << " elements, from " << source << " (epoch " << data.epoch << ", global step "
+            << data.global_step << ")\n";
   return 0;
 }
 
@@ -110,7 +123,8 @@ void add_checkpoint_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("checkpoint", "Inspect or consolidate a sharded checkpoint");
   cmd->require_subcommand(1);
   const std::string dir_help =
-      "a run's checkpoint directory (its newest intact checkpoint) or a step-NNNNNN directory";
+      "a run's checkpoint directory (its newest intact checkpoint), a step-NNNNNN directory, or "
+      "(consolidate) a checkpoint-NNNNNN.dtc file";
 
   auto* inspect = cmd->add_subcommand(
       "inspect", "Print what a checkpoint holds and verify each file's size and checksum");

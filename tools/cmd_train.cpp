@@ -74,7 +74,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   auto f = std::make_shared<TrainFlags>();
   auto& c = f->config;
   auto* cmd = app.add_subcommand(
-      "train", "Train a model data-parallel (DDP or ZeRO-1/2/3) on this node's ranks");
+      "train",
+      "Train a model data-parallel (DDP or ZeRO-1/2/3), optionally x tensor-parallel (--tp)");
   cmd->add_option("--model", c.model,
                   "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | "
                   "vit-debug | gpt-small | gpt-debug")
@@ -88,6 +89,12 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "parameters: FSDP)")
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}))
       ->capture_default_str();
+  cmd->add_option("--tp", c.tp,
+                  "tensor-parallel ranks per model replica (gpt-*, vit-*): consecutive ranks "
+                  "split every layer; the strategy runs over the rest (dp = world / tp)")
+      ->capture_default_str();
+  cmd->add_flag("--sequence-parallel", c.sequence_parallel,
+                "with --tp: also split norms and residuals along the sequence");
   cmd->add_option("--precision", c.precision, "fp32 | bf16 (bf16 compute, fp32 master weights)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();

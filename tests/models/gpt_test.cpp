@@ -108,7 +108,7 @@ TEST(ModelGPTPeer, DebugMatchesNanoGpt) {
 import math
 import torch.nn as nn
 import torch.nn.functional as F
-V, BS, L, H, C = 256, 32, 2, 2, 32
+V, BS, L, H, C = 256, 32, 2, 4, 32
 
 class CausalSelfAttention(nn.Module):
     def __init__(self):

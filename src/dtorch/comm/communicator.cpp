@@ -14,16 +14,18 @@
 #include <cstring>
 #include <deque>
 #include <future>
+#include <map>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <thread>
 
 #include "dtorch/comm/backend_compat.h"
 #include "dtorch/comm/gloo_device.h"
 #include "dtorch/comm/shm_allreduce.h"
-#include "dtorch/launch/store.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"
+#include "dtorch/launch/store.h"
 
 namespace dtorch::comm {
 namespace {
@@ -83,7 +85,11 @@ int64_t nbytes(const at::Tensor& t) {
 // N-1 steps chunk r holds every rank's contribution. Each rank sends N-1 chunks, (N-1)/N of
 // the input: the volume of a real reduce-scatter (and of NCCL's). Steps run one after
 // another on the communicator's ordered thread; tags derived from the operation's sequence
-// number keep concurrent collectives apart.
+// number keep concurrent collectives apart. That number must be the same on every rank, so
+// point-to-point messages take none (ranks may send different numbers of them), and ring tags
+// lie above the tags point-to-point may use (Communicator::kMaxTag).
+constexpr long kRingTagBase = long(Communicator::kMaxTag) + 1;
+
 void ring_reduce_scatter(Backend& pg, const at::Tensor& in, int rank, int n, long seq,
                          std::chrono::milliseconds timeout) {
   const int64_t c = in.numel() / n;
@@ -91,7 +97,7 @@ void ring_reduce_scatter(Backend& pg, const at::Tensor& in, int rank, int n, lon
   at::Tensor incoming = at::empty({c}, in.options());
   const int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
   for (int s = 0; s < n - 1; ++s) {
-    const int tag = static_cast<int>((seq * 1024 + s) % (1 << 30));
+    const int tag = static_cast<int>(kRingTagBase + (seq * 1024 + s) % kRingTagBase);
     std::vector<at::Tensor> rv{incoming}, sv{chunk(rank - s - 1)};
     auto r = pg.recv(rv, prev, tag);
     auto w = pg.send(sv, next, tag);
@@ -119,10 +125,10 @@ bool process_gone(c10d::Store& store, int r) {
   }
 }
 
-std::string join(const std::vector<int>& v) {
+std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(v[i]);
+    s += (i ? ", " : "") + v[i];
   return s;
 }
 
@@ -216,6 +222,7 @@ struct Work::State {
   std::function<void()> finish;         // averaging / casting back, after completion
   std::string op;
   long seq = 0;
+  int peer = -1;  // point-to-point: the other rank, the one failure diagnosis looks at
   bool done = false;
 };
 
@@ -226,7 +233,7 @@ void Work::wait() {
     if (state_->work) state_->work->wait(state_->comm->options().timeout);
     if (state_->local.valid()) state_->local.get();
   } catch (const std::exception& e) {
-    state_->comm->fail(state_->op, state_->seq, e.what());
+    state_->comm->fail(state_->op, state_->seq, e.what(), state_->peer);
   }
   if (state_->finish) state_->finish();
 }
@@ -250,7 +257,10 @@ struct Communicator::Impl {
   std::unique_ptr<OrderedThread> worker;  // multi-step collectives, in issue order
   std::mutex mu;  // collectives must be issued in one order; hooks may race to issue them
   long seq = 0;
-  Traffic traffic;  // guarded by mu
+  Traffic traffic;                    // guarded by mu
+  std::vector<int> global_ranks;      // job-wide rank of each of this communicator's ranks
+  std::string group_name;             // empty for the whole job
+  std::map<std::string, int> splits;  // how often each group was split off here (under mu)
 
   Backend& backend_for(const at::Tensor& t) {
     if (t.is_cuda()) {
@@ -288,6 +298,8 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
                                                    const CommOptions& opts) {
   std::shared_ptr<Communicator> c(new Communicator(info, opts));
   Impl& m = *c->impl_;
+  m.global_ranks.resize(info.world_size);
+  std::iota(m.global_ranks.begin(), m.global_ranks.end(), 0);
   if (info.world_size == 1) {
     m.root_store = c10::make_intrusive<c10d::HashStore>();
     m.store = m.root_store;
@@ -300,26 +312,114 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
   } else {
     m.root_store = launch::serve_store(info.master_port, info.world_size, opts.timeout);
   }
-  m.store = c10::make_intrusive<c10d::PrefixStore>(
-      "dtorch/attempt" + std::to_string(info.restart_count), m.root_store);
+  c->connect(c10::make_intrusive<c10d::PrefixStore>(
+      "dtorch/attempt" + std::to_string(info.restart_count), m.root_store));
+  return c;
+}
+
+// Note [Process groups]
+// A group is a communicator of its own over a namespace of the job's store ("group/<name>:
+// <ranks>/<k>", k counting earlier splits of the same group on this rank), so its rendezvous,
+// sequence numbers and failure keys never meet another group's. Each member learns which
+// members share its node from the node index every rank posted at the job's rendezvous, so a
+// group within one node of a multi-node job still takes the shared-memory path. Gloo makes
+// connections between the group's members only: non-members need not take part.
+std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
+                                                  const std::string& name) {
+  DTORCH_CHECK_T(ConfigError, !name.empty() && name.find('/') == std::string::npos,
+                 "split: a group needs a name without '/', got '", name, "'");
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  DTORCH_CHECK_T(ConfigError,
+                 !sorted.empty() && sorted.front() >= 0 && sorted.back() < size() &&
+                     std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+                 "split '", name, "': ranks must be distinct ranks of this communicator (0..",
+                 size() - 1, ")");
+  auto me = std::find(ranks.begin(), ranks.end(), rank());
+  DTORCH_CHECK_T(ConfigError, me != ranks.end(), "split '", name, "': rank ", rank(),
+                 " is not among the group's ranks; only members call split");
+  std::string key = name + ":";
+  for (size_t i = 0; i < ranks.size(); ++i)
+    key += (i ? "," : "") + std::to_string(ranks[i]);
+  int k;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    k = impl_->splits[key]++;
+  }
+
+  launch::RankInfo gi = info_;
+  gi.rank = static_cast<int>(me - ranks.begin());
+  gi.world_size = static_cast<int>(ranks.size());
+  gi.local_rank = 0;
+  gi.local_world_size = 0;
+  for (int r : ranks) {
+    bool same_node = true;
+    if (size() > 1 && r != rank()) {
+      auto v = impl_->store->get("node/" + std::to_string(r));
+      same_node = std::string(v.begin(), v.end()) == std::to_string(info_.node_rank);
+    }
+    if (!same_node) continue;
+    if (r == rank()) gi.local_rank = gi.local_world_size;
+    ++gi.local_world_size;
+  }
+  std::shared_ptr<Communicator> c(new Communicator(gi, opts_));
+  Impl& m = *c->impl_;
+  for (int r : ranks)
+    m.global_ranks.push_back(impl_->global_ranks[r]);
+  m.group_name = name;
+  if (gi.world_size == 1) {
+    m.root_store = c10::make_intrusive<c10d::HashStore>();
+    m.store = m.root_store;
+    return c;
+  }
+  m.root_store = impl_->root_store;
+  c->connect(c10::make_intrusive<c10d::PrefixStore>(str("group/", key, "/", k), impl_->store));
+  return c;
+}
+
+bool Communicator::uses_shared_memory() const {
+  return impl_->shm != nullptr;
+}
+
+int Communicator::global_rank(int r) const {
+  return impl_->global_ranks.at(r);
+}
+
+const std::string& Communicator::group_name() const {
+  return impl_->group_name;
+}
+
+std::string Communicator::describe_rank(int r) const {
+  if (impl_->group_name.empty()) return std::to_string(r);
+  return str(global_rank(r), " (", impl_->group_name, " rank ", r, ")");
+}
+
+void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
+  Impl& m = *impl_;
+  const launch::RankInfo& info = info_;
+  const CommOptions& opts = opts_;
+  m.store = std::move(store);
 
   // Rendezvous: every rank announces itself, then waits for all, naming the missing ones.
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   std::string me = std::string(host) + " pid " + std::to_string(getpid());
+  std::string node = std::to_string(info.node_rank);
+  m.store->set("node/" + std::to_string(info.rank), std::vector<uint8_t>(node.begin(), node.end()));
   m.store->set("arrived/" + std::to_string(info.rank), std::vector<uint8_t>(me.begin(), me.end()));
   auto deadline = Clock::now() + opts.timeout;
-  std::vector<int> missing;
+  std::vector<std::string> missing;
   for (;;) {
     missing.clear();
     for (int r = 0; r < info.world_size; ++r) {
-      if (!m.store->check({"arrived/" + std::to_string(r)})) missing.push_back(r);
+      if (!m.store->check({"arrived/" + std::to_string(r)})) missing.push_back(describe_rank(r));
     }
     if (missing.empty() || Clock::now() > deadline) break;
     std::this_thread::sleep_for(milliseconds(20));
   }
-  DTORCH_CHECK_T(CommError, missing.empty(), "rendezvous at ", info.master_addr, ":",
-                 info.master_port, " timed out after ", opts.timeout.count() / 1000.0,
+  DTORCH_CHECK_T(CommError, missing.empty(), "rendezvous", group_name().empty() ? "" : " of group ",
+                 group_name(), " at ", info.master_addr, ":", info.master_port, " timed out after ",
+                 opts.timeout.count() / 1000.0,
                  " s: ", info.world_size - static_cast<int>(missing.size()), " of ",
                  info.world_size, " ranks arrived; missing rank(s) ", join(missing),
                  "\n---> HINT: those ranks did not start or cannot reach the store; check "
@@ -342,14 +442,14 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
     }
 #endif
   } catch (const std::exception& e) {
-    DTORCH_FAIL(CommError, "creating the process group failed on rank ", info.rank, ": ",
+    DTORCH_FAIL(CommError, "creating the process group", group_name().empty() ? "" : " ",
+                group_name(), " failed on rank ", describe_rank(info.rank), ": ",
                 first_line(e.what()),
                 "\n---> HINT: on several hosts, set GLOO_SOCKET_IFNAME to the network "
                 "interface the nodes share (e.g. ib0 or eth0)");
   }
   m.worker = std::make_unique<OrderedThread>();
-  c->setup_shared_memory();
-  return c;
+  setup_shared_memory();
 }
 
 void Communicator::setup_shared_memory() {
@@ -387,14 +487,15 @@ c10d::Store& Communicator::store() {
 // Builds the handle and numbers the operation; callers hold impl_->mu so that numbering and
 // issuing happen in one order on every rank.
 Work Communicator::new_work(const std::string& op, const std::string& what, const at::Tensor& t,
-                            std::function<void()> finish, const char* path) {
+                            std::function<void()> finish, const char* path, bool numbered) {
   Work w;
   w.state_ = std::make_shared<Work::State>();
   auto& s = *w.state_;
   s.comm = shared_from_this();
   s.finish = std::move(finish);
-  s.seq = ++impl_->seq;
-  s.op = str(op, " #", s.seq, " (", what.empty() ? "" : what + ", ", describe(t), path, ")");
+  s.seq = numbered ? ++impl_->seq : 0;
+  s.op = numbered ? str(op, " #", s.seq) : op;
+  s.op += str(" (", what.empty() ? "" : what + ", ", describe(t), path, ")");
   return w;
 }
 
@@ -411,6 +512,30 @@ Work Communicator::start(const std::string& op, const std::string& what, at::Ten
     throw;
   } catch (const std::exception& e) {
     fail(s.op, s.seq, e.what());
+  }
+  return w;
+}
+
+Work Communicator::start_p2p(const std::string& op, at::Tensor t, int peer, int tag) {
+  DTORCH_CHECK(t.is_contiguous(), op, " needs a contiguous tensor");
+  DTORCH_CHECK(peer >= 0 && peer < size() && peer != rank(), op, ": peer ", peer,
+               " is not another rank of this communicator (", size(), " ranks)");
+  DTORCH_CHECK(tag >= 0 && tag <= kMaxTag, op, ": tag ", tag, " is outside 0..", kMaxTag);
+  const bool sending = op == "send";
+  if (sending) count(&Traffic::send, nbytes(t));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Work w =
+      new_work(op, str(sending ? "to rank " : "from rank ", describe_rank(peer), ", tag ", tag), t,
+               nullptr, "", /*numbered=*/false);
+  w.state_->peer = peer;
+  try {
+    std::vector<at::Tensor> v{t};
+    Backend& pg = impl_->backend_for(t);
+    w.state_->work = sending ? pg.send(v, peer, tag) : pg.recv(v, peer, tag);
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(w.state_->op, 0, e.what(), peer);
   }
   return w;
 }
@@ -632,27 +757,20 @@ void Communicator::allgather(std::vector<at::Tensor>& out, const at::Tensor& in,
       .wait();
 }
 
+Work Communicator::isend(at::Tensor t, int dst, int tag) {
+  return start_p2p("send", std::move(t), dst, tag);
+}
+
+Work Communicator::irecv(at::Tensor t, int src, int tag) {
+  return start_p2p("recv", std::move(t), src, tag);
+}
+
 void Communicator::send(at::Tensor t, int dst, int tag) {
-  count(&Traffic::send, nbytes(t));
-  start(
-      "send", str("to rank ", dst), t,
-      [this, dst, tag](at::Tensor& b) {
-        std::vector<at::Tensor> v{b};
-        return impl_->backend_for(b).send(v, dst, tag);
-      },
-      nullptr)
-      .wait();
+  isend(std::move(t), dst, tag).wait();
 }
 
 void Communicator::recv(at::Tensor t, int src, int tag) {
-  start(
-      "recv", str("from rank ", src), t,
-      [this, src, tag](at::Tensor& b) {
-        std::vector<at::Tensor> v{b};
-        return impl_->backend_for(b).recv(v, src, tag);
-      },
-      nullptr)
-      .wait();
+  irecv(std::move(t), src, tag).wait();
 }
 
 void Communicator::barrier(const std::string& what) {
@@ -675,7 +793,7 @@ std::string Communicator::broadcast_string(const std::string& s, int root,
   return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
 
-void Communicator::fail(const std::string& op, long seq, const std::string& cause) {
+void Communicator::fail(const std::string& op, long seq, const std::string& cause, int peer) {
   std::string diagnosis;
   try {
     impl_->root_store->setTimeout(kDiagnosisWindow);
@@ -694,7 +812,7 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
       elsewhere.clear();
       dead.clear();
       for (int r = 0; r < size(); ++r) {
-        if (r == rank()) continue;
+        if (r == rank() || (peer >= 0 && r != peer)) continue;
         if (store.check({str("failed/", seq, "/", r)})) {
           failed.push_back(r);
         } else if (store.check({str("failing/", r)})) {
@@ -710,6 +828,12 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
       if (silent.empty() || Clock::now() > deadline) break;
       std::this_thread::sleep_for(milliseconds(100));
     }
+    auto join = [this](const std::vector<int>& v) {
+      std::vector<std::string> names;
+      for (int r : v)
+        names.push_back(describe_rank(r));
+      return dtorch::comm::join(names);
+    };
     std::ostringstream os;
     if (!dead.empty()) {
       os << "rank(s) " << join(dead) << " died: their processes on this host are gone";
@@ -727,11 +851,11 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
     for (int r : failed) {
       auto v = store.get(str("failed/", seq, "/", r));
       std::string theirs(v.begin(), v.end());
-      if (theirs != mine) disagree.push_back(str("rank ", r, " was in ", theirs));
+      if (theirs != mine) disagree.push_back(str("rank ", describe_rank(r), " was in ", theirs));
     }
     for (int r : elsewhere) {
       auto v = store.get(str("failing/", r));
-      os << (os.tellp() > 0 ? "; " : "") << "rank " << r << " failed in "
+      os << (os.tellp() > 0 ? "; " : "") << "rank " << describe_rank(r) << " failed in "
          << std::string(v.begin(), v.end());
     }
     for (const auto& d : disagree)
@@ -740,7 +864,8 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
       os << " (every rank must issue the same collectives in the same order)";
     }
     if (silent.empty() && dead.empty() && left.empty() && disagree.empty() && elsewhere.empty()) {
-      os << "every other rank failed in the same collective";
+      os << (peer >= 0 ? str("rank ", describe_rank(peer), " failed in it too")
+                       : std::string("every other rank failed in the same collective"));
     }
     diagnosis = os.str();
   } catch (const std::exception& e) {
@@ -749,8 +874,8 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
                     info_.launcher_hosts_store ? "(the launcher of node 0)" : "(rank 0)",
                     " has probably exited");
   }
-  DTORCH_FAIL(CommError, "rank ", rank(), ": ", op, " failed: ", first_line(cause), "\n  ",
-              diagnosis, "\n---> HINT: a rank that is merely slow (long data loading, a ",
+  DTORCH_FAIL(CommError, "rank ", describe_rank(rank()), ": ", op, " failed: ", first_line(cause),
+              "\n  ", diagnosis, "\n---> HINT: a rank that is merely slow (long data loading, a ",
               "checkpoint) needs a longer timeout: DTORCH_TIMEOUT=<seconds> (now ",
               opts_.timeout.count() / 1000.0, " s)");
 }

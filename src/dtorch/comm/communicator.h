@@ -1,7 +1,8 @@
-// Communicator: the one API through which every collective in dtorch runs. Gloo carries CPU
-// tensors, NCCL (where compiled) CUDA tensors; rendezvous goes through a TCPStore. A failed
-// or timed-out collective throws CommError naming the operation and the ranks that did not
-// take part, never hangs silently. See Note [Failure diagnosis] in communicator.cpp.
+// Communicator: the one API through which every collective in dtorch runs, for the whole job
+// or for a process group split from it (Note [Process groups]). Gloo carries CPU tensors,
+// NCCL (where compiled) CUDA tensors; rendezvous goes through a TCPStore. A failed or
+// timed-out collective throws CommError naming the operation and the ranks that did not take
+// part, never hangs silently. See Note [Failure diagnosis] in communicator.cpp.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -90,9 +91,33 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  /// This process's rank in this communicator (its group rank for a split one), and the
+  /// number of ranks in it.
   int rank() const { return info_.rank; }
   int size() const { return info_.world_size; }
+  /// The job as this communicator sees it: for a split one, rank, world_size, local_rank and
+  /// local_world_size count its members only; node_rank and the rendezvous are the job's.
   const launch::RankInfo& info() const { return info_; }
+  /// The job-wide rank of this communicator's rank r (r itself for the whole job).
+  int global_rank(int r) const;
+  int global_rank() const { return global_rank(rank()); }
+  /// The name given to split(); empty for the whole job.
+  const std::string& group_name() const;
+  /// "3" for the whole job, "3 (tp rank 1)" for rank 1 of group "tp": how errors name ranks.
+  std::string describe_rank(int r) const;
+
+  /// Whether collectives of CPU tensors go through shared memory (Note [Shared-memory
+  /// allreduce]): all ranks on one node and DTORCH_SHM not 0.
+  bool uses_shared_memory() const;
+
+  /// Note [Process groups]: a communicator over `ranks` (this communicator's numbering;
+  /// this process's rank must be among them), which become ranks 0..n-1 in that order. Every
+  /// member calls split with the same ranks and name, in the same order relative to its other
+  /// splits; non-members do not call it. The group has the full API below, its own
+  /// rendezvous namespace, operation sequence, traffic counters and failure diagnosis, and
+  /// uses shared memory when its members share a node (even if the job spans nodes), Gloo
+  /// otherwise.
+  std::shared_ptr<Communicator> split(const std::vector<int>& ranks, const std::string& name);
   const CommOptions& options() const { return opts_; }
 
   /// In-place allreduce of a contiguous tensor. `what` names the operation in errors.
@@ -116,8 +141,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void allgather_into(at::Tensor out, at::Tensor in, const std::string& what = "");
   /// out[r] receives rank r's `in`; out must hold size() tensors shaped like `in`.
   void allgather(std::vector<at::Tensor>& out, const at::Tensor& in, const std::string& what = "");
+  /// Point-to-point: sends contiguous `t` to rank `dst` / receives into `t` from rank `src`;
+  /// the handle's wait() returns once `t` may be reused / holds the message. Messages between
+  /// one pair with one tag arrive in the order sent; tags are 0 .. kMaxTag. Point-to-point
+  /// takes no number from the collective sequence, so ranks may send different numbers of
+  /// messages between collectives (Note [Reduce-scatter on Gloo]).
+  Work isend(at::Tensor t, int dst, int tag = 0);
+  Work irecv(at::Tensor t, int src, int tag = 0);
   void send(at::Tensor t, int dst, int tag = 0);
   void recv(at::Tensor t, int src, int tag = 0);
+  static constexpr int kMaxTag = (1 << 28) - 1;
   void barrier(const std::string& what = "");
 
   /// Broadcasts a byte string from `root`; every rank returns root's value.
@@ -139,8 +172,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// Whether a reduce-scatter or flat allgather of `t` goes through the backend's own
   /// collective rather than dtorch's (Note [Gloo on 2.x]).
   bool native_collective(const at::Tensor& t) const;
+  /// seq 0 (point-to-point) leaves the collective sequence alone.
   Work new_work(const std::string& op, const std::string& what, const at::Tensor& t,
-                std::function<void()> finish, const char* path);
+                std::function<void()> finish, const char* path, bool numbered = true);
+  Work start_p2p(const std::string& op, at::Tensor t, int peer, int tag);
+  /// Rendezvous of this communicator's ranks on `store`, then its backends.
+  void connect(c10::intrusive_ptr<c10d::Store> store);
   /// Runs `job` on the communicator's ordered thread: shared-memory collectives (Note
   /// [Shared-memory allreduce]) and the ring reduce-scatter, which are several steps each.
   Work start_local(const std::string& op, const std::string& what, const at::Tensor& t,
@@ -148,7 +185,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                    const char* path);
   void count(int64_t Traffic::*kind, int64_t bytes);
   void setup_shared_memory();
-  [[noreturn]] void fail(const std::string& op, long seq, const std::string& cause);
+  /// Throws CommError for `op` (sequence number `seq`, 0 for point-to-point), with the
+  /// diagnosis of Note [Failure diagnosis] over `peer` only, or every rank when peer < 0.
+  [[noreturn]] void fail(const std::string& op, long seq, const std::string& cause, int peer = -1);
   friend class Work;
 
   launch::RankInfo info_;

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/module_hooks.h"
 
 namespace dtorch::models {
 namespace nn = torch::nn;
@@ -25,21 +26,24 @@ int64_t gpt_num_parameters(const GPTConfig& c) {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t dim, int64_t num_heads,
                                                  AttentionKernel kernel)
-    : num_heads_(num_heads), kernel_(kernel) {
+    : head_dim_(dim / num_heads), kernel_(kernel) {
   c_attn_ = register_module("c_attn", nn::Linear(dim, 3 * dim));
   c_proj_ = register_module("c_proj", nn::Linear(dim, dim));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / num_heads_;
-  auto qkv = c_attn_->forward(x).split(C, /*dim=*/2);
+  // Sizes come from c_attn's output, not from x or the config: under tensor parallelism it
+  // holds this rank's heads only (and the whole sequence when x is a sequence shard).
+  torch::Tensor qkv = call(c_attn_, x);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, hs = head_dim_;
+  auto parts = qkv.split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) {
-    return t.view({B, T, num_heads_, hs}).transpose(1, 2);  // B x nh x T x hs
+    return t.view({B, T, C / hs, hs}).transpose(1, 2);  // B x nh x T x hs
   };
-  torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  torch::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   torch::Tensor y =
       attention(q, k, v, /*causal=*/true, kernel_).transpose(1, 2).contiguous().view({B, T, C});
-  return c_proj_->forward(y);
+  return call(c_proj_, y);
 }
 
 GPTBlockImpl::GPTBlockImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel) {
@@ -52,8 +56,8 @@ GPTBlockImpl::GPTBlockImpl(int64_t dim, int64_t num_heads, AttentionKernel kerne
 }
 
 torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {
-  x = x + attn_->forward(ln_1_->forward(x));
-  return x + c_proj_->forward(torch::gelu(c_fc_->forward(ln_2_->forward(x))));
+  x = x + call(attn_, call(ln_1_, x));
+  return x + call(c_proj_, torch::gelu(call(c_fc_, call(ln_2_, x))));
 }
 
 GPT::GPT(const GPTConfig& c) : config_(c) {
@@ -101,12 +105,12 @@ torch::Tensor GPT::forward(torch::Tensor idx) {
                  ": use a sequence length of at most ", config_.block_size);
   torch::Tensor pos =
       torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  torch::Tensor x = wte_->forward(idx) + wpe_->forward(pos);
+  torch::Tensor x = call(wte_, idx) + call(wpe_, pos);
   const auto names = block_names();
   for (size_t i = 0; i < h_.size(); ++i)
-    x = run_block(names[i], x, [&](torch::Tensor t) { return h_[i]->forward(t); });
+    x = run_block(names[i], x, [&](torch::Tensor t) { return call(h_[i], t); });
   // Note [Tied embedding]: the output layer is the token embedding.
-  return torch::linear(ln_f_->forward(x), wte_->weight);
+  return torch::linear(call(ln_f_, x), wte_->weight);
 }
 
 std::vector<std::string> GPT::block_names() const {

@@ -31,8 +31,9 @@ struct GPTConfig {
   /// GPT-2 small with nanoGPT's vocabulary padded from 50257 to 50304 (a multiple of 64):
   /// 124,475,904 parameters.
   static GPTConfig small() { return {}; }
-  /// Byte-level (vocab 256), 32 positions, 2 layers, 2 heads, 32 wide.
-  static GPTConfig debug() { return {32, 256, 2, 2, 32}; }
+  /// Byte-level (vocab 256), 32 positions, 2 layers, 4 heads of 8, 32 wide (4 heads, so
+  /// that tensor parallelism splits it 2 and 4 ways).
+  static GPTConfig debug() { return {32, 256, 2, 4, 32}; }
 };
 
 /// How many parameters a GPT of this shape has (each counted once: the output projection
@@ -48,7 +49,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(torch::Tensor x);
 
  private:
-  int64_t num_heads_;
+  int64_t head_dim_;
   AttentionKernel kernel_;
   torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
 };

@@ -8,12 +8,13 @@
 #include <cmath>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/module_hooks.h"
 
 namespace dtorch::models {
 namespace nn = torch::nn;
 
 SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel)
-    : num_heads_(num_heads), kernel_(kernel) {
+    : head_dim_(dim / num_heads), kernel_(kernel) {
   // nn.MultiheadAttention._reset_parameters: xavier-uniform in_proj, zero biases.
   in_proj_weight_ = register_parameter("in_proj_weight", torch::empty({3 * dim, dim}));
   in_proj_bias_ = register_parameter("in_proj_bias", torch::zeros({3 * dim}));
@@ -24,15 +25,15 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t num_heads, AttentionKe
 }
 
 torch::Tensor SelfAttentionImpl::forward(torch::Tensor x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / num_heads_;
+  // Sizes from the projection's output: under tensor parallelism in_proj holds this rank's
+  // heads only.
   auto qkv = torch::linear(x, in_proj_weight_, in_proj_bias_).chunk(3, /*dim=*/-1);
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({B, T, num_heads_, hs}).transpose(1, 2);
-  };
+  const int64_t B = x.size(0), T = x.size(1), C = qkv[0].size(2), hs = head_dim_;
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, C / hs, hs}).transpose(1, 2); };
   torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   torch::Tensor y =
       attention(q, k, v, /*causal=*/false, kernel_).transpose(1, 2).reshape({B, T, C});
-  return out_proj_->forward(y);
+  return call(out_proj_, y);
 }
 
 EncoderBlockImpl::EncoderBlockImpl(int64_t dim, int64_t num_heads, int64_t mlp_dim,
@@ -54,8 +55,8 @@ EncoderBlockImpl::EncoderBlockImpl(int64_t dim, int64_t num_heads, int64_t mlp_d
 }
 
 torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
-  x = x + self_attention_->forward(ln_1_->forward(x));
-  torch::Tensor h = fc2_->forward(torch::gelu(fc1_->forward(ln_2_->forward(x))));
+  x = x + call(self_attention_, call(ln_1_, x));
+  torch::Tensor h = call(fc2_, torch::gelu(call(fc1_, call(ln_2_, x))));
   return x + h;
 }
 
@@ -102,9 +103,9 @@ torch::Tensor VisionTransformer::forward(torch::Tensor x) {
   x = torch::cat({class_token_.expand({B, -1, -1}), x}, 1) + pos_embedding_;
   const auto names = block_names();
   for (size_t i = 0; i < layers_.size(); ++i)
-    x = run_block(names[i], x, [&](torch::Tensor t) { return layers_[i]->forward(t); });
-  x = ln_->forward(x);
-  return head_->forward(x.select(1, 0));
+    x = run_block(names[i], x, [&](torch::Tensor t) { return call(layers_[i], t); });
+  x = call(ln_, x);
+  return call(head_, x.select(1, 0));
 }
 
 std::vector<std::string> VisionTransformer::block_names() const {

@@ -46,7 +46,7 @@ class SelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(torch::Tensor x);
 
  private:
-  int64_t num_heads_;
+  int64_t head_dim_;
   AttentionKernel kernel_;
   torch::Tensor in_proj_weight_, in_proj_bias_;
   torch::nn::Linear out_proj_{nullptr};

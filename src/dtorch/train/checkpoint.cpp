@@ -294,6 +294,15 @@ LoadedCheckpoint load_checkpoint(const std::string& path, torch::nn::Module& mod
   return {p.data, path};
 }
 
+std::pair<StateDict, CheckpointData> read_checkpoint_model(const std::string& path) {
+  try {
+    Parsed p = parse(path);
+    return {std::move(p.model), p.data};
+  } catch (const Unusable& e) {
+    DTORCH_FAIL(CheckpointError, "checkpoint ", path, " is unusable: ", e.what());
+  }
+}
+
 std::optional<LoadedCheckpoint> load_latest_checkpoint(const std::string& dir,
                                                        torch::nn::Module& model,
                                                        torch::optim::Optimizer* optimizer) {

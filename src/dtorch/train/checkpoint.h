@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/train/state_dict.h"
+
 namespace dtorch::train {
 
 /// Note [Checkpoint format]: DIR/checkpoint-NNNNNN.dtc (NNNNNN = epochs completed) holds
@@ -65,6 +67,10 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
 /// or optimizer.
 LoadedCheckpoint load_checkpoint(const std::string& path, torch::nn::Module& model,
                                  torch::optim::Optimizer* optimizer);
+
+/// The model state (parameters and buffers, by state_dict name) of the checkpoint file at
+/// `path`, with its data; throws CheckpointError when it is unreadable or corrupt.
+std::pair<StateDict, CheckpointData> read_checkpoint_model(const std::string& path);
 
 /// Restores the newest good checkpoint in `dir`. A corrupt or truncated one is skipped with
 /// a warning naming it and why, falling back to the one before. Returns nullopt when there

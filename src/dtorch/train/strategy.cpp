@@ -4,6 +4,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/parallel/tensor/optimizer_state.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/zero_grad.h"
@@ -21,13 +22,37 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
       params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
 }
 
+// Note [Tensor-parallel checkpoints]
+// Under DDP a tensor-parallel run writes the checkpoint a run without tensor parallelism
+// would: the unsplit model and its optimizer state, gathered over the tp group of world rank
+// 0 (parameters and per-parameter optimizer tensors join as the parameters were split), so it
+// resumes at any tp and dp degree, and `dtorch checkpoint consolidate` and Python read it as
+// any other. Loading builds the unsplit model and optimizer, restores them, and keeps this
+// rank's shards. (ZeRO-1/2 over the dp group write their sharded checkpoints per tp index, in
+// <dir>/tp<i>-of-<n>, and resume at the same tp.) Both briefly hold one unsplit copy of the
+// model and optimizer state per rank involved.
+
+// The unsplit model, built without disturbing the random stream training continues with.
+std::shared_ptr<models::Model> build_full_model(const TensorParallelism& tp) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor saved;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    saved = gen.get_state();
+  }
+  auto model = tp.make_full_model();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(saved);
+  return model;
+}
+
 // DDP: replicated weights (fp32; with --precision bf16 they are the master weights and
 // forward runs under bf16 autocast), gradients averaged by the DDP reducer.
 class DdpStrategy : public Strategy {
  public:
   DdpStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
-              std::shared_ptr<comm::Communicator> comm)
-      : c_(c), model_(std::move(model)), comm_(std::move(comm)) {
+              std::shared_ptr<comm::Communicator> comm, TensorParallelism tp)
+      : c_(c), model_(std::move(model)), comm_(std::move(comm)), tp_(std::move(tp)) {
     ddp::Options o = c.ddp;
     o.bucket_cap_mb = c.bucket_cap_mb;
     if (c.reduce_dtype == "bf16") o.compression = ddp::Compression::BF16;
@@ -52,12 +77,37 @@ class DdpStrategy : public Strategy {
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
   void save(const std::string& dir, const CheckpointData& data, int keep) override {
-    if (comm_->rank() == 0) save_checkpoint(dir, data, *model_, opt_.get(), keep);
+    if (tp_.handle) {
+      // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index is the tp group of
+      // world rank 0.
+      if (comm_->rank() == 0) {
+        auto full = build_full_model(tp_);
+        auto full_opt = make_optimizer(c_, full->parameters());
+        tp_.handle->load_into(*full, *model_);
+        tp::gather_optimizer_state(*tp_.handle, *model_, *opt_, *full, *full_opt);
+        if (tp_.handle->group()->rank() == 0)
+          save_checkpoint(dir, data, *full, full_opt.get(), keep);
+      }
+    } else if (comm_->rank() == 0) {
+      save_checkpoint(dir, data, *model_, opt_.get(), keep);
+    }
     comm_->barrier("checkpoint written");
   }
 
   std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
-    return load_latest_checkpoint(dir, *model_, opt_.get());
+    if (!tp_.handle) return load_latest_checkpoint(dir, *model_, opt_.get());
+    auto full = build_full_model(tp_);
+    auto full_opt = make_optimizer(c_, full->parameters());
+    auto loaded = load_latest_checkpoint(dir, *full, full_opt.get());
+    if (!loaded) return loaded;
+    torch::OrderedDict<std::string, torch::Tensor> state;
+    for (const auto& kv : full->named_parameters())
+      state.insert(kv.key(), kv.value());
+    for (const auto& kv : full->named_buffers())
+      state.insert(kv.key(), kv.value());
+    tp_.handle->load_full_state_dict(*model_, state);
+    tp::shard_optimizer_state(*tp_.handle, *full, *full_opt, *model_, *opt_);
+    return loaded;
   }
 
   zero::MemoryStats memory() const override {
@@ -82,6 +132,7 @@ class DdpStrategy : public Strategy {
   StrategyConfig c_;
   std::shared_ptr<models::Model> model_;
   std::shared_ptr<comm::Communicator> comm_;
+  TensorParallelism tp_;
   std::shared_ptr<ddp::DistributedDataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
 };
@@ -91,8 +142,13 @@ class DdpStrategy : public Strategy {
 class ZeroStrategy : public Strategy {
  public:
   ZeroStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
-               std::shared_ptr<comm::Communicator> comm)
+               std::shared_ptr<comm::Communicator> comm, const TensorParallelism& tp)
       : c_(c), model_(std::move(model)), comm_(std::move(comm)) {
+    if (tp.handle) {
+      // Note [Tensor-parallel checkpoints]
+      const auto& g = tp.handle->group();
+      tp_folder_ = str("/tp", g->rank(), "-of-", g->size());
+    }
     zero::Options o;
     o.stage = c.strategy.back() - '0';
     o.bucket_cap_mb = c.bucket_cap_mb;
@@ -122,7 +178,8 @@ class ZeroStrategy : public Strategy {
     return std::make_shared<zero::ShardedModel::FullParams>(sharded_.get());
   }
 
-  void save(const std::string& dir, const CheckpointData& data, int keep) override {
+  void save(const std::string& out, const CheckpointData& data, int keep) override {
+    const std::string dir = out + tp_folder_;
     ShardedCheckpointData d;
     d.epoch = data.epoch;
     d.global_step = data.global_step;
@@ -150,8 +207,8 @@ class ZeroStrategy : public Strategy {
     save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
   }
 
-  std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
-    auto path = latest_complete(dir);
+  std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir) override {
+    auto path = latest_complete(run_dir + tp_folder_);
     if (!path) return std::nullopt;
     ShardedCheckpointReader reader(*path);
     check_layout(reader);
@@ -223,6 +280,7 @@ class ZeroStrategy : public Strategy {
   std::shared_ptr<models::Model> model_;
   std::shared_ptr<comm::Communicator> comm_;
   std::shared_ptr<zero::ShardedModel> sharded_;
+  std::string tp_folder_;  // "/tp<i>-of-<n>" under tensor parallelism, else empty
 };
 
 }  // namespace
@@ -244,10 +302,14 @@ void validate(const StrategyConfig& c) {
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<models::Model> model,
-                                        std::shared_ptr<comm::Communicator> comm) {
+                                        std::shared_ptr<comm::Communicator> comm,
+                                        TensorParallelism tp) {
   validate(c);
-  if (c.strategy == "ddp") return std::make_unique<DdpStrategy>(c, model, comm);
-  return std::make_unique<ZeroStrategy>(c, model, comm);
+  DTORCH_CHECK_T(ConfigError, !tp.handle || c.strategy != "zero3",
+                 "tensor parallelism with zero3 is not supported: ZeRO-3 gathers whole blocks, "
+                 "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
+  if (c.strategy == "ddp") return std::make_unique<DdpStrategy>(c, model, comm, std::move(tp));
+  return std::make_unique<ZeroStrategy>(c, model, comm, std::move(tp));
 }
 
 }  // namespace dtorch::train

@@ -3,6 +3,7 @@
 // interface, so the training loop reads the same whatever `--strategy` says.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -10,6 +11,7 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
 
@@ -58,10 +60,20 @@ class Strategy {
   virtual std::string describe() const = 0;
 };
 
+/// Tensor parallelism under a strategy (the trainer's --tp): the handle tp::parallelize()
+/// returned, and how to build the unsplit model, which checkpoints are written in (Note
+/// [Tensor-parallel checkpoints] in strategy.cpp). Empty: no tensor parallelism.
+struct TensorParallelism {
+  std::shared_ptr<tp::TensorParallel> handle;
+  std::function<std::shared_ptr<models::Model>()> make_full_model;
+};
+
 /// Applies the configured strategy to `model` (which must be freshly built from the same
-/// seed on every rank; rank 0's weights win).
+/// seed on every rank; rank 0's weights win) over `comm`, the data-parallel group; with
+/// `tp`, `model` is already split across the tensor-parallel group.
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<models::Model> model,
-                                        std::shared_ptr<comm::Communicator> comm);
+                                        std::shared_ptr<comm::Communicator> comm,
+                                        TensorParallelism tp = {});
 
 }  // namespace dtorch::train

@@ -13,6 +13,8 @@
 #include "dtorch/data/text_dataset.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/parallel/parallel_dims.h"
+#include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
@@ -34,6 +36,7 @@ std::string config_json(const TrainConfig& c, int world) {
   return str("{\"model\":\"", c.model, "\",\"data\":\"", c.data, "\",\"batch_size\":", c.batch_size,
              ",\"lr\":", c.lr, ",\"optimizer\":\"", c.optimizer, "\",\"strategy\":\"", c.strategy,
              "\",\"precision\":\"", c.precision, "\",\"seed\":", c.seed, ",\"world_size\":", world,
+             ",\"tp\":", c.tp, ",\"sequence_parallel\":", c.sequence_parallel ? "true" : "false",
              "}");
 }
 
@@ -106,10 +109,19 @@ Data load_data(const TrainConfig& c, int64_t seq_len) {
   return d;
 }
 
-// Sum of loss and correct predictions over this rank's disjoint part of the test split,
-// added up across ranks: every test sample (every target token) counts exactly once.
+// Cross-entropy, or its vocabulary-parallel form when tensor parallelism split the logits.
+torch::Tensor loss_of(const tp::TensorParallel* tp, const torch::Tensor& out,
+                      const torch::Tensor& y) {
+  return tp && tp->vocab_parallel_output() ? tp->vocab_cross_entropy(out, y)
+                                           : cross_entropy(out, y);
+}
+
+// Sum of loss and correct predictions over this replica's disjoint part of the test split,
+// added up across the data-parallel ranks `comm` (tensor-parallel ranks share a part):
+// every test sample (every target token) counts exactly once.
 std::pair<double, double> evaluate(models::Model& model, const Split& test, int64_t limit,
-                                   Strategy& strategy, comm::Communicator& comm) {
+                                   Strategy& strategy, comm::Communicator& comm,
+                                   const tp::TensorParallel* tp) {
   torch::NoGradGuard no_grad;
   auto whole = strategy.whole_parameters();  // ranks may run different numbers of batches
   model.eval();
@@ -127,14 +139,41 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
       parallel::CpuAutocast autocast(strategy.autocast());
       out = model.forward(x);
     }
-    sums[0] += cross_entropy(out, y, at::Reduction::Sum).item<double>();
-    sums[1] += out.argmax(-1).eq(y).sum().item<double>();
+    if (tp && tp->vocab_parallel_output()) {
+      sums[0] += tp->vocab_cross_entropy(out, y).item<double>() * static_cast<double>(y.numel());
+      sums[1] += static_cast<double>(tp->vocab_correct(out, y));
+    } else {
+      sums[0] += cross_entropy(out, y, at::Reduction::Sum).item<double>();
+      sums[1] += out.argmax(-1).eq(y).sum().item<double>();
+    }
     sums[2] += static_cast<double>(y.numel());
   }
   comm.allreduce(sums, comm::ReduceOp::Sum, "evaluation totals");
   model.train();
   double count = std::max(1.0, sums[2].item<double>());
   return {sums[0].item<double>() / count, sums[1].item<double>() / count};
+}
+
+// ZeRO-1/2 under --tp N write their shards per tp index (Note [Tensor-parallel checkpoints]
+// in strategy.cpp) and resume only at the same N: checked here, so that another layout never
+// starts silently from scratch. DDP's tensor-parallel checkpoints are whole and fit any --tp.
+void check_tensor_parallel_layout(const TrainConfig& c) {
+  namespace fs = std::filesystem;
+  int saved_tp = 1;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(c.out, ec)) {
+    const std::string name = e.path().filename().string();
+    auto of = name.find("-of-");
+    if (name.rfind("tp", 0) == 0 && of != std::string::npos) {
+      saved_tp = std::atoi(name.c_str() + of + 4);
+    }
+  }
+  if (saved_tp == 1 && (c.tp == 1 || list_checkpoints(c.out).empty())) return;
+  DTORCH_CHECK_T(CheckpointError, saved_tp == c.tp, "the checkpoints in ", c.out,
+                 " were written with --tp ", saved_tp, " and this run has --tp ", c.tp,
+                 ": resume with --tp ", saved_tp,
+                 " (Note [Tensor-parallel checkpoints]), or "
+                 "start from the final model file in another --out");
 }
 
 }  // namespace
@@ -168,6 +207,16 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
   DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
   DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
+  DTORCH_CHECK_T(ConfigError, c.tp >= 1, "--tp must be >= 1 (got ", c.tp, ")");
+  DTORCH_CHECK_T(ConfigError, c.tp > 1 || !c.sequence_parallel,
+                 "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
+                 "--tp 2 or more");
+  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy != "zero3",
+                 "--tp with --strategy zero3 is not supported: ZeRO-3 gathers whole blocks, "
+                 "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
+  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.clip_grad_norm == 0,
+                 "--clip-grad-norm with --tp is not supported yet (the norm of split parameters "
+                 "needs a sum across the tp group); leave it at 0");
   DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
   validate(strategy_config(c));
 }
@@ -186,7 +235,25 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
               c.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ", c.out);
   }
 
-  auto strategy = make_strategy(strategy_config(c), model, comm);
+  // Tensor parallelism first (every rank built the same model from the seed), then the
+  // strategy over the data-parallel group (Note [Mesh layout]).
+  std::shared_ptr<comm::Communicator> dp = comm;
+  std::shared_ptr<tp::TensorParallel> tensor_parallel;
+  const std::string& out_dir = c.out;
+  if (c.tp > 1) {
+    parallel::Mesh mesh = parallel::make_mesh(comm, {0, c.tp});
+    dp = mesh.dp;
+    tensor_parallel =
+        tp::parallelize(*model, mesh.tp, tp::plan_for(*model, c.tp), {c.sequence_parallel});
+    if (lead) {
+      log::info("mesh: ", parallel::describe(mesh.plan),
+                c.sequence_parallel ? " (sequence parallel)" : "");
+    }
+  }
+  TensorParallelism tensor_parallelism{tensor_parallel,
+                                       [&c] { return models::make_model(c.model); }};
+  auto strategy = make_strategy(strategy_config(c), model, dp,
+                                tensor_parallel ? tensor_parallelism : TensorParallelism{});
   if (lead) log::info("strategy: ", strategy->describe());
   int64_t start_epoch = 0, global_step = 0;
   // A group the launcher restarted (--max-restarts) resumes by itself, as torchrun scripts
@@ -195,7 +262,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   const bool resume = c.resume || restart > 0;
   if (lead && restart > 0) log::info("restart ", restart, " of the group: resuming from ", c.out);
   if (resume) {
-    if (auto ck = strategy->load_latest(c.out)) {
+    check_tensor_parallel_layout(c);
+    if (auto ck = strategy->load_latest(out_dir)) {
       start_epoch = ck->data.epoch;
       global_step = ck->data.global_step;
       if (lead) log::info("resuming from ", ck->path, " (", start_epoch, " epoch(s) done)");
@@ -212,7 +280,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
 
   int64_t n_train =
       c.train_samples > 0 ? std::min(c.train_samples, data.train.size) : data.train.size;
-  data::DistributedSampler sampler(n_train, comm->rank(), world, c.seed);
+  data::DistributedSampler sampler(n_train, dp->rank(), dp->size(), c.seed);
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(c.out + "/metrics.jsonl", resume);
   ProgressReporter progress(lead ? c.progress : ProgressConfig{ProgressConfig::Mode::Off});
@@ -232,7 +300,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       torch::Tensor loss;
       {
         parallel::CpuAutocast autocast(strategy->autocast());
-        loss = cross_entropy(model->forward(x), y);
+        loss = loss_of(tensor_parallel.get(), model->forward(x), y);
       }
       strategy->backward(loss / c.accum_steps, last_micro);
       if (last_micro) {
@@ -241,7 +309,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       }
       double l = loss.item<double>();
       loss_sum += l;
-      samples += x.size(0) * world;
+      samples += x.size(0) * dp->size();
       progress.update(static_cast<int64_t>(i) + 1, l, samples);
     }
     double train_seconds = seconds_since(t0);
@@ -250,7 +318,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     auto mean_loss =
         torch::tensor({loss_sum / std::max<size_t>(1, batches.size())}, torch::kDouble);
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
-    auto [test_loss, test_acc] = evaluate(*model, data.test, c.test_samples, *strategy, *comm);
+    auto [test_loss, test_acc] =
+        evaluate(*model, data.test, c.test_samples, *strategy, *dp, tensor_parallel.get());
     EpochRecord r{epoch,    mean_loss.item<double>(), test_loss,
                   test_acc, samples / train_seconds,  seconds_since(t0)};
     records.push_back(r);
@@ -260,14 +329,23 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                 static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s");
       metrics->write_epoch(r);
     }
-    strategy->save(c.out, {epoch + 1, global_step, config_json(c, world)}, c.keep_checkpoints);
+    strategy->save(out_dir, {epoch + 1, global_step, config_json(c, world)}, c.keep_checkpoints);
   }
   {
     auto whole = strategy->whole_parameters();
+    StateDict full;
+    if (tensor_parallel) {
+      for (const auto& kv : tensor_parallel->full_state_dict(*model))  // collective over tp
+        full.emplace_back(kv.key(), kv.value());
+    }
     if (lead) {
       const SaveFormat format = parse_save_format(c.save_format);
       const std::string path = c.out + "/model" + file_suffix(format);
-      save_state_dict(*model, path, format);
+      if (tensor_parallel) {
+        write_file_atomically(path, serialize_state_dict(full, format));
+      } else {
+        save_state_dict(*model, path, format);
+      }
       log::info("wrote ", path,
                 format == SaveFormat::Torch ? " (a state_dict for Python's torch.load)"
                                             : " (safetensors: safetensors.torch.load_file)");

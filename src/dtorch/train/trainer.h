@@ -24,10 +24,15 @@ struct TrainConfig {
   int epochs = 2;
   int64_t batch_size = 64;  ///< samples per rank per step
   double lr = 0.01;
-  std::string optimizer = "sgd";      ///< sgd (momentum 0.9) or adamw
-  double momentum = 0.9;              ///< sgd only
-  double weight_decay = 0.0;          ///< adamw: 0.01 when left at 0
-  std::string strategy = "ddp";       ///< ddp | zero1 | zero2 | zero3
+  std::string optimizer = "sgd";  ///< sgd (momentum 0.9) or adamw
+  double momentum = 0.9;          ///< sgd only
+  double weight_decay = 0.0;      ///< adamw: 0.01 when left at 0
+  std::string strategy = "ddp";   ///< ddp | zero1 | zero2 | zero3 (over the dp group)
+  /// Tensor-parallel ranks per model replica (gpt-*, vit-*); the strategy runs over the
+  /// remaining data-parallel degree, world / tp (parallel/parallel_dims.h).
+  int tp = 1;
+  /// Megatron's sequence parallelism inside each tp group (needs tp > 1).
+  bool sequence_parallel = false;
   std::string precision = "fp32";     ///< fp32 | bf16 (bf16 compute, fp32 master weights)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
   double clip_grad_norm = 0;          ///< clip the whole gradient to this norm (0: off)

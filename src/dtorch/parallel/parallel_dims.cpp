@@ -1,0 +1,89 @@
+// Mesh planning (pure) and the split communicators that carry it out.
+#include "dtorch/parallel/parallel_dims.h"
+
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+
+namespace dtorch::parallel {
+
+const std::vector<int>& MeshPlan::dp_group(int rank) const {
+  return dp_groups[pp_index(rank) * tp + tp_index(rank)];
+}
+
+MeshPlan plan_mesh(const ParallelDims& dims, int world_size, int ranks_per_node) {
+  DTORCH_CHECK_T(ConfigError, dims.tp >= 1 && dims.pp >= 1 && dims.dp >= 0,
+                 "parallel degrees must be positive: tp ", dims.tp, ", pp ", dims.pp, ", dp ",
+                 dims.dp, " (dp 0 means the rest)");
+  DTORCH_CHECK_T(ConfigError, world_size % (dims.tp * dims.pp) == 0, "tp ", dims.tp, " x pp ",
+                 dims.pp, " = ", dims.tp * dims.pp, " does not divide the job's ", world_size,
+                 " ranks: choose degrees whose product divides the world size (--tp, --pp), or "
+                 "change --nproc-per-node / --nnodes");
+  MeshPlan p;
+  p.tp = dims.tp;
+  p.pp = dims.pp;
+  p.dp = dims.dp == 0 ? world_size / (dims.tp * dims.pp) : dims.dp;
+  DTORCH_CHECK_T(ConfigError, p.dp * p.tp * p.pp == world_size, "dp ", p.dp, " x tp ", p.tp,
+                 " x pp ", p.pp, " = ", p.dp * p.tp * p.pp, " ranks, but the job has ", world_size,
+                 ": leave dp out (it takes the rest) or make the product ", world_size);
+  if (p.tp <= ranks_per_node) {
+    DTORCH_CHECK_T(ConfigError, ranks_per_node % p.tp == 0, "tp ", p.tp, " does not divide the ",
+                   ranks_per_node,
+                   " ranks per node, so a tensor-parallel group would straddle "
+                   "two nodes: choose a tp that divides ",
+                   ranks_per_node);
+  } else {
+    DTORCH_CHECK_T(ConfigError, p.tp % ranks_per_node == 0, "tp ", p.tp, " is not a multiple of ",
+                   "the ", ranks_per_node,
+                   " ranks per node: tensor-parallel groups must be "
+                   "whole nodes when they span nodes");
+    p.tp_spans_nodes = true;
+  }
+  const int n = world_size;
+  for (int g = 0; g < n / p.tp; ++g) {
+    p.tp_groups.emplace_back();
+    for (int t = 0; t < p.tp; ++t)
+      p.tp_groups.back().push_back(g * p.tp + t);
+  }
+  for (int s = 0; s < p.pp; ++s) {
+    for (int t = 0; t < p.tp; ++t) {
+      p.dp_groups.emplace_back();
+      for (int d = 0; d < p.dp; ++d)
+        p.dp_groups.back().push_back((s * p.dp + d) * p.tp + t);
+    }
+  }
+  for (int i = 0; i < p.dp * p.tp; ++i) {
+    p.pp_groups.emplace_back();
+    for (int s = 0; s < p.pp; ++s)
+      p.pp_groups.back().push_back(s * p.dp * p.tp + i);
+  }
+  return p;
+}
+
+Mesh make_mesh(const std::shared_ptr<comm::Communicator>& world, const ParallelDims& dims) {
+  Mesh m;
+  m.plan = plan_mesh(dims, world->size(), world->info().local_world_size);
+  if (m.plan.tp_spans_nodes && world->rank() == 0) {
+    log::warn("tp ", m.plan.tp, " spans nodes: tensor-parallel activations cross the network ",
+              "in every layer; a tp that divides the ranks per node is usually faster");
+  }
+  const int r = world->rank();
+  m.world = world;
+  // Splits in one order on every rank (Note [Process groups]).
+  m.tp = world->split(m.plan.tp_group(r), "tp");
+  m.dp = world->split(m.plan.dp_group(r), "dp");
+  m.pp = world->split(m.plan.pp_group(r), "pp");
+  return m;
+}
+
+std::string describe(const MeshPlan& p) {
+  std::string s;
+  auto add = [&](const char* name, int d) {
+    if (d > 1) s += (s.empty() ? "" : " x ") + std::string(name) + " " + std::to_string(d);
+  };
+  add("pp", p.pp);
+  add("dp", p.dp);
+  add("tp", p.tp);
+  return s.empty() ? "dp 1" : s;
+}
+
+}  // namespace dtorch::parallel

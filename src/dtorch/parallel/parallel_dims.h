@@ -1,0 +1,62 @@
+// How the job's ranks divide between data, tensor and pipeline parallelism (torchtitan's
+// parallel_dims.py): a pure plan of which ranks form each group, and the mesh of split
+// communicators built from it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtorch/comm/communicator.h"
+
+namespace dtorch::parallel {
+
+/// Degrees of parallelism; their product is the world size.
+struct ParallelDims {
+  /// Data-parallel replicas (or ZeRO shards); 0: whatever the other degrees leave.
+  int dp = 0;
+  /// Tensor-parallel ranks per model replica; they exchange activations every layer, so
+  /// they are consecutive ranks on one node (Note [Mesh layout]).
+  int tp = 1;
+  /// Pipeline stages.
+  int pp = 1;
+};
+
+/// Note [Mesh layout]: rank = (pp_index * dp + dp_index) * tp + tp_index, Megatron's order:
+/// tensor parallelism varies fastest, so a tp group is tp consecutive ranks, which launchers
+/// place on one node; data parallelism next (dp groups stride tp), pipeline slowest.
+struct MeshPlan {
+  int dp = 1, tp = 1, pp = 1;
+  /// Every group of each kind, in job ranks; each rank is in exactly one of each.
+  std::vector<std::vector<int>> tp_groups, dp_groups, pp_groups;
+  /// True when tp exceeds the ranks per node, so activations cross the network every layer.
+  bool tp_spans_nodes = false;
+
+  int tp_index(int rank) const { return rank % tp; }
+  int dp_index(int rank) const { return rank / tp % dp; }
+  int pp_index(int rank) const { return rank / (tp * dp); }
+  /// The groups `rank` belongs to.
+  const std::vector<int>& tp_group(int rank) const { return tp_groups[rank / tp]; }
+  const std::vector<int>& dp_group(int rank) const;
+  const std::vector<int>& pp_group(int rank) const { return pp_groups[rank % (tp * dp)]; }
+};
+
+/// Checks `dims` against a job of `world_size` ranks, `ranks_per_node` per node, and lays out
+/// the groups. Throws ConfigError naming the degrees and the fix when they do not multiply to
+/// the world size, or when a tp group would straddle two nodes.
+MeshPlan plan_mesh(const ParallelDims& dims, int world_size, int ranks_per_node);
+
+/// One process's view of the mesh: the job's communicator and the groups it belongs to (a
+/// group of one rank where that degree is 1).
+struct Mesh {
+  MeshPlan plan;
+  std::shared_ptr<comm::Communicator> world, dp, tp, pp;
+};
+
+/// Plans the mesh for `world`'s job and splits the groups (every rank calls this).
+Mesh make_mesh(const std::shared_ptr<comm::Communicator>& world, const ParallelDims& dims);
+
+/// "dp 2 x tp 2" (degrees that are 1 left out; "dp 1" for a single process).
+std::string describe(const MeshPlan& plan);
+
+}  // namespace dtorch::parallel

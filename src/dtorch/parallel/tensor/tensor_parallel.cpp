@@ -1,0 +1,249 @@
+// Applying a tensor-parallel plan: parameters resharded in place, module hooks that route
+// activations through the regions of Note [Tensor-parallel regions], and the full state dict
+// gathered back for checkpoints and parity checks.
+#include "dtorch/parallel/tensor/tensor_parallel.h"
+
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include "dtorch/core/error.h"
+#include "dtorch/models/module_hooks.h"
+#include "dtorch/parallel/tensor/regions.h"
+
+namespace dtorch::tp {
+
+torch::Tensor shard_of(const torch::Tensor& full, const ShardSpec& spec, int r, int n) {
+  const int64_t size = full.size(spec.dim);
+  DTORCH_CHECK_T(ConfigError, size % (spec.fused * n) == 0, "a tensor of size ", size,
+                 " along dim ", spec.dim, " cannot be split into ", spec.fused, " x ", n,
+                 " equal slices");
+  std::vector<torch::Tensor> mine;
+  for (const auto& part : full.chunk(spec.fused, spec.dim))
+    mine.push_back(part.chunk(n, spec.dim)[r]);
+  return torch::cat(mine, spec.dim);
+}
+
+torch::Tensor unshard(const std::vector<torch::Tensor>& shards, const ShardSpec& spec) {
+  std::vector<torch::Tensor> parts;
+  for (int64_t f = 0; f < spec.fused; ++f) {
+    std::vector<torch::Tensor> pieces;
+    for (const auto& s : shards)
+      pieces.push_back(s.chunk(spec.fused, spec.dim)[f]);
+    parts.push_back(torch::cat(pieces, spec.dim));
+  }
+  return torch::cat(parts, spec.dim);
+}
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
+TensorParallel::~TensorParallel() {
+  for (auto* m : hooked_)
+    models::clear_module_hooks(*m);
+}
+
+std::shared_ptr<TensorParallel> parallelize(models::Model& model,
+                                            std::shared_ptr<comm::Communicator> tp,
+                                            const Plan& plan, Options opts) {
+  auto result = std::make_shared<TensorParallel>(tp, opts);
+  TensorParallel& t = *result;
+  const int n = tp->size(), r = tp->rank();
+  const bool sp = opts.sequence_parallel;
+  torch::NoGradGuard no_grad;
+  // Hooks are gathered per module first: one module may get several (a one-block model's
+  // block is both first and last).
+  std::map<torch::nn::Module*, models::ModuleHooks> hooks;
+  bool head_enters_region = false;
+  int64_t vocab_start = 0;
+
+  auto split = [&](const std::string& name, torch::Tensor p, ShardSpec spec) {
+    DTORCH_CHECK_T(ConfigError, p.size(spec.dim) % (spec.fused * n) == 0, name, " has ",
+                   p.size(spec.dim), " entries along dim ", spec.dim,
+                   spec.fused > 1 ? str(" in ", spec.fused, " parts") : std::string(),
+                   ": tensor parallelism over ", n, " ranks needs a multiple of ", spec.fused * n);
+    p.set_data(shard_of(p, spec, r, n).clone());
+    t.sharded_[name] = spec;
+  };
+
+  for (const Rule& rule : plan) {
+    int hits = 0;
+    for (const auto& kv : model.named_modules("", /*include_self=*/false)) {
+      const std::string& path = kv.key();
+      if (!matches(rule.module, path)) continue;
+      ++hits;
+      torch::nn::Module* m = kv.value().get();
+      models::ModuleHooks& h = hooks[m];
+      auto not_fit = [&](const char* what) {
+        DTORCH_FAIL(ConfigError, "tensor-parallel rule '", rule.module, "' (",
+                    to_string(rule.style), ") matched ", path, ", which is not ", what);
+      };
+      switch (rule.style) {
+        case Style::Colwise: {
+          auto params = m->named_parameters(/*recurse=*/false);
+          if (params.is_empty()) not_fit("a module with its own weight");
+          for (const auto& p : params)
+            split(path + "." + p.key(), p.value(), {0, rule.fused});
+          h.pre = sp ? std::function<torch::Tensor(torch::Tensor)>(
+                           [tp](torch::Tensor x) { return gather_from_sequence(x, tp, true); })
+                     : [tp](torch::Tensor x) { return copy_to_region(x, tp); };
+          break;
+        }
+        case Style::Rowwise: {
+          auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m);
+          if (!lin) not_fit("a Linear");
+          split(path + ".weight", lin->weight, {1, 1});
+          // The module outlives every call of its hook (call() holds it): a raw pointer,
+          // so that the hook table never keeps a model alive.
+          h.forward = [lin, tp, sp](torch::Tensor x) {
+            torch::Tensor y = torch::linear(x, lin->weight);
+            y = sp ? reduce_scatter_to_sequence(y, tp) : reduce_from_region(y, tp);
+            return lin->bias.defined() ? y + lin->bias : y;
+          };
+          break;
+        }
+        case Style::VocabEmbedding: {
+          auto* emb = dynamic_cast<torch::nn::EmbeddingImpl*>(m);
+          if (!emb) not_fit("an Embedding");
+          const int64_t rows = emb->weight.size(0) / n, lo = r * rows;
+          split(path + ".weight", emb->weight, {0, 1});
+          t.vocab_rows_ = rows;
+          vocab_start = lo;
+          h.forward = [emb, tp, lo, rows](torch::Tensor idx) {
+            torch::Tensor local = idx - lo;
+            torch::Tensor outside = (local < 0) | (local >= rows);
+            torch::Tensor y = torch::embedding(emb->weight, local.masked_fill(outside, 0));
+            return reduce_from_region(y.masked_fill(outside.unsqueeze(-1), 0), tp);
+          };
+          break;
+        }
+        case Style::EnterVocabRegion:
+          head_enters_region = true;
+          h.post = [tp](torch::Tensor y) { return copy_to_region(y, tp); };
+          break;
+        case Style::SequenceScatter:
+          if (sp) h.pre = [tp](torch::Tensor x) { return scatter_to_sequence(x, tp); };
+          break;
+        case Style::SequenceGather:
+          if (sp) h.post = [tp](torch::Tensor y) { return gather_from_sequence(y, tp, false); };
+          break;
+      }
+    }
+    DTORCH_CHECK_T(ConfigError, hits > 0, "tensor-parallel rule '", rule.module, "' (",
+                   to_string(rule.style), ") matches no module of this model");
+  }
+  DTORCH_CHECK_T(ConfigError, head_enters_region == (t.vocab_rows_ > 0),
+                 "a tensor-parallel plan with a vocabulary-split embedding needs the module "
+                 "feeding the tied head marked enter-vocab-region, and the other way round");
+  t.vocab_start_ = vocab_start;
+  for (auto& kv : hooks) {
+    if (!kv.second.pre && !kv.second.forward && !kv.second.post) continue;
+    models::set_module_hooks(*kv.first, std::move(kv.second));
+    t.hooked_.push_back(kv.first);
+  }
+
+  // Under sequence parallelism a replicated parameter inside the blocks (norms, row-parallel
+  // biases) sees only this rank's tokens: its gradient is a partial sum over the group.
+  if (sp) {
+    for (const auto& kv : model.named_parameters()) {
+      if (t.sharded_.count(kv.key())) continue;
+      bool in_block = false;
+      for (const auto& b : model.block_names())
+        in_block = in_block || starts_with(kv.key(), b + ".");
+      if (!in_block) continue;
+      t.partial_.push_back(kv.key());
+      kv.value().register_hook([tp](torch::Tensor g) {
+        torch::Tensor sum = g.contiguous().clone();
+        tp->allreduce(sum, comm::ReduceOp::Sum, "sequence-parallel parameter gradient");
+        return sum;
+      });
+    }
+  }
+  return result;
+}
+
+torch::Tensor TensorParallel::vocab_cross_entropy(const torch::Tensor& logits,
+                                                  const torch::Tensor& target) const {
+  DTORCH_CHECK(vocab_parallel_output(), "vocab_cross_entropy: the model's output is not split ",
+               "by vocabulary; use plain cross-entropy");
+  return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}),
+                                      tp_, vocab_start_);
+}
+
+int64_t TensorParallel::vocab_correct(const torch::Tensor& logits,
+                                      const torch::Tensor& target) const {
+  DTORCH_CHECK(vocab_parallel_output(),
+               "vocab_correct: the model's output is not split by "
+               "vocabulary");
+  torch::Tensor l = logits.reshape({-1, logits.size(-1)}).to(torch::kFloat);
+  torch::Tensor best = std::get<0>(l.max(1)).contiguous();
+  tp_->allreduce(best, comm::ReduceOp::Max, "vocab-parallel accuracy maxima");
+  torch::Tensor local = target.reshape({-1}) - vocab_start_;
+  torch::Tensor mine = (local >= 0) & (local < vocab_rows_);
+  torch::Tensor at_target = l.gather(1, local.clamp(0, vocab_rows_ - 1).unsqueeze(1)).squeeze(1);
+  torch::Tensor hits = (mine & (at_target >= best)).sum().to(torch::kLong).reshape({1});
+  tp_->allreduce(hits, comm::ReduceOp::Sum, "vocab-parallel accuracy");
+  return hits.item<int64_t>();
+}
+
+torch::OrderedDict<std::string, torch::Tensor> TensorParallel::full_state_dict(
+    torch::nn::Module& model) const {
+  torch::OrderedDict<std::string, torch::Tensor> out;
+  for (const auto& kv : model.named_parameters()) {
+    torch::Tensor local = kv.value().detach();
+    auto it = sharded_.find(kv.key());
+    if (it == sharded_.end()) {
+      out.insert(kv.key(), local.clone());
+      continue;
+    }
+    std::vector<torch::Tensor> shards;
+    for (int i = 0; i < tp_->size(); ++i)
+      shards.push_back(torch::empty_like(local));
+    tp_->allgather(shards, local.contiguous(), "gathering " + kv.key());
+    out.insert(kv.key(), unshard(shards, it->second));
+  }
+  for (const auto& kv : model.named_buffers())
+    out.insert(kv.key(), kv.value().detach().clone());
+  return out;
+}
+
+void TensorParallel::load_into(torch::nn::Module& full, torch::nn::Module& model) const {
+  auto state = full_state_dict(model);
+  torch::NoGradGuard no_grad;
+  auto copy = [&](const std::string& name, torch::Tensor dst) {
+    const torch::Tensor* src = state.find(name);
+    DTORCH_CHECK_T(ConfigError, src && src->sizes() == dst.sizes(), "the unsplit model's ", name,
+                   " does not fit the tensor-parallel model's");
+    dst.copy_(*src);
+  };
+  for (const auto& kv : full.named_parameters())
+    copy(kv.key(), kv.value());
+  for (const auto& kv : full.named_buffers())
+    copy(kv.key(), kv.value());
+}
+
+void TensorParallel::load_full_state_dict(
+    torch::nn::Module& model, const torch::OrderedDict<std::string, torch::Tensor>& full) const {
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, torch::Tensor dst) {
+    const torch::Tensor* src = full.find(name);
+    DTORCH_CHECK_T(ConfigError, src, "the state dict has no ", name);
+    auto it = sharded_.find(name);
+    torch::Tensor mine =
+        it == sharded_.end() ? *src : shard_of(*src, it->second, tp_->rank(), tp_->size());
+    DTORCH_CHECK_T(ConfigError, mine.sizes() == dst.sizes(), name, " is ", src->sizes(),
+                   " in the state dict, which does not fit this model (",
+                   it == sharded_.end() ? "" : "tensor-parallel shard ", dst.sizes(), ")");
+    dst.copy_(mine);
+  };
+  for (const auto& kv : model.named_parameters())
+    load(kv.key(), kv.value());
+  for (const auto& kv : model.named_buffers())
+    load(kv.key(), kv.value());
+}
+
+}  // namespace dtorch::tp

@@ -1,0 +1,67 @@
+// Mesh planning without processes: groups laid out as Note [Mesh layout] says, and degrees that
+// do not fit the job rejected with the fix named.
+#include "dtorch/parallel/parallel_dims.h"
+
+#include <gtest/gtest.h>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::parallel {
+namespace {
+
+using Groups = std::vector<std::vector<int>>;
+
+TEST(ParallelDims, DataTimesTensorOnEightRanks) {
+  MeshPlan p = plan_mesh({/*dp=*/0, /*tp=*/2}, 8, 4);
+  EXPECT_EQ(p.dp, 4);
+  EXPECT_EQ(p.tp_groups, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(p.dp_groups, (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(p.pp_groups.size(), 8u);
+  EXPECT_FALSE(p.tp_spans_nodes);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(p.tp_group(r)[p.tp_index(r)], r);
+    EXPECT_EQ(p.dp_group(r)[p.dp_index(r)], r);
+  }
+  EXPECT_EQ(describe(p), "dp 4 x tp 2");
+}
+
+TEST(ParallelDims, ThreeDimensionsEveryRankOnceInEachKind) {
+  MeshPlan p = plan_mesh({2, 2, 2}, 8, 8);
+  EXPECT_EQ(p.tp_groups, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(p.dp_groups, (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(p.pp_groups, (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(p.pp_group(r)[p.pp_index(r)], r);
+    EXPECT_EQ(p.dp_group(r)[p.dp_index(r)], r);
+  }
+  EXPECT_EQ(describe(p), "pp 2 x dp 2 x tp 2");
+  EXPECT_EQ(describe(plan_mesh({}, 1, 1)), "dp 1");
+}
+
+TEST(ParallelDims, TensorParallelAcrossWholeNodesIsAllowedAndFlagged) {
+  MeshPlan p = plan_mesh({0, 4}, 8, 2);
+  EXPECT_TRUE(p.tp_spans_nodes);
+  EXPECT_EQ(p.tp_groups, (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+}
+
+std::string error_of(const ParallelDims& d, int world, int per_node) {
+  try {
+    plan_mesh(d, world, per_node);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ParallelDims, DegreesThatDoNotFitAreNamed) {
+  EXPECT_NE(error_of({0, 3}, 8, 8).find("tp 3 x pp 1 = 3 does not divide the job's 8 ranks"),
+            std::string::npos);
+  EXPECT_NE(error_of({3, 2}, 8, 8).find("dp 3 x tp 2 x pp 1 = 6 ranks, but the job has 8"),
+            std::string::npos);
+  EXPECT_NE(error_of({0, 2}, 6, 3).find("tp 2 does not divide the 3 ranks per node"),
+            std::string::npos);
+  EXPECT_NE(error_of({0, 0}, 4, 4).find("must be positive"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtorch::parallel

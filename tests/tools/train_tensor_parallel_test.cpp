@@ -1,0 +1,205 @@
+// `dtorch train --tp 2` on 4 ranks (dp 2 x tp 2) under ddp, zero1 and zero2 over the dp group,
+// and with sequence parallelism: the loss curve and the final weights are those of the same
+// job run data-parallel only on 2 ranks, and the final model file is whole. A DDP checkpoint
+// written at tp 2 resumes at tp 1 and at dp 4 with identical parameters (Note
+// [Tensor-parallel checkpoints]); ZeRO's per-tp checkpoints refuse another --tp by name.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "dtorch/core/error.h"
+#include "dtorch/train/state_dict.h"
+#include "support/command.h"
+#include "support/workers.h"
+
+namespace dtorch {
+namespace {
+
+std::vector<std::string> train_args(const std::string& out, const std::string& strategy,
+                                    int nproc) {
+  return {DTORCH_CLI,
+          "train",
+          "--model",
+          "gpt-debug",
+          "--data",
+          "text",
+          "--seq-len",
+          "32",
+          "--strategy",
+          strategy,
+          "--epochs",
+          "2",
+          "--out",
+          out,
+          "--progress",
+          "off",
+          "--optimizer",
+          "adamw",
+          "--lr",
+          "0.002",
+          "--batch-size",
+          "8",
+          "--nproc-per-node",
+          std::to_string(nproc),
+          "--train-samples",
+          "256",
+          "--test-samples",
+          "64"};
+}
+
+std::vector<nlohmann::json> epochs_of(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(testing::read_file(out + "/metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line))
+    v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
+  std::string ref = testing::scratch_dir("tp_ref") + "/run";
+  auto r = testing::run_command("tp_ref", train_args(ref, "ddp", 2), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  auto want = epochs_of(ref);
+  ASSERT_EQ(want.size(), 2u);
+  auto want_model = train::unpickle_state_dict(train::read_file(ref + "/model.pt"), "model.pt");
+  std::map<std::string, torch::Tensor> want_by_name(want_model.begin(), want_model.end());
+
+  struct Case {
+    std::string strategy;
+    bool sequence_parallel;
+  };
+  for (const Case& c :
+       {Case{"ddp", false}, Case{"zero1", false}, Case{"zero2", false}, Case{"ddp", true}}) {
+    const std::string name = c.strategy + (c.sequence_parallel ? "_sp" : "");
+    std::string out = testing::scratch_dir("tp_" + name) + "/run";
+    auto args = train_args(out, c.strategy, 4);
+    args.insert(args.end(), {"--tp", "2"});
+    if (c.sequence_parallel) args.push_back("--sequence-parallel");
+    auto t = testing::run_command("tp_" + name, args, 300);
+    ASSERT_EQ(t.exit_code(), 0) << name << "\n" << t.err;
+    EXPECT_TRUE(testing::contains(t.err, "mesh: dp 2 x tp 2")) << t.err;
+    auto got = epochs_of(out);
+    ASSERT_EQ(got.size(), 2u) << name;
+    for (size_t e = 0; e < 2; ++e) {
+      for (const char* key : {"train_loss", "test_loss", "test_accuracy"}) {
+        EXPECT_NEAR(got[e][key].get<double>(), want[e][key].get<double>(), 1e-4)
+            << name << " epoch " << e << " " << key;
+      }
+    }
+    // The final model file is whole (every tensor the dp-only run's shape) and holds the
+    // same weights; key biases aside (their gradient is rounding noise, see
+    // tests/parallel/tensor/tensor_parallel_test.cpp), within float tolerance.
+    auto model = train::unpickle_state_dict(train::read_file(out + "/model.pt"), "model.pt");
+    ASSERT_EQ(model.size(), want_model.size()) << name;
+    for (const auto& [key, tensor] : model) {
+      ASSERT_TRUE(want_by_name.count(key)) << key;
+      ASSERT_EQ(tensor.sizes(), want_by_name[key].sizes()) << key;
+      if (key.find("c_attn.bias") != std::string::npos) continue;
+      EXPECT_LE((tensor - want_by_name[key]).abs().max().item<double>(), 1e-4)
+          << name << " " << key;
+    }
+    if (c.strategy == "ddp") {
+      EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-000002.dtc")) << name;
+    } else {
+      EXPECT_TRUE(std::filesystem::exists(out + "/tp0-of-2")) << name;
+      EXPECT_TRUE(std::filesystem::exists(out + "/tp1-of-2")) << name;
+    }
+  }
+}
+
+std::map<std::string, torch::Tensor> model_file(const std::string& path) {
+  auto v = train::unpickle_state_dict(train::read_file(path), path);
+  return {v.begin(), v.end()};
+}
+
+TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
+  namespace fs = std::filesystem;
+  const std::string base = testing::scratch_dir("tp_any_layout");
+  auto with_tp = [](std::vector<std::string> a) {
+    a.insert(a.end(), {"--tp", "2"});
+    return a;
+  };
+  // Uninterrupted: dp 1 x tp 2 for two epochs.
+  auto r = testing::run_command("tp_whole", with_tp(train_args(base + "/whole", "ddp", 2)), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  // One epoch at tp 2, then on at tp 1 (one process: dp stays 1, so the data are the same).
+  auto first = with_tp(train_args(base + "/split", "ddp", 2));
+  first[std::find(first.begin(), first.end(), "--epochs") - first.begin() + 1] = "1";
+  r = testing::run_command("tp_first", first, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  fs::copy(base + "/split", base + "/dp4", fs::copy_options::recursive);
+  auto after_one = model_file(base + "/split/model.pt");
+  // The checkpoint is the whole model: consolidate gives the weights model.pt was written from.
+  r = testing::run_command("tp_consolidate",
+                           {DTORCH_CLI, "checkpoint", "consolidate",
+                            base + "/split/checkpoint-000001.dtc", base + "/full.pt"},
+                           60);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (const auto& [k, t] : model_file(base + "/full.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
+
+  auto resume = train_args(base + "/split", "ddp", 1);
+  resume.push_back("--resume");
+  r = testing::run_command("tp_resume_tp1", resume, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+  auto whole = epochs_of(base + "/whole"), split = epochs_of(base + "/split");
+  ASSERT_EQ(split.size(), 2u);
+  for (const char* key : {"train_loss", "test_loss"})
+    EXPECT_NEAR(split[1][key].get<double>(), whole[1][key].get<double>(), 1e-4) << key;
+  auto want = model_file(base + "/whole/model.pt");
+  for (const auto& [k, t] : model_file(base + "/split/model.pt")) {
+    if (k.find("c_attn.bias") != std::string::npos) continue;  // see the test above
+    EXPECT_LE((t - want[k]).abs().max().item<double>(), 1e-4) << k;
+  }
+
+  // At dp 4 (no tensor parallelism), with nothing left to train: the loaded weights are
+  // written back unchanged.
+  auto dp4 = train_args(base + "/dp4", "ddp", 4);
+  dp4[std::find(dp4.begin(), dp4.end(), "--epochs") - dp4.begin() + 1] = "1";
+  dp4.push_back("--resume");
+  r = testing::run_command("tp_resume_dp4", dp4, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (const auto& [k, t] : model_file(base + "/dp4/model.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
+}
+
+TEST(TrainTensorParallel, ZeroCheckpointsRefuseAnotherTpByName) {
+  std::string out = testing::scratch_dir("tp_resume") + "/run";
+  auto args = train_args(out, "zero1", 2);
+  args.insert(args.end(), {"--tp", "2"});
+  args[std::find(args.begin(), args.end(), "--epochs") - args.begin() + 1] = "1";
+  auto t = testing::run_command("tp_resume", args, 300);
+  ASSERT_EQ(t.exit_code(), 0) << t.err;
+  auto again = train_args(out, "ddp", 2);
+  again.push_back("--resume");
+  auto r = testing::run_command("tp_resume_tp1", again, 300);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "were written with --tp 2 and this run has --tp 1"))
+      << r.err;
+}
+
+TEST(TrainTensorParallel, BadCombinationsAreConfigErrors) {
+  std::string out = testing::scratch_dir("tp_bad") + "/run";
+  auto args = train_args(out, "zero3", 2);
+  args.insert(args.end(), {"--tp", "2"});
+  auto r = testing::run_command("tp_bad_zero3", args, 120);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "--tp with --strategy zero3 is not supported")) << r.err;
+  auto sp = train_args(out, "ddp", 1);
+  sp.push_back("--sequence-parallel");
+  r = testing::run_command("tp_bad_sp", sp, 120);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "needs --tp 2 or more")) << r.err;
+  auto three = train_args(out, "ddp", 2);
+  three.insert(three.end(), {"--tp", "3"});
+  r = testing::run_command("tp_bad_3", three, 120);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "does not divide the job's 2 ranks")) << r.err;
+}
+
+}  // namespace
+}  // namespace dtorch
