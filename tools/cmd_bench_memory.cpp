@@ -1,6 +1,7 @@
 // `dtorch bench memory`: the model-state bytes each rank holds under a strategy (counted from
 // the toolkit's own buffers), the ZeRO paper's formula for them, the process's peak RSS, the
-// bytes each rank sends per step, and throughput: one JSON line per rank.
+// bytes each rank sends per step, and throughput: one JSON line per rank. With --tp, the
+// strategy runs over the dp group of a dp x tp mesh.
 #include <sys/resource.h>
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/strategy.h"
 #include "tools/commands.h"
@@ -26,6 +28,7 @@ struct MemoryFlags {
   int64_t batch_size = 2;
   int64_t seq_len = 64;
   int steps = 3;  ///< timed steps, after one untimed
+  int tp = 1;     ///< tensor-parallel degree (dp = world / tp)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -41,14 +44,27 @@ double formula_bytes(const std::string& s, double P, int N, double largest_unit_
 
 int memory_worker(MemoryFlags f) {
   torch::set_num_threads(f.threads);
-  auto comm = comm::Communicator::from_env();
+  auto world = comm::Communicator::from_env();
   torch::manual_seed(0);
   auto model = models::make_model(f.model);
   int64_t P = 0;
   for (const auto& p : model->parameters())
     P += p.numel();
-  auto strategy = train::make_strategy(f.strategy, model, comm);
-  auto gen = at::detail::createCPUGenerator(comm->rank());
+  std::shared_ptr<comm::Communicator> dp = world, tp_group;
+  train::TensorParallelism tp;
+  if (f.tp > 1) {
+    auto mesh = parallel::make_mesh(world, {0, f.tp});
+    dp = mesh.dp;
+    tp_group = mesh.tp;
+    tp.handle = tp::parallelize(*model, mesh.tp, tp::plan_for(*model, f.tp));
+    tp.make_full_model = [&f] { return models::make_model(f.model); };
+  }
+  int64_t P_local = 0;
+  for (const auto& p : model->parameters())
+    P_local += p.numel();
+  auto strategy = train::make_strategy(f.strategy, model, dp, tp);
+  // Ranks of one tp group share their batch.
+  auto gen = at::detail::createCPUGenerator(world->rank() / f.tp);
   // Capped at the model's block size (gpt-debug's is 32).
   const int64_t T = std::min(f.seq_len, model->max_sequence_length());
   auto batch = [&] {
@@ -59,31 +75,48 @@ int memory_worker(MemoryFlags f) {
     return std::make_pair(torch::randn({f.batch_size, 1, 28, 28}, gen),
                           torch::randint(0, 10, {f.batch_size}, gen));
   };
+  auto reset = [&] {
+    dp->reset_traffic();
+    if (tp_group) tp_group->reset_traffic();
+  };
   Clock::time_point t0;
   for (int step = 0; step < 1 + f.steps; ++step) {
     if (step == 1) {
-      comm->barrier("bench start");
-      comm->reset_traffic();
+      world->barrier("bench start");
+      reset();
       t0 = Clock::now();
     }
-    auto [x, y] = batch();
+  auto [x, y] = batch();
     torch::Tensor loss;
     {
       parallel::CpuAutocast autocast(strategy->autocast());
-      loss = train::cross_entropy(model->forward(x), y);
+      torch::Tensor out = model->forward(x);
+      loss = tp.handle && tp.handle->vocab_parallel_output() ? tp.handle->vocab_cross_entropy(out, y)
+                                                             : train::cross_entropy(out, y);
     }
     strategy->backward(loss, true);
     strategy->step(0);
   }
-  comm->barrier("bench end");
+  world->barrier("bench end");
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  auto traffic = comm->traffic();
+  comm::Traffic traffic = dp->traffic(), tp_traffic;
+  if (tp_group) tp_traffic = tp_group->traffic();
   auto m = strategy->memory();
 
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  const int n = comm->size();
-  double expected = formula_bytes(f.strategy.strategy, double(P), n, double(m.largest_unit_bytes));
+  const int n = dp->size();
+  // The ZeRO formulas over the dp group, for the parameters this rank holds.
+  double expected =
+      formula_bytes(f.strategy.strategy, double(P_local), n, double(m.largest_unit_bytes));
+  auto per_step = [&](const comm::Traffic& t) {
+    return nlohmann::json{{"allreduce", t.allreduce / f.steps},
+                          {"reduce_scatter", t.reduce_scatter / f.steps},
+                          {"allgather", t.allgather / f.steps},
+                          {"broadcast", t.broadcast / f.steps},
+                          {"total", t.total() / f.steps}};
+  };
+  const int64_t sent = traffic.total() + tp_traffic.total();
   nlohmann::json j = {
       {"impl", "dtorch"},
       {"bench", "memory"},
@@ -91,9 +124,12 @@ int memory_worker(MemoryFlags f) {
       {"model", f.model},
       {"strategy", f.strategy.strategy},
       {"precision", f.strategy.precision},
-      {"nproc", n},
-      {"rank", comm->rank()},
+      {"nproc", world->size()},
+      {"dp", n},
+      {"tp", f.tp},
+      {"rank", world->rank()},
       {"params", P},
+      {"params_local", P_local},
       {"param_bytes", m.param_bytes},
       {"grad_bytes", m.grad_bytes},
       {"optim_bytes", m.optim_bytes},
@@ -104,13 +140,9 @@ int memory_worker(MemoryFlags f) {
       {"model_state_over_formula", m.total() / expected},
       {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024},
       {"samples_per_s", f.steps * f.batch_size * n / seconds},
-      {"bytes_sent_per_step",
-       {{"allreduce", traffic.allreduce / f.steps},
-        {"reduce_scatter", traffic.reduce_scatter / f.steps},
-        {"allgather", traffic.allgather / f.steps},
-        {"broadcast", traffic.broadcast / f.steps},
-        {"total", traffic.total() / f.steps}}},
-      {"sent_per_step_over_param_bytes", double(traffic.total()) / f.steps / (4.0 * P)},
+      {"bytes_sent_per_step", per_step(traffic)},
+      {"tp_bytes_sent_per_step", per_step(tp_traffic)},
+      {"sent_per_step_over_param_bytes", double(sent) / f.steps / (4.0 * P)},
   };
   std::cout << j.dump() << std::endl;
   return 0;
@@ -137,14 +169,17 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--batch-size", f->batch_size, "per rank")->capture_default_str();
   cmd->add_option("--seq-len", f->seq_len, "tokens per sequence (gpt)")->capture_default_str();
   cmd->add_option("--steps", f->steps, "timed steps, after one untimed")->capture_default_str();
+  cmd->add_option("--tp", f->tp, "tensor-parallel degree (gpt-*, vit-*); the strategy runs over "
+                  "dp = world / tp")
+      ->capture_default_str();
   cmd->add_option("--bucket-cap-mb", f->strategy.bucket_cap_mb)->capture_default_str();
   cmd->add_option("--min-unit-params", f->strategy.min_unit_params)->capture_default_str();
   cmd->callback([f, &exit_code] {
     DTORCH_CHECK_T(ConfigError,
                    f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
-                       f->batch_size >= 1 && f->seq_len >= 1,
-                   "bench memory: --nproc-per-node, --threads, --steps, --batch-size and "
-                   "--seq-len must be >= 1");
+                       f->batch_size >= 1 && f->seq_len >= 1 && f->tp >= 1,
+                   "bench memory: --nproc-per-node, --threads, --steps, --batch-size, "
+                   "--seq-len and --tp must be >= 1");
     train::validate(f->strategy);
     exit_code = f->nproc_per_node > 1 && !env::get("RANK")
                     ? relaunch_bench("memory", f->nproc_per_node, true)

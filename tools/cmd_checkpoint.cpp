@@ -1,10 +1,14 @@
 // `dtorch checkpoint inspect|consolidate`: what a sharded checkpoint holds and whether its files
 // are intact, and the whole model as one state dict that Python's torch.load reads.
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
+#include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
@@ -87,11 +91,58 @@ int run_inspect(const CheckpointFlags& f) {
   return 0;
 }
 
+// A ZeRO run with --tp N keeps one sharded checkpoint per tp index (Note [Tensor-parallel
+// checkpoints] in train/strategy.cpp) and the split of each parameter in tensor_parallel.json:
+// consolidate each, then join the tp slices.
+train::StateDict consolidate_tensor_parallel(const std::string& dir, train::CheckpointData* data,
+                                             std::string* source) {
+  std::ifstream in(dir + "/tensor_parallel.json");
+  nlohmann::json spec;
+  try {
+    in >> spec;
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CheckpointError, dir, "/tensor_parallel.json is unreadable (", e.what(), ")");
+  }
+  const int tp = spec.at("tp").get<int>();
+  std::vector<std::map<std::string, torch::Tensor>> slices(tp);
+  train::StateDict first;
+  for (int i = 0; i < tp; ++i) {
+    train::ShardedCheckpointReader reader(str(dir, "/tp", i, "-of-", tp));
+    auto state = train::consolidate_model(reader);
+    if (i == 0) {
+      first = state;
+      data->epoch = reader.data().epoch;
+      data->global_step = reader.data().global_step;
+      *source = str(reader.dir(), " and its ", tp - 1, " tensor-parallel sibling(s)");
+    }
+    slices[i] = std::map<std::string, torch::Tensor>(state.begin(), state.end());
+  }
+  train::StateDict out;
+  for (const auto& [name, t] : first) {
+    auto it = spec.at("sharded").find(name);
+    if (it == spec.at("sharded").end()) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    std::vector<torch::Tensor> parts;
+    for (int i = 0; i < tp; ++i) {
+      DTORCH_CHECK_T(CheckpointError, slices[i].count(name), dir, "/tp", i, "-of-", tp, " has no ",
+                     name);
+      parts.push_back(slices[i][name]);
+    }
+    out.emplace_back(
+        name, tp::unshard(parts, {(*it)["dim"].get<int64_t>(), (*it)["fused"].get<int64_t>()}));
+  }
+  return out;
+}
+
 int run_consolidate(const CheckpointFlags& f) {
   train::StateDict state;
   std::string source;
   train::CheckpointData data;
-  if (f.dir.size() > 4 && f.dir.compare(f.dir.size() - 4, 4, ".dtc") == 0) {
+  if (std::filesystem::exists(f.dir + "/tensor_parallel.json")) {
+    state = consolidate_tensor_parallel(f.dir, &data, &source);
+  } else if (f.dir.size() > 4 && f.dir.compare(f.dir.size() - 4, 4, ".dtc") == 0) {
     // A whole-model checkpoint (DDP's, tensor-parallel runs' included): its model as is.
     std::tie(state, data) = train::read_checkpoint_model(f.dir);
     source = f.dir;

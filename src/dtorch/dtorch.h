@@ -1,6 +1,6 @@
 // dtorch's public API in one include, for programs that link dtorch::dtorch.
-// The pieces: the communicator, DDP and ZeRO, the launcher's rank description, data, models
-// and training helpers.
+// The pieces: the communicator and its process groups, DDP, ZeRO and tensor parallelism, the
+// launcher's rank description, data, models and training helpers.
 #pragma once
 
 #include "dtorch/comm/communicator.h"
@@ -13,6 +13,8 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/parallel/parallel_dims.h"
+#include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"

@@ -106,6 +106,16 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
     } else {
       EXPECT_TRUE(std::filesystem::exists(out + "/tp0-of-2")) << name;
       EXPECT_TRUE(std::filesystem::exists(out + "/tp1-of-2")) << name;
+      // consolidate joins the tp folders into the whole model the final file holds.
+      auto k = testing::run_command(
+          "tp_consolidate_" + name,
+          {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
+      ASSERT_EQ(k.exit_code(), 0) << k.err;
+      auto full = train::unpickle_state_dict(train::read_file(out + "/full.pt"), "full.pt");
+      std::map<std::string, torch::Tensor> final(model.begin(), model.end());
+      ASSERT_EQ(full.size(), final.size()) << name;
+      for (const auto& [key, tensor] : full)
+        EXPECT_TRUE(tensor.equal(final[key])) << name << " " << key;
     }
   }
 }

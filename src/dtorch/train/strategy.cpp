@@ -148,6 +148,7 @@ class ZeroStrategy : public Strategy {
       // Note [Tensor-parallel checkpoints]
       const auto& g = tp.handle->group();
       tp_folder_ = str("/tp", g->rank(), "-of-", g->size());
+      tp_ = tp.handle;
     }
     zero::Options o;
     o.stage = c.strategy.back() - '0';
@@ -205,6 +206,19 @@ class ZeroStrategy : public Strategy {
       full.emplace_back("rng_state", gen.get_state());
     }
     save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
+    if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
+      // How each parameter is split across the tp folders, for `dtorch checkpoint consolidate`.
+      std::string json = str("{\"tp\":", tp_->group()->size(), ",\"sharded\":{");
+      bool first = true;
+      for (const auto& [name, spec] : tp_->sharded()) {
+        json += str(first ? "" : ",", "\"", name, "\":{\"dim\":", spec.dim,
+                    ",\"fused\":", spec.fused, "}");
+        first = false;
+      }
+      json += "}}\n";
+      write_file_atomically(out + "/tensor_parallel.json",
+                            std::vector<char>(json.begin(), json.end()));
+    }
   }
 
   std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir) override {
@@ -281,6 +295,7 @@ class ZeroStrategy : public Strategy {
   std::shared_ptr<comm::Communicator> comm_;
   std::shared_ptr<zero::ShardedModel> sharded_;
   std::string tp_folder_;  // "/tp<i>-of-<n>" under tensor parallelism, else empty
+  std::shared_ptr<tp::TensorParallel> tp_;
 };
 
 }  // namespace
