@@ -86,13 +86,14 @@ int memory_worker(MemoryFlags f) {
       reset();
       t0 = Clock::now();
     }
-  auto [x, y] = batch();
+    auto [x, y] = batch();
     torch::Tensor loss;
     {
       parallel::CpuAutocast autocast(strategy->autocast());
       torch::Tensor out = model->forward(x);
-      loss = tp.handle && tp.handle->vocab_parallel_output() ? tp.handle->vocab_cross_entropy(out, y)
-                                                             : train::cross_entropy(out, y);
+      loss = tp.handle && tp.handle->vocab_parallel_output()
+                 ? tp.handle->vocab_cross_entropy(out, y)
+                 : train::cross_entropy(out, y);
     }
     strategy->backward(loss, true);
     strategy->step(0);
@@ -169,7 +170,8 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--batch-size", f->batch_size, "per rank")->capture_default_str();
   cmd->add_option("--seq-len", f->seq_len, "tokens per sequence (gpt)")->capture_default_str();
   cmd->add_option("--steps", f->steps, "timed steps, after one untimed")->capture_default_str();
-  cmd->add_option("--tp", f->tp, "tensor-parallel degree (gpt-*, vit-*); the strategy runs over "
+  cmd->add_option("--tp", f->tp,
+                  "tensor-parallel degree (gpt-*, vit-*); the strategy runs over "
                   "dp = world / tp")
       ->capture_default_str();
   cmd->add_option("--bucket-cap-mb", f->strategy.bucket_cap_mb)->capture_default_str();

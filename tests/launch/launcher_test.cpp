@@ -11,10 +11,10 @@
 #include <sstream>
 #include <string>
 
-#include "dtorch/launch/store.h"
 #include "dtorch/core/error.h"
 #include "dtorch/launch/launcher.h"
 #include "dtorch/launch/rank_info.h"
+#include "dtorch/launch/store.h"
 #include "support/workers.h"
 
 namespace dtorch::launch {

@@ -24,13 +24,13 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "dtorch/launch/store.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/launch/line_prefixer.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/launch/process.h"
 #include "dtorch/launch/signals.h"
+#include "dtorch/launch/store.h"
 
 extern char** environ;
 
