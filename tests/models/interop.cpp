@@ -37,6 +37,70 @@ void perturb_constant_tensors(torch::nn::Module& module) {
     perturb(b);
 }
 
+std::string nanogpt_debug_python() {
+  return R"PY(
+import math
+import torch.nn as nn
+import torch.nn.functional as F
+V, BS, L, H, C = 256, 32, 2, 4, 32
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.register_buffer("bias", torch.tril(torch.ones(BS, BS)).view(1, 1, BS, BS),
+                             persistent=False)
+    def forward(self, x):
+        B, T, _ = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, H, C // H).transpose(1, 2)
+        q = q.view(B, T, H, C // H).transpose(1, 2)
+        v = v.view(B, T, H, C // H).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * C, C)
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(C)
+        self.attn = CausalSelfAttention()
+        self.ln_2 = nn.LayerNorm(C)
+        self.mlp = MLP()
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(V, C), wpe=nn.Embedding(BS, C),
+            h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+    def forward(self, idx):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+)PY";
+}
+
 nlohmann::json python_json(const std::string& dir, const std::string& code,
                            const std::vector<std::string>& args) {
   std::string out;

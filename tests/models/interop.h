@@ -35,6 +35,10 @@ void save_tensors(const std::string& path,
 /// forward comparison depends on each of them. Call it before saving the state dict.
 void perturb_constant_tensors(torch::nn::Module& module);
 
+/// Python source defining GPT(): nanoGPT's model.py (bias on, dropout 0, no flash attention,
+/// lm_head tied to transformer.wte), trimmed to the forward pass, shaped as gpt-debug.
+std::string nanogpt_debug_python();
+
 /// Runs `code` with run_python from `dir`; returns the JSON object of the last line that
 /// starts with '{', or null after a failed test assertion showing the output.
 nlohmann::json python_json(const std::string& dir, const std::string& code,

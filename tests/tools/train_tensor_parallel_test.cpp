@@ -10,7 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/registry.h"
 #include "dtorch/train/state_dict.h"
+#include "models/interop.h"
+#include "models/python_peer.h"
 #include "support/command.h"
 #include "support/workers.h"
 
@@ -150,6 +153,26 @@ TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   for (const auto& [k, t] : model_file(base + "/full.pt"))
     EXPECT_TRUE(t.equal(after_one[k])) << k;
+  // Python's nanoGPT loads it strictly (lm_head aliased, Note [Tied embedding]) and computes
+  // dtorch's logits.
+  if (testing::python_unavailable_reason(false).empty()) {
+    auto gpt = models::make_model("gpt-debug");
+    train::load_state_dict(*gpt, base + "/full.pt");
+    torch::NoGradGuard no_grad;
+    torch::Tensor x = torch::randint(0, 256, {2, 32}, torch::kLong);
+    testing::save_tensors(base + "/io.pt", {{"x", x}, {"y", gpt->forward(x)}});
+    auto py = testing::python_json(base, testing::nanogpt_debug_python() + R"PY(
+net = GPT()
+ours = torch.load("full.pt")
+ours["lm_head.weight"] = ours["transformer.wte.weight"]
+net.load_state_dict(ours, strict=True)
+io = torch.load("io.pt")
+with torch.no_grad():
+    print(json.dumps({"max_abs_diff": (net(io["x"]) - io["y"]).abs().max().item()}))
+)PY");
+    ASSERT_FALSE(py.is_null());
+    EXPECT_LE(py["max_abs_diff"].get<double>(), 1e-5) << py.dump();
+  }
 
   auto resume = train_args(base + "/split", "ddp", 1);
   resume.push_back("--resume");
