@@ -25,5 +25,7 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code);
 int relaunch_bench(const std::string& sub, int n, bool every_rank);
 /// `dtorch checkpoint inspect|consolidate DIR ...` (cmd_checkpoint.cpp)
 void add_checkpoint_command(CLI::App& app, int& exit_code);
+/// `dtorch pipeline show ...` (cmd_pipeline.cpp)
+void add_pipeline_command(CLI::App& app, int& exit_code);
 
 }  // namespace dtorch::tools
