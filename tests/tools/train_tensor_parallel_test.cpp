@@ -1,7 +1,7 @@
 // `dtorch train --tp 2` on 4 ranks (dp 2 x tp 2) under ddp, zero1 and zero2 over the dp group,
 // and with sequence parallelism: the loss curve and the final weights are those of the same
 // job run data-parallel only on 2 ranks, and the final model file is whole. A DDP checkpoint
-// written at tp 2 resumes at tp 1 and at dp 4 with identical parameters (Note
+// written at tp 2 resumes at tp 2, at tp 1 and at dp 4 with identical parameters (Note
 // [Tensor-parallel checkpoints]); ZeRO's per-tp checkpoints refuse another --tp by name.
 #include <gtest/gtest.h>
 
@@ -144,6 +144,7 @@ TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
   r = testing::run_command("tp_first", first, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   fs::copy(base + "/split", base + "/dp4", fs::copy_options::recursive);
+  fs::copy(base + "/split", base + "/tp2", fs::copy_options::recursive);
   auto after_one = model_file(base + "/split/model.pt");
   // The checkpoint is the whole model: consolidate gives the weights model.pt was written from.
   r = testing::run_command("tp_consolidate",
@@ -198,6 +199,16 @@ with torch.no_grad():
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   for (const auto& [k, t] : model_file(base + "/dp4/model.pt"))
     EXPECT_TRUE(t.equal(after_one[k])) << k;
+
+  // And at the tp it was saved with.
+  auto tp2 = with_tp(train_args(base + "/tp2", "ddp", 2));
+  tp2[std::find(tp2.begin(), tp2.end(), "--epochs") - tp2.begin() + 1] = "1";
+  tp2.push_back("--resume");
+  r = testing::run_command("tp_resume_tp2", tp2, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+  for (const auto& [k, t] : model_file(base + "/tp2/model.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
 }
 
 TEST(TrainTensorParallel, ZeroCheckpointsRefuseAnotherTpByName) {
@@ -211,6 +222,7 @@ TEST(TrainTensorParallel, ZeroCheckpointsRefuseAnotherTpByName) {
   again.push_back("--resume");
   auto r = testing::run_command("tp_resume_tp1", again, 300);
   EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "the ZeRO checkpoints in")) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "were written with --tp 2 and this run has --tp 1"))
       << r.err;
 }

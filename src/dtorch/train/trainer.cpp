@@ -155,8 +155,9 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
 }
 
 // ZeRO-1/2 under --tp N write their shards per tp index (Note [Tensor-parallel checkpoints]
-// in strategy.cpp) and resume only at the same N: checked here, so that another layout never
-// starts silently from scratch. DDP's tensor-parallel checkpoints are whole and fit any --tp.
+// in strategy.cpp) and resume only as ZeRO at the same N: checked here, so that another layout
+// never starts silently from scratch. DDP's tensor-parallel checkpoints are whole and fit any
+// --tp.
 void check_tensor_parallel_layout(const TrainConfig& c) {
   namespace fs = std::filesystem;
   int saved_tp = 1;
@@ -168,12 +169,12 @@ void check_tensor_parallel_layout(const TrainConfig& c) {
       saved_tp = std::atoi(name.c_str() + of + 4);
     }
   }
-  if (saved_tp == 1 && (c.tp == 1 || list_checkpoints(c.out).empty())) return;
-  DTORCH_CHECK_T(CheckpointError, saved_tp == c.tp, "the checkpoints in ", c.out,
-                 " were written with --tp ", saved_tp, " and this run has --tp ", c.tp,
-                 ": resume with --tp ", saved_tp,
-                 " (Note [Tensor-parallel checkpoints]), or "
-                 "start from the final model file in another --out");
+  if (saved_tp == 1) return;  // no per-tp folders: no tensor parallelism, or ddp's whole files
+  DTORCH_CHECK_T(CheckpointError, saved_tp == c.tp && c.strategy != "ddp",
+                 "the ZeRO checkpoints in ", c.out, " were written with --tp ", saved_tp,
+                 " and this run has --tp ", c.tp, " (", c.strategy,
+                 "): resume with --strategy zero1 or zero2 and --tp ", saved_tp,
+                 " (only ddp's tensor-parallel checkpoints fit any --tp)");
 }
 
 }  // namespace
