@@ -12,7 +12,6 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
-#include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/strategy.h"
 #include "tools/commands.h"
@@ -50,19 +49,13 @@ int memory_worker(MemoryFlags f) {
   int64_t P = 0;
   for (const auto& p : model->parameters())
     P += p.numel();
-  std::shared_ptr<comm::Communicator> dp = world, tp_group;
-  train::TensorParallelism tp;
-  if (f.tp > 1) {
-    auto mesh = parallel::make_mesh(world, {0, f.tp});
-    dp = mesh.dp;
-    tp_group = mesh.tp;
-    tp.handle = tp::parallelize(*model, mesh.tp, tp::plan_for(*model, f.tp));
-    tp.make_full_model = [&f] { return models::make_model(f.model); };
-  }
+  train::Layout layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false);
+  const std::shared_ptr<comm::Communicator>& dp = layout.dp;
+  const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
   int64_t P_local = 0;
   for (const auto& p : model->parameters())
     P_local += p.numel();
-  auto strategy = train::make_strategy(f.strategy, model, dp, tp);
+  auto strategy = train::make_strategy(f.strategy, model, dp, layout.tp);
   // Ranks of one tp group share their batch.
   auto gen = at::detail::createCPUGenerator(world->rank() / f.tp);
   // Capped at the model's block size (gpt-debug's is 32).
@@ -77,7 +70,7 @@ int memory_worker(MemoryFlags f) {
   };
   auto reset = [&] {
     dp->reset_traffic();
-    if (tp_group) tp_group->reset_traffic();
+    if (tensor_parallel) tensor_parallel->group()->reset_traffic();
   };
   Clock::time_point t0;
   for (int step = 0; step < 1 + f.steps; ++step) {
@@ -90,10 +83,7 @@ int memory_worker(MemoryFlags f) {
     torch::Tensor loss;
     {
       parallel::CpuAutocast autocast(strategy->autocast());
-      torch::Tensor out = model->forward(x);
-      loss = tp.handle && tp.handle->vocab_parallel_output()
-                 ? tp.handle->vocab_cross_entropy(out, y)
-                 : train::cross_entropy(out, y);
+      loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
     }
     strategy->backward(loss, true);
     strategy->step(0);
@@ -101,7 +91,7 @@ int memory_worker(MemoryFlags f) {
   world->barrier("bench end");
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   comm::Traffic traffic = dp->traffic(), tp_traffic;
-  if (tp_group) tp_traffic = tp_group->traffic();
+  if (tensor_parallel) tp_traffic = tensor_parallel->group()->traffic();
   auto m = strategy->memory();
 
   struct rusage ru {};

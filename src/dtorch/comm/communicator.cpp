@@ -501,17 +501,18 @@ Work Communicator::new_work(const std::string& op, const std::string& what, cons
 
 Work Communicator::start(const std::string& op, const std::string& what, at::Tensor t,
                          const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
-                         std::function<void()> finish, const char* path) {
+                         std::function<void()> finish, const char* path, int peer) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Work w = new_work(op, what, t, std::move(finish), path);
-  if (size() == 1) return w;
+  Work w = new_work(op, what, t, std::move(finish), path, /*numbered=*/peer < 0);
   auto& s = *w.state_;
+  s.peer = peer;
+  if (size() == 1) return w;
   try {
     s.work = launch(t);
   } catch (const CommError&) {
     throw;
   } catch (const std::exception& e) {
-    fail(s.op, s.seq, e.what());
+    fail(s.op, s.seq, e.what(), peer);
   }
   return w;
 }
@@ -523,21 +524,14 @@ Work Communicator::start_p2p(const std::string& op, at::Tensor t, int peer, int 
   DTORCH_CHECK(tag >= 0 && tag <= kMaxTag, op, ": tag ", tag, " is outside 0..", kMaxTag);
   const bool sending = op == "send";
   if (sending) count(&Traffic::send, nbytes(t));
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  Work w =
-      new_work(op, str(sending ? "to rank " : "from rank ", describe_rank(peer), ", tag ", tag), t,
-               nullptr, "", /*numbered=*/false);
-  w.state_->peer = peer;
-  try {
-    std::vector<at::Tensor> v{t};
-    Backend& pg = impl_->backend_for(t);
-    w.state_->work = sending ? pg.send(v, peer, tag) : pg.recv(v, peer, tag);
-  } catch (const CommError&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail(w.state_->op, 0, e.what(), peer);
-  }
-  return w;
+  return start(
+      op, str(sending ? "to rank " : "from rank ", describe_rank(peer), ", tag ", tag), t,
+      [this, sending, peer, tag](at::Tensor& b) {
+        std::vector<at::Tensor> v{b};
+        Backend& pg = impl_->backend_for(b);
+        return sending ? pg.send(v, peer, tag) : pg.recv(v, peer, tag);
+      },
+      nullptr, "", peer);
 }
 
 Work Communicator::start_local(const std::string& op, const std::string& what, const at::Tensor& t,

@@ -166,15 +166,18 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   struct Impl;
   Communicator(launch::RankInfo info, CommOptions opts);
+  /// Issues a backend operation; peer >= 0 marks point-to-point with that rank, which takes
+  /// no collective sequence number and whose failure diagnosis looks at the peer only.
   Work start(const std::string& op, const std::string& what, at::Tensor t,
              const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
-             std::function<void()> finish, const char* path = "");
+             std::function<void()> finish, const char* path = "", int peer = -1);
   /// Whether a reduce-scatter or flat allgather of `t` goes through the backend's own
   /// collective rather than dtorch's (Note [Gloo on 2.x]).
   bool native_collective(const at::Tensor& t) const;
-  /// seq 0 (point-to-point) leaves the collective sequence alone.
+  /// numbered false (point-to-point): seq 0, the collective sequence left alone.
   Work new_work(const std::string& op, const std::string& what, const at::Tensor& t,
                 std::function<void()> finish, const char* path, bool numbered = true);
+  /// isend/irecv: checks, traffic, then start() as point-to-point.
   Work start_p2p(const std::string& op, at::Tensor t, int peer, int tag);
   /// Rendezvous of this communicator's ranks on `store`, then its backends.
   void connect(c10::intrusive_ptr<c10d::Store> store);

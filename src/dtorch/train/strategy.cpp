@@ -2,8 +2,11 @@
 // checkpoints, and the ZeRO stages with sharded optimizers and sharded checkpoints.
 #include "dtorch/train/strategy.h"
 
+#include <nlohmann/json.hpp>
+
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/models/registry.h"
 #include "dtorch/parallel/tensor/optimizer_state.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
@@ -100,12 +103,7 @@ class DdpStrategy : public Strategy {
     auto full_opt = make_optimizer(c_, full->parameters());
     auto loaded = load_latest_checkpoint(dir, *full, full_opt.get());
     if (!loaded) return loaded;
-    torch::OrderedDict<std::string, torch::Tensor> state;
-    for (const auto& kv : full->named_parameters())
-      state.insert(kv.key(), kv.value());
-    for (const auto& kv : full->named_buffers())
-      state.insert(kv.key(), kv.value());
-    tp_.handle->load_full_state_dict(*model_, state);
+    tp_.handle->load_from(*model_, *full);
     tp::shard_optimizer_state(*tp_.handle, *full, *full_opt, *model_, *opt_);
     return loaded;
   }
@@ -208,14 +206,10 @@ class ZeroStrategy : public Strategy {
     save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
     if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
       // How each parameter is split across the tp folders, for `dtorch checkpoint consolidate`.
-      std::string json = str("{\"tp\":", tp_->group()->size(), ",\"sharded\":{");
-      bool first = true;
-      for (const auto& [name, spec] : tp_->sharded()) {
-        json += str(first ? "" : ",", "\"", name, "\":{\"dim\":", spec.dim,
-                    ",\"fused\":", spec.fused, "}");
-        first = false;
-      }
-      json += "}}\n";
+      nlohmann::json spec = {{"tp", tp_->group()->size()}, {"sharded", nlohmann::json::object()}};
+      for (const auto& [name, split] : tp_->sharded())
+        spec["sharded"][name] = {{"dim", split.dim}, {"fused", split.fused}};
+      const std::string json = spec.dump() + "\n";
       write_file_atomically(out + "/tensor_parallel.json",
                             std::vector<char>(json.begin(), json.end()));
     }
@@ -313,6 +307,21 @@ void validate(const StrategyConfig& c) {
                  c.optimizer, "'; use sgd or adamw");
   DTORCH_CHECK_T(ConfigError, c.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
+}
+
+Layout apply_tensor_parallel(models::Model& model, const std::string& model_name,
+                             const std::shared_ptr<comm::Communicator>& world, int tp,
+                             bool sequence_parallel) {
+  Layout out;
+  out.dp = world;
+  out.plan = parallel::plan_mesh({0, 1}, world->size(), world->info().local_world_size);
+  if (tp == 1) return out;
+  parallel::Mesh mesh = parallel::make_mesh(world, {0, tp});
+  out.dp = mesh.dp;
+  out.plan = mesh.plan;
+  out.tp.handle = tp::parallelize(model, mesh.tp, tp::plan_for(model, tp), {sequence_parallel});
+  out.tp.make_full_model = [model_name] { return models::make_model(model_name); };
+  return out;
 }
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,

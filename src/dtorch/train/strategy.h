@@ -11,6 +11,7 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
@@ -67,6 +68,21 @@ struct TensorParallelism {
   std::shared_ptr<tp::TensorParallel> handle;
   std::function<std::shared_ptr<models::Model>()> make_full_model;
 };
+
+/// The groups a run trains over: the data-parallel communicator its strategy runs on, and the
+/// tensor parallelism under it.
+struct Layout {
+  std::shared_ptr<comm::Communicator> dp;
+  TensorParallelism tp;  ///< empty for tp 1
+  parallel::MeshPlan plan;
+};
+
+/// With tp > 1: lays out a dp x tp mesh over `world` and splits `model` (built as
+/// models::make_model(model_name) from the same seed on every rank) across its tp group. With
+/// tp 1: `world` itself, nothing split. Collective over `world`.
+Layout apply_tensor_parallel(models::Model& model, const std::string& model_name,
+                             const std::shared_ptr<comm::Communicator>& world, int tp,
+                             bool sequence_parallel);
 
 /// Applies the configured strategy to `model` (which must be freshly built from the same
 /// seed on every rank; rank 0's weights win) over `comm`, the data-parallel group; with

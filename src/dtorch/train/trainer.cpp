@@ -109,13 +109,6 @@ Data load_data(const TrainConfig& c, int64_t seq_len) {
   return d;
 }
 
-// Cross-entropy, or its vocabulary-parallel form when tensor parallelism split the logits.
-torch::Tensor loss_of(const tp::TensorParallel* tp, const torch::Tensor& out,
-                      const torch::Tensor& y) {
-  return tp && tp->vocab_parallel_output() ? tp->vocab_cross_entropy(out, y)
-                                           : cross_entropy(out, y);
-}
-
 // Sum of loss and correct predictions over this replica's disjoint part of the test split,
 // added up across the data-parallel ranks `comm` (tensor-parallel ranks share a part):
 // every test sample (every target token) counts exactly once.
@@ -238,23 +231,14 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
 
   // Tensor parallelism first (every rank built the same model from the seed), then the
   // strategy over the data-parallel group (Note [Mesh layout]).
-  std::shared_ptr<comm::Communicator> dp = comm;
-  std::shared_ptr<tp::TensorParallel> tensor_parallel;
-  const std::string& out_dir = c.out;
-  if (c.tp > 1) {
-    parallel::Mesh mesh = parallel::make_mesh(comm, {0, c.tp});
-    dp = mesh.dp;
-    tensor_parallel =
-        tp::parallelize(*model, mesh.tp, tp::plan_for(*model, c.tp), {c.sequence_parallel});
-    if (lead) {
-      log::info("mesh: ", parallel::describe(mesh.plan),
-                c.sequence_parallel ? " (sequence parallel)" : "");
-    }
+  Layout layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel);
+  const std::shared_ptr<comm::Communicator>& dp = layout.dp;
+  const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
+  if (lead && tensor_parallel) {
+    log::info("mesh: ", parallel::describe(layout.plan),
+              c.sequence_parallel ? " (sequence parallel)" : "");
   }
-  TensorParallelism tensor_parallelism{tensor_parallel,
-                                       [&c] { return models::make_model(c.model); }};
-  auto strategy = make_strategy(strategy_config(c), model, dp,
-                                tensor_parallel ? tensor_parallelism : TensorParallelism{});
+  auto strategy = make_strategy(strategy_config(c), model, dp, layout.tp);
   if (lead) log::info("strategy: ", strategy->describe());
   int64_t start_epoch = 0, global_step = 0;
   // A group the launcher restarted (--max-restarts) resumes by itself, as torchrun scripts
@@ -264,7 +248,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   if (lead && restart > 0) log::info("restart ", restart, " of the group: resuming from ", c.out);
   if (resume) {
     check_tensor_parallel_layout(c);
-    if (auto ck = strategy->load_latest(out_dir)) {
+    if (auto ck = strategy->load_latest(c.out)) {
       start_epoch = ck->data.epoch;
       global_step = ck->data.global_step;
       if (lead) log::info("resuming from ", ck->path, " (", start_epoch, " epoch(s) done)");
@@ -301,7 +285,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       torch::Tensor loss;
       {
         parallel::CpuAutocast autocast(strategy->autocast());
-        loss = loss_of(tensor_parallel.get(), model->forward(x), y);
+        loss = cross_entropy(model->forward(x), y, tensor_parallel);
       }
       strategy->backward(loss / c.accum_steps, last_micro);
       if (last_micro) {
@@ -320,7 +304,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
         torch::tensor({loss_sum / std::max<size_t>(1, batches.size())}, torch::kDouble);
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
     auto [test_loss, test_acc] =
-        evaluate(*model, data.test, c.test_samples, *strategy, *dp, tensor_parallel.get());
+        evaluate(*model, data.test, c.test_samples, *strategy, *dp, tensor_parallel);
     EpochRecord r{epoch,    mean_loss.item<double>(), test_loss,
                   test_acc, samples / train_seconds,  seconds_since(t0)};
     records.push_back(r);
@@ -330,7 +314,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                 static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s");
       metrics->write_epoch(r);
     }
-    strategy->save(out_dir, {epoch + 1, global_step, config_json(c, world)}, c.keep_checkpoints);
+    strategy->save(c.out, {epoch + 1, global_step, config_json(c, world)}, c.keep_checkpoints);
   }
   {
     auto whole = strategy->whole_parameters();

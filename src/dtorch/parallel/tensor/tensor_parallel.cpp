@@ -226,17 +226,18 @@ void TensorParallel::load_into(torch::nn::Module& full, torch::nn::Module& model
     copy(kv.key(), kv.value());
 }
 
-void TensorParallel::load_full_state_dict(
-    torch::nn::Module& model, const torch::OrderedDict<std::string, torch::Tensor>& full) const {
+void TensorParallel::load_from(torch::nn::Module& model, torch::nn::Module& full) const {
   torch::NoGradGuard no_grad;
+  const auto params = full.named_parameters(), buffers = full.named_buffers();
   auto load = [&](const std::string& name, torch::Tensor dst) {
-    const torch::Tensor* src = full.find(name);
-    DTORCH_CHECK_T(ConfigError, src, "the state dict has no ", name);
+    const torch::Tensor* src = params.find(name);
+    if (!src) src = buffers.find(name);
+    DTORCH_CHECK_T(ConfigError, src, "the unsplit model has no ", name);
     auto it = sharded_.find(name);
     torch::Tensor mine =
         it == sharded_.end() ? *src : shard_of(*src, it->second, tp_->rank(), tp_->size());
     DTORCH_CHECK_T(ConfigError, mine.sizes() == dst.sizes(), name, " is ", src->sizes(),
-                   " in the state dict, which does not fit this model (",
+                   " in the unsplit model, which does not fit this one (",
                    it == sharded_.end() ? "" : "tensor-parallel shard ", dst.sizes(), ")");
     dst.copy_(mine);
   };

@@ -68,10 +68,10 @@ class TensorParallel {
   /// Copies the split `model`'s parameters and buffers, gathered whole, into `full` (the same
   /// model unsplit). Collective over the group.
   void load_into(torch::nn::Module& full, torch::nn::Module& model) const;
-  /// Copies full tensors (by state_dict name) into the model: this rank's shard of split
-  /// parameters, the whole of the rest. Names the first missing or misshapen entry.
-  void load_full_state_dict(torch::nn::Module& model,
-                            const torch::OrderedDict<std::string, torch::Tensor>& full) const;
+  /// The inverse: copies `full`'s parameters and buffers into the split `model`, this rank's
+  /// shard of split ones, the whole of the rest (by state_dict name). Names the first missing
+  /// or misshapen entry. Local.
+  void load_from(torch::nn::Module& model, torch::nn::Module& full) const;
 
  private:
   friend std::shared_ptr<TensorParallel> parallelize(models::Model&,
