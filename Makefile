@@ -63,6 +63,7 @@ bench: deps-bench
 	bench/bench_collectives.py --dtorch build-pip/dtorch
 	bench/bench_memory.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_tensor_parallel.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_pipeline.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

@@ -14,6 +14,11 @@ rank are compared with what Python users run today, in the same run on the same 
                        lm_head colwise, still tied); every rank feeds the same batch
   dp-tp                2-D mesh (dp = N / tp, tp = --tp): the same plan on "tp", FSDP2
                        fully_shard on "dp"; one batch per dp rank, shared by its tp group
+  pipeline             torch.distributed.pipelining over all N ranks (pp = N): rank r holds
+                       the units --stages gives it (dtorch's split: embedding, blocks, head),
+                       a PipelineStage and ScheduleGPipe / Schedule1F1B /
+                       ScheduleInterleavedZeroBubble (--schedule gpipe|1f1b|zb) over
+                       --microbatches; lm_head is a copy of wte on the last stage (untied)
 Protocol (dtorch bench memory's): N local ranks, MASTER_ADDR 127.0.0.1, one intra-op thread per
 rank, fp32 AdamW (lr 1e-4, weight decay 0.01), --batch sequences of --seq-len random token ids
 per rank, one untimed warm-up step, then --steps timed steps between two barriers. The model is
@@ -47,7 +52,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 STRATEGIES = ("ddp", "zero-redundancy", "fsdp", "deepspeed-zero1", "deepspeed-zero2",
-              "deepspeed-zero3", "tensor-parallel", "dp-tp")
+              "deepspeed-zero3", "tensor-parallel", "dp-tp", "pipeline")
 TP_STRATEGIES = ("tensor-parallel", "dp-tp")
 # (vocab_size, block_size, n_layer, n_head, n_embd), dtorch's GPTConfig::small() and ::debug().
 CONFIGS = {"gpt-small": (50304, 1024, 12, 12, 768), "gpt-debug": (256, 32, 2, 4, 32)}
@@ -275,6 +280,65 @@ def parallelize_dp_tp(model, a):
     return model, torch_step(opt), "fully_shard(dp) + " + impl
 
 
+class PipelineStageModule(nn.Module):
+    """Units [begin, end) of the GPT: 0 the embeddings, 1..L the blocks, L + 1 the head."""
+
+    def __init__(self, model, begin, end):
+        super().__init__()
+        L = len(model.transformer.h)
+        self.first, self.last = begin == 0, end == L + 2
+        if self.first:
+            self.wte, self.wpe = model.transformer.wte, model.transformer.wpe
+        self.blocks = nn.ModuleList(model.transformer.h[max(begin - 1, 0):min(end - 1, L)])
+        if self.last:
+            self.ln_f = model.transformer.ln_f
+            self.lm_head = nn.Linear(self.ln_f.weight.numel(), model.lm_head.weight.size(0),
+                                     bias=False)
+            with torch.no_grad():
+                self.lm_head.weight.copy_(model.lm_head.weight)
+
+    def forward(self, x):
+        if self.first:
+            pos = torch.arange(0, x.size(1), dtype=torch.long, device=x.device)
+            x = self.wte(x) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x)) if self.last else x
+
+
+def parallelize_pipeline(model, a):
+    """Returns run(x, y) -> loss (last stage) or None, and the impl string."""
+    from torch.distributed import pipelining as pipe
+    rank, n = dist.get_rank(), dist.get_world_size()
+    begin, end = (int(v) for v in a.stages.split(",")[rank].split("-"))
+    module = PipelineStageModule(model, begin, end)
+    del model
+    stage = pipe.PipelineStage(module, rank, n, torch.device("cpu"))
+    V = CONFIGS[a.model][0]
+
+    def loss_fn(out, target):
+        return F.cross_entropy(out.reshape(-1, V), target.reshape(-1))
+
+    kind = {"gpipe": pipe.ScheduleGPipe, "1f1b": pipe.Schedule1F1B}.get(a.schedule)
+    schedule = (kind(stage, a.microbatches, loss_fn=loss_fn) if kind else
+                pipe.ScheduleInterleavedZeroBubble([stage], a.microbatches, loss_fn=loss_fn))
+    opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+
+    def run(x, y):
+        opt.zero_grad(set_to_none=True)
+        losses = []
+        if rank == 0:
+            schedule.step(x)
+        elif rank == n - 1:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step()
+        opt.step()
+        return sum(losses) / len(losses) if losses else torch.zeros(())
+
+    return run, "torch.distributed.pipelining %s" % type(schedule).__name__
+
+
 def torch_step(opt):
     def step(loss):
         opt.zero_grad(set_to_none=True)
@@ -403,8 +467,17 @@ def run_rank(rank, a):
     parallelize = {"ddp": parallelize_ddp, "zero-redundancy": parallelize_zero_redundancy,
                    "fsdp": parallelize_fsdp, "tensor-parallel": parallelize_tensor,
                    "dp-tp": parallelize_dp_tp}.get(a.strategy, parallelize_deepspeed)
-    module, step, impl = parallelize(model, a)
-    # Tensor parallel ranks share their batch: the seed is the rank's dp coordinate.
+    if a.strategy == "pipeline":
+        run, impl = parallelize_pipeline(model, a)
+        model = None  # this rank keeps its stage only
+        a.dp_size = 1  # one pipeline: one batch per step
+    else:
+        module, step, impl = parallelize(model, a)
+        run = lambda x, y: train_step(module, step, x, y)  # noqa: E731
+    if a.strategy == "pipeline":
+        a.data_rank = 0  # every stage of the one pipeline sees the same batch
+    # Tensor parallel (and pipeline) ranks share their batch: the seed is the rank's dp
+    # coordinate.
     gen = torch.Generator().manual_seed(getattr(a, "data_rank", rank))
     traffic = CommBytes() if a.strategy in TP_STRATEGIES else None
     t0 = None
@@ -414,9 +487,9 @@ def run_rank(rank, a):
             t0 = time.perf_counter()
         if i == 0 and traffic is not None:
             with traffic:  # the warm-up step's collectives, the same as every step's
-                loss = train_step(module, step, *batch_for(a, gen))
+                loss = run(*batch_for(a, gen))
             continue
-        loss = train_step(module, step, *batch_for(a, gen))
+        loss = run(*batch_for(a, gen))
     dist.barrier()
     seconds = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -499,6 +572,12 @@ def main():
     ap.add_argument("--ds-bucket-mb", type=float, default=25.0,
                     help="deepspeed: reduce/allgather bucket MiB (DDP's and dtorch's 25); "
                     "0 keeps DeepSpeed's defaults")
+    ap.add_argument("--schedule", choices=("gpipe", "1f1b", "zb"), default="1f1b",
+                    help="pipeline: the schedule")
+    ap.add_argument("--microbatches", type=int, default=4, help="pipeline: per batch")
+    ap.add_argument("--stages", default="",
+                    help="pipeline: each rank's units begin-end, comma-separated (0 embeddings, "
+                    "1..L blocks, L+1 head), e.g. 0-7,7-14")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds before giving up")
     a = ap.parse_args()
     if a.port == 0:

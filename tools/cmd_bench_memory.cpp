@@ -1,11 +1,13 @@
 // `dtorch bench memory`: the model-state bytes each rank holds under a strategy (counted from
 // the toolkit's own buffers), the ZeRO paper's formula for them, the process's peak RSS, the
-// bytes each rank sends per step, and throughput: one JSON line per rank. With --tp, the
-// strategy runs over the dp group of a dp x tp mesh.
+// bytes each rank sends per step, and throughput: one JSON line per rank. With --tp (--pp), the
+// strategy runs over the dp group of a dp x tp (x pp) mesh; under a pipeline each line also has
+// the rank's measured and simulated bubble and activations held.
 #include <sys/resource.h>
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 #include "dtorch/core/env.h"
@@ -26,8 +28,9 @@ struct MemoryFlags {
   int threads = 1;
   int64_t batch_size = 2;
   int64_t seq_len = 64;
-  int steps = 3;  ///< timed steps, after one untimed
-  int tp = 1;     ///< tensor-parallel degree (dp = world / tp)
+  int steps = 3;             ///< timed steps, after one untimed
+  int tp = 1;                ///< tensor-parallel degree (dp = world / tp)
+  train::PipelineConfig pp;  ///< pipeline stages (dp = world / (tp pp))
 };
 
 using Clock = std::chrono::steady_clock;
@@ -45,19 +48,28 @@ int memory_worker(MemoryFlags f) {
   torch::set_num_threads(f.threads);
   auto world = comm::Communicator::from_env();
   torch::manual_seed(0);
-  auto model = models::make_model(f.model);
+  std::shared_ptr<models::Model> model;
   int64_t P = 0;
-  for (const auto& p : model->parameters())
-    P += p.numel();
-  train::Layout layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false);
+  train::Layout layout;
+  if (f.pp.pp > 1) {
+    // Each rank builds its stage only (the whole model is never allocated).
+    P = models::model_parameters(f.model);
+    layout = train::apply_pipeline(f.model, world, f.pp, f.tp, false, &model);
+  } else {
+    model = models::make_model(f.model);
+    for (const auto& p : model->parameters())
+      P += p.numel();
+    layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false);
+  }
+  pp::Pipeline* pipeline = layout.pp.pipeline.get();
   const std::shared_ptr<comm::Communicator>& dp = layout.dp;
   const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
   int64_t P_local = 0;
   for (const auto& p : model->parameters())
     P_local += p.numel();
-  auto strategy = train::make_strategy(f.strategy, model, dp, layout.tp);
-  // Ranks of one tp group share their batch.
-  auto gen = at::detail::createCPUGenerator(world->rank() / f.tp);
+  auto strategy = train::make_strategy(f.strategy, model, dp, layout.tp, layout.pp);
+  // The ranks of one model replica (its tp and pp ranks) share their batch.
+  auto gen = at::detail::createCPUGenerator(layout.plan.dp_index(world->rank()));
   // Capped at the model's block size (gpt-debug's is 32).
   const int64_t T = std::min(f.seq_len, model->max_sequence_length());
   auto batch = [&] {
@@ -73,6 +85,8 @@ int memory_worker(MemoryFlags f) {
     if (tensor_parallel) tensor_parallel->group()->reset_traffic();
   };
   Clock::time_point t0;
+  double pipeline_seconds = 0, compute_seconds = 0;
+  int peak_activations = 0;
   for (int step = 0; step < 1 + f.steps; ++step) {
     if (step == 1) {
       world->barrier("bench start");
@@ -80,6 +94,22 @@ int memory_worker(MemoryFlags f) {
       t0 = Clock::now();
     }
     auto [x, y] = batch();
+    if (pipeline) {
+      pp::PipelineStepResult r;
+      strategy->backward_accumulated([&] {
+        parallel::CpuAutocast autocast(strategy->autocast());
+        r = pipeline->step(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
+          return train::cross_entropy(out, t, tensor_parallel);
+        });
+      });
+      strategy->step(0);
+      if (step > 0) {
+        pipeline_seconds += r.seconds;
+        compute_seconds += r.compute_seconds;
+      }
+      peak_activations = std::max(peak_activations, r.peak_activations);
+      continue;
+    }
     torch::Tensor loss;
     {
       parallel::CpuAutocast autocast(strategy->autocast());
@@ -135,6 +165,21 @@ int memory_worker(MemoryFlags f) {
       {"tp_bytes_sent_per_step", per_step(tp_traffic)},
       {"sent_per_step_over_param_bytes", double(sent) / f.steps / (4.0 * P)},
   };
+  if (pipeline) {
+    // The bubble as measured (time not spent in forward or backward, over the step) and as
+    // the on-paper simulator gives it with equal F, B and W times.
+    const auto sim = pp::simulate(pipeline->schedule(), f.pp.microbatches);
+    const int pp_rank = pipeline->group().rank();
+    j["pp"] = f.pp.pp;
+    j["pp_rank"] = pp_rank;
+    j["schedule"] = f.pp.schedule;
+    j["microbatches"] = f.pp.microbatches;
+    j["idle_fraction"] = 1.0 - compute_seconds / pipeline_seconds;
+    j["simulated_idle_fraction"] = sim.idle_fraction[pp_rank];
+    j["peak_activations"] = peak_activations;
+    j["simulated_peak_activations"] = sim.peak_activations[pp_rank];
+    j["stage_units"] = {model->units().begin, model->units().end};
+  }
   std::cout << j.dump() << std::endl;
   return 0;
 }
@@ -164,14 +209,21 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
                   "tensor-parallel degree (gpt-*, vit-*); the strategy runs over "
                   "dp = world / tp")
       ->capture_default_str();
+  cmd->add_option("--pp", f->pp.pp, "pipeline stages (the strategy runs over world / (tp pp))")
+      ->capture_default_str();
+  cmd->add_option("--microbatches", f->pp.microbatches, "with --pp")->capture_default_str();
+  cmd->add_option("--schedule", f->pp.schedule, "with --pp: gpipe | 1f1b | zb")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+      ->capture_default_str();
   cmd->add_option("--bucket-cap-mb", f->strategy.bucket_cap_mb)->capture_default_str();
   cmd->add_option("--min-unit-params", f->strategy.min_unit_params)->capture_default_str();
   cmd->callback([f, &exit_code] {
     DTORCH_CHECK_T(ConfigError,
                    f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
-                       f->batch_size >= 1 && f->seq_len >= 1 && f->tp >= 1,
+                       f->batch_size >= 1 && f->seq_len >= 1 && f->tp >= 1 && f->pp.pp >= 1,
                    "bench memory: --nproc-per-node, --threads, --steps, --batch-size, "
-                   "--seq-len and --tp must be >= 1");
+                   "--seq-len, --tp and --pp must be >= 1");
+    if (f->pp.pp > 1 && f->pp.microbatches == 0) f->pp.microbatches = 2 * f->pp.pp;
     train::validate(f->strategy);
     exit_code = f->nproc_per_node > 1 && !env::get("RANK")
                     ? relaunch_bench("memory", f->nproc_per_node, true)

@@ -6,10 +6,12 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "dtorch/core/error.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/checkpoint.h"
+#include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "tools/commands.h"
@@ -136,12 +138,43 @@ train::StateDict consolidate_tensor_parallel(const std::string& dir, train::Chec
   return out;
 }
 
+// A pipeline run keeps one checkpoint per stage (Note [Pipeline checkpoints]): DDP's whole
+// stage files or ZeRO-1's shards; each parameter is taken from the first stage holding it.
+train::StateDict consolidate_pipeline(const std::vector<train::SavedStage>& stages,
+                                      train::CheckpointData* data, std::string* source) {
+  train::StateDict out;
+  std::set<std::string> seen;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    train::StateDict part;
+    train::CheckpointData d;
+    auto files = train::list_checkpoints(stages[s].folder);
+    if (!files.empty()) {
+      std::tie(part, d) = train::read_checkpoint_model(files.front());
+    } else {
+      train::ShardedCheckpointReader reader(stages[s].folder);
+      part = train::consolidate_model(reader);
+      d.epoch = reader.data().epoch;
+      d.global_step = reader.data().global_step;
+    }
+    DTORCH_CHECK_T(CheckpointError, s == 0 || d.epoch == data->epoch, stages[s].folder,
+                   "'s newest checkpoint is from epoch ", d.epoch, " but stage 0's from epoch ",
+                   data->epoch, ": the run stopped while saving; delete the newer ones");
+    *data = d;
+    for (auto& [name, t] : part)
+      if (seen.insert(name).second) out.emplace_back(name, t);
+  }
+  *source = str(stages.size(), " pipeline stage folder(s) ", stages.front().folder, " ...");
+  return out;
+}
+
 int run_consolidate(const CheckpointFlags& f) {
   train::StateDict state;
   std::string source;
   train::CheckpointData data;
   if (std::filesystem::exists(f.dir + "/tensor_parallel.json")) {
     state = consolidate_tensor_parallel(f.dir, &data, &source);
+  } else if (auto stages = train::read_pipeline_layout(f.dir); !stages.empty()) {
+    state = consolidate_pipeline(stages, &data, &source);
   } else if (f.dir.size() > 4 && f.dir.compare(f.dir.size() - 4, 4, ".dtc") == 0) {
     // A whole-model checkpoint (DDP's, tensor-parallel runs' included): its model as is.
     std::tie(state, data) = train::read_checkpoint_model(f.dir);

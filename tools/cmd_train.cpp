@@ -75,7 +75,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
   auto& c = f->config;
   auto* cmd = app.add_subcommand(
       "train",
-      "Train a model data-parallel (DDP or ZeRO-1/2/3), optionally x tensor-parallel (--tp)");
+      "Train a model data-parallel (DDP or ZeRO-1/2/3), optionally x tensor-parallel (--tp) or "
+      "pipeline-parallel (--pp)");
   cmd->add_option("--model", c.model,
                   "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | "
                   "vit-debug | gpt-small | gpt-debug")
@@ -95,6 +96,18 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--sequence-parallel", c.sequence_parallel,
                 "with --tp: also split norms and residuals along the sequence");
+  cmd->add_option("--pp", c.pp,
+                  "pipeline stages (gpt-*, resnet*, vit-*): each rank builds and runs one stage; "
+                  "the strategy (ddp or zero1) runs over the rest (dp = world / pp)")
+      ->capture_default_str();
+  cmd->add_option("--microbatches", c.microbatches,
+                  "with --pp: micro-batches per batch (default 2 x pp)");
+  cmd->add_option("--schedule", c.schedule, "with --pp: gpipe | 1f1b | zb (zero-bubble ZB-H1)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "zb", "interleaved"}))
+      ->capture_default_str();
+  cmd->add_option("--pp-split", c.pp_split,
+                  "with --pp: units where stages 1.. begin, e.g. transformer.h.6 (default: "
+                  "balanced by parameter count; `dtorch pipeline show` lists the units)");
   cmd->add_option("--precision", c.precision, "fp32 | bf16 (bf16 compute, fp32 master weights)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();

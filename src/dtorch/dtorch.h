@@ -14,6 +14,8 @@
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/parallel_dims.h"
+#include "dtorch/parallel/pipeline/pipeline.h"
+#include "dtorch/parallel/pipeline/stage_plan.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"

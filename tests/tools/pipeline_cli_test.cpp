@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "support/command.h"
+#include "support/workers.h"
 
 namespace dtorch {
 namespace {
@@ -16,13 +17,33 @@ TEST(PipelineCli, ShowPrintsTheTimelineBubbleAndActivations) {
   EXPECT_TRUE(testing::contains(r.out, "rank 0 |F0 F1 .  .  .  B0 B0 B1 B1 |")) << r.out;
   EXPECT_TRUE(testing::contains(r.out, "rank 1 |.  F0 F1 B0 B0 B1 B1 .  .  |")) << r.out;
   EXPECT_TRUE(testing::contains(r.out, "bubble (idle fraction per rank): 0.333")) << r.out;
-  EXPECT_TRUE(testing::contains(r.out, "peak activations (micro-batches) per rank: 2 2")) << r.out;
+  EXPECT_TRUE(testing::contains(r.out, "peak activations (stage micro-batches) per rank: 2 2"))
+      << r.out;
   auto f = testing::run_command(
       "pipeline_1f1b", {DTORCH_CLI, "pipeline", "show", "--stages", "4", "--microbatches", "8"},
       30);
   ASSERT_EQ(f.exit_code(), 0) << f.err;
-  EXPECT_TRUE(testing::contains(f.out, "peak activations (micro-batches) per rank: 4 3 2 1"))
+  EXPECT_TRUE(testing::contains(f.out, "peak activations (stage micro-batches) per rank: 4 3 2 1"))
       << f.out;
+  auto z = testing::run_command(
+      "pipeline_zb",
+      {DTORCH_CLI, "pipeline", "show", "--schedule", "zb", "--stages", "4", "--microbatches", "8"},
+      30);
+  ASSERT_EQ(z.exit_code(), 0) << z.err;
+  EXPECT_TRUE(testing::contains(z.out, "bubble (idle fraction per rank): 0.111")) << z.out;
+  const std::string svg = testing::scratch_dir("pipeline-svg") + "/pipeline.svg";
+  auto i = testing::run_command("pipeline_interleaved",
+                                {DTORCH_CLI, "pipeline", "show", "--schedule", "interleaved",
+                                 "--stages", "4", "--microbatches", "8", "--out", svg},
+                                30);
+  ASSERT_EQ(i.exit_code(), 0) << i.err;
+  EXPECT_TRUE(testing::contains(i.out, "4 ranks x 2 stages")) << i.out;
+  EXPECT_TRUE(testing::contains(i.out, "0.158, (p-1)/(v m+p-1) = 0.158")) << i.out;
+  EXPECT_TRUE(testing::contains(testing::read_file(svg), "</svg>"));
+  auto png = testing::run_command("pipeline_png",
+                                  {DTORCH_CLI, "pipeline", "show", "--out", svg + ".png"}, 30);
+  EXPECT_NE(png.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(png.err, "name a .svg file")) << png.err;
   auto bad = testing::run_command("pipeline_bad",
                                   {DTORCH_CLI, "pipeline", "show", "--schedule", "zigzag"}, 30);
   EXPECT_NE(bad.exit_code(), 0);

@@ -30,7 +30,7 @@ TEST_P(TrainStrategies, TwoRanksTrainAndCheckpoint) {
       "--optimizer",  "adamw", "--lr",    "0.002", "--nproc-per-node", "2",
       "--batch-size", "16"};
   if (text) {
-    args.insert(args.end(), {"--data", "text", "--seq-len", "32", "--train-samples", "480",
+    args.insert(args.end(), {"--data", "text", "--seq-len", "32", "--train-samples", "960",
                              "--test-samples", "64"});
   } else {
     args.insert(args.end(), {"--train-samples", "640", "--test-samples", "256"});

@@ -15,50 +15,18 @@
 #include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/command.h"
+#include "support/train_run.h"
 #include "support/workers.h"
 
 namespace dtorch {
 namespace {
 
+using testing::epochs_of;
+using testing::model_file;
+
 std::vector<std::string> train_args(const std::string& out, const std::string& strategy,
                                     int nproc) {
-  return {DTORCH_CLI,
-          "train",
-          "--model",
-          "gpt-debug",
-          "--data",
-          "text",
-          "--seq-len",
-          "32",
-          "--strategy",
-          strategy,
-          "--epochs",
-          "2",
-          "--out",
-          out,
-          "--progress",
-          "off",
-          "--optimizer",
-          "adamw",
-          "--lr",
-          "0.002",
-          "--batch-size",
-          "8",
-          "--nproc-per-node",
-          std::to_string(nproc),
-          "--train-samples",
-          "256",
-          "--test-samples",
-          "64"};
-}
-
-std::vector<nlohmann::json> epochs_of(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(testing::read_file(out + "/metrics.jsonl"));
-  std::string line;
-  while (std::getline(in, line))
-    v.push_back(nlohmann::json::parse(line));
-  return v;
+  return testing::gpt_debug_train_args(out, strategy, nproc);
 }
 
 TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
@@ -121,11 +89,6 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
         EXPECT_TRUE(tensor.equal(final[key])) << name << " " << key;
     }
   }
-}
-
-std::map<std::string, torch::Tensor> model_file(const std::string& path) {
-  auto v = train::unpickle_state_dict(train::read_file(path), path);
-  return {v.begin(), v.end()};
 }
 
 TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {

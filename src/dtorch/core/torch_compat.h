@@ -40,6 +40,8 @@ inline OptimizerStateKey optimizer_state_key(const at::Tensor& p) {
 // alias is whatever grad_accumulator() returns, so both compile without a version test.
 using GradAccumulator =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+/// Any autograd node, as an edge of the graph holds it (the same change of pointer type).
+using NodeHandle = decltype(torch::autograd::Edge::function);
 
 // Note [CPU autocast switches]
 // 1.13 has per-device functions (set_cpu_enabled, set_autocast_cpu_dtype); 2.4+ takes the

@@ -3,12 +3,13 @@
 #include "dtorch/models/gpt.h"
 
 #include <torch/nn/init.h>
-#include <torch/nn/modules/container/modulelist.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtorch/core/error.h"
 #include "dtorch/models/module_hooks.h"
+#include "dtorch/models/unit_seeds.h"
 
 namespace dtorch::models {
 namespace nn = torch::nn;
@@ -60,63 +61,100 @@ torch::Tensor GPTBlockImpl::forward(torch::Tensor x) {
   return x + call(c_proj_, torch::gelu(call(c_fc_, call(ln_2_, x))));
 }
 
-GPT::GPT(const GPTConfig& c) : config_(c) {
-  DTORCH_CHECK_T(ConfigError, c.n_head > 0 && c.n_embd % c.n_head == 0, "GPT n_embd ", c.n_embd,
-                 " must be a multiple of n_head ", c.n_head);
-  DTORCH_CHECK_T(ConfigError, c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0,
-                 "GPT needs positive vocab_size, block_size and n_layer");
-  auto transformer = register_module("transformer", std::make_shared<nn::Module>());
-  wte_ = transformer->register_module("wte", nn::Embedding(c.vocab_size, c.n_embd));
-  wpe_ = transformer->register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
-  nn::ModuleList h;
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    h_.push_back(GPTBlock(c.n_embd, c.n_head, c.attention));
-    h->push_back(h_.back());
-  }
-  transformer->register_module("h", h);
-  ln_f_ = transformer->register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.n_embd})));
+namespace {
 
-  // nanoGPT's _init_weights, then the scaled residual projections (GPT-2 paper).
+/// nanoGPT's _init_weights, then the scaled residual projections (GPT-2 paper), on the
+/// parameters of one unit.
+void init_unit(nn::Module& unit, int64_t n_layer) {
   torch::NoGradGuard no_grad;
-  for (auto& kv : named_parameters()) {
+  for (auto& kv : unit.named_parameters()) {
     const std::string& name = kv.key();
     torch::Tensor p = kv.value();
     auto ends_with = [&](const std::string& s) {
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
-    if (name.find(".ln_") != std::string::npos) continue;  // LayerNorm: default 1 and 0
-    if (ends_with(".bias")) {
+    if (name.find("ln_") != std::string::npos) continue;  // LayerNorm: default 1 and 0
+    if (ends_with("bias")) {
       p.zero_();
     } else if (ends_with("c_proj.weight")) {
-      p.normal_(0.0, 0.02 / std::sqrt(2.0 * c.n_layer));
+      p.normal_(0.0, 0.02 / std::sqrt(2.0 * n_layer));
     } else {
       p.normal_(0.0, 0.02);
     }
   }
 }
 
-torch::Tensor GPT::forward(torch::Tensor idx) {
-  DTORCH_CHECK_T(ConfigError, idx.dim() == 2 && idx.scalar_type() == torch::kLong,
-                 "GPT takes int64 token ids of shape B x T, got ", idx.scalar_type(), " ",
-                 idx.sizes());
-  const int64_t T = idx.size(1);
-  DTORCH_CHECK_T(ConfigError, T <= config_.block_size, "sequence of length ", T,
-                 " is longer than the model's block size ", config_.block_size,
-                 ": use a sequence length of at most ", config_.block_size);
-  torch::Tensor pos =
-      torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  torch::Tensor x = call(wte_, idx) + call(wpe_, pos);
+}  // namespace
+
+GPT::GPT(const GPTConfig& c, UnitRange units) : config_(c) {
+  DTORCH_CHECK_T(ConfigError, c.n_head > 0 && c.n_embd % c.n_head == 0, "GPT n_embd ", c.n_embd,
+                 " must be a multiple of n_head ", c.n_head);
+  DTORCH_CHECK_T(ConfigError, c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0,
+                 "GPT needs positive vocab_size, block_size and n_layer");
+  set_units(units);
+  const int head = static_cast<int>(c.n_layer) + 1;
+  UnitSeeds seeds;
+  auto transformer = register_module("transformer", std::make_shared<nn::Module>());
+  if (holds_unit(0) || holds_unit(head)) {
+    // Note [Tied embedding]: the head's wte is built from the embedding's seed, so a stage
+    // holding the head alone starts with the same weights.
+    seeds.enter(0);
+    wte_ = transformer->register_module("wte", nn::Embedding(c.vocab_size, c.n_embd));
+    init_unit(*wte_, c.n_layer);
+    if (holds_unit(0)) {
+      wpe_ = transformer->register_module("wpe", nn::Embedding(c.block_size, c.n_embd));
+      init_unit(*wpe_, c.n_layer);
+    }
+  }
+  auto h = std::make_shared<nn::Module>();
+  first_block_ = std::max(0, this->units().begin - 1);
+  for (int64_t i = first_block_; i < c.n_layer && holds_unit(static_cast<int>(i) + 1); ++i) {
+    seeds.enter(static_cast<int>(i) + 1);
+    h_.push_back(GPTBlock(c.n_embd, c.n_head, c.attention));
+    init_unit(*h_.back(), c.n_layer);
+    h->register_module(std::to_string(i), h_.back());
+  }
+  if (!h_.empty()) transformer->register_module("h", h);
+  if (holds_unit(head)) {
+    seeds.enter(head);
+    ln_f_ = transformer->register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.n_embd})));
+  }
+  seeds.finish(num_units());
+}
+
+torch::Tensor GPT::forward(torch::Tensor x) {
+  if (holds_unit(0)) {
+    DTORCH_CHECK_T(ConfigError, x.dim() == 2 && x.scalar_type() == torch::kLong,
+                   "GPT takes int64 token ids of shape B x T, got ", x.scalar_type(), " ",
+                   x.sizes());
+    const int64_t T = x.size(1);
+    DTORCH_CHECK_T(ConfigError, T <= config_.block_size, "sequence of length ", T,
+                   " is longer than the model's block size ", config_.block_size,
+                   ": use a sequence length of at most ", config_.block_size);
+    torch::Tensor pos =
+        torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
+    x = call(wte_, x) + call(wpe_, pos);
+  }
   const auto names = block_names();
   for (size_t i = 0; i < h_.size(); ++i)
     x = run_block(names[i], x, [&](torch::Tensor t) { return call(h_[i], t); });
+  if (!holds_unit(static_cast<int>(config_.n_layer) + 1)) return x;
   // Note [Tied embedding]: the output layer is the token embedding.
   return torch::linear(call(ln_f_, x), wte_->weight);
 }
 
 std::vector<std::string> GPT::block_names() const {
   std::vector<std::string> names;
+  for (size_t i = 0; i < h_.size(); ++i)
+    names.push_back("transformer.h." + std::to_string(first_block_ + int64_t(i)));
+  return names;
+}
+
+std::vector<std::string> GPT::unit_names() const {
+  std::vector<std::string> names = {"embedding"};
   for (int64_t i = 0; i < config_.n_layer; ++i)
     names.push_back("transformer.h." + std::to_string(i));
+  names.push_back("head");
   return names;
 }
 

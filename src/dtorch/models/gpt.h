@@ -84,13 +84,19 @@ TORCH_MODULE(GPTBlock);
 /// Input int64 token ids B x T (T <= block_size), output logits B x T x vocab_size.
 /// Initialised as nanoGPT: Linear and Embedding weights normal(0, 0.02), biases zero,
 /// LayerNorm 1/0, and each residual projection (attn.c_proj, mlp.c_proj) normal with std
-/// 0.02 / sqrt(2 n_layer).
+/// 0.02 / sqrt(2 n_layer), each unit from its own seed (Note [Unit seeds]).
+///
+/// Pipeline units (Note [Pipeline units]): "embedding" (wte, wpe: tokens -> B x T x n_embd),
+/// one per block, "head" (ln_f and the tied wte: -> logits). A stage that holds the head but
+/// not the embedding holds its own transformer.wte, initialised equal to the embedding's; the
+/// pipeline sums the two copies' gradients so they stay equal (Megatron-LM does the same).
 class GPT : public Model {
  public:
-  explicit GPT(const GPTConfig& config);
-  torch::Tensor forward(torch::Tensor idx) override;
-  /// "transformer.h.0", "transformer.h.1", ...
+  explicit GPT(const GPTConfig& config, UnitRange units = {});
+  torch::Tensor forward(torch::Tensor x) override;
+  /// The blocks this instance holds: "transformer.h.0", "transformer.h.1", ...
   std::vector<std::string> block_names() const override;
+  std::vector<std::string> unit_names() const override;
   bool takes_tokens() const override { return true; }
   int64_t max_sequence_length() const override { return config_.block_size; }
   const GPTConfig& config() const { return config_; }
@@ -99,6 +105,7 @@ class GPT : public Model {
   GPTConfig config_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   std::vector<GPTBlock> h_;
+  int64_t first_block_ = 0;  // index of h_[0] among the model's blocks
   torch::nn::LayerNorm ln_f_{nullptr};
 };
 

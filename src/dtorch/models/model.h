@@ -10,7 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/core/error.h"
+
 namespace dtorch::models {
+
+/// Units [begin, end) of a model's pipeline units; end -1 means to the last one.
+struct UnitRange {
+  int begin = 0;
+  int end = -1;
+};
 
 /// A model: architecture only (no training or communication code). Parameters and buffers
 /// are registered under the names PyTorch's Python module of the same model uses, so state
@@ -41,6 +49,24 @@ class Model : public torch::nn::Module {
   /// block_size); 0 otherwise.
   virtual int64_t max_sequence_length() const { return 0; }
 
+  /// Note [Pipeline units]: a model is a chain of units (GPT: "embedding", its blocks,
+  /// "head"; ResNet: "stem", its stages, "head"; ViT: "embedding", its blocks, "head"), each
+  /// a function of the previous one's output. Built with a UnitRange, a model holds only the
+  /// parameters of those units and forward() maps the previous unit's output to its last
+  /// unit's: a pipeline stage, which never allocates the rest of the model. Parameter names
+  /// stay those of the whole model, so stages' state dicts join into the whole one. Each
+  /// unit is initialised from its own seed (Note [Unit seeds]), so a stage's weights equal
+  /// those units' weights in the whole model built from the same seed.
+  /// Every unit's name, in forward order, whichever range this instance holds.
+  virtual std::vector<std::string> unit_names() const { return {"model"}; }
+  /// The units this instance holds (end resolved).
+  UnitRange units() const { return {units_.begin, units_.end < 0 ? num_units() : units_.end}; }
+  int num_units() const { return static_cast<int>(unit_names().size()); }
+  /// Whether this instance holds unit i.
+  bool holds_unit(int i) const { return i >= units().begin && i < units().end; }
+  /// Whether it holds every unit (not a pipeline stage).
+  bool whole() const { return units().begin == 0 && units().end == num_units(); }
+
   /// Called around each block's forward (see run_block and Note [Block hooks]).
   struct BlockHooks {
     /// Runs just before block `block`'s forward; may be empty.
@@ -58,6 +84,15 @@ class Model : public torch::nn::Module {
   /// Runs f(x) as block `name` with the hooks around it: before(name), out = f(x),
   /// out = after(name, out). Models run every block listed in block_names() through this,
   /// and nothing else. When f throws, `after` is not called.
+  /// Records the range a pipeline stage's constructor was given; ConfigError when it is empty
+  /// or outside the model's units.
+  void set_units(UnitRange r) {
+    const int n = num_units(), end = r.end < 0 ? n : r.end;
+    DTORCH_CHECK_T(ConfigError, r.begin >= 0 && r.begin < end && end <= n, "units [", r.begin, ", ",
+                   end, ") are not a range of this model's ", n, " pipeline units");
+    units_ = {r.begin, end};
+  }
+
   template <class F>
   torch::Tensor run_block(const std::string& name, torch::Tensor x, F&& f) {
     if (hooks_.before) hooks_.before(name);
@@ -68,6 +103,7 @@ class Model : public torch::nn::Module {
 
  private:
   BlockHooks hooks_;
+  UnitRange units_;
 };
 
 }  // namespace dtorch::models

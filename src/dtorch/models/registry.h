@@ -2,6 +2,7 @@
 // Adding a model means adding one line to the table in registry.cpp.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,9 +12,24 @@
 namespace dtorch::models {
 
 /// A freshly initialised model (initialised from the global torch generator, so seed it
-/// first for reproducible weights). Throws ConfigError listing the known names when `name`
-/// is not one of them.
-std::shared_ptr<Model> make_model(const std::string& name);
+/// first for reproducible weights), or with `units` only those of its pipeline units (Note
+/// [Pipeline units]). Throws ConfigError listing the known names when `name` is not one of
+/// them.
+std::shared_ptr<Model> make_model(const std::string& name, UnitRange units = {});
+
+/// A pipeline unit's name and parameter count (a GPT head counts its copy of the tied
+/// embedding).
+struct UnitSize {
+  std::string name;
+  int64_t parameters = 0;
+};
+/// Parameters of the whole model `name`, each counted once (a GPT's tied embedding once),
+/// counted unit by unit as model_units does.
+int64_t model_parameters(const std::string& name);
+
+/// The units of model `name` with their sizes, built one at a time (the whole model is
+/// never allocated). Leaves the global generator as it was.
+std::vector<UnitSize> model_units(const std::string& name);
 
 /// Every name make_model accepts, sorted.
 std::vector<std::string> model_names();

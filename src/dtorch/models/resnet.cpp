@@ -4,7 +4,10 @@
 
 #include <torch/nn/init.h>
 
+#include <algorithm>
+
 #include "dtorch/core/error.h"
+#include "dtorch/models/unit_seeds.h"
 
 namespace dtorch::models {
 namespace nn = torch::nn;
@@ -49,28 +52,12 @@ torch::Tensor ResidualBlockImpl::forward(torch::Tensor x) {
   return torch::relu(out + identity);
 }
 
-ResNet::ResNet(const ResNetConfig& config) : config_(config) {
-  DTORCH_CHECK_T(ConfigError, !config.blocks.empty() && config.width > 0,
-                 "ResNet needs at least one stage and a positive width");
-  conv1_ = register_module("conv1", conv(config.in_channels, config.width, 3, 1));
-  bn1_ = register_module("bn1", nn::BatchNorm2d(config.width));
-  int64_t in_planes = config.width;
-  for (size_t s = 0; s < config.blocks.size(); ++s) {
-    DTORCH_CHECK_T(ConfigError, config.blocks[s] > 0, "ResNet stage ", s + 1, " has no blocks");
-    const int64_t planes = config.width << s;
-    nn::Sequential stage;
-    for (int64_t b = 0; b < config.blocks[s]; ++b) {
-      const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
-      stage->push_back(ResidualBlock(config.bottleneck, in_planes, planes, stride));
-      in_planes = planes * ResidualBlockImpl::expansion(config.bottleneck);
-    }
-    stages_.push_back(register_module("layer" + std::to_string(s + 1), stage));
-  }
-  fc_ = register_module("fc", nn::Linear(in_planes, config.num_classes));
+namespace {
 
-  // torchvision's ResNet.__init__ initialisation; fc keeps Linear's default.
+/// torchvision's ResNet.__init__ initialisation on one unit; fc keeps Linear's default.
+void init_unit(nn::Module& unit) {
   torch::NoGradGuard no_grad;
-  for (auto& m : modules(/*include_self=*/false)) {
+  for (auto& m : unit.modules(/*include_self=*/true)) {
     if (auto* c = m->as<nn::Conv2d>()) {
       nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
     } else if (auto* bn = m->as<nn::BatchNorm2d>()) {
@@ -80,19 +67,70 @@ ResNet::ResNet(const ResNetConfig& config) : config_(config) {
   }
 }
 
+}  // namespace
+
+ResNet::ResNet(const ResNetConfig& config, UnitRange units) : config_(config) {
+  DTORCH_CHECK_T(ConfigError, !config.blocks.empty() && config.width > 0,
+                 "ResNet needs at least one stage and a positive width");
+  set_units(units);
+  UnitSeeds seeds;
+  if (holds_unit(0)) {
+    seeds.enter(0);
+    conv1_ = register_module("conv1", conv(config.in_channels, config.width, 3, 1));
+    bn1_ = register_module("bn1", nn::BatchNorm2d(config.width));
+    init_unit(*conv1_);
+    init_unit(*bn1_);
+  }
+  int64_t in_planes = config.width;
+  first_stage_ = static_cast<size_t>(std::max(0, this->units().begin - 1));
+  for (size_t s = 0; s < config.blocks.size(); ++s) {
+    DTORCH_CHECK_T(ConfigError, config.blocks[s] > 0, "ResNet stage ", s + 1, " has no blocks");
+    const int64_t planes = config.width << s;
+    const int64_t out_planes = planes * ResidualBlockImpl::expansion(config.bottleneck);
+    if (!holds_unit(static_cast<int>(s) + 1)) {
+      in_planes = out_planes;
+      continue;
+    }
+    seeds.enter(static_cast<int>(s) + 1);
+    nn::Sequential stage;
+    for (int64_t b = 0; b < config.blocks[s]; ++b) {
+      const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+      stage->push_back(ResidualBlock(config.bottleneck, in_planes, planes, stride));
+      in_planes = out_planes;
+    }
+    init_unit(*stage);
+    stages_.push_back(register_module("layer" + std::to_string(s + 1), stage));
+  }
+  const int head = static_cast<int>(config.blocks.size()) + 1;
+  if (holds_unit(head)) {
+    seeds.enter(head);
+    fc_ = register_module("fc", nn::Linear(in_planes, config.num_classes));
+  }
+  seeds.finish(num_units());
+}
+
 torch::Tensor ResNet::forward(torch::Tensor x) {
-  x = torch::relu(bn1_->forward(conv1_->forward(x)));
+  if (holds_unit(0)) x = torch::relu(bn1_->forward(conv1_->forward(x)));
   const auto names = block_names();
   for (size_t s = 0; s < stages_.size(); ++s)
     x = run_block(names[s], x, [&](torch::Tensor t) { return stages_[s]->forward(t); });
+  if (!fc_) return x;
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc_->forward(x);
 }
 
 std::vector<std::string> ResNet::block_names() const {
   std::vector<std::string> names;
+  for (size_t s = 0; s < stages_.size(); ++s)
+    names.push_back("layer" + std::to_string(first_stage_ + s + 1));
+  return names;
+}
+
+std::vector<std::string> ResNet::unit_names() const {
+  std::vector<std::string> names = {"stem"};
   for (size_t s = 0; s < config_.blocks.size(); ++s)
     names.push_back("layer" + std::to_string(s + 1));
+  names.push_back("head");
   return names;
 }
 

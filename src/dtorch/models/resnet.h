@@ -59,13 +59,18 @@ TORCH_MODULE(ResidualBlock);
 /// input still has 4x4 pixels left in the last stage. The torchvision equivalent is
 /// resnet18(num_classes=10) with conv1 = Conv2d(1, 64, 3, 1, 1, bias=False) and
 /// maxpool = Identity(). Input B x in_channels x H x W, output B x num_classes logits.
-/// Initialised as torchvision does (Kaiming-normal fan-out convs, BN weight 1 and bias 0).
+/// Initialised as torchvision does (Kaiming-normal fan-out convs, BN weight 1 and bias 0),
+/// each unit from its own seed (Note [Unit seeds]).
+///
+/// Pipeline units (Note [Pipeline units]): "stem" (conv1, bn1, relu), one per stage
+/// ("layer1", ...), "head" (average pool, fc).
 class ResNet : public Model {
  public:
-  explicit ResNet(const ResNetConfig& config);
+  explicit ResNet(const ResNetConfig& config, UnitRange units = {});
   torch::Tensor forward(torch::Tensor x) override;
-  /// The stages "layer1", "layer2", ...
+  /// The stages this instance holds: "layer1", "layer2", ...
   std::vector<std::string> block_names() const override;
+  std::vector<std::string> unit_names() const override;
   const ResNetConfig& config() const { return config_; }
 
  private:
@@ -73,6 +78,7 @@ class ResNet : public Model {
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr};
   std::vector<torch::nn::Sequential> stages_;
+  size_t first_stage_ = 0;  // index of stages_[0] among the model's stages
   torch::nn::Linear fc_{nullptr};
 };
 

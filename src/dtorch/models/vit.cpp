@@ -5,10 +5,12 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/init.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtorch/core/error.h"
 #include "dtorch/models/module_hooks.h"
+#include "dtorch/models/unit_seeds.h"
 
 namespace dtorch::models {
 namespace nn = torch::nn;
@@ -60,58 +62,85 @@ torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
   return x + h;
 }
 
-VisionTransformer::VisionTransformer(const ViTConfig& c) : config_(c) {
+VisionTransformer::VisionTransformer(const ViTConfig& c, UnitRange units) : config_(c) {
   DTORCH_CHECK_T(ConfigError, c.patch_size > 0 && c.image_size % c.patch_size == 0,
                  "ViT patch size ", c.patch_size, " must divide the image size ", c.image_size);
   DTORCH_CHECK_T(ConfigError, c.num_heads > 0 && c.hidden_dim % c.num_heads == 0, "ViT hidden_dim ",
                  c.hidden_dim, " must be a multiple of num_heads ", c.num_heads);
+  set_units(units);
+  UnitSeeds seeds;
   const int64_t patches = (c.image_size / c.patch_size) * (c.image_size / c.patch_size);
-  class_token_ = register_parameter("class_token", torch::zeros({1, 1, c.hidden_dim}));
-  conv_proj_ = register_module(
-      "conv_proj",
-      nn::Conv2d(
-          nn::Conv2dOptions(c.in_channels, c.hidden_dim, c.patch_size).stride(c.patch_size)));
-  auto encoder = register_module("encoder", std::make_shared<nn::Module>());
-  pos_embedding_ =
-      encoder->register_parameter("pos_embedding", torch::empty({1, patches + 1, c.hidden_dim}));
-  auto layers = encoder->register_module("layers", std::make_shared<nn::Module>());
-  for (int64_t i = 0; i < c.num_layers; ++i) {
+  std::shared_ptr<nn::Module> encoder;
+  auto get_encoder = [&] {
+    if (!encoder) encoder = register_module("encoder", std::make_shared<nn::Module>());
+    return encoder;
+  };
+  if (holds_unit(0)) {
+    seeds.enter(0);
+    class_token_ = register_parameter("class_token", torch::zeros({1, 1, c.hidden_dim}));
+    conv_proj_ = register_module(
+        "conv_proj",
+        nn::Conv2d(
+            nn::Conv2dOptions(c.in_channels, c.hidden_dim, c.patch_size).stride(c.patch_size)));
+    pos_embedding_ = get_encoder()->register_parameter(
+        "pos_embedding", torch::empty({1, patches + 1, c.hidden_dim}));
+    // torchvision's VisionTransformer.__init__: patch embedding normal with std
+    // sqrt(1 / fan_in) truncated at +-2 (absolute, so many standard deviations out: LibTorch
+    // 1.13 has no trunc_normal_, and clamping only matters beyond them), zero conv bias,
+    // normal(0.02) positions, zero class token.
+    torch::NoGradGuard no_grad;
+    const double fan_in = double(c.in_channels * c.patch_size * c.patch_size);
+    nn::init::normal_(conv_proj_->weight, 0.0, std::sqrt(1.0 / fan_in)).clamp_(-2.0, 2.0);
+    nn::init::zeros_(conv_proj_->bias);
+    nn::init::normal_(pos_embedding_, 0.0, 0.02);
+  }
+  std::shared_ptr<nn::Module> layers;
+  first_layer_ = std::max(0, this->units().begin - 1);
+  for (int64_t i = first_layer_; i < c.num_layers && holds_unit(static_cast<int>(i) + 1); ++i) {
+    if (!layers) layers = get_encoder()->register_module("layers", std::make_shared<nn::Module>());
+    seeds.enter(static_cast<int>(i) + 1);
     layers_.push_back(
         layers->register_module("encoder_layer_" + std::to_string(i),
                                 EncoderBlock(c.hidden_dim, c.num_heads, c.mlp_dim, c.attention)));
   }
-  ln_ =
-      encoder->register_module("ln", nn::LayerNorm(nn::LayerNormOptions({c.hidden_dim}).eps(1e-6)));
-  auto heads = register_module("heads", std::make_shared<nn::Module>());
-  head_ = heads->register_module("head", nn::Linear(c.hidden_dim, c.num_classes));
-
-  // torchvision's VisionTransformer.__init__: patch embedding normal with std
-  // sqrt(1 / fan_in) truncated at +-2 (absolute, so many standard deviations out: LibTorch
-  // 1.13 has no trunc_normal_, and clamping only matters beyond them), zero conv bias,
-  // normal(0.02) positions, zero class token.
-  torch::NoGradGuard no_grad;
-  const double fan_in = double(c.in_channels * c.patch_size * c.patch_size);
-  nn::init::normal_(conv_proj_->weight, 0.0, std::sqrt(1.0 / fan_in)).clamp_(-2.0, 2.0);
-  nn::init::zeros_(conv_proj_->bias);
-  nn::init::normal_(pos_embedding_, 0.0, 0.02);
+  const int head = static_cast<int>(c.num_layers) + 1;
+  if (holds_unit(head)) {
+    seeds.enter(head);
+    ln_ = get_encoder()->register_module(
+        "ln", nn::LayerNorm(nn::LayerNormOptions({c.hidden_dim}).eps(1e-6)));
+    auto heads = register_module("heads", std::make_shared<nn::Module>());
+    head_ = heads->register_module("head", nn::Linear(c.hidden_dim, c.num_classes));
+  }
+  seeds.finish(num_units());
 }
 
 torch::Tensor VisionTransformer::forward(torch::Tensor x) {
-  const int64_t B = x.size(0);
-  // B x C x H x W -> B x hidden x h x w -> B x (h w) x hidden, patches in row-major order.
-  x = conv_proj_->forward(x).flatten(2).transpose(1, 2);
-  x = torch::cat({class_token_.expand({B, -1, -1}), x}, 1) + pos_embedding_;
+  if (holds_unit(0)) {
+    const int64_t B = x.size(0);
+    // B x C x H x W -> B x hidden x h x w -> B x (h w) x hidden, patches in row-major order.
+    x = conv_proj_->forward(x).flatten(2).transpose(1, 2);
+    x = torch::cat({class_token_.expand({B, -1, -1}), x}, 1) + pos_embedding_;
+  }
   const auto names = block_names();
   for (size_t i = 0; i < layers_.size(); ++i)
     x = run_block(names[i], x, [&](torch::Tensor t) { return call(layers_[i], t); });
+  if (!head_) return x;
   x = call(ln_, x);
   return call(head_, x.select(1, 0));
 }
 
 std::vector<std::string> VisionTransformer::block_names() const {
   std::vector<std::string> names;
+  for (size_t i = 0; i < layers_.size(); ++i)
+    names.push_back("encoder.layers.encoder_layer_" + std::to_string(first_layer_ + int64_t(i)));
+  return names;
+}
+
+std::vector<std::string> VisionTransformer::unit_names() const {
+  std::vector<std::string> names = {"embedding"};
   for (int64_t i = 0; i < config_.num_layers; ++i)
     names.push_back("encoder.layers.encoder_layer_" + std::to_string(i));
+  names.push_back("head");
   return names;
 }
 

@@ -76,12 +76,17 @@ TORCH_MODULE(EncoderBlock);
 /// with conv_proj replaced by a 1-channel conv. Input B x 1 x 28 x 28, output B x 10.
 /// Initialised as torchvision does, except the head: torchvision zeroes it, which would
 /// make a fresh model's logits all zero; here it keeps Linear's default.
+///
+/// Pipeline units (Note [Pipeline units]): "embedding" (conv_proj, class_token,
+/// encoder.pos_embedding: image -> B x (patches + 1) x hidden), one per encoder layer,
+/// "head" (encoder.ln, heads.head); each unit from its own seed (Note [Unit seeds]).
 class VisionTransformer : public Model {
  public:
-  explicit VisionTransformer(const ViTConfig& config);
+  explicit VisionTransformer(const ViTConfig& config, UnitRange units = {});
   torch::Tensor forward(torch::Tensor x) override;
-  /// "encoder.layers.encoder_layer_0", "encoder.layers.encoder_layer_1", ...
+  /// The layers this instance holds: "encoder.layers.encoder_layer_0", ...
   std::vector<std::string> block_names() const override;
+  std::vector<std::string> unit_names() const override;
   const ViTConfig& config() const { return config_; }
 
  private:
@@ -89,6 +94,7 @@ class VisionTransformer : public Model {
   torch::nn::Conv2d conv_proj_{nullptr};
   torch::Tensor class_token_, pos_embedding_;
   std::vector<EncoderBlock> layers_;
+  int64_t first_layer_ = 0;  // index of layers_[0] among the model's layers
   torch::nn::LayerNorm ln_{nullptr};
   torch::nn::Linear head_{nullptr};
 };

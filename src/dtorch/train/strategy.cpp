@@ -7,7 +7,9 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/tensor/optimizer_state.h"
+#include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/zero_grad.h"
@@ -37,16 +39,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
 
 // The unsplit model, built without disturbing the random stream training continues with.
 std::shared_ptr<models::Model> build_full_model(const TensorParallelism& tp) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  torch::Tensor saved;
-  {
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    saved = gen.get_state();
-  }
-  auto model = tp.make_full_model();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(saved);
-  return model;
+  models::GeneratorStateGuard keep;
+  return tp.make_full_model();
 }
 
 // DDP: replicated weights (fp32; with --precision bf16 they are the master weights and
@@ -54,8 +48,13 @@ std::shared_ptr<models::Model> build_full_model(const TensorParallelism& tp) {
 class DdpStrategy : public Strategy {
  public:
   DdpStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
-              std::shared_ptr<comm::Communicator> comm, TensorParallelism tp)
-      : c_(c), model_(std::move(model)), comm_(std::move(comm)), tp_(std::move(tp)) {
+              std::shared_ptr<comm::Communicator> comm, TensorParallelism tp,
+              PipelineParallelism pp)
+      : c_(c),
+        model_(std::move(model)),
+        comm_(std::move(comm)),
+        tp_(std::move(tp)),
+        pp_(std::move(pp)) {
     ddp::Options o = c.ddp;
     o.bucket_cap_mb = c.bucket_cap_mb;
     if (c.reduce_dtype == "bf16") o.compression = ddp::Compression::BF16;
@@ -69,6 +68,14 @@ class DdpStrategy : public Strategy {
     loss.backward();
   }
 
+  void backward_accumulated(const std::function<void()>& work) override {
+    {
+      auto guard = ddp_->no_sync();
+      work();
+    }
+    ddp_->reduce_accumulated();
+  }
+
   double step(double max_norm) override {
     double norm = 0;
     if (max_norm > 0) norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
@@ -80,28 +87,43 @@ class DdpStrategy : public Strategy {
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
   void save(const std::string& dir, const CheckpointData& data, int keep) override {
+    // Note [Pipeline checkpoints]: each stage into its folder.
+    const std::string folder =
+        pp_.pipeline ? dir + pipeline_folder(pp_.stage, static_cast<int>(pp_.plan.stages.size()))
+                     : dir;
+    const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
     if (tp_.handle) {
-      // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index is the tp group of
-      // world rank 0.
+      // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index gathers over its tp
+      // group (the unsplit model, or the unsplit stage).
       if (comm_->rank() == 0) {
         auto full = build_full_model(tp_);
         auto full_opt = make_optimizer(c_, full->parameters());
         tp_.handle->load_into(*full, *model_);
         tp::gather_optimizer_state(*tp_.handle, *model_, *opt_, *full, *full_opt);
-        if (tp_.handle->group()->rank() == 0)
-          save_checkpoint(dir, data, *full, full_opt.get(), keep);
+        if (writer) save_checkpoint(folder, data, *full, full_opt.get(), keep);
       }
-    } else if (comm_->rank() == 0) {
-      save_checkpoint(dir, data, *model_, opt_.get(), keep);
+    } else if (writer) {
+      save_checkpoint(folder, data, *model_, opt_.get(), keep);
     }
+    if (writer && pp_.pipeline && pp_.stage == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
     comm_->barrier("checkpoint written");
   }
 
   std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
-    if (!tp_.handle) return load_latest_checkpoint(dir, *model_, opt_.get());
+    // Note [Pipeline checkpoints]: stage folders, or a whole checkpoint a stage reads from.
+    std::vector<SavedStage> saved = read_pipeline_layout(dir);
+    if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
+    auto load = [&](models::Model& m, torch::optim::Optimizer& o) {
+      if (saved.empty()) return load_latest_checkpoint(dir, m, &o);
+      return load_from_stages(saved, c_.model, m, o, [this](std::vector<torch::Tensor> p) {
+        return make_optimizer(c_, std::move(p));
+      });
+    };
+    if (!tp_.handle) return load(*model_, *opt_);
+    // Note [Tensor-parallel checkpoints]: into the unsplit model, then keep this rank's shards.
     auto full = build_full_model(tp_);
     auto full_opt = make_optimizer(c_, full->parameters());
-    auto loaded = load_latest_checkpoint(dir, *full, full_opt.get());
+    auto loaded = load(*full, *full_opt);
     if (!loaded) return loaded;
     tp_.handle->load_from(*model_, *full);
     tp::shard_optimizer_state(*tp_.handle, *full, *full_opt, *model_, *opt_);
@@ -131,6 +153,7 @@ class DdpStrategy : public Strategy {
   std::shared_ptr<models::Model> model_;
   std::shared_ptr<comm::Communicator> comm_;
   TensorParallelism tp_;
+  PipelineParallelism pp_;
   std::shared_ptr<ddp::DistributedDataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
 };
@@ -140,12 +163,17 @@ class DdpStrategy : public Strategy {
 class ZeroStrategy : public Strategy {
  public:
   ZeroStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
-               std::shared_ptr<comm::Communicator> comm, const TensorParallelism& tp)
-      : c_(c), model_(std::move(model)), comm_(std::move(comm)) {
+               std::shared_ptr<comm::Communicator> comm, const TensorParallelism& tp,
+               PipelineParallelism pp)
+      : c_(c), model_(std::move(model)), comm_(std::move(comm)), pp_(std::move(pp)) {
+    if (pp_.pipeline) {
+      // Note [Pipeline checkpoints]
+      layout_folder_ = pipeline_folder(pp_.stage, static_cast<int>(pp_.plan.stages.size()));
+    }
     if (tp.handle) {
       // Note [Tensor-parallel checkpoints]
       const auto& g = tp.handle->group();
-      tp_folder_ = str("/tp", g->rank(), "-of-", g->size());
+      layout_folder_ = str("/tp", g->rank(), "-of-", g->size());
       tp_ = tp.handle;
     }
     zero::Options o;
@@ -166,6 +194,18 @@ class ZeroStrategy : public Strategy {
     loss.backward();
   }
 
+  void backward_accumulated(const std::function<void()>& work) override {
+    DTORCH_CHECK_T(ConfigError, c_.strategy == "zero1", "--strategy ", c_.strategy,
+                   " reduces gradients during every backward pass; a pipeline runs one per ",
+                   "micro-batch: use ddp or zero1 with --pp (DeepSpeed's pipeline engine allows ",
+                   "ZeRO-1 only, for the same reason)");
+    {
+      auto guard = sharded_->no_sync();
+      work();
+    }
+    sharded_->reduce_accumulated();
+  }
+
   double step(double max_norm) override {
     double norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm) : 0;
     sharded_->step();
@@ -178,7 +218,7 @@ class ZeroStrategy : public Strategy {
   }
 
   void save(const std::string& out, const CheckpointData& data, int keep) override {
-    const std::string dir = out + tp_folder_;
+    const std::string dir = out + layout_folder_;
     ShardedCheckpointData d;
     d.epoch = data.epoch;
     d.global_step = data.global_step;
@@ -204,6 +244,8 @@ class ZeroStrategy : public Strategy {
       full.emplace_back("rng_state", gen.get_state());
     }
     save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
+    if (pp_.pipeline && pp_.stage == 0 && comm_->rank() == 0)
+      write_pipeline_layout(out, c_.model, pp_.plan);
     if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
       // How each parameter is split across the tp folders, for `dtorch checkpoint consolidate`.
       nlohmann::json spec = {{"tp", tp_->group()->size()}, {"sharded", nlohmann::json::object()}};
@@ -216,7 +258,7 @@ class ZeroStrategy : public Strategy {
   }
 
   std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir) override {
-    auto path = latest_complete(run_dir + tp_folder_);
+    auto path = latest_complete(run_dir + layout_folder_);
     if (!path) return std::nullopt;
     ShardedCheckpointReader reader(*path);
     check_layout(reader);
@@ -288,7 +330,9 @@ class ZeroStrategy : public Strategy {
   std::shared_ptr<models::Model> model_;
   std::shared_ptr<comm::Communicator> comm_;
   std::shared_ptr<zero::ShardedModel> sharded_;
-  std::string tp_folder_;  // "/tp<i>-of-<n>" under tensor parallelism, else empty
+  PipelineParallelism pp_;
+  // "/tp<i>-of-<n>" under tensor parallelism, "/pp<s>-of-<n>" under a pipeline, else empty
+  std::string layout_folder_;
   std::shared_ptr<tp::TensorParallel> tp_;
 };
 
@@ -324,16 +368,52 @@ Layout apply_tensor_parallel(models::Model& model, const std::string& model_name
   return out;
 }
 
+Layout apply_pipeline(const std::string& model_name,
+                      const std::shared_ptr<comm::Communicator>& world, const PipelineConfig& c,
+                      int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model) {
+  Layout out;
+  parallel::Mesh mesh = parallel::make_mesh(world, {0, tp, c.pp});
+  out.dp = mesh.dp;
+  out.plan = mesh.plan;
+  std::vector<std::string> names;
+  std::vector<int64_t> sizes;
+  for (const auto& u : models::model_units(model_name)) {
+    names.push_back(u.name);
+    sizes.push_back(u.parameters);
+  }
+  out.pp.plan = c.split.empty() ? pp::balance_stages(sizes, c.pp)
+                                : pp::split_stages_at(c.split, names, sizes, c.pp);
+  out.pp.stage = mesh.pp->rank();
+  const models::UnitRange units = out.pp.plan.stages[out.pp.stage];
+  *model = models::make_model(model_name, units);
+  if (tp > 1) {
+    out.tp.handle =
+        tp::parallelize(**model, mesh.tp, tp::plan_for(**model, tp), {sequence_parallel});
+    out.tp.make_full_model = [model_name, units] { return models::make_model(model_name, units); };
+  }
+  const int microbatches = c.microbatches > 0 ? c.microbatches : 2 * c.pp;
+  out.pp.pipeline =
+      std::make_shared<pp::Pipeline>(std::vector<std::shared_ptr<models::Model>>{*model}, mesh.pp,
+                                     pp::PipelineOptions{c.schedule, microbatches, 1});
+  return out;
+}
+
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<models::Model> model,
                                         std::shared_ptr<comm::Communicator> comm,
-                                        TensorParallelism tp) {
+                                        TensorParallelism tp, PipelineParallelism pp) {
   validate(c);
   DTORCH_CHECK_T(ConfigError, !tp.handle || c.strategy != "zero3",
                  "tensor parallelism with zero3 is not supported: ZeRO-3 gathers whole blocks, "
                  "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
-  if (c.strategy == "ddp") return std::make_unique<DdpStrategy>(c, model, comm, std::move(tp));
-  return std::make_unique<ZeroStrategy>(c, model, comm, std::move(tp));
+  DTORCH_CHECK_T(ConfigError, !pp.pipeline || c.strategy == "ddp" || c.strategy == "zero1",
+                 "--pp with --strategy ", c.strategy, " is not supported: ZeRO-2/3 reduce ",
+                 "gradients during every backward pass and a pipeline runs one per micro-batch ",
+                 "(DeepSpeed's pipeline engine allows ZeRO-1 only, for the same reason); use ddp ",
+                 "or zero1 over the dp group");
+  if (c.strategy == "ddp")
+    return std::make_unique<DdpStrategy>(c, model, comm, std::move(tp), std::move(pp));
+  return std::make_unique<ZeroStrategy>(c, model, comm, std::move(tp), std::move(pp));
 }
 
 }  // namespace dtorch::train

@@ -12,6 +12,8 @@
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/parallel_dims.h"
+#include "dtorch/parallel/pipeline/pipeline.h"
+#include "dtorch/parallel/pipeline/stage_plan.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
@@ -29,6 +31,7 @@ struct StrategyConfig {
   double weight_decay = 0.01;  ///< adamw
   double bucket_cap_mb = 25.0;
   int64_t min_unit_params = 0;  ///< zero3 wrap policy (0: one unit per block)
+  std::string model;            ///< the model's registry name (to rebuild saved stages)
   ddp::Options ddp;
 };
 
@@ -41,6 +44,10 @@ class Strategy {
   /// Backward of `loss`; sync=false accumulates gradients without communicating where the
   /// strategy can (DDP and ZeRO-1; ZeRO-2/3 reduce every backward).
   virtual void backward(const torch::Tensor& loss, bool sync) = 0;
+  /// Runs `work`, which may run backward many times (a pipeline schedule does), with the
+  /// gradients accumulating locally, then reduces them across the data-parallel group once.
+  /// DDP and ZeRO-1 (ZeRO-2/3 reduce during every backward: ConfigError). Collective.
+  virtual void backward_accumulated(const std::function<void()>& work) = 0;
   /// Clips the whole gradient to `max_norm` (when > 0), updates the weights and clears the
   /// gradients. Returns the gradient norm before clipping (0 when not clipping). Collective.
   virtual double step(double max_norm) = 0;
@@ -69,12 +76,30 @@ struct TensorParallelism {
   std::function<std::shared_ptr<models::Model>()> make_full_model;
 };
 
+/// Pipeline parallelism under a strategy (the trainer's --pp): the pipeline over this rank's
+/// pp group, which stage it runs and how the model was cut (checkpoints: Note [Pipeline
+/// checkpoints]). Empty: no pipeline.
+struct PipelineParallelism {
+  std::shared_ptr<pp::Pipeline> pipeline;
+  pp::StagePlan plan;
+  int stage = 0;
+};
+
 /// The groups a run trains over: the data-parallel communicator its strategy runs on, and the
-/// tensor parallelism under it.
+/// tensor or pipeline parallelism under it.
 struct Layout {
   std::shared_ptr<comm::Communicator> dp;
-  TensorParallelism tp;  ///< empty for tp 1
+  TensorParallelism tp;    ///< empty for tp 1
+  PipelineParallelism pp;  ///< empty for pp 1
   parallel::MeshPlan plan;
+};
+
+/// The trainer's pipeline flags.
+struct PipelineConfig {
+  int pp = 1;
+  int microbatches = 0;  ///< 0: 2 x pp
+  std::string schedule = "1f1b";
+  std::string split;  ///< --pp-split; empty: balanced by parameter count
 };
 
 /// With tp > 1: lays out a dp x tp mesh over `world` and splits `model` (built as
@@ -84,12 +109,21 @@ Layout apply_tensor_parallel(models::Model& model, const std::string& model_name
                              const std::shared_ptr<comm::Communicator>& world, int tp,
                              bool sequence_parallel);
 
+/// With pp > 1: lays out a dp x tp x pp mesh over `world`, builds this rank's stage of model
+/// `model_name` only (the whole model is never allocated; its weights are those units' in
+/// the whole model built from the same seed, Note [Unit seeds]) into *model, splits it over
+/// the tp group when tp > 1, and makes the pipeline over the pp group. Collective over
+/// `world`.
+Layout apply_pipeline(const std::string& model_name,
+                      const std::shared_ptr<comm::Communicator>& world, const PipelineConfig& c,
+                      int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model);
+
 /// Applies the configured strategy to `model` (which must be freshly built from the same
 /// seed on every rank; rank 0's weights win) over `comm`, the data-parallel group; with
 /// `tp`, `model` is already split across the tensor-parallel group.
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<models::Model> model,
                                         std::shared_ptr<comm::Communicator> comm,
-                                        TensorParallelism tp = {});
+                                        TensorParallelism tp = {}, PipelineParallelism pp = {});
 
 }  // namespace dtorch::train

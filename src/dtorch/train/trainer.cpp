@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <numeric>
+#include <set>
+#include <sstream>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
@@ -16,6 +18,7 @@
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/loss.h"
+#include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
 
@@ -37,7 +40,7 @@ std::string config_json(const TrainConfig& c, int world) {
              ",\"lr\":", c.lr, ",\"optimizer\":\"", c.optimizer, "\",\"strategy\":\"", c.strategy,
              "\",\"precision\":\"", c.precision, "\",\"seed\":", c.seed, ",\"world_size\":", world,
              ",\"tp\":", c.tp, ",\"sequence_parallel\":", c.sequence_parallel ? "true" : "false",
-             "}");
+             ",\"pp\":", c.pp, ",\"schedule\":\"", c.schedule, "\"}");
 }
 
 StrategyConfig strategy_config(const TrainConfig& c) {
@@ -52,6 +55,7 @@ StrategyConfig strategy_config(const TrainConfig& c) {
   s.bucket_cap_mb = c.ddp.bucket_cap_mb;
   s.min_unit_params = c.min_unit_params;
   s.ddp = c.ddp;
+  s.model = c.model;
   return s;
 }
 
@@ -110,11 +114,13 @@ Data load_data(const TrainConfig& c, int64_t seq_len) {
 }
 
 // Sum of loss and correct predictions over this replica's disjoint part of the test split,
-// added up across the data-parallel ranks `comm` (tensor-parallel ranks share a part):
-// every test sample (every target token) counts exactly once.
+// added up across the data-parallel ranks `comm` (tensor-parallel ranks share a part; under a
+// pipeline only the last stage counts and the totals are added up over `world`): every test
+// sample (every target token) counts exactly once.
 std::pair<double, double> evaluate(models::Model& model, const Split& test, int64_t limit,
                                    Strategy& strategy, comm::Communicator& comm,
-                                   const tp::TensorParallel* tp) {
+                                   comm::Communicator& world, const tp::TensorParallel* tp,
+                                   pp::Pipeline* pipeline) {
   torch::NoGradGuard no_grad;
   auto whole = strategy.whole_parameters();  // ranks may run different numbers of batches
   model.eval();
@@ -127,6 +133,24 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
     std::vector<int64_t> idx(e - b);
     std::iota(idx.begin(), idx.end(), b);
     auto [x, y] = test.batch(idx);
+    if (pipeline) {
+      parallel::CpuAutocast autocast(strategy.autocast());
+      pipeline->forward_only(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
+        double loss = 0, correct = 0;
+        if (tp && tp->vocab_parallel_output()) {  // collective over tp: every tp rank runs it
+          loss = tp->vocab_cross_entropy(out, t).item<double>() * static_cast<double>(t.numel());
+          correct = static_cast<double>(tp->vocab_correct(out, t));
+        } else {
+          loss = cross_entropy(out, t, at::Reduction::Sum).item<double>();
+          correct = out.argmax(-1).eq(t).sum().item<double>();
+        }
+        if (tp && tp->group()->rank() != 0) return;  // one tp rank counts
+        sums[0] += loss;
+        sums[1] += correct;
+        sums[2] += static_cast<double>(t.numel());
+      });
+      continue;
+    }
     torch::Tensor out;
     {
       parallel::CpuAutocast autocast(strategy.autocast());
@@ -141,7 +165,7 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
     }
     sums[2] += static_cast<double>(y.numel());
   }
-  comm.allreduce(sums, comm::ReduceOp::Sum, "evaluation totals");
+  (pipeline ? world : comm).allreduce(sums, comm::ReduceOp::Sum, "evaluation totals");
   model.train();
   double count = std::max(1.0, sums[2].item<double>());
   return {sums[0].item<double>() / count, sums[1].item<double>() / count};
@@ -151,6 +175,55 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
 // in strategy.cpp) and resume only as ZeRO at the same N: checked here, so that another layout
 // never starts silently from scratch. DDP's tensor-parallel checkpoints are whole and fit any
 // --tp.
+// One step of the pipeline (Note [Pipeline execution]) under the strategy: every micro-batch's
+// backward accumulates, then the strategy reduces over the dp group once; the clip norm
+// spans all stages. Returns the batch's loss, which the last stage computed, on every rank.
+double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Tensor& x,
+                     const torch::Tensor& y, double clip_grad_norm,
+                     const tp::TensorParallel* tensor_parallel) {
+  pp::PipelineStepResult r;
+  strategy.backward_accumulated([&] {
+    parallel::CpuAutocast autocast(strategy.autocast());
+    r = pipeline.step(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
+      return cross_entropy(out, t, tensor_parallel);
+    });
+  });
+  if (clip_grad_norm > 0) pipeline.clip_grad_norm(clip_grad_norm);
+  strategy.step(0);
+  auto loss = torch::tensor({r.has_loss ? r.loss : 0.0}, torch::kDouble);
+  pipeline.group().allreduce(loss, comm::ReduceOp::Sum, "pipeline loss");
+  return loss.item<double>();
+}
+
+// The whole model's state on pp rank 0 from every stage's `stage` state of this pipeline (a
+// parameter two stages hold, the tied embedding, taken once). Collective over the pp group.
+StateDict join_pipeline_stages(pp::Pipeline& pipeline, const StateDict& stage) {
+  comm::Communicator& g = pipeline.group();
+  const std::vector<char> bytes = pickle_state_dict(stage);
+  const std::string mine(bytes.begin(), bytes.end());
+  StateDict full;
+  std::set<std::string> seen;
+  for (int r = 0; r < g.size(); ++r) {
+    const std::string got =
+        g.broadcast_string(r == g.rank() ? mine : std::string(), r, "pipeline stage state");
+    if (g.rank() != 0) continue;
+    for (auto& [name, t] :
+         unpickle_state_dict(std::vector<char>(got.begin(), got.end()), str("stage ", r)))
+      if (seen.insert(name).second) full.emplace_back(name, t);
+  }
+  return full;
+}
+
+void check_pipeline_layout(const TrainConfig& c) {
+  // Note [Pipeline checkpoints]: ZeRO-1's stage shards resume only at the same split.
+  auto saved = read_pipeline_layout(c.out);
+  if (saved.empty() || c.strategy == "ddp") return;
+  DTORCH_CHECK_T(CheckpointError, static_cast<int>(saved.size()) == c.pp, "the ", c.strategy,
+                 " checkpoints in ", c.out, " were written with --pp ", saved.size(),
+                 " and this run has --pp ", c.pp, ": resume with --pp ", saved.size(),
+                 " and the same --pp-split (only ddp's pipeline checkpoints fit any --pp)");
+}
+
 void check_tensor_parallel_layout(const TrainConfig& c) {
   namespace fs = std::filesystem;
   int saved_tp = 1;
@@ -212,6 +285,30 @@ void validate(const TrainConfig& c) {
                  "--clip-grad-norm with --tp is not supported yet (the norm of split parameters "
                  "needs a sum across the tp group); leave it at 0");
   DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
+  DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
+  if (c.pp > 1) {
+    DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy == "ddp", "--pp with --tp runs under ",
+                   "--strategy ddp (zero1's per-stage, per-tp shard folders are not written yet)");
+    DTORCH_CHECK_T(ConfigError, c.strategy == "ddp" || c.strategy == "zero1",
+                   "--pp with --strategy ", c.strategy,
+                   " is not supported: ZeRO-2/3 reduce gradients during every ",
+                   "backward pass and a pipeline runs one per micro-batch (DeepSpeed's pipeline ",
+                   "engine allows ZeRO-1 only, for the same reason); use ddp or zero1");
+    DTORCH_CHECK_T(ConfigError, c.schedule == "gpipe" || c.schedule == "1f1b" || c.schedule == "zb",
+                   "--schedule ", c.schedule, ": dtorch train runs gpipe, 1f1b or zb (one stage ",
+                   "per rank; interleaved runs through the library's pp::Pipeline)");
+    DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
+                   "already accumulates over its micro-batches; raise --microbatches and ",
+                   "--batch-size instead");
+    DTORCH_CHECK_T(ConfigError, c.clip_grad_norm == 0 || c.strategy == "ddp",
+                   "--clip-grad-norm with --pp needs --strategy ddp (zero1's gradient shards ",
+                   "would need a norm across both the dp and pp groups)");
+    DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
+                   "--microbatches must be >= 1, or 0 for 2 x --pp");
+  } else {
+    DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
+                   "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
+  }
   validate(strategy_config(c));
 }
 
@@ -221,7 +318,15 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
   torch::manual_seed(c.seed);
-  auto model = models::make_model(c.model);
+  // Under a pipeline each rank builds its own stage only (inside apply_pipeline).
+  std::shared_ptr<models::Model> model;
+  Layout layout;
+  if (c.pp > 1) {
+    layout = apply_pipeline(c.model, comm, {c.pp, c.microbatches, c.schedule, c.pp_split}, c.tp,
+                            c.sequence_parallel, &model);
+  } else {
+    model = models::make_model(c.model);
+  }
   Data data = load_data(c, model->takes_tokens() ? window_length(c, *model) : 0);
   if (lead) {
     log::info("training ", c.model, " on ", data.describe, ", ", world, " rank(s) x batch ",
@@ -231,14 +336,24 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
 
   // Tensor parallelism first (every rank built the same model from the seed), then the
   // strategy over the data-parallel group (Note [Mesh layout]).
-  Layout layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel);
+  if (c.pp == 1) layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel);
   const std::shared_ptr<comm::Communicator>& dp = layout.dp;
   const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
-  if (lead && tensor_parallel) {
+  pp::Pipeline* pipeline = layout.pp.pipeline.get();
+  if (lead && tensor_parallel && !pipeline) {
     log::info("mesh: ", parallel::describe(layout.plan),
               c.sequence_parallel ? " (sequence parallel)" : "");
   }
-  auto strategy = make_strategy(strategy_config(c), model, dp, layout.tp);
+  if (lead && pipeline) {
+    std::vector<std::string> names = model->unit_names();
+    log::info("mesh: ", parallel::describe(layout.plan),
+              c.sequence_parallel ? " (sequence parallel)" : "", ", schedule ", c.schedule, ", ",
+              c.microbatches > 0 ? c.microbatches : 2 * c.pp, " micro-batches per batch");
+    std::istringstream stages(pp::describe(layout.pp.plan, names));
+    for (std::string line; std::getline(stages, line);)
+      log::info(line);
+  }
+  auto strategy = make_strategy(strategy_config(c), model, dp, layout.tp, layout.pp);
   if (lead) log::info("strategy: ", strategy->describe());
   int64_t start_epoch = 0, global_step = 0;
   // A group the launcher restarted (--max-restarts) resumes by itself, as torchrun scripts
@@ -248,6 +363,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   if (lead && restart > 0) log::info("restart ", restart, " of the group: resuming from ", c.out);
   if (resume) {
     check_tensor_parallel_layout(c);
+    check_pipeline_layout(c);
     if (auto ck = strategy->load_latest(c.out)) {
       start_epoch = ck->data.epoch;
       global_step = ck->data.global_step;
@@ -282,17 +398,23 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     for (size_t i = 0; i < batches.size(); ++i) {
       auto [x, y] = data.train.batch(batches[i]);
       bool last_micro = (i + 1) % c.accum_steps == 0 || i + 1 == batches.size();
-      torch::Tensor loss;
-      {
-        parallel::CpuAutocast autocast(strategy->autocast());
-        loss = cross_entropy(model->forward(x), y, tensor_parallel);
-      }
-      strategy->backward(loss / c.accum_steps, last_micro);
-      if (last_micro) {
-        strategy->step(c.clip_grad_norm);
+      double l = 0;
+      if (pipeline) {
+        l = pipeline_step(*pipeline, *strategy, x, y, c.clip_grad_norm, tensor_parallel);
         ++global_step;
+      } else {
+        torch::Tensor loss;
+        {
+          parallel::CpuAutocast autocast(strategy->autocast());
+          loss = cross_entropy(model->forward(x), y, tensor_parallel);
+        }
+        strategy->backward(loss / c.accum_steps, last_micro);
+        if (last_micro) {
+          strategy->step(c.clip_grad_norm);
+          ++global_step;
+        }
+        l = loss.item<double>();
       }
-      double l = loss.item<double>();
       loss_sum += l;
       samples += x.size(0) * dp->size();
       progress.update(static_cast<int64_t>(i) + 1, l, samples);
@@ -303,8 +425,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     auto mean_loss =
         torch::tensor({loss_sum / std::max<size_t>(1, batches.size())}, torch::kDouble);
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
-    auto [test_loss, test_acc] =
-        evaluate(*model, data.test, c.test_samples, *strategy, *dp, tensor_parallel);
+    auto [test_loss, test_acc] = evaluate(*model, data.test, c.test_samples, *strategy, *dp, *comm,
+                                          tensor_parallel, pipeline);
     EpochRecord r{epoch,    mean_loss.item<double>(), test_loss,
                   test_acc, samples / train_seconds,  seconds_since(t0)};
     records.push_back(r);
@@ -323,10 +445,12 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       for (const auto& kv : tensor_parallel->full_state_dict(*model))  // collective over tp
         full.emplace_back(kv.key(), kv.value());
     }
+    if (pipeline && dp->rank() == 0)
+      full = join_pipeline_stages(*pipeline, tensor_parallel ? full : state_dict(*model));
     if (lead) {
       const SaveFormat format = parse_save_format(c.save_format);
       const std::string path = c.out + "/model" + file_suffix(format);
-      if (tensor_parallel) {
+      if (tensor_parallel || pipeline) {
         write_file_atomically(path, serialize_state_dict(full, format));
       } else {
         save_state_dict(*model, path, format);

@@ -33,6 +33,12 @@ struct TrainConfig {
   int tp = 1;
   /// Megatron's sequence parallelism inside each tp group (needs tp > 1).
   bool sequence_parallel = false;
+  /// Pipeline stages (gpt-*, resnet*, vit-*): each rank builds and runs one stage; the
+  /// strategy (ddp or zero1) runs over world / pp data-parallel replicas.
+  int pp = 1;
+  int microbatches = 0;               ///< per batch, under --pp (0: 2 x pp)
+  std::string schedule = "1f1b";      ///< gpipe | 1f1b | zb (pp::make_schedule)
+  std::string pp_split;               ///< unit names where stages 1.. begin; empty: balanced
   std::string precision = "fp32";     ///< fp32 | bf16 (bf16 compute, fp32 master weights)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
   double clip_grad_norm = 0;          ///< clip the whole gradient to this norm (0: off)

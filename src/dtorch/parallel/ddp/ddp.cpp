@@ -56,6 +56,10 @@ DistributedDataParallel::NoSync DistributedDataParallel::no_sync() {
   return NoSync(reducer_.get());
 }
 
+void DistributedDataParallel::reduce_accumulated() {
+  reducer_->reduce_accumulated();
+}
+
 const BucketPlan& DistributedDataParallel::plan() const {
   return reducer_->plan();
 }

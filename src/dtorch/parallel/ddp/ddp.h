@@ -60,6 +60,10 @@ class DistributedDataParallel {
   ~DistributedDataParallel();
 
   [[nodiscard]] NoSync no_sync();
+  /// After backward passes under no_sync(): averages the accumulated gradients across ranks
+  /// now, as a synchronised backward would have (for callers that run autograd themselves
+  /// many times a step, such as a pipeline schedule). Collective.
+  void reduce_accumulated();
   const BucketPlan& plan() const;
   const Options& options() const { return opts_; }
   /// Seconds spent blocked waiting for gradient communication at the end of backward,

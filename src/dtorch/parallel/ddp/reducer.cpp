@@ -88,7 +88,7 @@ Reducer::~Reducer() {
     accumulators_[i]->del_post_hook(hook_keys_[i]);
 }
 
-void Reducer::prepare_for_backward() {
+void Reducer::reset_buckets() {
   in_backward_ = true;
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), false);
@@ -96,6 +96,29 @@ void Reducer::prepare_for_backward() {
     buckets_[b].pending = plan_.buckets[b].params.size();
     buckets_[b].work = comm::Work();
   }
+}
+
+void Reducer::reduce_accumulated() {
+  DTORCH_CHECK(sync_ && !in_backward_, "DDP: reduce_accumulated() runs after backward, outside ",
+               "no_sync()");
+  reset_buckets();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto [b, pos] = plan_.where[i];
+    const at::Tensor& grad = params_[i].grad();
+    if (!grad.defined()) {
+      buckets_[b].views[pos].zero_();
+    } else if (!grad.is_same(buckets_[b].views[pos])) {
+      buckets_[b].views[pos].copy_(grad);
+    }
+    ready_[i] = true;
+    --buckets_[b].pending;
+  }
+  launch_ready_buckets();
+  finalize();
+}
+
+void Reducer::prepare_for_backward() {
+  reset_buckets();
   // Runs once the whole backward pass is done, on the thread that called backward().
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
 }

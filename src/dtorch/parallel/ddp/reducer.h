@@ -35,6 +35,9 @@ class Reducer {
 
   /// Called by the hook on a parameter's gradient accumulator, after accumulation.
   void on_grad_ready(size_t index);
+  /// Outside backward: reduces the gradients accumulated under no_sync as one synchronised
+  /// backward would (a parameter without a gradient counts as zeros). Collective.
+  void reduce_accumulated();
 
  private:
   struct BucketState {
@@ -46,6 +49,7 @@ class Reducer {
   };
 
   void prepare_for_backward();
+  void reset_buckets();
   void launch_ready_buckets();
   void launch(size_t b);
   void finalize();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -13,97 +14,192 @@
 namespace dtorch::pp {
 namespace {
 
-void check_shape(int stages, int microbatches) {
-  DTORCH_CHECK_T(ConfigError, stages >= 1 && microbatches >= 1, "a pipeline schedule needs at ",
-                 "least one stage and one micro-batch (got ", stages, " stages, ", microbatches,
+void check_shape(int ranks, int microbatches) {
+  DTORCH_CHECK_T(ConfigError, ranks >= 1 && microbatches >= 1, "a pipeline schedule needs at ",
+                 "least one stage and one micro-batch (got ", ranks, " stages, ", microbatches,
                  " micro-batches)");
 }
 
-bool is_compute(ActionKind k) {
-  return k == ActionKind::Forward || k == ActionKind::Backward;
+Action forward(int m, int s) {
+  return {ActionKind::Forward, m, s};
+}
+Action backward(int m, int s) {
+  return {ActionKind::Backward, m, s};
+}
+
+/// 1F1B's compute order on one rank: warm-up forwards, then one forward and one backward
+/// alternating, then the remaining backwards.
+std::vector<Action> one_f_one_b_order(int ranks, int microbatches, int rank) {
+  std::vector<Action> order;
+  const int warmup = std::min(ranks - rank - 1, microbatches);
+  for (int m = 0; m < warmup; ++m)
+    order.push_back(forward(m, rank));
+  for (int i = 0; i < microbatches - warmup; ++i) {
+    order.push_back(forward(warmup + i, rank));
+    order.push_back(backward(i, rank));
+  }
+  for (int m = microbatches - warmup; m < microbatches; ++m)
+    order.push_back(backward(m, rank));
+  return order;
+}
+
+char stage_letter(int stage, int ranks) {
+  return static_cast<char>('a' + stage / ranks);
 }
 
 }  // namespace
 
-std::string to_string(const Action& a) {
-  const char* k = "";
-  switch (a.kind) {
+bool is_compute(ActionKind k) {
+  return k == ActionKind::Forward || k == ActionKind::Backward || k == ActionKind::BackwardInput ||
+         k == ActionKind::BackwardWeight;
+}
+
+double Costs::cost(ActionKind k) const {
+  switch (k) {
     case ActionKind::Forward:
-      k = "F";
-      break;
+      return forward;
     case ActionKind::Backward:
-      k = "B";
-      break;
-    case ActionKind::SendActivation:
-      k = "sA";
-      break;
-    case ActionKind::RecvActivation:
-      k = "rA";
-      break;
-    case ActionKind::SendGrad:
-      k = "sG";
-      break;
-    case ActionKind::RecvGrad:
-      k = "rG";
-      break;
+      return backward_input + backward_weight;
+    case ActionKind::BackwardInput:
+      return backward_input;
+    case ActionKind::BackwardWeight:
+      return backward_weight;
+    default:
+      return 0;
   }
-  return str(k, a.microbatch, "@", a.stage);
+}
+
+std::string to_string(const Action& a) {
+  static const char* names[] = {"F", "B", "I", "W", "sA", "rA", "sG", "rG"};
+  return str(names[static_cast<int>(a.kind)], a.microbatch, "@", a.stage);
 }
 
 Schedule with_communication(const std::vector<std::vector<Action>>& compute, int stages) {
+  const int ranks = static_cast<int>(compute.size());
   Schedule out(compute.size());
-  for (size_t s = 0; s < compute.size(); ++s) {
-    const int st = static_cast<int>(s);
-    for (const Action& a : compute[s]) {
+  for (int r = 0; r < ranks; ++r) {
+    for (const Action& a : compute[r]) {
+      const int s = a.stage;
+      DTORCH_CHECK(rank_of_stage(s, ranks) == r, "stage ", s, " scheduled on rank ", r);
       if (a.kind == ActionKind::Forward) {
-        if (st > 0) out[s].push_back({ActionKind::RecvActivation, a.microbatch, st});
-        out[s].push_back(a);
-        if (st < stages - 1) out[s].push_back({ActionKind::SendActivation, a.microbatch, st});
+        if (s > 0) out[r].push_back({ActionKind::RecvActivation, a.microbatch, s});
+        out[r].push_back(a);
+        if (s < stages - 1) out[r].push_back({ActionKind::SendActivation, a.microbatch, s});
+      } else if (a.kind == ActionKind::BackwardWeight) {
+        out[r].push_back(a);
       } else {
-        if (st < stages - 1) out[s].push_back({ActionKind::RecvGrad, a.microbatch, st});
-        out[s].push_back(a);
-        if (st > 0) out[s].push_back({ActionKind::SendGrad, a.microbatch, st});
+        if (s < stages - 1) out[r].push_back({ActionKind::RecvGrad, a.microbatch, s});
+        out[r].push_back(a);
+        if (s > 0) out[r].push_back({ActionKind::SendGrad, a.microbatch, s});
       }
     }
   }
   return out;
 }
 
-Schedule gpipe(int stages, int microbatches) {
-  check_shape(stages, microbatches);
-  std::vector<std::vector<Action>> compute(stages);
-  for (int s = 0; s < stages; ++s) {
+Schedule gpipe(int ranks, int microbatches) {
+  check_shape(ranks, microbatches);
+  std::vector<std::vector<Action>> compute(ranks);
+  for (int s = 0; s < ranks; ++s) {
     for (int m = 0; m < microbatches; ++m)
-      compute[s].push_back({ActionKind::Forward, m, s});
+      compute[s].push_back(forward(m, s));
     for (int m = 0; m < microbatches; ++m)
-      compute[s].push_back({ActionKind::Backward, m, s});
+      compute[s].push_back(backward(m, s));
   }
-  return with_communication(compute, stages);
+  return with_communication(compute, ranks);
 }
 
-Schedule one_f_one_b(int stages, int microbatches) {
-  check_shape(stages, microbatches);
-  std::vector<std::vector<Action>> compute(stages);
-  for (int s = 0; s < stages; ++s) {
-    const int warmup = std::min(stages - s - 1, microbatches);
-    for (int m = 0; m < warmup; ++m)
-      compute[s].push_back({ActionKind::Forward, m, s});
-    for (int i = 0; i < microbatches - warmup; ++i) {
-      compute[s].push_back({ActionKind::Forward, warmup + i, s});
-      compute[s].push_back({ActionKind::Backward, i, s});
+Schedule one_f_one_b(int ranks, int microbatches) {
+  check_shape(ranks, microbatches);
+  std::vector<std::vector<Action>> compute(ranks);
+  for (int r = 0; r < ranks; ++r)
+    compute[r] = one_f_one_b_order(ranks, microbatches, r);
+  return with_communication(compute, ranks);
+}
+
+Schedule interleaved_one_f_one_b(int ranks, int microbatches, int v) {
+  check_shape(ranks, microbatches);
+  DTORCH_CHECK_T(ConfigError, v >= 1, "interleaved 1F1B needs at least one stage per rank");
+  DTORCH_CHECK_T(ConfigError, ranks >= 2, "interleaved 1F1B needs at least 2 pipeline ranks ",
+                 "(got 1): use --schedule 1f1b");
+  DTORCH_CHECK_T(ConfigError, microbatches % ranks == 0, "interleaved 1F1B sends micro-batches ",
+                 "through the stages in groups of the pipeline size: --microbatches ", microbatches,
+                 " must be a multiple of ", ranks);
+  const int total = microbatches * v, group = ranks * v;
+  // Megatron-LM's order: the k-th forward of a rank is micro-batch (k / group) * ranks +
+  // k % ranks on its stage (k % group) / ranks; backwards walk the stages in reverse.
+  auto microbatch = [&](int k) { return (k / group) * ranks + k % ranks; };
+  std::vector<std::vector<Action>> compute(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    auto f = [&](int k) { return forward(microbatch(k), ((k % group) / ranks) * ranks + r); };
+    auto b = [&](int k) {
+      return backward(microbatch(k), (v - 1 - (k % group) / ranks) * ranks + r);
+    };
+    const int warmup = std::min(total, (ranks - r - 1) * 2 + (v - 1) * ranks);
+    for (int k = 0; k < warmup; ++k)
+      compute[r].push_back(f(k));
+    for (int i = 0; i < total - warmup; ++i) {
+      compute[r].push_back(f(warmup + i));
+      compute[r].push_back(b(i));
     }
-    for (int m = microbatches - warmup; m < microbatches; ++m)
-      compute[s].push_back({ActionKind::Backward, m, s});
+    for (int k = total - warmup; k < total; ++k)
+      compute[r].push_back(b(k));
   }
-  return with_communication(compute, stages);
+  return with_communication(compute, ranks * v);
 }
 
-Simulation simulate(const Schedule& schedule, int microbatches, double forward_time,
-                    double backward_time) {
+Schedule zero_bubble_h1(int ranks, int microbatches) {
+  check_shape(ranks, microbatches);
+  std::vector<std::vector<Action>> compute(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    int weights_done = 0;
+    for (Action a : one_f_one_b_order(ranks, microbatches, r)) {
+      if (a.kind == ActionKind::Forward) {
+        compute[r].push_back(a);
+        continue;
+      }
+      compute[r].push_back({ActionKind::BackwardInput, a.microbatch, r});
+      // W of micro-batch i waits until B of i + r: rank r's cool-down has r gaps to fill.
+      if (a.microbatch - r >= 0) {
+        compute[r].push_back({ActionKind::BackwardWeight, a.microbatch - r, r});
+        ++weights_done;
+      }
+    }
+    for (int m = weights_done; m < microbatches; ++m)
+      compute[r].push_back({ActionKind::BackwardWeight, m, r});
+  }
+  return with_communication(compute, ranks);
+}
+
+std::vector<std::string> schedule_names() {
+  return {"gpipe", "1f1b", "interleaved", "zb"};
+}
+
+int default_virtual_stages(const std::string& name) {
+  return name == "interleaved" ? 2 : 1;
+}
+
+Schedule make_schedule(const std::string& name, int ranks, int microbatches, int v) {
+  if (name == "interleaved") return interleaved_one_f_one_b(ranks, microbatches, v);
+  DTORCH_CHECK_T(ConfigError, name == "gpipe" || name == "1f1b" || name == "zb",
+                 "unknown pipeline schedule '", name,
+                 "': choose gpipe, 1f1b, interleaved or zb (--schedule)");
+  DTORCH_CHECK_T(ConfigError, v == 1, "schedule ", name, " runs one stage per rank (got ", v,
+                 " virtual stages): use --schedule interleaved for more");
+  if (name == "gpipe") return gpipe(ranks, microbatches);
+  if (name == "1f1b") return one_f_one_b(ranks, microbatches);
+  return zero_bubble_h1(ranks, microbatches);
+}
+
+Simulation simulate(const Schedule& schedule, int microbatches, Costs costs) {
   const int n = static_cast<int>(schedule.size());
+  int stages = 0;
+  for (const auto& actions : schedule)
+    for (const Action& a : actions)
+      stages = std::max(stages, a.stage + 1);
   // Each directed channel (from, to, activation or gradient) delivers in the order sent.
   struct Message {
-    int microbatch;
+    int stage, microbatch;
     double time;
   };
   std::map<std::tuple<int, int, bool>, std::deque<Message>> channels;
@@ -112,12 +208,16 @@ Simulation simulate(const Schedule& schedule, int microbatches, double forward_t
   std::vector<int> live(n, 0);
   std::map<std::tuple<int, int, ActionKind>, int> done;  // (stage, microbatch, kind) -> count
   Simulation sim;
-  sim.forward_time = forward_time;
-  sim.backward_time = backward_time;
+  sim.costs = costs;
+  sim.stages = stages;
   sim.peak_activations.assign(n, 0);
   sim.start.resize(n);
   for (int r = 0; r < n; ++r)
     sim.start[r].assign(schedule[r].size(), 0);
+  auto count = [&](int s, int m, ActionKind k) {
+    auto it = done.find({s, m, k});
+    return it == done.end() ? 0 : it->second;
+  };
 
   for (bool progress = true; progress;) {
     progress = false;
@@ -127,28 +227,38 @@ Simulation simulate(const Schedule& schedule, int microbatches, double forward_t
         const bool activation =
             a.kind == ActionKind::SendActivation || a.kind == ActionKind::RecvActivation;
         if (a.kind == ActionKind::RecvActivation || a.kind == ActionKind::RecvGrad) {
-          const int from = activation ? r - 1 : r + 1;
+          const int peer_stage = activation ? a.stage - 1 : a.stage + 1;
+          const int from = rank_of_stage(peer_stage, n);
           auto& q = channels[{from, r, activation}];
           if (q.empty()) break;  // blocked until the sender gets there
-          DTORCH_CHECK_T(ConfigError, q.front().microbatch == a.microbatch,
-                         "pipeline schedule: ", "rank ", r, "'s ", to_string(a),
-                         " meets micro-batch ", q.front().microbatch, " from rank ", from,
+          DTORCH_CHECK_T(ConfigError,
+                         q.front().microbatch == a.microbatch && q.front().stage == peer_stage,
+                         "pipeline schedule: rank ", r, "'s ", to_string(a), " meets micro-batch ",
+                         q.front().microbatch, " of stage ", q.front().stage, " from rank ", from,
                          ": sends and receives are in different orders");
           clock[r] = std::max(clock[r], q.front().time);
           q.pop_front();
         } else if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad) {
-          const int to = activation ? r + 1 : r - 1;
-          DTORCH_CHECK_T(ConfigError, to >= 0 && to < n, "pipeline schedule: rank ", r, "'s ",
-                         to_string(a), " has no rank to go to");
-          channels[{r, to, activation}].push_back({a.microbatch, clock[r]});
+          const int to_stage = activation ? a.stage + 1 : a.stage - 1;
+          DTORCH_CHECK_T(ConfigError, to_stage >= 0 && to_stage < stages,
+                         "pipeline schedule: rank ", r, "'s ", to_string(a),
+                         " has no stage to go to");
+          channels[{r, rank_of_stage(to_stage, n), activation}].push_back(
+              {a.stage, a.microbatch, clock[r]});
         } else {
-          const double t = a.kind == ActionKind::Forward ? forward_time : backward_time;
+          const double t = costs.cost(a.kind);
           sim.start[r][next[r]] = clock[r];
           clock[r] += t;
           busy[r] += t;
-          live[r] += a.kind == ActionKind::Forward ? 1 : -1;
-          DTORCH_CHECK_T(ConfigError, live[r] >= 0, "pipeline schedule: rank ", r, " runs ",
-                         to_string(a), " before that micro-batch's forward");
+          if (a.kind == ActionKind::Forward) ++live[r];
+          if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight) --live[r];
+          const bool after_forward = count(a.stage, a.microbatch, ActionKind::Forward) > 0;
+          const bool after_input = a.kind != ActionKind::BackwardWeight ||
+                                   count(a.stage, a.microbatch, ActionKind::BackwardInput) > 0;
+          DTORCH_CHECK_T(ConfigError,
+                         a.kind == ActionKind::Forward || (after_forward && after_input),
+                         "pipeline schedule: rank ", r, " runs ", to_string(a), " before ",
+                         after_forward ? "its input gradient" : "that micro-batch's forward");
           sim.peak_activations[r] = std::max(sim.peak_activations[r], live[r]);
           ++done[{a.stage, a.microbatch, a.kind}];
         }
@@ -164,14 +274,24 @@ Simulation simulate(const Schedule& schedule, int microbatches, double forward_t
   }
   DTORCH_CHECK_T(ConfigError, stuck.str().empty(), "pipeline schedule deadlocks: every rank left ",
                  "waits for a message that is never sent:", stuck.str());
-  for (int s = 0; s < n; ++s) {
+  for (int s = 0; s < stages; ++s) {
     for (int m = 0; m < microbatches; ++m) {
-      for (ActionKind k : {ActionKind::Forward, ActionKind::Backward}) {
-        auto it = done.find({s, m, k});
-        const int count = it == done.end() ? 0 : it->second;
-        DTORCH_CHECK_T(ConfigError, count == 1, "pipeline schedule: stage ", s, " runs ",
-                       to_string({k, m, s}), " ", count, " times; it must run once");
+      const bool split =
+          count(s, m, ActionKind::BackwardInput) + count(s, m, ActionKind::BackwardWeight) > 0;
+      std::vector<ActionKind> kinds = {ActionKind::Forward};
+      if (split) {
+        kinds.push_back(ActionKind::BackwardInput);
+        kinds.push_back(ActionKind::BackwardWeight);
+      } else {
+        kinds.push_back(ActionKind::Backward);
       }
+      for (ActionKind k : kinds) {
+        DTORCH_CHECK_T(ConfigError, count(s, m, k) == 1, "pipeline schedule: stage ", s, " runs ",
+                       to_string({k, m, s}), " ", count(s, m, k), " times; it must run once");
+      }
+      DTORCH_CHECK_T(ConfigError, !split || count(s, m, ActionKind::Backward) == 0,
+                     "pipeline schedule: stage ", s, " runs micro-batch ", m,
+                     "'s backward both whole and split");
     }
   }
   sim.makespan = *std::max_element(clock.begin(), clock.end());
@@ -180,27 +300,72 @@ Simulation simulate(const Schedule& schedule, int microbatches, double forward_t
   return sim;
 }
 
+namespace {
+
+/// "F3", "I3", or "F3b" for a rank's second stage when ranks run several.
+std::string label(const Action& a, int ranks, int stages) {
+  static const char* names[] = {"F", "B", "I", "W"};
+  std::string s = str(names[static_cast<int>(a.kind)], a.microbatch);
+  if (stages > ranks) s += stage_letter(a.stage, ranks);
+  return s;
+}
+
+}  // namespace
+
 std::string timeline(const Schedule& schedule, const Simulation& sim) {
   std::ostringstream os;
+  const int ranks = static_cast<int>(schedule.size());
   const int columns = static_cast<int>(std::ceil(sim.makespan));
-  for (size_t r = 0; r < schedule.size(); ++r) {
-    std::vector<std::string> cells(columns, ".  ");
+  const size_t width = sim.stages > ranks ? 4 : 3;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> cells(columns, std::string(".") + std::string(width - 1, ' '));
     for (size_t i = 0; i < schedule[r].size(); ++i) {
       const Action& a = schedule[r][i];
       if (!is_compute(a.kind)) continue;
-      std::string label = str(a.kind == ActionKind::Forward ? "F" : "B", a.microbatch);
-      label.resize(3, ' ');
+      std::string cell = label(a, ranks, sim.stages);
+      cell.resize(width, ' ');
       const double begin = sim.start[r][i];
-      const double end =
-          begin + (a.kind == ActionKind::Forward ? sim.forward_time : sim.backward_time);
+      const double end = begin + sim.costs.cost(a.kind);
       for (int t = static_cast<int>(std::floor(begin)); t < std::min<double>(columns, end); ++t)
-        cells[t] = label;
+        cells[t] = cell;
     }
     os << "rank " << r << " |";
     for (const auto& c : cells)
       os << c;
     os << "|\n";
   }
+  return os.str();
+}
+
+std::string timeline_svg(const Schedule& schedule, const Simulation& sim,
+                         const std::string& title) {
+  const int ranks = static_cast<int>(schedule.size());
+  const double unit = 28, row = 30, left = 70, top = 40;
+  const double width = left + sim.makespan * unit + 20, height = top + ranks * row + 30;
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+     << "\" font-family=\"monospace\" font-size=\"11\">\n"
+     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+     << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << title << "</text>\n";
+  for (int r = 0; r < ranks; ++r) {
+    const double y = top + r * row;
+    os << "<text x=\"8\" y=\"" << y + row / 2 + 4 << "\">rank " << r << "</text>\n"
+       << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << sim.makespan * unit
+       << "\" height=\"" << row - 4 << "\" fill=\"#eeeeee\"/>\n";
+    for (size_t i = 0; i < schedule[r].size(); ++i) {
+      const Action& a = schedule[r][i];
+      if (!is_compute(a.kind)) continue;
+      static const char* fills[] = {"#6baed6", "#74c476", "#a1d99b", "#fdae6b"};
+      const double x = left + sim.start[r][i] * unit, w = sim.costs.cost(a.kind) * unit;
+      os << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w - 1 << "\" height=\""
+         << row - 4 << "\" fill=\"" << fills[static_cast<int>(a.kind)] << "\" stroke=\"#333\"/>\n"
+         << "<text x=\"" << x + 3 << "\" y=\"" << y + row / 2 + 2 << "\">"
+         << label(a, ranks, sim.stages) << "</text>\n";
+    }
+  }
+  os << "<text x=\"" << left << "\" y=\"" << top + ranks * row + 18
+     << "\">F forward, B backward, I input gradient, W weight gradient; grey: idle</text>\n"
+     << "</svg>\n";
   return os.str();
 }
 

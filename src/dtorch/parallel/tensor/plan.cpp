@@ -53,8 +53,24 @@ void check_divides(int tp, int64_t n, const std::string& what, const std::string
 // gathered after the last.
 void add_sequence_boundaries(Plan& plan, const models::Model& m) {
   auto blocks = m.block_names();
+  if (blocks.empty()) return;  // a pipeline stage without blocks
   plan.push_back({blocks.front(), Style::SequenceScatter});
   plan.push_back({blocks.back(), Style::SequenceGather});
+}
+
+// A pipeline stage (Note [Pipeline units]) keeps the rules for the modules it holds.
+Plan for_stage(Plan plan, const models::Model& m) {
+  if (m.whole()) return plan;
+  Plan kept;
+  for (auto& rule : plan) {
+    for (const auto& kv : m.named_modules("", /*include_self=*/false)) {
+      if (matches(rule.module, kv.key())) {
+        kept.push_back(rule);
+        break;
+      }
+    }
+  }
+  return kept;
 }
 
 }  // namespace
@@ -74,7 +90,7 @@ Plan plan_for(const models::Model& model, int tp) {
         {"transformer.ln_f", Style::EnterVocabRegion},
     };
     add_sequence_boundaries(plan, model);
-    return plan;
+    return for_stage(plan, model);
   }
   if (auto* v = dynamic_cast<const models::VisionTransformer*>(&model)) {
     const auto& c = v->config();
@@ -88,7 +104,7 @@ Plan plan_for(const models::Model& model, int tp) {
         {"encoder.layers.*.mlp.3", Style::Rowwise},
     };
     add_sequence_boundaries(plan, model);
-    return plan;
+    return for_stage(plan, model);
   }
   DTORCH_FAIL(ConfigError, "tensor parallelism has plans for the transformers (gpt-*, vit-*); ",
               "this model has none: train it with data parallelism (--tp 1) or ZeRO");

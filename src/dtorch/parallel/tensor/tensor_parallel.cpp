@@ -136,9 +136,12 @@ std::shared_ptr<TensorParallel> parallelize(models::Model& model,
     DTORCH_CHECK_T(ConfigError, hits > 0, "tensor-parallel rule '", rule.module, "' (",
                    to_string(rule.style), ") matches no module of this model");
   }
-  DTORCH_CHECK_T(ConfigError, head_enters_region == (t.vocab_rows_ > 0),
+  // A pipeline stage may hold the split embedding without the head (Note [Pipeline units]).
+  DTORCH_CHECK_T(ConfigError,
+                 head_enters_region ? t.vocab_rows_ > 0 : (t.vocab_rows_ == 0 || !model.whole()),
                  "a tensor-parallel plan with a vocabulary-split embedding needs the module "
                  "feeding the tied head marked enter-vocab-region, and the other way round");
+  t.vocab_output_ = head_enters_region;
   t.vocab_start_ = vocab_start;
   for (auto& kv : hooks) {
     if (!kv.second.pre && !kv.second.forward && !kv.second.post) continue;

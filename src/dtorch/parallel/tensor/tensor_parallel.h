@@ -53,7 +53,7 @@ class TensorParallel {
 
   /// Whether the model's output is this rank's slice of the vocabulary (GPT's tied head):
   /// then the loss must be vocab_cross_entropy().
-  bool vocab_parallel_output() const { return vocab_rows_ > 0; }
+  bool vocab_parallel_output() const { return vocab_output_; }
   /// Cross-entropy of vocabulary-sliced logits (B x T x V/tp) against token ids, without
   /// any rank holding the full logits (Megatron's vocab_parallel_cross_entropy): the mean
   /// over tokens, equal on every tp rank.
@@ -82,8 +82,9 @@ class TensorParallel {
   std::map<std::string, ShardSpec> sharded_;
   std::vector<std::string> partial_;
   std::vector<torch::nn::Module*> hooked_;
-  int64_t vocab_rows_ = 0;   // rows of the vocabulary-split embedding on this rank
-  int64_t vocab_start_ = 0;  // the first of them
+  int64_t vocab_rows_ = 0;     // rows of the vocabulary-split embedding on this rank
+  int64_t vocab_start_ = 0;    // the first of them
+  bool vocab_output_ = false;  // the tied head gives vocabulary-sliced logits
 };
 
 /// Splits `model` across `tp` as `plan` says: shards parameters in place (each rank keeps

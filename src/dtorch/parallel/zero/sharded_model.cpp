@@ -156,6 +156,8 @@ struct ShardedModel::Impl {
   void build(const OptimizerFactory& make_optimizer);
   void install_block_hooks();
   void on_grad_ready(size_t i);
+  /// Every parameter's gradient pending again, ahead of a reduction.
+  void begin_reduction();
   void absorb(size_t i);
   void launch_ready();
   void launch(size_t u);
@@ -359,14 +361,18 @@ void ShardedModel::Impl::release(size_t u) {
   gathered_bytes -= bytes_of(s.full);
 }
 
+void ShardedModel::Impl::begin_reduction() {
+  in_backward = true;
+  next_launch = 0;
+  std::fill(ready.begin(), ready.end(), false);
+  for (size_t u = 0; u < units.size(); ++u)
+    units[u].pending = plan.units[u].entries.size();
+}
+
 void ShardedModel::Impl::on_grad_ready(size_t i) {
   if (!sync) return;  // stage 1 under no_sync: gradients just accumulate
   if (!in_backward) {
-    in_backward = true;
-    next_launch = 0;
-    std::fill(ready.begin(), ready.end(), false);
-    for (size_t u = 0; u < units.size(); ++u)
-      units[u].pending = plan.units[u].entries.size();
+    begin_reduction();
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
   }
   DTORCH_CHECK(!ready[i], "ZeRO: parameter ", names[i], " got its gradient twice in one backward ",
@@ -495,6 +501,18 @@ ShardedModel::NoSync::~NoSync() {
 
 ShardedModel::NoSync ShardedModel::no_sync() {
   return NoSync(this);
+}
+
+void ShardedModel::reduce_accumulated() {
+  Impl& m = *impl_;
+  DTORCH_CHECK_T(ConfigError, m.opts.stage == 1, "ZeRO-", m.opts.stage, " reduces gradients ",
+                 "during every backward pass, so it cannot reduce them once after several: use ",
+                 "ZeRO-1 or DDP");
+  DTORCH_CHECK(m.sync && !m.in_backward, "ZeRO: reduce_accumulated() runs after backward, outside ",
+               "no_sync()");
+  m.begin_reduction();
+  // finalize() takes every gradient as it is (a missing one as zeros) and reduces in order.
+  m.finalize();
 }
 
 ShardedModel::FullParams::FullParams(ShardedModel* m) : m_(m) {

@@ -107,6 +107,10 @@ class ShardedModel {
 
   [[nodiscard]] NoSync no_sync();
   [[nodiscard]] FullParams full_params();
+  /// Stage 1, after backward passes under no_sync(): reduce-scatters the accumulated
+  /// gradients now, as a synchronised backward would have. ConfigError for stages 2-3, which
+  /// reduce during every backward. Collective.
+  void reduce_accumulated();
 
   /// Scales the gradient shards so that the norm of the whole (unsharded) gradient is at
   /// most max_norm, as torch::nn::utils::clip_grad_norm_ would on the full gradient; returns

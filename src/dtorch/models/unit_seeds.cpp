@@ -1,0 +1,45 @@
+// Note [Unit seeds]: per-unit reseeding of the global CPU generator.
+#include "dtorch/models/unit_seeds.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <mutex>
+
+namespace dtorch::models {
+namespace {
+
+/// SplitMix64's finaliser: nearby inputs give unrelated seeds.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+UnitSeeds::UnitSeeds() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  base_ = gen.get<at::CPUGeneratorImpl>()->random64();
+}
+
+void UnitSeeds::enter(int unit) const {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_current_seed(mix(base_ ^ mix(static_cast<uint64_t>(unit) + 1)));
+}
+
+GeneratorStateGuard::GeneratorStateGuard() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  state_ = gen.get_state();
+}
+
+GeneratorStateGuard::~GeneratorStateGuard() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state_);
+}
+
+}  // namespace dtorch::models

@@ -1,0 +1,24 @@
+// What a `dtorch train` run left in its --out directory, for tests that compare runs.
+#pragma once
+
+#include <torch/types.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace dtorch::testing {
+
+/// `dtorch train` of gpt-debug on Debian's fortunes: 2 epochs (or `epochs`) of 256 windows of
+/// 32 bytes, batch 8 per rank, AdamW 0.002, `nproc` local ranks, into `out`.
+std::vector<std::string> gpt_debug_train_args(const std::string& out, const std::string& strategy,
+                                              int nproc, int epochs = 2);
+
+/// Every line of OUT/metrics.jsonl, parsed (one per epoch).
+std::vector<nlohmann::json> epochs_of(const std::string& out);
+
+/// A state dict file (model.pt, or what `checkpoint consolidate` wrote) by name.
+std::map<std::string, torch::Tensor> model_file(const std::string& path);
+
+}  // namespace dtorch::testing

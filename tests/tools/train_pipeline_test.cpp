@@ -1,0 +1,186 @@
+// `dtorch train --pp`: pp 4 on 4 ranks and pp 2 x dp 2 under ddp and zero1, every schedule the
+// trainer runs, and 3-D pp 2 x tp 2 (x dp 2 on 8 ranks), give the loss curve and final weights
+// of the same job without a pipeline (one process, or 2 data-parallel ranks); the final model
+// file and `checkpoint consolidate` are whole. A DDP checkpoint written at pp 2 x dp 2 resumes at
+// pp 1 and at pp 4 with identical parameters (Note [Pipeline checkpoints]); ZeRO-1's stage shards
+// refuse another --pp.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "dtorch/train/state_dict.h"
+#include "support/command.h"
+#include "support/train_run.h"
+#include "support/workers.h"
+
+namespace dtorch {
+namespace {
+
+using testing::epochs_of;
+using testing::model_file;
+
+std::vector<std::string> train_args(const std::string& out, const std::string& strategy, int nproc,
+                                    int epochs = 2) {
+  // Clipping (across the stages) where the strategy allows it with --pp.
+  auto a = testing::gpt_debug_train_args(out, strategy, nproc, epochs);
+  a.insert(a.end(), {"--clip-grad-norm", strategy == "ddp" ? "1.0" : "0"});
+  return a;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+void expect_same_run(const std::string& got, const std::string& want, const std::string& name) {
+  auto g = epochs_of(got), w = epochs_of(want);
+  ASSERT_EQ(g.size(), w.size()) << name;
+  for (size_t e = 0; e < g.size(); ++e) {
+    for (const char* key : {"train_loss", "test_loss", "test_accuracy"}) {
+      EXPECT_NEAR(g[e][key].get<double>(), w[e][key].get<double>(), 1e-4)
+          << name << " epoch " << e << " " << key;
+    }
+  }
+  auto gm = model_file(got + "/model.pt"), wm = model_file(want + "/model.pt");
+  ASSERT_EQ(gm.size(), wm.size()) << name;
+  for (const auto& [key, t] : gm) {
+    ASSERT_TRUE(wm.count(key)) << name << " " << key;
+    if (key.find("c_attn.bias") != std::string::npos) continue;  // key bias: rounding noise
+    EXPECT_LE((t - wm[key]).abs().max().item<double>(), 1e-4) << name << " " << key;
+  }
+}
+
+TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
+  const std::string base = testing::scratch_dir("pp_train");
+  auto r = testing::run_command("pp_ref1", train_args(base + "/ref1", "ddp", 1), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  r = testing::run_command("pp_ref2", train_args(base + "/ref2", "ddp", 2), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  // pp 4: one unit per stage (embedding, two blocks, head), clipping across all four.
+  r = testing::run_command(
+      "pp4", with(train_args(base + "/pp4", "ddp", 4), {"--pp", "4", "--schedule", "1f1b"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "mesh: pp 4")) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "stage 3: head")) << r.err;
+  expect_same_run(base + "/pp4", base + "/ref1", "pp4");
+  for (const auto& [strategy, schedule] :
+       std::vector<std::pair<std::string, std::string>>{{"ddp", "gpipe"}, {"zero1", "zb"}}) {
+    const std::string name = strategy + "_" + schedule, out = base + "/" + name;
+    r = testing::run_command(
+        name, with(train_args(out, strategy, 4), {"--pp", "2", "--schedule", schedule}), 300);
+    ASSERT_EQ(r.exit_code(), 0) << name << "\n" << r.err;
+    EXPECT_TRUE(testing::contains(r.err, "mesh: pp 2 x dp 2")) << r.err;
+    // ZeRO-1 runs unclipped; its reference is the clipped ddp run only where clipping is off.
+    if (strategy == "ddp") expect_same_run(out, base + "/ref2", name);
+    EXPECT_TRUE(std::filesystem::exists(out + "/pp0-of-2")) << name;
+    EXPECT_TRUE(std::filesystem::exists(out + "/pp1-of-2")) << name;
+    auto k =
+        testing::run_command("consolidate_" + name,
+                             {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
+    ASSERT_EQ(k.exit_code(), 0) << k.err;
+    auto full = model_file(out + "/full.pt"), final = model_file(out + "/model.pt");
+    ASSERT_EQ(full.size(), final.size()) << name;
+    for (const auto& [key, t] : full)
+      EXPECT_TRUE(t.equal(final[key])) << name << " " << key;
+  }
+  // ZeRO-1 without clipping against ddp without clipping.
+  auto ref = train_args(base + "/ref2_noclip", "ddp", 2);
+  ref.back() = "0";
+  r = testing::run_command("pp_ref2_noclip", ref, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  expect_same_run(base + "/zero1_zb", base + "/ref2_noclip", "zero1_zb");
+}
+
+// 3-D: pipeline stages split by tensor parallelism, data parallel over the rest.
+TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
+  const std::string base = testing::scratch_dir("pp_3d");
+  auto unclipped = [](std::vector<std::string> a) {
+    a.back() = "0";
+    return a;
+  };
+  for (int dp : {1, 2}) {
+    const std::string ref = base + "/ref" + std::to_string(dp);
+    auto r = testing::run_command("pp3d_ref", unclipped(train_args(ref, "ddp", dp)), 300);
+    ASSERT_EQ(r.exit_code(), 0) << r.err;
+    const std::string out = base + "/pp2tp2dp" + std::to_string(dp);
+    r = testing::run_command(
+        "pp3d", with(unclipped(train_args(out, "ddp", 4 * dp)), {"--pp", "2", "--tp", "2"}), 600);
+    ASSERT_EQ(r.exit_code(), 0) << r.err;
+    EXPECT_TRUE(
+        testing::contains(r.err, dp == 1 ? "mesh: pp 2 x tp 2" : "mesh: pp 2 x dp 2 x tp 2"))
+        << r.err;
+    expect_same_run(out, ref, "pp 2 x tp 2 x dp " + std::to_string(dp));
+    // The stage checkpoints hold whole (unsplit) stages: consolidate gives the final model.
+    auto k = testing::run_command(
+        "pp3d_consolidate", {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
+    ASSERT_EQ(k.exit_code(), 0) << k.err;
+    auto full = model_file(out + "/full.pt"), final = model_file(out + "/model.pt");
+    ASSERT_EQ(full.size(), final.size());
+    for (const auto& [key, t] : full)
+      EXPECT_TRUE(t.equal(final[key])) << key;
+  }
+}
+
+TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1AndPp4) {
+  namespace fs = std::filesystem;
+  const std::string base = testing::scratch_dir("pp_any_layout");
+  const std::vector<std::string> pp2 = {"--pp", "2"};
+  auto r = testing::run_command("pp_whole", with(train_args(base + "/whole", "ddp", 4), pp2), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  r = testing::run_command("pp_first", with(train_args(base + "/split", "ddp", 4, 1), pp2), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  fs::copy(base + "/split", base + "/pp4", fs::copy_options::recursive);
+  fs::copy(base + "/split", base + "/same", fs::copy_options::recursive);
+  auto after_one = model_file(base + "/split/model.pt");
+  // pp 1 x dp 2 (the same data order) trains the second epoch as the uninterrupted run did.
+  r = testing::run_command("pp_resume_pp1",
+                           with(train_args(base + "/split", "ddp", 2), {"--resume"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+  expect_same_run(base + "/split", base + "/whole", "resumed at pp 1");
+  // pp 4 with nothing left to train: the loaded weights are written back unchanged.
+  r = testing::run_command("pp_resume_pp4",
+                           with(train_args(base + "/pp4", "ddp", 4, 1), {"--pp", "4", "--resume"}),
+                           300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (const auto& [k, t] : model_file(base + "/pp4/model.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
+  // And at pp 1 on one process, likewise.
+  r = testing::run_command("pp_resume_one",
+                           with(train_args(base + "/same", "ddp", 1, 1), {"--resume"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (const auto& [k, t] : model_file(base + "/same/model.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
+}
+
+TEST(TrainPipeline, BadPipelineFlagsAndOtherLayoutsAreNamed) {
+  const std::string base = testing::scratch_dir("pp_bad");
+  auto zero = with(train_args(base + "/z", "zero1", 4, 1), {"--pp", "2"});
+  auto r = testing::run_command("pp_zero1", zero, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  r = testing::run_command(
+      "pp_zero1_pp4", with(train_args(base + "/z", "zero1", 4, 2), {"--pp", "4", "--resume"}), 120);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "written with --pp 2")) << r.err;
+  r = testing::run_command("pp_zero2", with(train_args(base + "/y", "zero2", 2, 1), {"--pp", "2"}),
+                           60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "ZeRO-1 only")) << r.err;
+  r = testing::run_command("pp_split",
+                           with(train_args(base + "/x", "ddp", 2, 1),
+                                {"--pp", "2", "--pp-split", "transformer.h.0,head"}),
+                           60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "give 1 cut(s)")) << r.err;
+  r = testing::run_command("pp_mnist",
+                           {DTORCH_CLI, "train", "--model", "mnist-cnn", "--pp", "2",
+                            "--nproc-per-node", "2", "--out", base + "/m", "--epochs", "1"},
+                           60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "1 pipeline unit")) << r.err;
+}
+
+}  // namespace
+}  // namespace dtorch
