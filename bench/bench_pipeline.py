@@ -23,13 +23,14 @@ from benchlib import replace_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- pipeline:start -->", "<!-- pipeline:end -->"
-SCHEDULES = ("gpipe", "1f1b", "zb")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+VIRTUAL = {"interleaved": 2}  # stages per rank
 
 
 def formula(schedule, p, m):
     if schedule == "zb":
         return (p - 1) / (3 * m + p - 1) if m >= p else float("nan")
-    return (p - 1) / (m + p - 1)
+    return (p - 1) / (VIRTUAL.get(schedule, 1) * m + p - 1)
 
 
 def main():
@@ -62,12 +63,15 @@ def main():
             print("%s m=%d: idle %s, %.2f samples/s" % (
                 schedule, m, " ".join("%.3f" % r["idle_fraction"] for r in rows),
                 rows[0]["samples_per_s"]), file=sys.stderr)
-    stages = ",".join("%d-%d" % tuple(r["stage_units"]) for r in ours[SCHEDULES[0], a.microbatches[0]])
+    stages = {s: ",".join("%d-%d" % tuple(u) for r in ours[s, a.microbatches[0]]
+                          for u in r["stages_units"]) for s in SCHEDULES}
     theirs = {}
     for schedule in SCHEDULES if a.python2 else []:
         cmd = ["timeout", str(a.peer_timeout), os.path.abspath(a.python2), os.path.abspath(a.peer),
                "--strategy", "pipeline", "--schedule", schedule, "--microbatches",
-               str(a.peer_microbatches), "--stages", stages, "--model", a.model, "--nproc", str(p),
+               str(a.peer_microbatches), "--stages", ",".join(
+                   sorted(stages[schedule].split(","), key=lambda r: int(r.split("-")[0]))),
+               "--model", a.model, "--nproc", str(p),
                "--steps", str(a.steps), "--batch", str(a.batch), "--seq-len", str(a.seq_len)]
         rows, err = run_peer(cmd)
         if err and "exit code 124" in err:
@@ -86,12 +90,13 @@ def main():
         "",
         "Measured by `make bench` (`%s`) on %s with %s (LibTorch %s): %s (%.1f M parameters) cut "
         "into %d stages (units %s), one rank per stage, 1 thread per rank, fp32 AdamW, a batch "
-        "of %d x %d tokens per step cut into m micro-batches, 1 untimed step then %d timed. "
+        "of %d x %d tokens per step cut into m micro-batches (interleaved: 2 stages per rank, "
+        "the model cut into 2p), 1 untimed step then %d timed. "
         "Bubble measured: the part of a rank's step not spent in its forward and backward "
         "actions. Simulated: the on-paper simulator with equal F, B and W times. Activations: "
         "the most micro-batches whose activations the rank held at once."
         % (cmd, datetime.date.today().isoformat(), shown_path(a.dtorch), first["torch"], a.model,
-           first["params"] / 1e6, p, stages, a.batch, a.seq_len, a.steps),
+           first["params"] / 1e6, p, stages[SCHEDULES[0]], a.batch, a.seq_len, a.steps),
         "",
         "| schedule | m | bubble per rank, measured | simulated | formula | activations held "
         "per rank | peak RSS per rank | samples/s |",

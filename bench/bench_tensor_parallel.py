@@ -1,9 +1,13 @@
 #!/usr/bin/python3
-"""Runs `dtorch bench memory` for data, sharded and tensor parallelism at N ranks and writes the
-tensor-parallel section of BENCHMARKS.md.
+"""Runs `dtorch bench memory` for data, sharded, tensor and pipeline parallelism at N ranks and
+writes the tensor-parallel section of BENCHMARKS.md.
 
 Layouts (gpt-small, N = 4 by default): ddp (dp N), zero3 (dp N), tp N (one replica split N
-ways), dp N/2 x tp 2 (DDP over pairs of tensor-parallel ranks). Per layout: samples/s, peak RSS
+ways), dp N/2 x tp 2 (DDP over pairs of tensor-parallel ranks), pp N under each pipeline
+schedule and pp 2 x dp N/2 (1F1B, DDP over the stage pairs). Every layout trains the same
+global batch per step: --batch sequences per data-parallel replica, so a pipeline replica
+takes N x --batch (pp N) or 2 x --batch (pp 2) sequences, one micro-batch of --batch
+sequences per stage. Per layout: samples/s, peak RSS
 per rank, and bytes each rank sends per step, data-parallel and tensor-parallel apart, next to
 the formulas: DDP 2(dp-1)/dp x 4 P_local; tensor parallelism 2(tp-1)/tp x ((4L + 2) A + 12 B T)
 with A = B T d x 4 bytes (Megatron's 2 allreduces per block forward and 2 backward, the
@@ -28,14 +32,23 @@ SHAPES = {"gpt-small": (12, 768), "gpt-debug": (2, 32)}
 
 
 def layouts(n):
-    """(label, dtorch strategy, tp, peer strategy, peer extra args, peer name)."""
+    """(label, dtorch strategy, tp, peer strategy, peer extra args, peer name, pp, schedule).
+    The pipeline layouts' peers are in the pipeline section (bench/bench_pipeline.py)."""
     return [
-        ("ddp", "ddp", 1, "ddp", [], "PyTorch DDP"),
-        ("zero3", "zero3", 1, "fsdp", [], "PyTorch FSDP"),
-        ("tp %d" % n, "ddp", n, "tensor-parallel", [], "PyTorch parallelize_module"),
+        ("ddp", "ddp", 1, "ddp", [], "PyTorch DDP", 1, None),
+        ("zero3", "zero3", 1, "fsdp", [], "PyTorch FSDP", 1, None),
+        ("tp %d" % n, "ddp", n, "tensor-parallel", [], "PyTorch parallelize_module", 1, None),
         ("dp %d x tp 2" % (n // 2), "ddp", 2, "dp-tp", ["--tp", "2"],
-         "PyTorch parallelize_module + FSDP2 over dp"),
+         "PyTorch parallelize_module + FSDP2 over dp", 1, None),
+    ] + [("pp %d %s" % (n, schedule), "ddp", 1, None, [], None, n, schedule)
+         for schedule in ("gpipe", "1f1b", "zb")] + [
+        ("pp 2 x dp %d 1f1b" % (n // 2), "ddp", 1, None, [], None, 2, "1f1b"),
     ]
+
+
+def replica_batch(batch, pp):
+    """Sequences per replica: a pipeline of pp stages runs pp micro-batches of `batch`."""
+    return batch * pp
 
 
 def tp_formula(model, tp, batch, seq_len):
@@ -69,15 +82,19 @@ def main():
     n = a.nproc
 
     ours, theirs = {}, {}
-    for label, strategy, tp, _, _, _ in layouts(n):
+    for label, strategy, tp, _, _, _, pp, schedule in layouts(n):
+        pipeline = ["--pp", str(pp), "--schedule", schedule, "--microbatches", str(pp)] if pp > 1 else []
         rows = run_lines([a.dtorch, "bench", "memory", "--model", a.model, "--strategy", strategy,
                           "--tp", str(tp), "--nproc-per-node", str(n), "--steps", str(a.steps),
-                          "--batch-size", str(a.batch), "--seq-len", str(a.seq_len)])
+                          "--batch-size", str(replica_batch(a.batch, pp)), "--seq-len",
+                          str(a.seq_len)] + pipeline)
         ours[label] = rows
         print("%s: %.2f samples/s, peak RSS %.2f GiB" % (
             label, rows[0]["samples_per_s"], gib(max(r["peak_rss_bytes"] for r in rows))),
             file=sys.stderr)
-    for label, _, _, peer, extra, _ in layouts(n) if a.python2 else []:
+    for label, _, _, peer, extra, _, _, _ in layouts(n) if a.python2 else []:
+        if peer is None:
+            continue
         rows, err = run_peer([os.path.abspath(a.python2), os.path.abspath(a.peer), "--strategy",
                               peer, "--model", a.model, "--nproc", str(n), "--steps",
                               str(a.steps), "--batch", str(a.batch), "--seq-len",
@@ -92,11 +109,14 @@ def main():
            "--seq-len %d" % (a.model, n, a.steps, a.batch, a.seq_len))
     lines = [
         START,
-        "## Tensor parallelism against data parallelism and ZeRO-3 (`dtorch bench memory --tp`)",
+        "## Tensor and pipeline parallelism against data parallelism and ZeRO-3 (`dtorch bench "
+        "memory --tp/--pp`)",
         "",
         "Measured by `make bench` (`%s`) on %s with %s (LibTorch %s): %s, P = %.1f M parameters, "
-        "%d ranks, fp32 AdamW, batch %d x %d tokens per model replica (tensor-parallel ranks "
-        "share theirs), 1 thread per rank, 1 untimed step then %d timed. samples/s counts each "
+        "%d ranks, fp32 AdamW, batch %d x %d tokens per data-parallel replica (tensor-parallel "
+        "ranks share theirs; a pipeline of pp stages takes pp micro-batches of that size, so "
+        "every layout trains the same global batch), 1 thread per rank, 1 untimed step then %d "
+        "timed. samples/s counts each "
         "replica's samples once. Bytes sent per step per rank are counted by dtorch's "
         "communicators (data-parallel group and tensor-parallel group apart) as a ring sends "
         "them; the formulas are in bench/bench_tensor_parallel.py's docstring."
@@ -107,7 +127,7 @@ def main():
         "| tp bytes/step | formula |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for label, strategy, tp, _, _, _ in layouts(n):
+    for label, strategy, tp, _, _, _, _, _ in layouts(n):
         rows = ours[label]
         r = rows[0]
         dp_sent = r["bytes_sent_per_step"]["total"]
@@ -123,7 +143,9 @@ def main():
         "ZeRO-3 sends less than its formula's 3x because its root unit (the token embedding, a "
         "third of gpt-small) is gathered once per step. Every rank builds the whole model before "
         "splitting it, so peak RSS still holds one unsplit copy (a deferred initialisation is "
-        "future work).",
+        "future work); under a pipeline each rank builds only its own stage. The bytes columns "
+        "leave out the pipeline's point-to-point activations and the tied embedding's gradient "
+        "sum between the first and last stage.",
     ]
     if theirs:
         lines += [
@@ -134,7 +156,9 @@ def main():
             "RSS | samples/s dtorch / peer | RSS dtorch / peer |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for label, _, _, _, _, name in layouts(n):
+        for label, _, _, peer, _, name, _, _ in layouts(n):
+            if peer is None:
+                continue
             o = ours[label]
             o_sps, o_rss = o[0]["samples_per_s"], max(x["peak_rss_bytes"] for x in o)
             rows, err = theirs[label]

@@ -18,7 +18,9 @@ rank are compared with what Python users run today, in the same run on the same 
                        the units --stages gives it (dtorch's split: embedding, blocks, head),
                        a PipelineStage and ScheduleGPipe / Schedule1F1B /
                        ScheduleInterleavedZeroBubble (--schedule gpipe|1f1b|zb) over
-                       --microbatches; lm_head is a copy of wte on the last stage (untied)
+                       --microbatches; with --schedule interleaved --stages lists 2N stages,
+                       rank r runs stages r and r + N under ScheduleInterleaved1F1B; lm_head
+                       is a copy of wte on the last stage (untied)
 Protocol (dtorch bench memory's): N local ranks, MASTER_ADDR 127.0.0.1, one intra-op thread per
 rank, fp32 AdamW (lr 1e-4, weight decay 0.01), --batch sequences of --seq-len random token ids
 per rank, one untimed warm-up step, then --steps timed steps between two barriers. The model is
@@ -310,19 +312,30 @@ def parallelize_pipeline(model, a):
     """Returns run(x, y) -> loss (last stage) or None, and the impl string."""
     from torch.distributed import pipelining as pipe
     rank, n = dist.get_rank(), dist.get_world_size()
-    begin, end = (int(v) for v in a.stages.split(",")[rank].split("-"))
-    module = PipelineStageModule(model, begin, end)
+    ranges = a.stages.split(",")
+    # interleaved: len(ranges) = 2n stages, rank r runs stages r and r + n.
+    mine = list(range(rank, len(ranges), n))
+    modules = []
+    for s in mine:
+        begin, end = (int(v) for v in ranges[s].split("-"))
+        modules.append(PipelineStageModule(model, begin, end))
     del model
-    stage = pipe.PipelineStage(module, rank, n, torch.device("cpu"))
+    stages = [pipe.PipelineStage(m, s, len(ranges), torch.device("cpu"))
+              for m, s in zip(modules, mine)]
     V = CONFIGS[a.model][0]
 
     def loss_fn(out, target):
         return F.cross_entropy(out.reshape(-1, V), target.reshape(-1))
 
     kind = {"gpipe": pipe.ScheduleGPipe, "1f1b": pipe.Schedule1F1B}.get(a.schedule)
-    schedule = (kind(stage, a.microbatches, loss_fn=loss_fn) if kind else
-                pipe.ScheduleInterleavedZeroBubble([stage], a.microbatches, loss_fn=loss_fn))
-    opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    if kind:
+        schedule = kind(stages[0], a.microbatches, loss_fn=loss_fn)
+    elif a.schedule == "interleaved":
+        schedule = pipe.ScheduleInterleaved1F1B(stages, a.microbatches, loss_fn=loss_fn)
+    else:
+        schedule = pipe.ScheduleInterleavedZeroBubble(stages, a.microbatches, loss_fn=loss_fn)
+    opt = torch.optim.AdamW([p for m in modules for p in m.parameters()], lr=LR,
+                            weight_decay=WEIGHT_DECAY)
 
     def run(x, y):
         opt.zero_grad(set_to_none=True)
@@ -572,7 +585,7 @@ def main():
     ap.add_argument("--ds-bucket-mb", type=float, default=25.0,
                     help="deepspeed: reduce/allgather bucket MiB (DDP's and dtorch's 25); "
                     "0 keeps DeepSpeed's defaults")
-    ap.add_argument("--schedule", choices=("gpipe", "1f1b", "zb"), default="1f1b",
+    ap.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb"), default="1f1b",
                     help="pipeline: the schedule")
     ap.add_argument("--microbatches", type=int, default=4, help="pipeline: per batch")
     ap.add_argument("--stages", default="",

@@ -178,7 +178,10 @@ int memory_worker(MemoryFlags f) {
     j["simulated_idle_fraction"] = sim.idle_fraction[pp_rank];
     j["peak_activations"] = peak_activations;
     j["simulated_peak_activations"] = sim.peak_activations[pp_rank];
-    j["stage_units"] = {model->units().begin, model->units().end};
+    nlohmann::json units = nlohmann::json::array();  // per stage this rank runs
+    for (int s : layout.pp.stages)
+      units.push_back({layout.pp.plan.stages[s].begin, layout.pp.plan.stages[s].end});
+    j["stages_units"] = units;
   }
   std::cout << j.dump() << std::endl;
   return 0;
@@ -212,8 +215,8 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--pp", f->pp.pp, "pipeline stages (the strategy runs over world / (tp pp))")
       ->capture_default_str();
   cmd->add_option("--microbatches", f->pp.microbatches, "with --pp")->capture_default_str();
-  cmd->add_option("--schedule", f->pp.schedule, "with --pp: gpipe | 1f1b | zb")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "zb"}))
+  cmd->add_option("--schedule", f->pp.schedule, "with --pp: gpipe | 1f1b | interleaved | zb")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}))
       ->capture_default_str();
   cmd->add_option("--bucket-cap-mb", f->strategy.bucket_cap_mb)->capture_default_str();
   cmd->add_option("--min-unit-params", f->strategy.min_unit_params)->capture_default_str();

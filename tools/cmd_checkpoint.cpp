@@ -139,16 +139,22 @@ train::StateDict consolidate_tensor_parallel(const std::string& dir, train::Chec
 }
 
 // A pipeline run keeps one checkpoint per stage (Note [Pipeline checkpoints]): DDP's whole
-// stage files or ZeRO-1's shards; each parameter is taken from the first stage holding it.
+// stage files, ZeRO's shards, or under --tp ZeRO's shards per tp index; each parameter is
+// taken from the first stage holding it.
 train::StateDict consolidate_pipeline(const std::vector<train::SavedStage>& stages,
                                       train::CheckpointData* data, std::string* source) {
   train::StateDict out;
-  std::set<std::string> seen;
+  std::set<std::string> seen, folders;
   for (size_t s = 0; s < stages.size(); ++s) {
+    // ZeRO keeps an interleaved rank's stages in one folder: read it once.
+    if (!folders.insert(stages[s].folder).second) continue;
     train::StateDict part;
     train::CheckpointData d;
     auto files = train::list_checkpoints(stages[s].folder);
-    if (!files.empty()) {
+    std::string unused;
+    if (std::filesystem::exists(stages[s].folder + "/tensor_parallel.json")) {
+      part = consolidate_tensor_parallel(stages[s].folder, &d, &unused);
+    } else if (!files.empty()) {
       std::tie(part, d) = train::read_checkpoint_model(files.front());
     } else {
       train::ShardedCheckpointReader reader(stages[s].folder);

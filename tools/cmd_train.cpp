@@ -97,12 +97,15 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--sequence-parallel", c.sequence_parallel,
                 "with --tp: also split norms and residuals along the sequence");
   cmd->add_option("--pp", c.pp,
-                  "pipeline stages (gpt-*, resnet*, vit-*): each rank builds and runs one stage; "
-                  "the strategy (ddp or zero1) runs over the rest (dp = world / pp)")
+                  "pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs one stage (two "
+                  "under --schedule interleaved); the strategy (ddp, zero1 or zero2) runs over "
+                  "the rest (dp = world / pp)")
       ->capture_default_str();
   cmd->add_option("--microbatches", c.microbatches,
                   "with --pp: micro-batches per batch (default 2 x pp)");
-  cmd->add_option("--schedule", c.schedule, "with --pp: gpipe | 1f1b | zb (zero-bubble ZB-H1)")
+  cmd->add_option("--schedule", c.schedule,
+                  "with --pp: gpipe | 1f1b | interleaved (1F1B over 2 stages per rank) | zb "
+                  "(zero-bubble ZB-H1)")
       ->check(CLI::IsMember({"gpipe", "1f1b", "zb", "interleaved"}))
       ->capture_default_str();
   cmd->add_option("--pp-split", c.pp_split,

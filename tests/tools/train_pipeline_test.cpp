@@ -1,9 +1,10 @@
-// `dtorch train --pp`: pp 4 on 4 ranks and pp 2 x dp 2 under ddp and zero1, every schedule the
-// trainer runs, and 3-D pp 2 x tp 2 (x dp 2 on 8 ranks), give the loss curve and final weights
-// of the same job without a pipeline (one process, or 2 data-parallel ranks); the final model
-// file and `checkpoint consolidate` are whole. A DDP checkpoint written at pp 2 x dp 2 resumes at
-// pp 1 and at pp 4 with identical parameters (Note [Pipeline checkpoints]); ZeRO-1's stage shards
-// refuse another --pp.
+// `dtorch train --pp`: pp 4 on 4 ranks and pp 2 x dp 2 under ddp, zero1 and zero2, every
+// schedule (interleaved: two stages per rank), and 3-D pp 2 x tp 2 (x dp 2 on 8 ranks), give
+// the loss curve and final weights of the same job without a pipeline (one process, or 2
+// data-parallel ranks); the final model file and `checkpoint consolidate` are whole. A DDP
+// checkpoint written at pp 2 x dp 2 resumes at pp 1, at pp 4 and interleaved with identical
+// parameters, an interleaved one at pp 1 (Note [Pipeline checkpoints]); ZeRO's stage shards
+// refuse another layout.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -66,16 +67,26 @@ TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
   EXPECT_TRUE(testing::contains(r.err, "stage 3: head")) << r.err;
   expect_same_run(base + "/pp4", base + "/ref1", "pp4");
   for (const auto& [strategy, schedule] :
-       std::vector<std::pair<std::string, std::string>>{{"ddp", "gpipe"}, {"zero1", "zb"}}) {
+       std::vector<std::pair<std::string, std::string>>{{"ddp", "gpipe"},
+                                                        {"zero1", "zb"},
+                                                        {"zero2", "1f1b"},
+                                                        {"ddp", "interleaved"},
+                                                        {"zero2", "interleaved"}}) {
     const std::string name = strategy + "_" + schedule, out = base + "/" + name;
     r = testing::run_command(
         name, with(train_args(out, strategy, 4), {"--pp", "2", "--schedule", schedule}), 300);
     ASSERT_EQ(r.exit_code(), 0) << name << "\n" << r.err;
     EXPECT_TRUE(testing::contains(r.err, "mesh: pp 2 x dp 2")) << r.err;
-    // ZeRO-1 runs unclipped; its reference is the clipped ddp run only where clipping is off.
+    // ZeRO runs unclipped; its reference is the clipped ddp run only where clipping is off.
     if (strategy == "ddp") expect_same_run(out, base + "/ref2", name);
-    EXPECT_TRUE(std::filesystem::exists(out + "/pp0-of-2")) << name;
-    EXPECT_TRUE(std::filesystem::exists(out + "/pp1-of-2")) << name;
+    // Interleaved: 4 stages on 2 ranks; ZeRO keeps each rank's stages in one folder.
+    const int stages = schedule == "interleaved" ? 4 : 2;
+    const int folders = schedule == "interleaved" && strategy == "ddp" ? 4 : 2;
+    for (int s = 0; s < folders; ++s) {
+      EXPECT_TRUE(std::filesystem::exists(out + "/pp" + std::to_string(s) + "-of-" +
+                                          std::to_string(stages)))
+          << name << " stage " << s;
+    }
     auto k =
         testing::run_command("consolidate_" + name,
                              {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
@@ -85,12 +96,14 @@ TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
     for (const auto& [key, t] : full)
       EXPECT_TRUE(t.equal(final[key])) << name << " " << key;
   }
-  // ZeRO-1 without clipping against ddp without clipping.
+  // ZeRO-1 and ZeRO-2 without clipping against ddp without clipping.
   auto ref = train_args(base + "/ref2_noclip", "ddp", 2);
   ref.back() = "0";
   r = testing::run_command("pp_ref2_noclip", ref, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   expect_same_run(base + "/zero1_zb", base + "/ref2_noclip", "zero1_zb");
+  expect_same_run(base + "/zero2_1f1b", base + "/ref2_noclip", "zero2_1f1b");
+  expect_same_run(base + "/zero2_interleaved", base + "/ref2_noclip", "zero2_interleaved");
 }
 
 // 3-D: pipeline stages split by tensor parallelism, data parallel over the rest.
@@ -100,19 +113,29 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
     a.back() = "0";
     return a;
   };
-  for (int dp : {1, 2}) {
+  // dp 1 under ddp and under zero2 (its shards per stage and tp index); dp 2 under ddp.
+  for (const auto& [dp, strategy] :
+       std::vector<std::pair<int, std::string>>{{1, "ddp"}, {1, "zero2"}, {2, "ddp"}}) {
     const std::string ref = base + "/ref" + std::to_string(dp);
-    auto r = testing::run_command("pp3d_ref", unclipped(train_args(ref, "ddp", dp)), 300);
-    ASSERT_EQ(r.exit_code(), 0) << r.err;
-    const std::string out = base + "/pp2tp2dp" + std::to_string(dp);
-    r = testing::run_command(
-        "pp3d", with(unclipped(train_args(out, "ddp", 4 * dp)), {"--pp", "2", "--tp", "2"}), 600);
+    if (!std::filesystem::exists(ref + "/model.pt")) {
+      auto r = testing::run_command("pp3d_ref", unclipped(train_args(ref, "ddp", dp)), 300);
+      ASSERT_EQ(r.exit_code(), 0) << r.err;
+    }
+    const std::string out = base + "/pp2tp2dp" + std::to_string(dp) + strategy;
+    auto r = testing::run_command(
+        "pp3d", with(unclipped(train_args(out, strategy, 4 * dp)), {"--pp", "2", "--tp", "2"}),
+        600);
     ASSERT_EQ(r.exit_code(), 0) << r.err;
     EXPECT_TRUE(
         testing::contains(r.err, dp == 1 ? "mesh: pp 2 x tp 2" : "mesh: pp 2 x dp 2 x tp 2"))
         << r.err;
-    expect_same_run(out, ref, "pp 2 x tp 2 x dp " + std::to_string(dp));
-    // The stage checkpoints hold whole (unsplit) stages: consolidate gives the final model.
+    expect_same_run(out, ref, "pp 2 x tp 2 x dp " + std::to_string(dp) + " " + strategy);
+    if (strategy != "ddp") {
+      EXPECT_TRUE(std::filesystem::exists(out + "/pp1-of-2/tp1-of-2")) << out;
+      EXPECT_TRUE(std::filesystem::exists(out + "/pp1-of-2/tensor_parallel.json")) << out;
+    }
+    // DDP's stage checkpoints hold whole (unsplit) stages, ZeRO's their shards per tp index:
+    // consolidate gives the final model from either.
     auto k = testing::run_command(
         "pp3d_consolidate", {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
     ASSERT_EQ(k.exit_code(), 0) << k.err;
@@ -123,7 +146,7 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
   }
 }
 
-TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1AndPp4) {
+TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
   namespace fs = std::filesystem;
   const std::string base = testing::scratch_dir("pp_any_layout");
   const std::vector<std::string> pp2 = {"--pp", "2"};
@@ -133,6 +156,7 @@ TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1AndPp4) {
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   fs::copy(base + "/split", base + "/pp4", fs::copy_options::recursive);
   fs::copy(base + "/split", base + "/same", fs::copy_options::recursive);
+  fs::copy(base + "/split", base + "/interleaved", fs::copy_options::recursive);
   auto after_one = model_file(base + "/split/model.pt");
   // pp 1 x dp 2 (the same data order) trains the second epoch as the uninterrupted run did.
   r = testing::run_command("pp_resume_pp1",
@@ -147,6 +171,25 @@ TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1AndPp4) {
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   for (const auto& [k, t] : model_file(base + "/pp4/model.pt"))
     EXPECT_TRUE(t.equal(after_one[k])) << k;
+  // Interleaved (stages 0 and 2 on one rank, 1 and 3 on the other), likewise.
+  r = testing::run_command(
+      "pp_resume_interleaved",
+      with(train_args(base + "/interleaved", "ddp", 4, 1),
+           {"--pp", "2", "--schedule", "interleaved", "--microbatches", "4", "--resume"}),
+      300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (const auto& [k, t] : model_file(base + "/interleaved/model.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
+  // And an interleaved run's stage checkpoints resume at pp 1: its second epoch is the
+  // uninterrupted run's.
+  const std::vector<std::string> il = {"--pp", "2", "--schedule", "interleaved"};
+  r = testing::run_command("pp_il_first", with(train_args(base + "/il", "ddp", 4, 1), il), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  r = testing::run_command("pp_il_resume_pp1",
+                           with(train_args(base + "/il", "ddp", 2), {"--resume"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+  expect_same_run(base + "/il", base + "/whole", "interleaved, resumed at pp 1");
   // And at pp 1 on one process, likewise.
   r = testing::run_command("pp_resume_one",
                            with(train_args(base + "/same", "ddp", 1, 1), {"--resume"}), 300);
@@ -163,11 +206,17 @@ TEST(TrainPipeline, BadPipelineFlagsAndOtherLayoutsAreNamed) {
   r = testing::run_command(
       "pp_zero1_pp4", with(train_args(base + "/z", "zero1", 4, 2), {"--pp", "4", "--resume"}), 120);
   EXPECT_NE(r.exit_code(), 0);
-  EXPECT_TRUE(testing::contains(r.err, "written with --pp 2")) << r.err;
-  r = testing::run_command("pp_zero2", with(train_args(base + "/y", "zero2", 2, 1), {"--pp", "2"}),
+  EXPECT_TRUE(testing::contains(r.err, "written with 2 pipeline stage(s)")) << r.err;
+  // DDP cannot read ZeRO's stage shards: named, not a silent fresh start.
+  r = testing::run_command("pp_zero1_as_ddp",
+                           with(train_args(base + "/z", "ddp", 4, 2), {"--pp", "2", "--resume"}),
+                           120);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "ZeRO's shards")) << r.err;
+  r = testing::run_command("pp_zero3", with(train_args(base + "/y", "zero3", 2, 1), {"--pp", "2"}),
                            60);
   EXPECT_NE(r.exit_code(), 0);
-  EXPECT_TRUE(testing::contains(r.err, "ZeRO-1 only")) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "--pp with --strategy zero3 is not supported")) << r.err;
   r = testing::run_command("pp_split",
                            with(train_args(base + "/x", "ddp", 2, 1),
                                 {"--pp", "2", "--pp-split", "transformer.h.0,head"}),

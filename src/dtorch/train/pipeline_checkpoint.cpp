@@ -20,10 +20,11 @@ std::string pipeline_folder(int stage, int stages) {
 }
 
 void write_pipeline_layout(const std::string& out, const std::string& model,
-                           const pp::StagePlan& plan) {
+                           const pp::StagePlan& plan, const std::vector<std::string>& folders) {
   nlohmann::json j = {{"model", model}, {"stages", nlohmann::json::array()}};
   for (const auto& r : plan.stages)
     j["stages"].push_back({r.begin, r.end});
+  if (!folders.empty()) j["folders"] = folders;
   const std::string text = j.dump() + "\n";
   std::filesystem::create_directories(out);
   write_file_atomically(out + "/pipeline.json", std::vector<char>(text.begin(), text.end()));
@@ -39,8 +40,11 @@ std::vector<SavedStage> read_pipeline_layout(const std::string& out) {
     in >> j;
     const auto& list = j.at("stages");
     for (size_t s = 0; s < list.size(); ++s) {
-      stages.push_back({out + pipeline_folder(static_cast<int>(s), static_cast<int>(list.size())),
-                        {list[s].at(0).get<int>(), list[s].at(1).get<int>()}});
+      const std::string folder =
+          j.contains("folders")
+              ? j["folders"].at(s).get<std::string>()
+              : pipeline_folder(static_cast<int>(s), static_cast<int>(list.size()));
+      stages.push_back({out + folder, {list[s].at(0).get<int>(), list[s].at(1).get<int>()}});
     }
   } catch (const std::exception& e) {
     DTORCH_FAIL(CheckpointError, path, " is unreadable (", e.what(),
@@ -63,6 +67,12 @@ std::optional<LoadedCheckpoint> load_from_stages(
   for (const SavedStage& s : saved) {
     if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
     if (list_checkpoints(s.folder).empty()) {
+      std::error_code ec;
+      DTORCH_CHECK_T(
+          CheckpointError,
+          !std::filesystem::exists(s.folder, ec) || std::filesystem::is_empty(s.folder, ec),
+          s.folder, " holds no whole-stage checkpoint but other files (ZeRO's ",
+          "shards?): resume with the --strategy, --pp and --pp-split that wrote it");
       DTORCH_CHECK_T(CheckpointError, !result, s.folder, " has no checkpoint but ", result->path,
                      " does: the run stopped while saving; remove the newer stage checkpoints ",
                      "or start a new --out");

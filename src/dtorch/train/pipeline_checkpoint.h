@@ -23,15 +23,19 @@ namespace dtorch::train {
 /// stage's units. Under DDP, resuming reads whichever layout the directory holds (the stage
 /// folders, or one whole-model checkpoint) and takes each parameter its own units need, by
 /// name, with its optimizer state, from the stage that holds it: any pp and dp resumes any
-/// other, and `dtorch checkpoint consolidate` joins the stages. ZeRO-1's sharded checkpoints
-/// live in the same folders and resume at the same --pp and stage split only.
+/// other, and `dtorch checkpoint consolidate` joins the stages. An interleaved rank writes
+/// each of its stages to that stage's folder, so its checkpoints are the same. ZeRO's sharded
+/// checkpoints hold all of a rank's stages in the folder of its first (pipeline.json's
+/// "folders" then names the folder of every stage) and resume with the same stages only.
 
 /// "/pp<s>-of-<n>".
 std::string pipeline_folder(int stage, int stages);
 
-/// Writes <out>/pipeline.json for `plan` of `model`.
+/// Writes <out>/pipeline.json for `plan` of `model`; `folders` (relative to `out`), when
+/// given, names the folder that holds each stage (ZeRO keeps a rank's stages in one), else
+/// stage s is in pipeline_folder(s, n).
 void write_pipeline_layout(const std::string& out, const std::string& model,
-                           const pp::StagePlan& plan);
+                           const pp::StagePlan& plan, const std::vector<std::string>& folders = {});
 
 /// A stage folder of a saved run and the units it holds.
 struct SavedStage {

@@ -6,7 +6,9 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/torch_compat.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/models/stage_union.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/tensor/optimizer_state.h"
 #include "dtorch/train/pipeline_checkpoint.h"
@@ -34,8 +36,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
 // resumes at any tp and dp degree, and `dtorch checkpoint consolidate` and Python read it as
 // any other. Loading builds the unsplit model and optimizer, restores them, and keeps this
 // rank's shards. (ZeRO-1/2 over the dp group write their sharded checkpoints per tp index, in
-// <dir>/tp<i>-of-<n>, and resume at the same tp.) Both briefly hold one unsplit copy of the
-// model and optimizer state per rank involved.
+// <dir>/tp<i>-of-<n>, or <dir>/pp<s>-of-<n>/tp<i>-of-<n> under a pipeline, with
+// tensor_parallel.json beside them, and resume at the same tp.) Both briefly hold one unsplit
+// copy of the model and optimizer state per rank involved.
 
 // The unsplit model, built without disturbing the random stream training continues with.
 std::shared_ptr<models::Model> build_full_model(const TensorParallelism& tp) {
@@ -87,11 +90,17 @@ class DdpStrategy : public Strategy {
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
   void save(const std::string& dir, const CheckpointData& data, int keep) override {
+    const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
+    if (pp_.stages.size() > 1) {
+      // Note [Pipeline checkpoints]: each of the rank's stages into its own folder.
+      if (writer) save_stages(dir, data, keep);
+      comm_->barrier("checkpoint written");
+      return;
+    }
     // Note [Pipeline checkpoints]: each stage into its folder.
     const std::string folder =
-        pp_.pipeline ? dir + pipeline_folder(pp_.stage, static_cast<int>(pp_.plan.stages.size()))
+        pp_.pipeline ? dir + pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()))
                      : dir;
-    const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
     if (tp_.handle) {
       // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index gathers over its tp
       // group (the unsplit model, or the unsplit stage).
@@ -105,8 +114,26 @@ class DdpStrategy : public Strategy {
     } else if (writer) {
       save_checkpoint(folder, data, *model_, opt_.get(), keep);
     }
-    if (writer && pp_.pipeline && pp_.stage == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
+    if (writer && pp_.pipeline && pp_.stage() == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
     comm_->barrier("checkpoint written");
+  }
+
+  // An interleaved rank's stages, each with its parameters' optimizer state, as the stage
+  // checkpoints of a one-stage-per-rank run are (so any layout resumes them).
+  void save_stages(const std::string& dir, const CheckpointData& data, int keep) {
+    const auto& chunks = pp_.pipeline->stages();
+    const int n = static_cast<int>(pp_.plan.stages.size());
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      auto stage_opt = make_optimizer(c_, chunks[k]->parameters());
+      for (const auto& p : chunks[k]->parameters()) {
+        auto it = opt_->state().find(compat::optimizer_state_key(p));
+        if (it != opt_->state().end())
+          stage_opt->state()[compat::optimizer_state_key(p)] = it->second->clone();
+      }
+      save_checkpoint(dir + pipeline_folder(pp_.stages[k], n), data, *chunks[k], stage_opt.get(),
+                      keep);
+    }
+    if (pp_.stage() == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
   }
 
   std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
@@ -168,12 +195,13 @@ class ZeroStrategy : public Strategy {
       : c_(c), model_(std::move(model)), comm_(std::move(comm)), pp_(std::move(pp)) {
     if (pp_.pipeline) {
       // Note [Pipeline checkpoints]
-      layout_folder_ = pipeline_folder(pp_.stage, static_cast<int>(pp_.plan.stages.size()));
+      stage_folder_ = pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()));
     }
+    layout_folder_ = stage_folder_;
     if (tp.handle) {
-      // Note [Tensor-parallel checkpoints]
+      // Note [Tensor-parallel checkpoints]: per tp index, inside the stage's folder.
       const auto& g = tp.handle->group();
-      layout_folder_ = str("/tp", g->rank(), "-of-", g->size());
+      layout_folder_ += str("/tp", g->rank(), "-of-", g->size());
       tp_ = tp.handle;
     }
     zero::Options o;
@@ -195,12 +223,11 @@ class ZeroStrategy : public Strategy {
   }
 
   void backward_accumulated(const std::function<void()>& work) override {
-    DTORCH_CHECK_T(ConfigError, c_.strategy == "zero1", "--strategy ", c_.strategy,
-                   " reduces gradients during every backward pass; a pipeline runs one per ",
-                   "micro-batch: use ddp or zero1 with --pp (DeepSpeed's pipeline engine allows ",
-                   "ZeRO-1 only, for the same reason)");
+    DTORCH_CHECK_T(ConfigError, c_.strategy != "zero3", "--strategy zero3 releases its ",
+                   "parameters between backward passes and a pipeline runs one per micro-batch: ",
+                   "use ddp, zero1 or zero2 with --pp");
     {
-      auto guard = sharded_->no_sync();
+      auto guard = sharded_->accumulate_whole();
       work();
     }
     sharded_->reduce_accumulated();
@@ -244,17 +271,28 @@ class ZeroStrategy : public Strategy {
       full.emplace_back("rng_state", gen.get_state());
     }
     save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
-    if (pp_.pipeline && pp_.stage == 0 && comm_->rank() == 0)
-      write_pipeline_layout(out, c_.model, pp_.plan);
+    if (pp_.pipeline && pp_.stage() == 0 && comm_->rank() == 0)
+      write_pipeline_layout(out, c_.model, pp_.plan, zero_stage_folders());
     if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
       // How each parameter is split across the tp folders, for `dtorch checkpoint consolidate`.
       nlohmann::json spec = {{"tp", tp_->group()->size()}, {"sharded", nlohmann::json::object()}};
       for (const auto& [name, split] : tp_->sharded())
         spec["sharded"][name] = {{"dim", split.dim}, {"fused", split.fused}};
       const std::string json = spec.dump() + "\n";
-      write_file_atomically(out + "/tensor_parallel.json",
+      write_file_atomically(out + stage_folder_ + "/tensor_parallel.json",
                             std::vector<char>(json.begin(), json.end()));
     }
+  }
+
+  // Note [Pipeline checkpoints]: a rank's shards hold all of its stages, in the folder of
+  // the first; pipeline.json names, for every stage, the folder that holds it.
+  std::vector<std::string> zero_stage_folders() const {
+    const int n = static_cast<int>(pp_.plan.stages.size());
+    const int ranks = pp_.pipeline->group().size();
+    std::vector<std::string> folders;
+    for (int s = 0; s < n; ++s)
+      folders.push_back(pipeline_folder(s % ranks, n));
+    return folders;
   }
 
   std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir) override {
@@ -331,7 +369,10 @@ class ZeroStrategy : public Strategy {
   std::shared_ptr<comm::Communicator> comm_;
   std::shared_ptr<zero::ShardedModel> sharded_;
   PipelineParallelism pp_;
-  // "/tp<i>-of-<n>" under tensor parallelism, "/pp<s>-of-<n>" under a pipeline, else empty
+  // "/pp<s>-of-<n>" under a pipeline, else empty
+  std::string stage_folder_;
+  // Where this rank's shards go: the stage folder, then "/tp<i>-of-<n>" under tensor
+  // parallelism
   std::string layout_folder_;
   std::shared_ptr<tp::TensorParallel> tp_;
 };
@@ -381,20 +422,30 @@ Layout apply_pipeline(const std::string& model_name,
     names.push_back(u.name);
     sizes.push_back(u.parameters);
   }
-  out.pp.plan = c.split.empty() ? pp::balance_stages(sizes, c.pp)
-                                : pp::split_stages_at(c.split, names, sizes, c.pp);
-  out.pp.stage = mesh.pp->rank();
-  const models::UnitRange units = out.pp.plan.stages[out.pp.stage];
-  *model = models::make_model(model_name, units);
+  const int v = pp::default_virtual_stages(c.schedule);
+  DTORCH_CHECK_T(ConfigError, v == 1 || tp == 1, "--schedule ", c.schedule, " with --tp is not ",
+                 "supported yet (tensor parallelism splits one stage per rank); use 1f1b or zb");
+  out.pp.plan = c.split.empty() ? pp::balance_stages(sizes, c.pp * v)
+                                : pp::split_stages_at(c.split, names, sizes, c.pp * v);
+  std::vector<std::shared_ptr<models::Model>> built;
+  for (int k = 0; k < v; ++k) {
+    out.pp.stages.push_back(mesh.pp->rank() + k * c.pp);
+    // Each stage from the same generator state (Note [Unit seeds]); the last leaves it as
+    // building one stage does.
+    std::optional<models::GeneratorStateGuard> keep;
+    if (k + 1 < v) keep.emplace();
+    built.push_back(models::make_model(model_name, out.pp.plan.stages[out.pp.stages.back()]));
+  }
+  *model = v == 1 ? built.front() : std::make_shared<models::StageUnion>(built);
   if (tp > 1) {
+    const models::UnitRange units = out.pp.plan.stages[out.pp.stage()];
     out.tp.handle =
         tp::parallelize(**model, mesh.tp, tp::plan_for(**model, tp), {sequence_parallel});
     out.tp.make_full_model = [model_name, units] { return models::make_model(model_name, units); };
   }
   const int microbatches = c.microbatches > 0 ? c.microbatches : 2 * c.pp;
-  out.pp.pipeline =
-      std::make_shared<pp::Pipeline>(std::vector<std::shared_ptr<models::Model>>{*model}, mesh.pp,
-                                     pp::PipelineOptions{c.schedule, microbatches, 1});
+  out.pp.pipeline = std::make_shared<pp::Pipeline>(
+      built, mesh.pp, pp::PipelineOptions{c.schedule, microbatches, v});
   return out;
 }
 
@@ -406,11 +457,10 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
   DTORCH_CHECK_T(ConfigError, !tp.handle || c.strategy != "zero3",
                  "tensor parallelism with zero3 is not supported: ZeRO-3 gathers whole blocks, "
                  "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
-  DTORCH_CHECK_T(ConfigError, !pp.pipeline || c.strategy == "ddp" || c.strategy == "zero1",
-                 "--pp with --strategy ", c.strategy, " is not supported: ZeRO-2/3 reduce ",
-                 "gradients during every backward pass and a pipeline runs one per micro-batch ",
-                 "(DeepSpeed's pipeline engine allows ZeRO-1 only, for the same reason); use ddp ",
-                 "or zero1 over the dp group");
+  DTORCH_CHECK_T(ConfigError, !pp.pipeline || c.strategy != "zero3",
+                 "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
+                 "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
+                 "zero1 or zero2 over the dp group");
   if (c.strategy == "ddp")
     return std::make_unique<DdpStrategy>(c, model, comm, std::move(tp), std::move(pp));
   return std::make_unique<ZeroStrategy>(c, model, comm, std::move(tp), std::move(pp));

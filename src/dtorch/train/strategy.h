@@ -45,8 +45,8 @@ class Strategy {
   /// strategy can (DDP and ZeRO-1; ZeRO-2/3 reduce every backward).
   virtual void backward(const torch::Tensor& loss, bool sync) = 0;
   /// Runs `work`, which may run backward many times (a pipeline schedule does), with the
-  /// gradients accumulating locally, then reduces them across the data-parallel group once.
-  /// DDP and ZeRO-1 (ZeRO-2/3 reduce during every backward: ConfigError). Collective.
+  /// gradients accumulating whole and locally, then reduces them across the data-parallel
+  /// group once. DDP, ZeRO-1 and ZeRO-2 (ZeRO-3: ConfigError). Collective.
   virtual void backward_accumulated(const std::function<void()>& work) = 0;
   /// Clips the whole gradient to `max_norm` (when > 0), updates the weights and clears the
   /// gradients. Returns the gradient norm before clipping (0 when not clipping). Collective.
@@ -77,12 +77,16 @@ struct TensorParallelism {
 };
 
 /// Pipeline parallelism under a strategy (the trainer's --pp): the pipeline over this rank's
-/// pp group, which stage it runs and how the model was cut (checkpoints: Note [Pipeline
+/// pp group, which stages it runs and how the model was cut (checkpoints: Note [Pipeline
 /// checkpoints]). Empty: no pipeline.
 struct PipelineParallelism {
   std::shared_ptr<pp::Pipeline> pipeline;
   pp::StagePlan plan;
-  int stage = 0;
+  /// The stages this rank runs, in order: its pp rank, and under an interleaved schedule
+  /// also pp rank + k x pp; pipeline->stages() holds their models.
+  std::vector<int> stages;
+  /// The first of them, the rank's own pp index.
+  int stage() const { return stages.front(); }
 };
 
 /// The groups a run trains over: the data-parallel communicator its strategy runs on, and the
@@ -112,8 +116,9 @@ Layout apply_tensor_parallel(models::Model& model, const std::string& model_name
 /// With pp > 1: lays out a dp x tp x pp mesh over `world`, builds this rank's stage of model
 /// `model_name` only (the whole model is never allocated; its weights are those units' in
 /// the whole model built from the same seed, Note [Unit seeds]) into *model, splits it over
-/// the tp group when tp > 1, and makes the pipeline over the pp group. Collective over
-/// `world`.
+/// the tp group when tp > 1, and makes the pipeline over the pp group. Under an interleaved
+/// schedule the rank builds several stages and *model is their models::StageUnion. Collective
+/// over `world`.
 Layout apply_pipeline(const std::string& model_name,
                       const std::shared_ptr<comm::Communicator>& world, const PipelineConfig& c,
                       int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model);

@@ -214,25 +214,35 @@ StateDict join_pipeline_stages(pp::Pipeline& pipeline, const StateDict& stage) {
   return full;
 }
 
-void check_pipeline_layout(const TrainConfig& c) {
-  // Note [Pipeline checkpoints]: ZeRO-1's stage shards resume only at the same split.
+void check_pipeline_layout(const TrainConfig& c, const pp::StagePlan& plan) {
+  // Note [Pipeline checkpoints]: ZeRO's stage shards resume only at the same split.
   auto saved = read_pipeline_layout(c.out);
   if (saved.empty() || c.strategy == "ddp") return;
-  DTORCH_CHECK_T(CheckpointError, static_cast<int>(saved.size()) == c.pp, "the ", c.strategy,
-                 " checkpoints in ", c.out, " were written with --pp ", saved.size(),
-                 " and this run has --pp ", c.pp, ": resume with --pp ", saved.size(),
-                 " and the same --pp-split (only ddp's pipeline checkpoints fit any --pp)");
+  bool same = saved.size() == plan.stages.size();
+  for (size_t s = 0; same && s < saved.size(); ++s)
+    same = saved[s].units.begin == plan.stages[s].begin && saved[s].units.end == plan.stages[s].end;
+  DTORCH_CHECK_T(CheckpointError, same, "the ", c.strategy, " checkpoints in ", c.out,
+                 " were written with ", saved.size(), " pipeline stage(s) cut elsewhere than ",
+                 "this run's ", plan.stages.size(), " (--pp ", c.pp, ", --schedule ", c.schedule,
+                 "): resume with the --pp, --schedule and --pp-split that wrote them (only ddp's ",
+                 "pipeline checkpoints fit any layout)");
 }
 
 void check_tensor_parallel_layout(const TrainConfig& c) {
   namespace fs = std::filesystem;
   int saved_tp = 1;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(c.out, ec)) {
-    const std::string name = e.path().filename().string();
-    auto of = name.find("-of-");
-    if (name.rfind("tp", 0) == 0 && of != std::string::npos) {
-      saved_tp = std::atoi(name.c_str() + of + 4);
+  // In the run's folder, or in its pipeline stage folders (Note [Pipeline checkpoints]).
+  std::vector<fs::path> folders{c.out};
+  for (const auto& e : fs::directory_iterator(c.out, ec))
+    if (e.path().filename().string().rfind("pp", 0) == 0) folders.push_back(e.path());
+  for (const auto& folder : folders) {
+    for (const auto& e : fs::directory_iterator(folder, ec)) {
+      const std::string name = e.path().filename().string();
+      auto of = name.find("-of-");
+      if (name.rfind("tp", 0) == 0 && of != std::string::npos) {
+        saved_tp = std::atoi(name.c_str() + of + 4);
+      }
     }
   }
   if (saved_tp == 1) return;  // no per-tp folders: no tensor parallelism, or ddp's whole files
@@ -287,21 +297,22 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
   DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
   if (c.pp > 1) {
-    DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy == "ddp", "--pp with --tp runs under ",
-                   "--strategy ddp (zero1's per-stage, per-tp shard folders are not written yet)");
-    DTORCH_CHECK_T(ConfigError, c.strategy == "ddp" || c.strategy == "zero1",
-                   "--pp with --strategy ", c.strategy,
-                   " is not supported: ZeRO-2/3 reduce gradients during every ",
-                   "backward pass and a pipeline runs one per micro-batch (DeepSpeed's pipeline ",
-                   "engine allows ZeRO-1 only, for the same reason); use ddp or zero1");
-    DTORCH_CHECK_T(ConfigError, c.schedule == "gpipe" || c.schedule == "1f1b" || c.schedule == "zb",
-                   "--schedule ", c.schedule, ": dtorch train runs gpipe, 1f1b or zb (one stage ",
-                   "per rank; interleaved runs through the library's pp::Pipeline)");
+    DTORCH_CHECK_T(ConfigError, c.strategy != "zero3",
+                   "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
+                   "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
+                   "zero1 or zero2");
+    DTORCH_CHECK_T(ConfigError,
+                   c.schedule == "gpipe" || c.schedule == "1f1b" || c.schedule == "zb" ||
+                       c.schedule == "interleaved",
+                   "--schedule ", c.schedule, ": use gpipe, 1f1b, interleaved or zb");
+    DTORCH_CHECK_T(ConfigError, c.schedule != "interleaved" || c.tp == 1,
+                   "--schedule interleaved with --tp is not supported yet (tensor parallelism ",
+                   "splits one stage per rank); use 1f1b or zb with --tp");
     DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
                    "--batch-size instead");
     DTORCH_CHECK_T(ConfigError, c.clip_grad_norm == 0 || c.strategy == "ddp",
-                   "--clip-grad-norm with --pp needs --strategy ddp (zero1's gradient shards ",
+                   "--clip-grad-norm with --pp needs --strategy ddp (ZeRO's gradient shards ",
                    "would need a norm across both the dp and pp groups)");
     DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
                    "--microbatches must be >= 1, or 0 for 2 x --pp");
@@ -363,7 +374,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   if (lead && restart > 0) log::info("restart ", restart, " of the group: resuming from ", c.out);
   if (resume) {
     check_tensor_parallel_layout(c);
-    check_pipeline_layout(c);
+    check_pipeline_layout(c, layout.pp.plan);
     if (auto ck = strategy->load_latest(c.out)) {
       start_epoch = ck->data.epoch;
       global_step = ck->data.global_step;

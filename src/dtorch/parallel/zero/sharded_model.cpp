@@ -30,7 +30,8 @@ namespace dtorch::zero {
 //   stage 2: gradients are never whole for long: when a unit's last gradient arrives its
 //     gradients are copied into a bucket, released, and the bucket is reduce-scattered while
 //     backward goes on; the result is added to a persistent fp32 gradient shard.
-//     4P + 12P/N.
+//     4P + 12P/N. Under accumulate_whole() (a pipeline's micro-batches) the gradients stay
+//     whole in .grad until reduce_accumulated() moves them into buckets once: + 4P meanwhile.
 //   stage 3: parameters sharded too. Masters are separate fp32 shards; a unit's full buffer
 //     is allocated and all-gathered just before its first block runs (the next unit's gather
 //     prefetched) and its memory released after its last block, then gathered again when
@@ -489,10 +490,11 @@ ShardedModel::~ShardedModel() {
   }
 }
 
-ShardedModel::NoSync::NoSync(ShardedModel* m) : m_(m) {
+ShardedModel::NoSync::NoSync(ShardedModel* m, bool whole) : m_(m) {
   DTORCH_CHECK(m_->impl_->sync, "no_sync() guards must not nest");
-  // Stages 2-3 reduce every backward (Note [Sharding stages]); only stage 1 can wait.
-  if (m_->impl_->opts.stage == 1) m_->impl_->sync = false;
+  // Stages 2-3 reduce every backward (Note [Sharding stages]) unless asked to hold whole
+  // gradients; stage 3 cannot, its parameters are released between backward passes.
+  if (m_->impl_->opts.stage == 1 || whole) m_->impl_->sync = false;
 }
 
 ShardedModel::NoSync::~NoSync() {
@@ -500,14 +502,21 @@ ShardedModel::NoSync::~NoSync() {
 }
 
 ShardedModel::NoSync ShardedModel::no_sync() {
-  return NoSync(this);
+  return NoSync(this, false);
+}
+
+ShardedModel::NoSync ShardedModel::accumulate_whole() {
+  DTORCH_CHECK_T(ConfigError, impl_->opts.stage <= 2, "ZeRO-3 releases its parameters between ",
+                 "backward passes and cannot accumulate whole gradients over several: use ZeRO-1, ",
+                 "ZeRO-2 or DDP");
+  return NoSync(this, true);
 }
 
 void ShardedModel::reduce_accumulated() {
   Impl& m = *impl_;
-  DTORCH_CHECK_T(ConfigError, m.opts.stage == 1, "ZeRO-", m.opts.stage, " reduces gradients ",
-                 "during every backward pass, so it cannot reduce them once after several: use ",
-                 "ZeRO-1 or DDP");
+  DTORCH_CHECK_T(ConfigError, m.opts.stage <= 2, "ZeRO-3 reduces gradients during every ",
+                 "backward pass, so it cannot reduce them once after several: use ZeRO-1, ZeRO-2 ",
+                 "or DDP");
   DTORCH_CHECK(m.sync && !m.in_backward, "ZeRO: reduce_accumulated() runs after backward, outside ",
                "no_sync()");
   m.begin_reduction();

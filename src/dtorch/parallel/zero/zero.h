@@ -72,10 +72,11 @@ class ShardedModel {
  public:
   /// RAII guard for gradient accumulation: while it lives, stage 1 accumulates gradients
   /// locally without communicating. Stages 2-3 never hold whole gradients, so they reduce
-  /// every backward and accumulate the shards; the guard changes nothing for them.
+  /// every backward and accumulate the shards; the guard changes nothing for them (unless
+  /// made by accumulate_whole()).
   class NoSync {
    public:
-    explicit NoSync(ShardedModel* m);
+    NoSync(ShardedModel* m, bool whole);
     ~NoSync();
     NoSync(const NoSync&) = delete;
     NoSync& operator=(const NoSync&) = delete;
@@ -106,10 +107,16 @@ class ShardedModel {
   ShardedModel& operator=(const ShardedModel&) = delete;
 
   [[nodiscard]] NoSync no_sync();
+  /// Stages 1-2: while the guard lives, gradients accumulate whole in the parameters' .grad
+  /// without communicating, so several backward passes (a pipeline's micro-batches) cost one
+  /// reduction, by reduce_accumulated() after the guard. Stage 2 then holds whole gradients
+  /// until that reduction (as FSDP's no_sync does) and only shards after it. ConfigError for
+  /// stage 3, whose parameters are released between backward passes.
+  [[nodiscard]] NoSync accumulate_whole();
   [[nodiscard]] FullParams full_params();
-  /// Stage 1, after backward passes under no_sync(): reduce-scatters the accumulated
-  /// gradients now, as a synchronised backward would have. ConfigError for stages 2-3, which
-  /// reduce during every backward. Collective.
+  /// Stages 1-2, after backward passes under no_sync() (stage 1) or accumulate_whole():
+  /// reduce-scatters the accumulated gradients now, as a synchronised backward would have.
+  /// ConfigError for stage 3, which reduces during every backward. Collective.
   void reduce_accumulated();
 
   /// Scales the gradient shards so that the norm of the whole (unsharded) gradient is at
