@@ -113,26 +113,42 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
     a.back() = "0";
     return a;
   };
-  // dp 1 under ddp and under zero2 (its shards per stage and tp index); dp 2 under ddp.
-  for (const auto& [dp, strategy] :
-       std::vector<std::pair<int, std::string>>{{1, "ddp"}, {1, "zero2"}, {2, "ddp"}}) {
+  // dp 1 under ddp and under zero2 (its shards per stage and tp index), and interleaved
+  // (two stages per rank) under ddp with sequence parallelism and under zero1; dp 2 under ddp.
+  struct Case {
+    int dp;
+    std::string strategy;
+    std::vector<std::string> flags;
+  };
+  const std::vector<std::string> interleaved = {"--schedule", "interleaved"};
+  for (const auto& [dp, strategy, flags] :
+       std::vector<Case>{{1, "ddp", {}},
+                         {1, "zero2", {}},
+                         {1, "ddp", with(interleaved, {"--sequence-parallel"})},
+                         {1, "zero1", interleaved},
+                         {2, "ddp", {}}}) {
     const std::string ref = base + "/ref" + std::to_string(dp);
     if (!std::filesystem::exists(ref + "/model.pt")) {
       auto r = testing::run_command("pp3d_ref", unclipped(train_args(ref, "ddp", dp)), 300);
       ASSERT_EQ(r.exit_code(), 0) << r.err;
     }
-    const std::string out = base + "/pp2tp2dp" + std::to_string(dp) + strategy;
+    const std::string out =
+        base + "/pp2tp2dp" + std::to_string(dp) + strategy + (flags.empty() ? "" : "_interleaved");
     auto r = testing::run_command(
-        "pp3d", with(unclipped(train_args(out, strategy, 4 * dp)), {"--pp", "2", "--tp", "2"}),
+        "pp3d",
+        with(with(unclipped(train_args(out, strategy, 4 * dp)), {"--pp", "2", "--tp", "2"}), flags),
         600);
     ASSERT_EQ(r.exit_code(), 0) << r.err;
     EXPECT_TRUE(
         testing::contains(r.err, dp == 1 ? "mesh: pp 2 x tp 2" : "mesh: pp 2 x dp 2 x tp 2"))
         << r.err;
-    expect_same_run(out, ref, "pp 2 x tp 2 x dp " + std::to_string(dp) + " " + strategy);
+    expect_same_run(out, ref,
+                    "pp 2 x tp 2 x dp " + std::to_string(dp) + " " + strategy +
+                        (flags.empty() ? "" : " interleaved"));
+    const std::string last_folder = flags.empty() ? "/pp1-of-2" : "/pp1-of-4";
     if (strategy != "ddp") {
-      EXPECT_TRUE(std::filesystem::exists(out + "/pp1-of-2/tp1-of-2")) << out;
-      EXPECT_TRUE(std::filesystem::exists(out + "/pp1-of-2/tensor_parallel.json")) << out;
+      EXPECT_TRUE(std::filesystem::exists(out + last_folder + "/tp1-of-2")) << out;
+      EXPECT_TRUE(std::filesystem::exists(out + last_folder + "/tensor_parallel.json")) << out;
     }
     // DDP's stage checkpoints hold whole (unsplit) stages, ZeRO's their shards per tp index:
     // consolidate gives the final model from either.

@@ -60,6 +60,14 @@ StageUnion::StageUnion(std::vector<std::shared_ptr<Model>> stages) : stages_(std
   merge(*this, roots, "");
 }
 
+std::vector<std::string> StageUnion::block_names() const {
+  std::vector<std::string> names;
+  for (const auto& s : stages_)
+    for (auto& b : s->block_names())
+      names.push_back(std::move(b));
+  return names;
+}
+
 void StageUnion::train(bool on) {
   Model::train(on);
   for (const auto& s : stages_)

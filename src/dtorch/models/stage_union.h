@@ -18,7 +18,9 @@ namespace dtorch::models {
 /// union's gradients and whatever is loaded into the union is in the stages. Two stages may not
 /// hold a parameter of the same name (a GPT's tied embedding sits on the first and last stage,
 /// which an interleaved schedule puts on different ranks). forward() refuses: the stages run
-/// one at a time through pp::Pipeline.
+/// one at a time through pp::Pipeline. block_names() lists every stage's blocks, and
+/// tp::plan_for gives the union every stage's rules, so tensor parallelism splits a union as
+/// it splits its stages.
 class StageUnion : public Model {
  public:
   /// `stages`: this rank's stages of one model, in stage order. ConfigError when empty or
@@ -31,6 +33,8 @@ class StageUnion : public Model {
   bool takes_tokens() const override { return stages_.front()->takes_tokens(); }
   int64_t max_sequence_length() const override { return stages_.front()->max_sequence_length(); }
   std::vector<std::string> unit_names() const override { return stages_.front()->unit_names(); }
+  /// Every stage's blocks, in stage order (sequence parallelism finds them by name).
+  std::vector<std::string> block_names() const override;
   const std::vector<std::shared_ptr<Model>>& stages() const { return stages_; }
 
  private:

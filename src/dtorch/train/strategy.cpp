@@ -91,49 +91,50 @@ class DdpStrategy : public Strategy {
 
   void save(const std::string& dir, const CheckpointData& data, int keep) override {
     const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
-    if (pp_.stages.size() > 1) {
-      // Note [Pipeline checkpoints]: each of the rank's stages into its own folder.
-      if (writer) save_stages(dir, data, keep);
-      comm_->barrier("checkpoint written");
-      return;
-    }
-    // Note [Pipeline checkpoints]: each stage into its folder.
-    const std::string folder =
-        pp_.pipeline ? dir + pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()))
-                     : dir;
-    if (tp_.handle) {
+    models::Model* model = model_.get();
+    torch::optim::Optimizer* opt = opt_.get();
+    std::shared_ptr<models::Model> full;
+    std::unique_ptr<torch::optim::Optimizer> full_opt;
+    if (tp_.handle && comm_->rank() == 0) {
       // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index gathers over its tp
-      // group (the unsplit model, or the unsplit stage).
-      if (comm_->rank() == 0) {
-        auto full = build_full_model(tp_);
-        auto full_opt = make_optimizer(c_, full->parameters());
-        tp_.handle->load_into(*full, *model_);
-        tp::gather_optimizer_state(*tp_.handle, *model_, *opt_, *full, *full_opt);
-        if (writer) save_checkpoint(folder, data, *full, full_opt.get(), keep);
-      }
-    } else if (writer) {
-      save_checkpoint(folder, data, *model_, opt_.get(), keep);
+      // group (the unsplit model, or the unsplit stages).
+      full = build_full_model(tp_);
+      full_opt = make_optimizer(c_, full->parameters());
+      tp_.handle->load_into(*full, *model_);
+      tp::gather_optimizer_state(*tp_.handle, *model_, *opt_, *full, *full_opt);
+      model = full.get();
+      opt = full_opt.get();
     }
-    if (writer && pp_.pipeline && pp_.stage() == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
+    if (writer && !pp_.pipeline) save_checkpoint(dir, data, *model, opt, keep);
+    if (writer && pp_.pipeline) {
+      save_stages(dir, data, keep, *model, *opt);
+      if (pp_.stage() == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
+    }
     comm_->barrier("checkpoint written");
   }
 
-  // An interleaved rank's stages, each with its parameters' optimizer state, as the stage
-  // checkpoints of a one-stage-per-rank run are (so any layout resumes them).
-  void save_stages(const std::string& dir, const CheckpointData& data, int keep) {
-    const auto& chunks = pp_.pipeline->stages();
+  // Note [Pipeline checkpoints]: each stage into its own folder; an interleaved rank's
+  // several stages each with its parameters' optimizer state, as one-stage-per-rank runs
+  // write them (so any layout resumes them).
+  void save_stages(const std::string& dir, const CheckpointData& data, int keep,
+                   models::Model& model, torch::optim::Optimizer& opt) {
     const int n = static_cast<int>(pp_.plan.stages.size());
-    for (size_t k = 0; k < chunks.size(); ++k) {
-      auto stage_opt = make_optimizer(c_, chunks[k]->parameters());
-      for (const auto& p : chunks[k]->parameters()) {
-        auto it = opt_->state().find(compat::optimizer_state_key(p));
-        if (it != opt_->state().end())
+    auto* merged = dynamic_cast<models::StageUnion*>(&model);
+    if (!merged) {
+      save_checkpoint(dir + pipeline_folder(pp_.stage(), n), data, model, &opt, keep);
+      return;
+    }
+    const auto& stages = merged->stages();
+    for (size_t k = 0; k < stages.size(); ++k) {
+      auto stage_opt = make_optimizer(c_, stages[k]->parameters());
+      for (const auto& p : stages[k]->parameters()) {
+        auto it = opt.state().find(compat::optimizer_state_key(p));
+        if (it != opt.state().end())
           stage_opt->state()[compat::optimizer_state_key(p)] = it->second->clone();
       }
-      save_checkpoint(dir + pipeline_folder(pp_.stages[k], n), data, *chunks[k], stage_opt.get(),
+      save_checkpoint(dir + pipeline_folder(pp_.stages[k], n), data, *stages[k], stage_opt.get(),
                       keep);
     }
-    if (pp_.stage() == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
   }
 
   std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
@@ -409,6 +410,25 @@ Layout apply_tensor_parallel(models::Model& model, const std::string& model_name
   return out;
 }
 
+namespace {
+
+// This rank's stages of model `model_name` (Note [Pipeline units]), each from the same
+// generator state (Note [Unit seeds]; the last leaves it as building one stage does), merged
+// into a models::StageUnion when there are several.
+std::shared_ptr<models::Model> build_stages(const std::string& model_name,
+                                            const PipelineParallelism& pp) {
+  std::vector<std::shared_ptr<models::Model>> built;
+  for (size_t k = 0; k < pp.stages.size(); ++k) {
+    std::optional<models::GeneratorStateGuard> keep;
+    if (k + 1 < pp.stages.size()) keep.emplace();
+    built.push_back(models::make_model(model_name, pp.plan.stages[pp.stages[k]]));
+  }
+  if (built.size() == 1) return built.front();
+  return std::make_shared<models::StageUnion>(built);
+}
+
+}  // namespace
+
 Layout apply_pipeline(const std::string& model_name,
                       const std::shared_ptr<comm::Communicator>& world, const PipelineConfig& c,
                       int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model) {
@@ -423,25 +443,18 @@ Layout apply_pipeline(const std::string& model_name,
     sizes.push_back(u.parameters);
   }
   const int v = pp::default_virtual_stages(c.schedule);
-  DTORCH_CHECK_T(ConfigError, v == 1 || tp == 1, "--schedule ", c.schedule, " with --tp is not ",
-                 "supported yet (tensor parallelism splits one stage per rank); use 1f1b or zb");
   out.pp.plan = c.split.empty() ? pp::balance_stages(sizes, c.pp * v)
                                 : pp::split_stages_at(c.split, names, sizes, c.pp * v);
-  std::vector<std::shared_ptr<models::Model>> built;
-  for (int k = 0; k < v; ++k) {
+  for (int k = 0; k < v; ++k)
     out.pp.stages.push_back(mesh.pp->rank() + k * c.pp);
-    // Each stage from the same generator state (Note [Unit seeds]); the last leaves it as
-    // building one stage does.
-    std::optional<models::GeneratorStateGuard> keep;
-    if (k + 1 < v) keep.emplace();
-    built.push_back(models::make_model(model_name, out.pp.plan.stages[out.pp.stages.back()]));
-  }
-  *model = v == 1 ? built.front() : std::make_shared<models::StageUnion>(built);
+  *model = build_stages(model_name, out.pp);
+  auto* merged = dynamic_cast<models::StageUnion*>(model->get());
+  std::vector<std::shared_ptr<models::Model>> built =
+      merged ? merged->stages() : std::vector<std::shared_ptr<models::Model>>{*model};
   if (tp > 1) {
-    const models::UnitRange units = out.pp.plan.stages[out.pp.stage()];
     out.tp.handle =
         tp::parallelize(**model, mesh.tp, tp::plan_for(**model, tp), {sequence_parallel});
-    out.tp.make_full_model = [model_name, units] { return models::make_model(model_name, units); };
+    out.tp.make_full_model = [model_name, pp = out.pp] { return build_stages(model_name, pp); };
   }
   const int microbatches = c.microbatches > 0 ? c.microbatches : 2 * c.pp;
   out.pp.pipeline = std::make_shared<pp::Pipeline>(

@@ -305,9 +305,6 @@ void validate(const TrainConfig& c) {
                    c.schedule == "gpipe" || c.schedule == "1f1b" || c.schedule == "zb" ||
                        c.schedule == "interleaved",
                    "--schedule ", c.schedule, ": use gpipe, 1f1b, interleaved or zb");
-    DTORCH_CHECK_T(ConfigError, c.schedule != "interleaved" || c.tp == 1,
-                   "--schedule interleaved with --tp is not supported yet (tensor parallelism ",
-                   "splits one stage per rank); use 1f1b or zb with --tp");
     DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
                    "--batch-size instead");

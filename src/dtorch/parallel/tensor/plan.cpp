@@ -3,6 +3,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/models/gpt.h"
+#include "dtorch/models/stage_union.h"
 #include "dtorch/models/vit.h"
 
 namespace dtorch::tp {
@@ -76,6 +77,19 @@ Plan for_stage(Plan plan, const models::Model& m) {
 }  // namespace
 
 Plan plan_for(const models::Model& model, int tp) {
+  if (auto* u = dynamic_cast<const models::StageUnion*>(&model)) {
+    // Note [Stage union]: every stage's rules (paths are the whole model's in both).
+    Plan plan;
+    for (const auto& stage : u->stages()) {
+      for (const Rule& rule : plan_for(*stage, tp)) {
+        bool known = false;
+        for (const Rule& r : plan)
+          known = known || (r.module == rule.module && r.style == rule.style);
+        if (!known) plan.push_back(rule);
+      }
+    }
+    return plan;
+  }
   if (auto* g = dynamic_cast<const models::GPT*>(&model)) {
     const auto& c = g->config();
     check_divides(tp, c.n_head, "attention heads", "this GPT");
