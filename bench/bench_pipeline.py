@@ -111,6 +111,14 @@ def main():
                 formula(schedule, p, m), " / ".join(str(r["peak_activations"]) for r in rows),
                 " / ".join("%.2f GiB" % gib(r["peak_rss_bytes"]) for r in rows),
                 rows[0]["samples_per_s"]))
+    lines += [
+        "",
+        "Stages are balanced by parameter count, not by time: gpt's first stage is its "
+        "embeddings (a third of the parameters, little compute), so rank 0 waits most. The %d "
+        "ranks share this machine's %d cores, so a measured bubble also holds time spent waiting "
+        "for a core, and more micro-batches cost more per-action overhead (samples/s falls as m "
+        "grows), where the simulator assumes uncontended, equal actions." % (p, os.cpu_count()),
+    ]
     if theirs:
         torch2 = next((rows[0]["torch"] for rows, _ in theirs.values() if rows), None)
         lines += [
@@ -138,7 +146,10 @@ def main():
         lines += [
             "",
             "The peer builds the whole model on every rank before keeping its stage (dtorch "
-            "builds the stage only), and its last stage's lm_head is an untied copy of wte.",
+            "builds the stage only), and its last stage's lm_head is an untied copy of wte. "
+            "In PyTorch 2.6 Schedule1F1B hung on Gloo (its batched point-to-point waited only "
+            "on the last request, pytorch#132644); a schedule that hangs here is killed after "
+            "--peer-timeout and its row says so.",
         ]
     lines.append(END)
     block = "\n".join(lines)

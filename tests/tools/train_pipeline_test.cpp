@@ -4,7 +4,8 @@
 // data-parallel ranks); the final model file and `checkpoint consolidate` are whole. A DDP
 // checkpoint written at pp 2 x dp 2 resumes at pp 1, at pp 4 and interleaved with identical
 // parameters, an interleaved one at pp 1 (Note [Pipeline checkpoints]); ZeRO's stage shards
-// refuse another layout.
+// at pp 2 x dp 2 resume at pp 1 (as another ZeRO stage), at pp 4 and interleaved (Note
+// [Resharding by name]).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -24,9 +25,9 @@ using testing::model_file;
 
 std::vector<std::string> train_args(const std::string& out, const std::string& strategy, int nproc,
                                     int epochs = 2) {
-  // Clipping (across the stages) where the strategy allows it with --pp.
+  // Clipping: across the stages under a pipeline, of ZeRO's gradient shards too.
   auto a = testing::gpt_debug_train_args(out, strategy, nproc, epochs);
-  a.insert(a.end(), {"--clip-grad-norm", strategy == "ddp" ? "1.0" : "0"});
+  a.insert(a.end(), {"--clip-grad-norm", "1.0"});
   return a;
 }
 
@@ -49,7 +50,11 @@ void expect_same_run(const std::string& got, const std::string& want, const std:
   for (const auto& [key, t] : gm) {
     ASSERT_TRUE(wm.count(key)) << name << " " << key;
     if (key.find("c_attn.bias") != std::string::npos) continue;  // key bias: rounding noise
-    EXPECT_LE((t - wm[key]).abs().max().item<double>(), 1e-4) << name << " " << key;
+    // Query and key weights get small gradients that Adam scales up: the reference itself,
+    // run with 1 thread instead of 2, moves them by 8e-5 (LibTorch 2.15); sequence
+    // parallelism's other summation order, by 2e-4.
+    const double tolerance = key.find("c_attn.weight") != std::string::npos ? 5e-4 : 1e-4;
+    EXPECT_LE((t - wm[key]).abs().max().item<double>(), tolerance) << name << " " << key;
   }
 }
 
@@ -77,8 +82,7 @@ TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
         name, with(train_args(out, strategy, 4), {"--pp", "2", "--schedule", schedule}), 300);
     ASSERT_EQ(r.exit_code(), 0) << name << "\n" << r.err;
     EXPECT_TRUE(testing::contains(r.err, "mesh: pp 2 x dp 2")) << r.err;
-    // ZeRO runs unclipped; its reference is the clipped ddp run only where clipping is off.
-    if (strategy == "ddp") expect_same_run(out, base + "/ref2", name);
+    expect_same_run(out, base + "/ref2", name);
     // Interleaved: 4 stages on 2 ranks; ZeRO keeps each rank's stages in one folder.
     const int stages = schedule == "interleaved" ? 4 : 2;
     const int folders = schedule == "interleaved" && strategy == "ddp" ? 4 : 2;
@@ -96,14 +100,6 @@ TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
     for (const auto& [key, t] : full)
       EXPECT_TRUE(t.equal(final[key])) << name << " " << key;
   }
-  // ZeRO-1 and ZeRO-2 without clipping against ddp without clipping.
-  auto ref = train_args(base + "/ref2_noclip", "ddp", 2);
-  ref.back() = "0";
-  r = testing::run_command("pp_ref2_noclip", ref, 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  expect_same_run(base + "/zero1_zb", base + "/ref2_noclip", "zero1_zb");
-  expect_same_run(base + "/zero2_1f1b", base + "/ref2_noclip", "zero2_1f1b");
-  expect_same_run(base + "/zero2_interleaved", base + "/ref2_noclip", "zero2_interleaved");
 }
 
 // 3-D: pipeline stages split by tensor parallelism, data parallel over the rest.
@@ -162,44 +158,51 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
   }
 }
 
-TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
+// Saves `saved_as` at pp 2 x dp 2 after one epoch of two, then resumes it as `resumed_as`:
+// at pp 1 x dp 2 (the same data order) for the second epoch, which must be the uninterrupted
+// run's; at pp 4 and interleaved (stages 0 and 2 on one rank, 1 and 3 on the other) with
+// nothing left to train, which must write the loaded weights back unchanged. Returns those
+// weights; leaves a copy of the saved run in base/same.
+std::map<std::string, torch::Tensor> expect_resumes_at_other_layouts(
+    const std::string& base, const std::string& saved_as, const std::string& resumed_as) {
   namespace fs = std::filesystem;
-  const std::string base = testing::scratch_dir("pp_any_layout");
   const std::vector<std::string> pp2 = {"--pp", "2"};
-  auto r = testing::run_command("pp_whole", with(train_args(base + "/whole", "ddp", 4), pp2), 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  r = testing::run_command("pp_first", with(train_args(base + "/split", "ddp", 4, 1), pp2), 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  fs::copy(base + "/split", base + "/pp4", fs::copy_options::recursive);
-  fs::copy(base + "/split", base + "/same", fs::copy_options::recursive);
-  fs::copy(base + "/split", base + "/interleaved", fs::copy_options::recursive);
+  auto r =
+      testing::run_command("pp_whole", with(train_args(base + "/whole", saved_as, 4), pp2), 300);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  r = testing::run_command("pp_first", with(train_args(base + "/split", saved_as, 4, 1), pp2), 300);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  for (const char* copy : {"/pp4", "/interleaved", "/same"})
+    fs::copy(base + "/split", base + copy, fs::copy_options::recursive);
   auto after_one = model_file(base + "/split/model.pt");
-  // pp 1 x dp 2 (the same data order) trains the second epoch as the uninterrupted run did.
+  const std::string name = saved_as + " at pp 2 resumed as " + resumed_as;
   r = testing::run_command("pp_resume_pp1",
-                           with(train_args(base + "/split", "ddp", 2), {"--resume"}), 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
+                           with(train_args(base + "/split", resumed_as, 2), {"--resume"}), 300);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
-  expect_same_run(base + "/split", base + "/whole", "resumed at pp 1");
-  // pp 4 with nothing left to train: the loaded weights are written back unchanged.
-  r = testing::run_command("pp_resume_pp4",
-                           with(train_args(base + "/pp4", "ddp", 4, 1), {"--pp", "4", "--resume"}),
-                           300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  for (const auto& [k, t] : model_file(base + "/pp4/model.pt"))
-    EXPECT_TRUE(t.equal(after_one[k])) << k;
-  // Interleaved (stages 0 and 2 on one rank, 1 and 3 on the other), likewise.
-  r = testing::run_command(
-      "pp_resume_interleaved",
-      with(train_args(base + "/interleaved", "ddp", 4, 1),
-           {"--pp", "2", "--schedule", "interleaved", "--microbatches", "4", "--resume"}),
-      300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  for (const auto& [k, t] : model_file(base + "/interleaved/model.pt"))
-    EXPECT_TRUE(t.equal(after_one[k])) << k;
-  // And an interleaved run's stage checkpoints resume at pp 1: its second epoch is the
+  expect_same_run(base + "/split", base + "/whole", name + " at pp 1");
+  EXPECT_FALSE(fs::exists(base + "/split/pipeline.json"));  // its stage folders are older now
+  const std::vector<std::string> interleaved = {"--pp",           "2", "--schedule", "interleaved",
+                                                "--microbatches", "4", "--resume"};
+  for (const auto& [dir, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"/pp4", {"--pp", "4", "--resume"}}, {"/interleaved", interleaved}}) {
+    r = testing::run_command("pp_resume" + dir.substr(1),
+                             with(train_args(base + dir, resumed_as, 4, 1), flags), 300);
+    EXPECT_EQ(r.exit_code(), 0) << r.err;
+    for (const auto& [k, t] : model_file(base + dir + "/model.pt"))
+      EXPECT_TRUE(t.equal(after_one[k])) << name << dir << " " << k;
+  }
+  return after_one;
+}
+
+TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
+  const std::string base = testing::scratch_dir("pp_any_layout");
+  auto after_one = expect_resumes_at_other_layouts(base, "ddp", "ddp");
+  // An interleaved run's stage checkpoints resume at pp 1: its second epoch is the
   // uninterrupted run's.
   const std::vector<std::string> il = {"--pp", "2", "--schedule", "interleaved"};
-  r = testing::run_command("pp_il_first", with(train_args(base + "/il", "ddp", 4, 1), il), 300);
+  auto r =
+      testing::run_command("pp_il_first", with(train_args(base + "/il", "ddp", 4, 1), il), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   r = testing::run_command("pp_il_resume_pp1",
                            with(train_args(base + "/il", "ddp", 2), {"--resume"}), 300);
@@ -214,21 +217,32 @@ TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
     EXPECT_TRUE(t.equal(after_one[k])) << k;
 }
 
+// ZeRO-1's stage shards resume as ZeRO-2 (other units, other stages): read by parameter name
+// with Adam's moments (Note [Resharding by name]).
+TEST(TrainPipeline, ZeroCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
+  expect_resumes_at_other_layouts(testing::scratch_dir("pp_zero_any_layout"), "zero1", "zero2");
+}
+
 TEST(TrainPipeline, BadPipelineFlagsAndOtherLayoutsAreNamed) {
   const std::string base = testing::scratch_dir("pp_bad");
   auto zero = with(train_args(base + "/z", "zero1", 4, 1), {"--pp", "2"});
   auto r = testing::run_command("pp_zero1", zero, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
-  r = testing::run_command(
-      "pp_zero1_pp4", with(train_args(base + "/z", "zero1", 4, 2), {"--pp", "4", "--resume"}), 120);
-  EXPECT_NE(r.exit_code(), 0);
-  EXPECT_TRUE(testing::contains(r.err, "written with 2 pipeline stage(s)")) << r.err;
   // DDP cannot read ZeRO's stage shards: named, not a silent fresh start.
   r = testing::run_command("pp_zero1_as_ddp",
                            with(train_args(base + "/z", "ddp", 4, 2), {"--pp", "2", "--resume"}),
                            120);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(testing::contains(r.err, "ZeRO's shards")) << r.err;
+  // Nor ZeRO DDP's whole stage checkpoints.
+  r = testing::run_command("pp_ddp", with(train_args(base + "/d", "ddp", 4, 1), {"--pp", "2"}),
+                           300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  r = testing::run_command("pp_ddp_as_zero1",
+                           with(train_args(base + "/d", "zero1", 4, 2), {"--pp", "2", "--resume"}),
+                           120);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "holds ddp's checkpoints")) << r.err;
   r = testing::run_command("pp_zero3", with(train_args(base + "/y", "zero3", 2, 1), {"--pp", "2"}),
                            60);
   EXPECT_NE(r.exit_code(), 0);

@@ -1,5 +1,6 @@
 // Strategies and sharded checkpoints together: a ZeRO checkpoint saved at 4 ranks resumes at
-// 2 ranks and at 1 with identical full parameters and optimizer state, for every stage; and
+// 2 ranks and at 1 with identical full parameters and optimizer state, for every stage, and
+// as zero3 with other units (Note [Resharding by name]); and
 // bf16 mixed precision follows the fp32 loss curve.
 #include "dtorch/train/strategy.h"
 
@@ -7,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
@@ -46,15 +48,22 @@ double train_steps(Strategy& s, models::Model& m, int steps, int rank, int seed_
 }
 
 // args: DIR STRATEGY MODE (save: train 3 steps and save to DIR/a; reload: load DIR/a, save
-// the loaded state to DIR/b<world>)
+// the loaded state to DIR/b<world>; regroup: likewise as zero3 with all blocks in one unit,
+// to DIR/c)
 DTORCH_TEST_WORKER(zero_reshard) {
   auto comm = comm::Communicator::from_env();
   torch::manual_seed(5);
   auto model = models::make_model("gpt-debug");
-  auto s = make_strategy(adamw(args.at(1)), model, comm);
+  auto c = adamw(args.at(2) == "regroup" ? "zero3" : args.at(1));
+  if (args.at(2) == "regroup") c.min_unit_params = int64_t{1} << 40;
+  auto s = make_strategy(c, model, comm);
   if (args.at(2) == "save") {
     train_steps(*s, *model, 3, comm->rank());
     s->save(args.at(0) + "/a", {1, 3, "{}"}, 2);
+  } else if (args.at(2) == "regroup") {
+    auto loaded = s->load_latest(args.at(0) + "/a");
+    DTORCH_CHECK(loaded && loaded->data.global_step == 3, "checkpoint not found");
+    s->save(args.at(0) + "/c", {1, 3, "{}"}, 2);
   } else {
     auto loaded = s->load_latest(args.at(0) + "/a");
     DTORCH_CHECK(loaded && loaded->data.global_step == 3, "checkpoint not found");
@@ -91,6 +100,45 @@ TEST_P(Reshard, SavedAtFourResumesAtTwoAndOne) {
     ASSERT_TRUE(again);
     EXPECT_EQ(ShardedCheckpointReader(*again).world_size(), w);
     expect_same_checkpoint(*saved, *again);
+  }
+}
+
+// Every parameter and per-parameter optimizer tensor of a checkpoint, by name.
+std::map<std::string, torch::Tensor> by_name(const std::string& dir) {
+  ShardedCheckpointReader r(dir);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [unit, layout] : r.data().layouts) {
+    for (const std::string kind : {"param/", "optim/"}) {
+      for (const char* state : {"", "/exp_avg", "/exp_avg_sq"}) {
+        const std::string key = kind + unit + state;
+        if ((kind == "param/") != (*state == 0) || !r.has_flat(key)) continue;
+        for (auto& [name, t] : cut_by_layout(r.read_flat(key), layout))
+          out[str(name, state)] = t;
+      }
+    }
+  }
+  return out;
+}
+
+TEST_P(Reshard, ResumesAsZero3WithOtherUnits) {
+  // Note [Resharding by name]: other units (and another ZeRO stage) read the same values.
+  const std::string strategy = GetParam();
+  auto dir = testing::scratch_dir("regroup_" + strategy);
+  ASSERT_EQ(testing::run_ranks(4, "zero_reshard", {dir, strategy, "save"}), 0);
+  ASSERT_EQ(testing::run_ranks(2, "zero_reshard", {dir, strategy, "regroup"}), 0);
+  auto a = latest_complete(dir + "/a"), c = latest_complete(dir + "/c");
+  ASSERT_TRUE(a && c);
+  EXPECT_NE(ShardedCheckpointReader(*a).data().layouts.size(),
+            ShardedCheckpointReader(*c).data().layouts.size());
+  auto want = by_name(*a), got = by_name(*c);
+  ASSERT_EQ(want.size(), got.size());
+  int moments = 0;  // Adam's second moments are among what is compared
+  for (const auto& kv : want)
+    moments += kv.first.size() > 11 && kv.first.substr(kv.first.size() - 11) == "/exp_avg_sq";
+  EXPECT_EQ(3 * moments, static_cast<int>(want.size()));
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(t.equal(got[name])) << name;
   }
 }
 

@@ -30,6 +30,11 @@ void write_pipeline_layout(const std::string& out, const std::string& model,
   write_file_atomically(out + "/pipeline.json", std::vector<char>(text.begin(), text.end()));
 }
 
+void forget_pipeline_layout(const std::string& out) {
+  std::error_code ec;
+  std::filesystem::remove(out + "/pipeline.json", ec);
+}
+
 std::vector<SavedStage> read_pipeline_layout(const std::string& out) {
   const std::string path = out + "/pipeline.json";
   if (!std::filesystem::exists(path)) return {};

@@ -26,7 +26,8 @@ namespace dtorch::train {
 /// other, and `dtorch checkpoint consolidate` joins the stages. An interleaved rank writes
 /// each of its stages to that stage's folder, so its checkpoints are the same. ZeRO's sharded
 /// checkpoints hold all of a rank's stages in the folder of its first (pipeline.json's
-/// "folders" then names the folder of every stage) and resume with the same stages only.
+/// "folders" then names the folder of every stage); they too resume at any pp, schedule and
+/// dp, read by parameter name (Note [Resharding by name]), at the same --tp.
 
 /// "/pp<s>-of-<n>".
 std::string pipeline_folder(int stage, int stages);
@@ -36,6 +37,10 @@ std::string pipeline_folder(int stage, int stages);
 /// stage s is in pipeline_folder(s, n).
 void write_pipeline_layout(const std::string& out, const std::string& model,
                            const pp::StagePlan& plan, const std::vector<std::string>& folders = {});
+
+/// Removes <out>/pipeline.json, once a run without a pipeline has saved in <out> itself:
+/// its checkpoints are newer than the stage folders', which resuming would otherwise read.
+void forget_pipeline_layout(const std::string& out);
 
 /// A stage folder of a saved run and the units it holds.
 struct SavedStage {

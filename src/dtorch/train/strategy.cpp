@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/torch_compat.h"
@@ -13,6 +15,7 @@
 #include "dtorch/parallel/tensor/optimizer_state.h"
 #include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"
+#include "dtorch/train/sharded_join.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/zero_grad.h"
 
@@ -81,7 +84,11 @@ class DdpStrategy : public Strategy {
 
   double step(double max_norm) override {
     double norm = 0;
-    if (max_norm > 0) norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+    if (max_norm > 0 && pp_.pipeline) {
+      norm = pp_.pipeline->clip_grad_norm(max_norm);  // across every stage
+    } else if (max_norm > 0) {
+      norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+    }
     opt_->step();
     zero_grad_to_none(*opt_);
     return norm;
@@ -198,11 +205,10 @@ class ZeroStrategy : public Strategy {
       // Note [Pipeline checkpoints]
       stage_folder_ = pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()));
     }
-    layout_folder_ = stage_folder_;
     if (tp.handle) {
       // Note [Tensor-parallel checkpoints]: per tp index, inside the stage's folder.
       const auto& g = tp.handle->group();
-      layout_folder_ += str("/tp", g->rank(), "-of-", g->size());
+      tp_folder_ = str("/tp", g->rank(), "-of-", g->size());
       tp_ = tp.handle;
     }
     zero::Options o;
@@ -235,7 +241,12 @@ class ZeroStrategy : public Strategy {
   }
 
   double step(double max_norm) override {
-    double norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm) : 0;
+    zero::NormScope scope;
+    if (pp_.pipeline) {  // the norm of every stage's shards, a tied parameter counted once
+      scope.across = &pp_.pipeline->group();
+      scope.counted_elsewhere = pp_.pipeline->counted_elsewhere();
+    }
+    double norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm, scope) : 0;
     sharded_->step();
     sharded_->zero_grad();
     return norm;
@@ -246,19 +257,12 @@ class ZeroStrategy : public Strategy {
   }
 
   void save(const std::string& out, const CheckpointData& data, int keep) override {
-    const std::string dir = out + layout_folder_;
+    const std::string dir = out + stage_folder_ + tp_folder_;
     ShardedCheckpointData d;
     d.epoch = data.epoch;
     d.global_step = data.global_step;
     d.metadata_json = data.metadata_json;
-    const auto& plan = sharded_->plan();
-    for (const auto& unit : plan.units) {
-      auto& layout = d.layouts[unit.name];
-      for (const auto& e : unit.entries) {
-        layout.push_back(
-            {sharded_->param_names()[e.param], sharded_->param_shapes()[e.param], e.offset});
-      }
-    }
+    d.layouts = unit_layouts();
     std::vector<ShardPiece> mine;
     for (auto& s : sharded_->checkpoint_slices())
       mine.push_back({s.key, s.full_numel, s.begin, s.data});
@@ -296,35 +300,61 @@ class ZeroStrategy : public Strategy {
     return folders;
   }
 
+  // Note [Resharding by name]: whatever units and stages wrote the shards, each of this
+  // rank's slices is read by parameter name, so ZeRO resumes at any --pp, schedule, dp size
+  // and wrap policy (the same --tp: Note [Tensor-parallel checkpoints]).
   std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir) override {
-    auto path = latest_complete(run_dir + layout_folder_);
-    if (!path) return std::nullopt;
-    ShardedCheckpointReader reader(*path);
-    check_layout(reader);
+    std::vector<std::string> stages;  // the saved stages that overlap this rank's units
+    const models::UnitRange mine = model_->units();
+    for (const SavedStage& s : read_pipeline_layout(run_dir)) {
+      if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
+      if (std::find(stages.begin(), stages.end(), s.folder) == stages.end())
+        stages.push_back(s.folder);
+    }
+    if (stages.empty()) stages.push_back(run_dir);
+    std::vector<std::string> folders;
+    for (const auto& s : stages)
+      folders.push_back(s + tp_folder_);
+    auto saved = ShardedJoin::open(folders);
+    if (!saved) {
+      // DDP's whole checkpoints are not shards: named, not a silent fresh start.
+      for (const auto& s : stages)
+        DTORCH_CHECK_T(CheckpointError, list_checkpoints(s).empty(), s,
+                       " holds ddp's checkpoints, not ZeRO's shards: resume with --strategy ddp, ",
+                       "or start a new --out");
+      return std::nullopt;
+    }
+    check_layout(*saved);
     torch::NoGradGuard no_grad;
     sharded_->init_optimizer_state();
+    const auto layouts = unit_layouts();
     for (auto& s : sharded_->checkpoint_slices()) {
-      DTORCH_CHECK_T(CheckpointError, reader.has_flat(s.key), reader.dir(), " has no ", s.key,
-                     " (saved with another optimizer?); start a new --out directory");
-      s.data.copy_(reader.read_range(s.key, s.begin, s.begin + s.data.numel()));
+      // "param/<unit>" or "optim/<unit>/<state>"
+      const bool param = s.key.rfind("param/", 0) == 0;
+      const size_t cut = param ? s.key.size() : s.key.rfind('/');
+      const std::string unit = s.key.substr(6, cut - 6);
+      const std::string kind = param ? "param" : "optim" + s.key.substr(cut);
+      s.data.copy_(saved->read_range(layouts.at(unit), kind, s.begin, s.begin + s.data.numel(),
+                                     s.data.scalar_type()));
     }
-    if (reader.has_full("optim/step")) {
-      sharded_->set_optimizer_steps(reader.read_full("optim/step").item<int64_t>());
+    if (saved->has_full("optim/step")) {
+      sharded_->set_optimizer_steps(saved->read_full("optim/step").item<int64_t>());
     }
     for (const auto& b : model_->named_buffers()) {
-      b.value().copy_(reader.read_full("buffer/" + b.key()));
+      b.value().copy_(saved->read_full("buffer/" + b.key()));
     }
-    if (reader.has_full("rng_state")) {
+    if (saved->has_full("rng_state")) {
+      // The generator of the stage that held this rank's first parameter.
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(reader.read_full("rng_state"));
+      gen.set_state(saved->read_full("rng_state", sharded_->param_names().at(0)));
     }
     sharded_->publish_params();
     LoadedCheckpoint out;
-    out.path = reader.dir();
-    out.data.epoch = reader.data().epoch;
-    out.data.global_step = reader.data().global_step;
-    out.data.metadata_json = reader.data().metadata_json;
+    out.path = saved->dir();
+    out.data.epoch = saved->data().epoch;
+    out.data.global_step = saved->data().global_step;
+    out.data.metadata_json = saved->data().metadata_json;
     return out;
   }
 
@@ -338,30 +368,30 @@ class ZeroStrategy : public Strategy {
   }
 
  private:
-  // The checkpoint must describe this model: same parameter names and shapes, in any units.
-  void check_layout(ShardedCheckpointReader& reader) {
-    std::map<std::string, std::vector<int64_t>> saved;
-    for (const auto& [unit, entries] : reader.data().layouts) {
-      for (const auto& e : entries)
-        saved[e.name] = e.shape;
+  // Each unit's parameters: names, shapes and offsets in its flat tensor.
+  std::map<std::string, std::vector<FlatLayoutEntry>> unit_layouts() const {
+    std::map<std::string, std::vector<FlatLayoutEntry>> layouts;
+    for (const auto& unit : sharded_->plan().units) {
+      auto& layout = layouts[unit.name];
+      for (const auto& e : unit.entries) {
+        layout.push_back(
+            {sharded_->param_names()[e.param], sharded_->param_shapes()[e.param], e.offset});
+      }
     }
+    return layouts;
+  }
+
+  // The checkpoint must describe this model: same parameter names and shapes, in any units.
+  void check_layout(const ShardedJoin& saved) {
     const auto& names = sharded_->param_names();
     for (size_t i = 0; i < names.size(); ++i) {
-      auto it = saved.find(names[i]);
-      DTORCH_CHECK_T(CheckpointError, it != saved.end(), reader.dir(), " has no parameter ",
+      auto shape = saved.shape(names[i]);
+      DTORCH_CHECK_T(CheckpointError, shape.has_value(), saved.dir(), " has no parameter ",
                      names[i], ": it was written for another model; use a new --out directory");
-      DTORCH_CHECK_T(CheckpointError, it->second == sharded_->param_shapes()[i], reader.dir(),
+      DTORCH_CHECK_T(CheckpointError, *shape == sharded_->param_shapes()[i], saved.dir(),
                      ": parameter ", names[i],
                      " has another shape; it was written for another "
                      "model configuration");
-    }
-    // Units are matched by name, so the same --strategy (and wrap policy) must be used.
-    for (const auto& unit : sharded_->plan().units) {
-      DTORCH_CHECK_T(CheckpointError, reader.data().layouts.count(unit.name), reader.dir(),
-                     " was saved with other units (no ", unit.name,
-                     "): resume with the same "
-                     "--strategy, --bucket-cap-mb and --min-unit-params, or consolidate it "
-                     "with `dtorch checkpoint consolidate`");
     }
   }
 
@@ -372,9 +402,8 @@ class ZeroStrategy : public Strategy {
   PipelineParallelism pp_;
   // "/pp<s>-of-<n>" under a pipeline, else empty
   std::string stage_folder_;
-  // Where this rank's shards go: the stage folder, then "/tp<i>-of-<n>" under tensor
-  // parallelism
-  std::string layout_folder_;
+  // "/tp<i>-of-<n>" under tensor parallelism, inside the stage folder; else empty
+  std::string tp_folder_;
   std::shared_ptr<tp::TensorParallel> tp_;
 };
 

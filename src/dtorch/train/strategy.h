@@ -48,8 +48,9 @@ class Strategy {
   /// gradients accumulating whole and locally, then reduces them across the data-parallel
   /// group once. DDP, ZeRO-1 and ZeRO-2 (ZeRO-3: ConfigError). Collective.
   virtual void backward_accumulated(const std::function<void()>& work) = 0;
-  /// Clips the whole gradient to `max_norm` (when > 0), updates the weights and clears the
-  /// gradients. Returns the gradient norm before clipping (0 when not clipping). Collective.
+  /// Clips the whole gradient to `max_norm` (when > 0; under a pipeline, the norm of every
+  /// stage's gradient together), updates the weights and clears the gradients. Returns the
+  /// gradient norm before clipping (0 when not clipping). Collective.
   virtual double step(double max_norm) = 0;
   /// Keeps every parameter whole until the returned guard is destroyed (ZeRO-3 gathers);
   /// needed to evaluate with a different number of batches per rank, or to save the model.

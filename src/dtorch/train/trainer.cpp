@@ -188,8 +188,7 @@ double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Te
       return cross_entropy(out, t, tensor_parallel);
     });
   });
-  if (clip_grad_norm > 0) pipeline.clip_grad_norm(clip_grad_norm);
-  strategy.step(0);
+  strategy.step(clip_grad_norm);  // the norm spans every stage
   auto loss = torch::tensor({r.has_loss ? r.loss : 0.0}, torch::kDouble);
   pipeline.group().allreduce(loss, comm::ReduceOp::Sum, "pipeline loss");
   return loss.item<double>();
@@ -212,20 +211,6 @@ StateDict join_pipeline_stages(pp::Pipeline& pipeline, const StateDict& stage) {
       if (seen.insert(name).second) full.emplace_back(name, t);
   }
   return full;
-}
-
-void check_pipeline_layout(const TrainConfig& c, const pp::StagePlan& plan) {
-  // Note [Pipeline checkpoints]: ZeRO's stage shards resume only at the same split.
-  auto saved = read_pipeline_layout(c.out);
-  if (saved.empty() || c.strategy == "ddp") return;
-  bool same = saved.size() == plan.stages.size();
-  for (size_t s = 0; same && s < saved.size(); ++s)
-    same = saved[s].units.begin == plan.stages[s].begin && saved[s].units.end == plan.stages[s].end;
-  DTORCH_CHECK_T(CheckpointError, same, "the ", c.strategy, " checkpoints in ", c.out,
-                 " were written with ", saved.size(), " pipeline stage(s) cut elsewhere than ",
-                 "this run's ", plan.stages.size(), " (--pp ", c.pp, ", --schedule ", c.schedule,
-                 "): resume with the --pp, --schedule and --pp-split that wrote them (only ddp's ",
-                 "pipeline checkpoints fit any layout)");
 }
 
 void check_tensor_parallel_layout(const TrainConfig& c) {
@@ -308,9 +293,6 @@ void validate(const TrainConfig& c) {
     DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
                    "--batch-size instead");
-    DTORCH_CHECK_T(ConfigError, c.clip_grad_norm == 0 || c.strategy == "ddp",
-                   "--clip-grad-norm with --pp needs --strategy ddp (ZeRO's gradient shards ",
-                   "would need a norm across both the dp and pp groups)");
     DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
                    "--microbatches must be >= 1, or 0 for 2 x --pp");
   } else {
@@ -371,7 +353,6 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   if (lead && restart > 0) log::info("restart ", restart, " of the group: resuming from ", c.out);
   if (resume) {
     check_tensor_parallel_layout(c);
-    check_pipeline_layout(c, layout.pp.plan);
     if (auto ck = strategy->load_latest(c.out)) {
       start_epoch = ck->data.epoch;
       global_step = ck->data.global_step;
@@ -445,6 +426,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       metrics->write_epoch(r);
     }
     strategy->save(c.out, {epoch + 1, global_step, config_json(c, world)}, c.keep_checkpoints);
+    if (lead && !pipeline) forget_pipeline_layout(c.out);  // the stage folders are older now
   }
   {
     auto whole = strategy->whole_parameters();

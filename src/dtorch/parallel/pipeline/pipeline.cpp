@@ -56,6 +56,7 @@ struct Pipeline::Impl {
   /// Parameters this rank counts in the gradient norm: its own, and tied ones where it is the
   /// first holder.
   std::vector<at::Tensor> norm_params;
+  std::set<std::string> counted_elsewhere;  // the names of the others
   comm::Communicator* pp = nullptr;
 
   void send(const at::Tensor& t, int to_stage, int t_tag) {
@@ -143,6 +144,7 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<models::Model>> stages,
     for (const auto& name : names)
       for (const auto& s : stages_)
         if (auto* p = s->named_parameters().find(name)) t.params.push_back(*p);
+    if (t.group->rank() != 0) impl_->counted_elsewhere.insert(names.begin(), names.end());
     impl_->tied.push_back(std::move(t));
   }
   std::set<const at::TensorImpl*> counted_elsewhere;
@@ -193,6 +195,10 @@ double Pipeline::clip_grad_norm(double max_norm) {
         if (p.grad().defined()) p.mutable_grad().mul_(coef);
   }
   return norm;
+}
+
+const std::set<std::string>& Pipeline::counted_elsewhere() const {
+  return impl_->counted_elsewhere;
 }
 
 Pipeline::~Pipeline() = default;

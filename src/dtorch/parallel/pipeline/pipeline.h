@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,9 @@ class Pipeline {
   /// `max_norm` as torch::nn::utils::clip_grad_norm_ does on one process; returns the norm
   /// before clipping. Collective over the pipeline group.
   double clip_grad_norm(double max_norm);
+  /// Names of this rank's parameters that another rank counts in that norm (its copies of
+  /// tied parameters), for a strategy that computes the norm of its own gradient shards.
+  const std::set<std::string>& counted_elsewhere() const;
 
   const Schedule& schedule() const { return schedule_; }
   /// The pipeline's communicator (its ranks run stages 0, 1, ... in order).

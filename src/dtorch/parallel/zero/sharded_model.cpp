@@ -9,6 +9,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtorch/core/error.h"
@@ -544,17 +545,30 @@ ShardedModel::FullParams ShardedModel::full_params() {
   return FullParams(this);
 }
 
-double ShardedModel::clip_grad_norm(double max_norm) {
+double ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
   DTORCH_CHECK_T(ConfigError, max_norm > 0, "clip-grad-norm must be positive (got ", max_norm, ")");
+  auto& impl = *impl_;
   at::Tensor sq = at::zeros({1}, at::kDouble);
-  for (auto& s : impl_->units)
-    sq += s.grad_shard.to(at::kDouble).pow(2).sum();
-  impl_->comm->allreduce(sq, comm::ReduceOp::Sum, "ZeRO gradient norm");
-  const double norm = std::sqrt(sq.item<double>());
+  for (size_t u = 0; u < impl.units.size(); ++u) {
+    const at::Tensor& g = impl.units[u].grad_shard;
+    sq += g.to(at::kDouble).pow(2).sum();
+    if (scope.counted_elsewhere.empty()) continue;
+    // Take out the owned elements of parameters counted elsewhere.
+    const Unit& unit = impl.plan.units[u];
+    auto [begin, end] = unit.owned(impl.rank());
+    for (const auto& e : unit.entries) {
+      if (!scope.counted_elsewhere.count(impl.names[e.param])) continue;
+      const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+      if (lo < hi) sq -= g.narrow(0, lo - begin, hi - lo).to(at::kDouble).pow(2).sum();
+    }
+  }
+  impl.comm->allreduce(sq, comm::ReduceOp::Sum, "ZeRO gradient norm");
+  if (scope.across) scope.across->allreduce(sq, comm::ReduceOp::Sum, "gradient norm of all stages");
+  const double norm = std::sqrt(std::max(0.0, sq.item<double>()));
   // The same coefficient as torch::nn::utils::clip_grad_norm_.
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1) {
-    for (auto& s : impl_->units)
+    for (auto& s : impl.units)
       s.grad_shard.mul_(coef);
   }
   return norm;

@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +67,14 @@ struct ShardSlice {
   int64_t full_numel = 0;
   int64_t begin = 0;
   torch::Tensor data;  ///< 1-D, aliases the live buffer (writing it changes training state)
+};
+
+/// Where a gradient norm spans more than one sharded model: a pipeline stage's norm adds the
+/// other stages' (summed over `across`, the ranks holding them), and leaves out the
+/// parameters another stage counts (its copy of a tied embedding), by name.
+struct NormScope {
+  comm::Communicator* across = nullptr;
+  std::set<std::string> counted_elsewhere;
 };
 
 class ShardedModel {
@@ -121,8 +130,8 @@ class ShardedModel {
 
   /// Scales the gradient shards so that the norm of the whole (unsharded) gradient is at
   /// most max_norm, as torch::nn::utils::clip_grad_norm_ would on the full gradient; returns
-  /// that norm before clipping. Collective.
-  double clip_grad_norm(double max_norm);
+  /// that norm before clipping. Collective (and over scope.across).
+  double clip_grad_norm(double max_norm, const NormScope& scope = {});
   /// Updates this rank's shards with the optimizer, then makes the parameters whole again
   /// (stages 1-2) or leaves them sharded until the next forward (stage 3). Collective.
   void step();
