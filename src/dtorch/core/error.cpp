@@ -1,14 +1,20 @@
 // Formatting of the source location that DTORCH_CHECK appends to a message.
 #include "dtorch/core/error.h"
 
-#include <cstring>
+#include <string>
 
 namespace dtorch::detail {
 
 std::string where(const char* file, int line) {
-  // Paths below src/ are enough to find the line; the build directory's prefix is noise.
-  const char* s = std::strstr(file, "src/dtorch/");
-  return cat(s ? s + 4 : file, ":", line);
+  // Relative to the repository (src/dtorch/..., tools/...): the build machine's prefix is
+  // noise to a user. The rightmost top-level folder wins, wherever the clone lives.
+  const std::string path = file;
+  size_t from = 0;
+  for (const char* top : {"/src/dtorch/", "/tools/", "/tests/", "/examples/"}) {
+    const size_t at = path.rfind(top);
+    if (at != std::string::npos && (from == 0 || at + 1 > from)) from = at + 1;
+  }
+  return cat(path.substr(from), ":", line);
 }
 
 }  // namespace dtorch::detail

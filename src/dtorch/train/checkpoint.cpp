@@ -227,7 +227,7 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
   std::error_code ec;
   fs::create_directories(dir, ec);
   DTORCH_CHECK_T(CheckpointError, fs::is_directory(dir), "cannot create checkpoint directory ", dir,
-                 ": ", ec.message(), " (pass a writable --checkpoint-dir)");
+                 ": ", ec.message(), " (save into a writable directory: `dtorch train --out DIR`)");
 
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   c10::Dict<std::string, torch::Tensor> params;
@@ -268,8 +268,8 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
   std::vector<std::string> all = list_checkpoints(dir);
   if (!all.empty() && all.front() != path) {
     log::warn("checkpoint directory ", dir, " holds ", all.front(), ", newer than ", path,
-              " just written; resuming will pick the newer one (use a fresh --checkpoint-dir "
-              "per run)");
+              " just written; resuming will pick the newer one (give each run its own "
+              "directory: `dtorch train --out DIR`)");
   }
   int others_kept = 0;
   for (const auto& f : all) {
@@ -326,7 +326,8 @@ std::optional<LoadedCheckpoint> load_latest_checkpoint(const std::string& dir,
     return LoadedCheckpoint{p.data, f};
   }
   DTORCH_FAIL(CheckpointError, "no checkpoint in ", dir, " is readable:", failures,
-              "\nDelete them (or pass another --checkpoint-dir) to start from scratch.");
+              "\nDelete them (or train into another directory: `dtorch train --out DIR`) to start "
+              "from scratch.");
 }
 
 }  // namespace dtorch::train

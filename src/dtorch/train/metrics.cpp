@@ -47,7 +47,8 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   DTORCH_CHECK_T(ConfigError, f_ != nullptr, "cannot open metrics file ", path, ": ",
-                 std::strerror(errno), " (pass a writable --metrics path)");
+                 std::strerror(errno),
+                 " (train into a writable directory: `dtorch train --out DIR`)");
 }
 
 MetricsWriter::~MetricsWriter() {
