@@ -142,19 +142,13 @@ int collective_worker(const std::string& op, int64_t bytes, int iters) {
 
 }  // namespace
 
-// Runs `dtorch bench <sub> ...` on n local ranks through the launcher, rank 0's output shown.
-int relaunch_bench(const std::string& sub, int n, bool every_rank) {
-  launch::LaunchOptions lo;
-  lo.nproc_per_node = n;
-  lo.standalone = true;
-  if (!every_rank) lo.show_ranks = {0};
-  lo.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "bench", sub};
-  const auto& args = command_line();
-  size_t from = std::find(args.begin(), args.end(), sub) - args.begin() + 1;
-  for (size_t i = from; i < args.size(); ++i)
-    lo.command.push_back(args[i]);
-  // The workers see RANK and run the benchmark themselves.
-  return launch::run(lo);
+// Note [Self-launch]: each benchmark prints one JSON line per rank shown, unprefixed.
+std::optional<int> self_launch_bench(int nproc_per_node, bool every_rank) {
+  SelfLaunch how;
+  how.nproc_per_node = nproc_per_node;
+  how.every_rank = every_rank;
+  how.data_stdout = true;
+  return self_launch(how);
 }
 
 void add_bench_command(CLI::App& app, int& exit_code) {
@@ -177,11 +171,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
                        f->batch_size >= 1,
                    "bench ddp: --nproc-per-node, --threads, --steps and --batch-size must be "
                    ">= 1, --warmup >= 0");
-    if (f->nproc_per_node > 1 && !env::get("RANK")) {
-      exit_code = relaunch_bench("ddp", f->nproc_per_node, f->every_rank);
-    } else {
-      exit_code = bench_worker(*f);
-    }
+    auto launched = self_launch_bench(f->nproc_per_node, f->every_rank);
+    exit_code = launched ? *launched : bench_worker(*f);
   });
 
   auto* ar = bench->add_subcommand(
@@ -201,8 +192,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   ar->callback([=, &exit_code] {
     DTORCH_CHECK_T(ConfigError, *nproc >= 1 && *bytes >= 4 && *iters >= 1,
                    "bench allreduce: --nproc-per-node and --iters must be >= 1, --bytes >= 4");
-    exit_code = *nproc > 1 && !env::get("RANK") ? relaunch_bench("allreduce", *nproc, false)
-                                                : collective_worker(*op, *bytes, *iters);
+    auto launched = self_launch_bench(*nproc, false);
+    exit_code = launched ? *launched : collective_worker(*op, *bytes, *iters);
   });
   add_bench_memory_command(*bench, exit_code);
 }

@@ -228,9 +228,8 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
                    "--seq-len, --tp and --pp must be >= 1");
     if (f->pp.pp > 1 && f->pp.microbatches == 0) f->pp.microbatches = 2 * f->pp.pp;
     train::validate(f->strategy);
-    exit_code = f->nproc_per_node > 1 && !env::get("RANK")
-                    ? relaunch_bench("memory", f->nproc_per_node, true)
-                    : memory_worker(*f);
+    auto launched = self_launch_bench(f->nproc_per_node, true);
+    exit_code = launched ? *launched : memory_worker(*f);
   });
 }
 

@@ -22,23 +22,7 @@ struct TrainFlags {
   std::string progress = "auto";
 };
 
-// The arguments this process got after `train`, minus --nproc-per-node, for its workers.
-std::vector<std::string> worker_command(const std::vector<std::string>& args) {
-  std::vector<std::string> cmd{std::filesystem::read_symlink("/proc/self/exe").string(), "train"};
-  size_t from = std::find(args.begin(), args.end(), "train") - args.begin() + 1;
-  for (size_t i = from; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--nproc-per-node" || a == "--nproc_per_node") {
-      ++i;  // skip its value too
-      continue;
-    }
-    if (a.rfind("--nproc-per-node=", 0) == 0 || a.rfind("--nproc_per_node=", 0) == 0) continue;
-    cmd.push_back(a);
-  }
-  return cmd;
-}
-
-int run_train(TrainFlags& f, const std::vector<std::string>& raw_args) {
+int run_train(TrainFlags& f) {
   auto& c = f.config;
   c.ddp.compression = f.compression == "fp16"   ? ddp::Compression::FP16
                       : f.compression == "bf16" ? ddp::Compression::BF16
@@ -49,20 +33,11 @@ int run_train(TrainFlags& f, const std::vector<std::string>& raw_args) {
                     : f.progress == "off"   ? Mode::Off
                                             : Mode::Auto;
   train::validate(c);  // fail before launching anything
-  // Already one rank of a job (torchrun, dtorch launch, srun, mpirun, ...): train as that rank.
-  bool launched = env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
-  if (f.nproc_per_node > 1 && !launched) {
-    launch::LaunchOptions lo;
-    lo.nproc_per_node = f.nproc_per_node;
-    lo.standalone = true;
-    lo.log_dir = f.log_dir;
-    lo.max_restarts = f.max_restarts;
-    lo.command = worker_command(raw_args);
-    return launch::run(lo);
-  }
-  if (f.nproc_per_node > 1 && launched) {
-    log::warn("--nproc-per-node is ignored: this process was already started by a launcher");
-  }
+  SelfLaunch how;      // Note [Self-launch]
+  how.nproc_per_node = f.nproc_per_node;
+  how.log_dir = f.log_dir;
+  how.max_restarts = f.max_restarts;
+  if (auto code = self_launch(how)) return *code;
   auto comm = comm::Communicator::from_env();
   train::train(c, comm);
   return 0;
@@ -164,7 +139,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--progress", f->progress, "auto | bar | lines | off")
       ->check(CLI::IsMember({"auto", "bar", "lines", "off"}))
       ->capture_default_str();
-  cmd->callback([f, &exit_code] { exit_code = run_train(*f, command_line()); });
+  cmd->callback([f, &exit_code] { exit_code = run_train(*f); });
 }
 
 }  // namespace dtorch::tools

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,20 @@ void add_train_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
 /// `dtorch bench memory ...` (cmd_bench_memory.cpp), under `bench`.
 void add_bench_memory_command(CLI::App& bench, int& exit_code);
-/// Runs `dtorch bench <sub>` with this process's arguments on n local ranks through the
-/// launcher; every rank's output shown, or rank 0's only.
-int relaunch_bench(const std::string& sub, int n, bool every_rank);
+/// How `dtorch train` or `dtorch bench ...` starts its own workers (self_launch.cpp).
+struct SelfLaunch {
+  int nproc_per_node = 1;
+  bool every_rank = true;    ///< show every rank's output, or rank 0's only
+  bool data_stdout = false;  ///< stdout is data (JSON lines): not prefixed with [n<node> r<rank>]
+  int max_restarts = 0;
+  std::string log_dir;
+};
+/// Note [Self-launch]: runs this command line on `nproc_per_node` local workers through the
+/// launcher and returns its exit code; nullopt when this process should run as one rank
+/// itself (one process asked for, or already a rank of a job).
+std::optional<int> self_launch(const SelfLaunch& how);
+/// self_launch for `dtorch bench ...`: stdout is JSON lines; rank 0's only unless every_rank.
+std::optional<int> self_launch_bench(int nproc_per_node, bool every_rank);
 /// `dtorch checkpoint inspect|consolidate DIR ...` (cmd_checkpoint.cpp)
 void add_checkpoint_command(CLI::App& app, int& exit_code);
 /// `dtorch pipeline show ...` (cmd_pipeline.cpp)

@@ -59,6 +59,17 @@ TEST_F(Mpirun, TwoRanksTrain) {
   EXPECT_EQ(metric_lines(out), 1u);
 }
 
+// Note [Self-launch]: a process mpirun started is a rank already; --nproc-per-node does not
+// make each of them start workers of its own.
+TEST_F(Mpirun, BenchUnderMpirunRunsAsItsRanks) {
+  auto r = mpirun("mpirun_bench", 2,
+                  {DTORCH_CLI, "bench", "allreduce", "--nproc-per-node", "3", "--bytes", "1024",
+                   "--iters", "2"});
+  ASSERT_EQ(r.exit_code(), 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "\"nproc\":2")) << r.out;
+  EXPECT_TRUE(contains(r.err, "--nproc-per-node is ignored")) << r.err;
+}
+
 TEST_F(Mpirun, OneLauncherPerNodeStartsTheRanks) {
   std::string out = testing::scratch_dir("mpirun_launch") + "/run";
   std::vector<std::string> args = {

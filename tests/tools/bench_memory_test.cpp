@@ -1,5 +1,6 @@
 // `dtorch bench memory`: each rank's model-state bytes under every strategy match the ZeRO
-// paper's formulas for fp32 AdamW within 10%, and sharding really shrinks what a rank holds.
+// paper's formulas for fp32 AdamW within 10%, and sharding really shrinks what a rank holds;
+// its stdout is JSON lines only.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -18,9 +19,10 @@ std::vector<nlohmann::json> run_bench(const std::string& strategy, int n) {
   EXPECT_EQ(r.exit_code(), 0) << r.err;
   std::vector<nlohmann::json> rows;
   std::istringstream in(r.out);
+  // Every stdout line is one rank's JSON as it is, no launcher prefix: it pipes into jq.
   for (std::string line; std::getline(in, line);) {
-    auto brace = line.find('{');
-    if (brace != std::string::npos) rows.push_back(nlohmann::json::parse(line.substr(brace)));
+    EXPECT_TRUE(nlohmann::json::accept(line)) << line;
+    if (nlohmann::json::accept(line)) rows.push_back(nlohmann::json::parse(line));
   }
   EXPECT_EQ(static_cast<int>(rows.size()), n) << r.out;
   return rows;

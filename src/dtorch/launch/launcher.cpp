@@ -309,7 +309,7 @@ class Attempt {
       w.rank = o.node_rank * o.nproc_per_node + lr;
       w.shown = shown.empty() || std::find(shown.begin(), shown.end(), w.rank) != shown.end();
       std::string prefix = rank_prefix(o.node_rank, w.rank, plan_.host);
-      w.out = LinePrefixer(prefix);
+      w.out = LinePrefixer(o.prefix_stdout ? prefix : "");
       w.err = LinePrefixer(prefix);
       if (attempt_ > 0) {
         plan_.logs->write(lr, str("dtorch launch: restart ", attempt_, " of ", o.max_restarts,

@@ -19,6 +19,9 @@ struct LaunchOptions {
   int max_restarts = 0;                   ///< restarts of the whole group after a worker failure
   /// Global ranks whose output is shown; empty shows every rank.
   std::vector<int> show_ranks;
+  /// Prefix the workers' stdout lines with [n<node> r<rank>] as their stderr's; off for
+  /// programs whose stdout is data (dtorch bench's JSON lines, for jq).
+  bool prefix_stdout = true;
   /// Seconds between SIGTERM and SIGKILL when the group is torn down.
   double grace_seconds = 3.0;
   /// Seconds the rendezvous store waits for all nodes' workers to connect.

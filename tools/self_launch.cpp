@@ -1,0 +1,44 @@
+// Note [Self-launch]: `dtorch train` and `dtorch bench ...` with --nproc-per-node N, started by
+// hand, start N local workers of the same command line through the launcher. Started as one
+// rank of a job instead (torchrun, dtorch launch, srun, mpirun, qsub: whatever
+// launch::rank_info_from_env recognises), they run as that rank, and --nproc-per-node is
+// ignored with a warning: under srun a task must not start N workers of its own.
+#include <filesystem>
+
+#include "dtorch/core/env.h"
+#include "dtorch/core/log.h"
+#include "dtorch/launch/launcher.h"
+#include "dtorch/launch/rank_info.h"
+#include "tools/commands.h"
+
+namespace dtorch::tools {
+
+std::optional<int> self_launch(const SelfLaunch& how) {
+  if (how.nproc_per_node <= 1) return std::nullopt;
+  if (env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1) {
+    log::warn("--nproc-per-node is ignored: this process was already started by a launcher");
+    return std::nullopt;
+  }
+  launch::LaunchOptions lo;
+  lo.nproc_per_node = how.nproc_per_node;
+  lo.standalone = true;
+  lo.max_restarts = how.max_restarts;
+  lo.log_dir = how.log_dir;
+  if (!how.every_rank) lo.show_ranks = {0};
+  lo.prefix_stdout = !how.data_stdout;
+  // The same command line without --nproc-per-node: each worker runs as one rank.
+  lo.command = {std::filesystem::read_symlink("/proc/self/exe").string()};
+  const auto& args = command_line();
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--nproc-per-node" || a == "--nproc_per_node") {
+      ++i;  // and its value
+      continue;
+    }
+    if (a.rfind("--nproc-per-node=", 0) == 0 || a.rfind("--nproc_per_node=", 0) == 0) continue;
+    lo.command.push_back(a);
+  }
+  return launch::run(lo);
+}
+
+}  // namespace dtorch::tools
