@@ -1,13 +1,12 @@
-// `dtorch pipeline show`: a pipeline schedule's timeline as text (and SVG with --out), with its
-// bubble and the activations each rank holds, computed by the on-paper simulator (Note
+// `dtorch pipeline show`: a pipeline schedule's timeline as text (and PNG or SVG with --out), with
+// its bubble and the activations each rank holds, computed by the on-paper simulator (Note
 // [Schedules as data]).
-#include <cstdio>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/picture.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/pipeline/schedule.h"
 #include "dtorch/parallel/pipeline/stage_plan.h"
@@ -74,19 +73,7 @@ int run_show(const PipelineFlags& f) {
     std::cout << pp::describe(plan, names);
   }
   if (!f.out.empty()) {
-    DTORCH_CHECK_T(ConfigError, f.out.size() > 4 && f.out.substr(f.out.size() - 4) == ".svg",
-                   "--out ", f.out, ": the timeline is written as SVG; name a .svg file (any ",
-                   "browser shows it; rsvg-convert or inkscape turn it into PNG)");
-    const std::string tmp = f.out + ".tmp";
-    {
-      std::ofstream os(tmp, std::ios::binary);
-      DTORCH_CHECK_T(ConfigError, os.good(), "cannot write ", f.out,
-                     ": check that its directory exists and is writable");
-      os << pp::timeline_svg(s, sim, title);
-      DTORCH_CHECK_T(ConfigError, os.good(), "writing ", f.out, " failed (disk full?)");
-    }
-    DTORCH_CHECK_T(ConfigError, std::rename(tmp.c_str(), f.out.c_str()) == 0, "cannot rename ", tmp,
-                   " to ", f.out);
+    write_picture(pp::timeline_picture(s, sim, title), f.out);
     std::cout << "wrote " << f.out << "\n";
   }
   return 0;
@@ -111,7 +98,7 @@ void add_pipeline_command(CLI::App& app, int& exit_code) {
   show->add_option("--virtual-stages", f->virtual_stages,
                    "stages per rank for interleaved (default 2)")
       ->check(CLI::Range(1, 16));
-  show->add_option("--out", f->out, "also draw the timeline into this .svg file");
+  show->add_option("--out", f->out, "also draw the timeline into this .png or .svg file");
   show->add_option("--model", f->model,
                    "also list this model's units and the stages they balance into");
   show->add_option("--pp-split", f->split, "with --model: cut at these units instead");

@@ -40,10 +40,16 @@ TEST(PipelineCli, ShowPrintsTheTimelineBubbleAndActivations) {
   EXPECT_TRUE(testing::contains(i.out, "4 ranks x 2 stages")) << i.out;
   EXPECT_TRUE(testing::contains(i.out, "0.158, (p-1)/(v m+p-1) = 0.158")) << i.out;
   EXPECT_TRUE(testing::contains(testing::read_file(svg), "</svg>"));
-  auto png = testing::run_command("pipeline_png",
-                                  {DTORCH_CLI, "pipeline", "show", "--out", svg + ".png"}, 30);
-  EXPECT_NE(png.exit_code(), 0);
-  EXPECT_TRUE(testing::contains(png.err, "name a .svg file")) << png.err;
+  const std::string png = testing::scratch_dir("pipeline-png") + "/zb.png";
+  auto p = testing::run_command(
+      "pipeline_png", {DTORCH_CLI, "pipeline", "show", "--schedule", "zb", "--out", png}, 30);
+  ASSERT_EQ(p.exit_code(), 0) << p.err;
+  EXPECT_TRUE(testing::contains(p.out, "wrote " + png)) << p.out;
+  EXPECT_EQ(testing::read_file(png).substr(0, 8), std::string("\x89PNG\r\n\x1a\n"));
+  auto jpg = testing::run_command("pipeline_jpg",
+                                  {DTORCH_CLI, "pipeline", "show", "--out", png + ".jpg"}, 30);
+  EXPECT_NE(jpg.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(jpg.err, "written as .png or .svg")) << jpg.err;
   auto bad = testing::run_command("pipeline_bad",
                                   {DTORCH_CLI, "pipeline", "show", "--schedule", "zigzag"}, 30);
   EXPECT_NE(bad.exit_code(), 0);

@@ -156,7 +156,7 @@ TEST(Schedules, TimelineShowsTheBubble) {
             "rank 0 |F0 F1 .  I0 W0 I1 W1 |\n"
             "rank 1 |.  F0 I0 F1 I1 W0 W1 |\n");
   Schedule i = interleaved_one_f_one_b(2, 2, 2);
-  const std::string svg = timeline_svg(i, simulate(i, 2), "interleaved");
+  const std::string svg = timeline_picture(i, simulate(i, 2), "interleaved").svg();
   EXPECT_NE(svg.find("<svg"), std::string::npos);
   EXPECT_NE(svg.find(">F1b<"), std::string::npos) << svg;
 }

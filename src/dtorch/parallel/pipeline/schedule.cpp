@@ -337,36 +337,33 @@ std::string timeline(const Schedule& schedule, const Simulation& sim) {
   return os.str();
 }
 
-std::string timeline_svg(const Schedule& schedule, const Simulation& sim,
+Picture timeline_picture(const Schedule& schedule, const Simulation& sim,
                          const std::string& title) {
   const int ranks = static_cast<int>(schedule.size());
   const double unit = 28, row = 30, left = 70, top = 40;
-  const double width = left + sim.makespan * unit + 20, height = top + ranks * row + 30;
-  std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
-     << "\" font-family=\"monospace\" font-size=\"11\">\n"
-     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << left << "\" y=\"22\" font-size=\"14\">" << title << "</text>\n";
+  const std::string legend =
+      "F forward, B backward, I input gradient, W weight gradient; grey: idle";
+  const double width =
+      std::max(left + sim.makespan * unit + 20,
+               left + Picture::text_width(std::max(legend.size(), title.size()), 14) + 20);
+  Picture p(static_cast<int>(std::ceil(width)), static_cast<int>(top + ranks * row + 30));
+  const Color ink{51, 51, 51};
+  static const char* fills[] = {"#6baed6", "#74c476", "#a1d99b", "#fdae6b"};
+  p.text(left, 22, title, 14);
   for (int r = 0; r < ranks; ++r) {
     const double y = top + r * row;
-    os << "<text x=\"8\" y=\"" << y + row / 2 + 4 << "\">rank " << r << "</text>\n"
-       << "<rect x=\"" << left << "\" y=\"" << y << "\" width=\"" << sim.makespan * unit
-       << "\" height=\"" << row - 4 << "\" fill=\"#eeeeee\"/>\n";
+    p.text(8, y + row / 2 + 4, str("rank ", r));
+    p.box(left, y, sim.makespan * unit, row - 4, Color::hex("#eeeeee"));
     for (size_t i = 0; i < schedule[r].size(); ++i) {
       const Action& a = schedule[r][i];
       if (!is_compute(a.kind)) continue;
-      static const char* fills[] = {"#6baed6", "#74c476", "#a1d99b", "#fdae6b"};
       const double x = left + sim.start[r][i] * unit, w = sim.costs.cost(a.kind) * unit;
-      os << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w - 1 << "\" height=\""
-         << row - 4 << "\" fill=\"" << fills[static_cast<int>(a.kind)] << "\" stroke=\"#333\"/>\n"
-         << "<text x=\"" << x + 3 << "\" y=\"" << y + row / 2 + 2 << "\">"
-         << label(a, ranks, sim.stages) << "</text>\n";
+      p.box(x, y, w - 1, row - 4, Color::hex(fills[static_cast<int>(a.kind)]), ink);
+      p.text(x + 3, y + row / 2 + 2, label(a, ranks, sim.stages));
     }
   }
-  os << "<text x=\"" << left << "\" y=\"" << top + ranks * row + 18
-     << "\">F forward, B backward, I input gradient, W weight gradient; grey: idle</text>\n"
-     << "</svg>\n";
-  return os.str();
+  p.text(left, top + ranks * row + 18, legend);
+  return p;
 }
 
 }  // namespace dtorch::pp

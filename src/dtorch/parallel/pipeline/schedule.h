@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/core/picture.h"
+
 namespace dtorch::pp {
 
 enum class ActionKind {
@@ -112,7 +114,7 @@ Simulation simulate(const Schedule& schedule, int microbatches, Costs costs = {}
 /// micro-batch 3, "B3" backward, "I3"/"W3" its input / weight halves, ". " idle; with several
 /// stages per rank a letter names the rank's stage ("F3a" its first, "F3b" its second).
 std::string timeline(const Schedule& schedule, const Simulation& sim);
-/// The same timeline as an SVG picture (one coloured box per compute action).
-std::string timeline_svg(const Schedule& schedule, const Simulation& sim, const std::string& title);
+/// The same timeline as a picture (one coloured box per compute action), for write_picture.
+Picture timeline_picture(const Schedule& schedule, const Simulation& sim, const std::string& title);
 
 }  // namespace dtorch::pp
