@@ -55,7 +55,8 @@ test: deps-test $(BUILD)/build.ninja
 # dtorch on both LibTorch versions: DDP on Debian's 1.13 against PyTorch 1.13 and 2.x; Gloo's
 # own collectives (2.x only) against dtorch's; the sharded strategies on LibTorch 2.x against
 # PyTorch 2.x's FSDP, ZeroRedundancyOptimizer and DeepSpeed on the same torch; tensor
-# parallelism against PyTorch 2.x's parallelize_module.
+# parallelism against PyTorch 2.x's parallelize_module; pipelines against its pipelining;
+# activation checkpointing against torch.utils.checkpoint.
 bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
@@ -64,6 +65,7 @@ bench: deps-bench
 	bench/bench_memory.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_tensor_parallel.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_pipeline.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_activation_checkpointing.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from benchlib import replace_block
+from benchlib import parse_with_peer, replace_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
@@ -81,14 +81,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
-    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
-    ap.add_argument("--python2", default=venv_python if os.path.exists(venv_python) else None,
-                    help="Python with PyTorch 2.x and DeepSpeed for the peers (default "
-                    ".venv/bin/python when it exists, else the peers are left out)")
-    ap.add_argument("--peer", default=os.path.join(ROOT, "bench", "peer_sharded.py"))
-    a = ap.parse_args()
-    a.dtorch = os.path.abspath(a.dtorch)
+    a = parse_with_peer(ap)
     if a.python2:
         a.python2 = os.path.abspath(a.python2)  # the peers run from /tmp
     if a.python2 and not os.path.exists(a.python2):

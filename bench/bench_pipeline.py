@@ -19,7 +19,7 @@ import os
 import sys
 
 from bench_memory import gib, run_lines, run_peer, shown_path, short_version
-from benchlib import replace_block
+from benchlib import parse_with_peer, replace_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- pipeline:start -->", "<!-- pipeline:end -->"
@@ -44,12 +44,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--peer-microbatches", type=int, default=8)
     ap.add_argument("--peer-timeout", type=int, default=600)
-    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
-    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
-    ap.add_argument("--python2", default=venv_python if os.path.exists(venv_python) else None)
-    ap.add_argument("--peer", default=os.path.join(ROOT, "bench", "peer_sharded.py"))
-    a = ap.parse_args()
-    a.dtorch = os.path.abspath(a.dtorch)
+    a = parse_with_peer(ap)
     p = a.nproc
 
     ours = {}

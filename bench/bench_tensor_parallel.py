@@ -23,7 +23,7 @@ import os
 import sys
 
 from bench_memory import gib, run_lines, run_peer, shown_path, short_version
-from benchlib import replace_block
+from benchlib import parse_with_peer, replace_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- tensor-parallel:start -->", "<!-- tensor-parallel:end -->"
@@ -41,7 +41,7 @@ def layouts(n):
         ("dp %d x tp 2" % (n // 2), "ddp", 2, "dp-tp", ["--tp", "2"],
          "PyTorch parallelize_module + FSDP2 over dp", 1, None),
     ] + [("pp %d %s" % (n, schedule), "ddp", 1, None, [], None, n, schedule)
-         for schedule in ("gpipe", "1f1b", "zb")] + [
+         for schedule in ("gpipe", "1f1b", "interleaved", "zb")] + [
         ("pp 2 x dp %d 1f1b" % (n // 2), "ddp", 1, None, [], None, 2, "1f1b"),
     ]
 
@@ -73,12 +73,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
-    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
-    ap.add_argument("--python2", default=venv_python if os.path.exists(venv_python) else None)
-    ap.add_argument("--peer", default=os.path.join(ROOT, "bench", "peer_sharded.py"))
-    a = ap.parse_args()
-    a.dtorch = os.path.abspath(a.dtorch)
+    a = parse_with_peer(ap)
     n = a.nproc
 
     ours, theirs = {}, {}

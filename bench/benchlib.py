@@ -7,6 +7,23 @@ import subprocess
 import sys
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_with_peer(ap):
+    """Adds the arguments of the scripts that compare with bench/peer_sharded.py (--out,
+    --python2, --peer), parses them, and makes --dtorch absolute."""
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    venv_python = os.path.join(ROOT, ".venv", "bin", "python")
+    ap.add_argument("--python2", default=venv_python if os.path.exists(venv_python) else None,
+                    help="Python with PyTorch 2.x (and DeepSpeed) for the peers (default "
+                    ".venv/bin/python when it exists, else the peers are left out)")
+    ap.add_argument("--peer", default=os.path.join(ROOT, "bench", "peer_sharded.py"))
+    a = ap.parse_args()
+    a.dtorch = os.path.abspath(a.dtorch)
+    return a
+
+
 def run_json(cmd, env=None):
     """Runs cmd from /tmp and returns the last JSON object it printed on stdout (launcher prefix
     removed); exits naming the command when it fails or prints none."""

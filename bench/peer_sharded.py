@@ -32,6 +32,8 @@ Each rank prints {"rank", "strategy", "impl", "samples_per_s", "peak_rss_bytes",
 {"strategy", "error": reason} and exits 1. tensor-parallel and dp-tp also print "tp", "dp" and
 "bytes_sent_per_step" (the warm-up step's collectives counted as dtorch counts its own); their
 samples/s counts the dp batches only, since a tp group trains on one batch.
+With --activation-checkpointing K every K-th block runs under torch.utils.checkpoint
+(use_reentrant=False), as dtorch's --activation-checkpointing K recomputes it.
 Usage: .venv/bin/python bench/peer_sharded.py --strategy fsdp --nproc 2 [--steps 3]
        .venv/bin/python bench/peer_sharded.py --strategy dp-tp --nproc 4 [--tp 2]
 """
@@ -51,6 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 STRATEGIES = ("ddp", "zero-redundancy", "fsdp", "deepspeed-zero1", "deepspeed-zero2",
@@ -131,8 +134,12 @@ class GPT(nn.Module):
     def forward(self, idx):
         pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-        for block in self.transformer.h:
-            x = block(x)
+        every = getattr(self, "checkpoint_every", 0)
+        for i, block in enumerate(self.transformer.h):
+            if every and self.training and i % every == 0:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
 
 
@@ -476,6 +483,7 @@ def run_rank(rank, a):
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     torch.manual_seed(0)  # the same initial model on every rank, as dtorch does
     model = GPT(*CONFIGS[a.model])
+    model.checkpoint_every = a.activation_checkpointing
     params = sum(p.numel() for p in model.parameters())  # tied weight counted once
     parallelize = {"ddp": parallelize_ddp, "zero-redundancy": parallelize_zero_redundancy,
                    "fsdp": parallelize_fsdp, "tensor-parallel": parallelize_tensor,
@@ -512,6 +520,7 @@ def run_rank(rank, a):
                steps=a.steps, seconds=seconds,
                samples_per_s=a.steps * a.batch * batches / seconds, peak_rss_bytes=rss,
                rss_before_model_bytes=base_rss, final_loss=float(loss.detach()),
+               step_seconds=seconds / a.steps, activation_checkpointing=a.activation_checkpointing,
                torch=torch.__version__)
     if a.strategy.startswith("deepspeed"):
         import deepspeed
@@ -591,6 +600,9 @@ def main():
     ap.add_argument("--stages", default="",
                     help="pipeline: each rank's units begin-end, comma-separated (0 embeddings, "
                     "1..L blocks, L+1 head), e.g. 0-7,7-14")
+    ap.add_argument("--activation-checkpointing", type=int, default=0, metavar="K",
+                    help="recompute every K-th block in backward with torch.utils.checkpoint "
+                    "(use_reentrant=False; 0: off)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds before giving up")
     a = ap.parse_args()
     if a.port == 0:

@@ -2,20 +2,25 @@
 // the toolkit's own buffers), the ZeRO paper's formula for them, the process's peak RSS, the
 // bytes each rank sends per step, and throughput: one JSON line per rank. With --tp (--pp), the
 // strategy runs over the dp group of a dp x tp (x pp) mesh; under a pipeline each line also has
-// the rank's measured and simulated bubble and activations held.
+// the rank's measured and simulated bubble and activations held; with --activation-checkpointing
+// the blocks recompute their forward in backward. Bytes kept from forward to backward and each
+// step's peak are counted at the allocator (Note [Allocation meter]).
 #include <sys/resource.h>
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <iostream>
+#include <optional>
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/strategy.h"
+#include "tools/allocation_meter.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -28,9 +33,10 @@ struct MemoryFlags {
   int threads = 1;
   int64_t batch_size = 2;
   int64_t seq_len = 64;
-  int steps = 3;             ///< timed steps, after one untimed
-  int tp = 1;                ///< tensor-parallel degree (dp = world / tp)
-  train::PipelineConfig pp;  ///< pipeline stages (dp = world / (tp pp))
+  int steps = 3;                     ///< timed steps, after one untimed
+  int tp = 1;                        ///< tensor-parallel degree (dp = world / tp)
+  train::PipelineConfig pp;          ///< pipeline stages (dp = world / (tp pp))
+  int activation_checkpointing = 0;  ///< recompute every K-th block in backward (0: off)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -61,6 +67,8 @@ int memory_worker(MemoryFlags f) {
       P += p.numel();
     layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false);
   }
+  if (f.activation_checkpointing > 0)
+    parallel::checkpoint_activations(*model, {f.activation_checkpointing});
   pp::Pipeline* pipeline = layout.pp.pipeline.get();
   const std::shared_ptr<comm::Communicator>& dp = layout.dp;
   const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
@@ -87,11 +95,20 @@ int memory_worker(MemoryFlags f) {
   Clock::time_point t0;
   double pipeline_seconds = 0, compute_seconds = 0;
   int peak_activations = 0;
+  // Bytes allocated during the timed steps (Note [Allocation meter]): kept from forward to
+  // backward (activations; without a pipeline), and the peak of each step above its start.
+  std::optional<AllocationMeter> meter;
+  int64_t forward_bytes = 0, step_peak_bytes = 0, step_base = 0;
   for (int step = 0; step < 1 + f.steps; ++step) {
     if (step == 1) {
       world->barrier("bench start");
       reset();
+      meter.emplace();
       t0 = Clock::now();
+    }
+    if (meter) {
+      step_base = meter->current();
+      meter->reset_peak();
     }
     auto [x, y] = batch();
     if (pipeline) {
@@ -103,6 +120,7 @@ int memory_worker(MemoryFlags f) {
         });
       });
       strategy->step(0);
+      if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
       if (step > 0) {
         pipeline_seconds += r.seconds;
         compute_seconds += r.compute_seconds;
@@ -115,8 +133,10 @@ int memory_worker(MemoryFlags f) {
       parallel::CpuAutocast autocast(strategy->autocast());
       loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
     }
+    if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
     strategy->backward(loss, true);
     strategy->step(0);
+    if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
   }
   world->barrier("bench end");
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -161,10 +181,14 @@ int memory_worker(MemoryFlags f) {
       {"model_state_over_formula", m.total() / expected},
       {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024},
       {"samples_per_s", f.steps * f.batch_size * n / seconds},
+      {"step_seconds", seconds / f.steps},
+      {"activation_checkpointing", f.activation_checkpointing},
+      {"step_peak_allocated_bytes", step_peak_bytes},
       {"bytes_sent_per_step", per_step(traffic)},
       {"tp_bytes_sent_per_step", per_step(tp_traffic)},
       {"sent_per_step_over_param_bytes", double(sent) / f.steps / (4.0 * P)},
   };
+  if (!pipeline) j["forward_kept_bytes"] = forward_bytes;
   if (pipeline) {
     // The bubble as measured (time not spent in forward or backward, over the step) and as
     // the on-paper simulator gives it with equal F, B and W times.
@@ -220,12 +244,17 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--bucket-cap-mb", f->strategy.bucket_cap_mb)->capture_default_str();
   cmd->add_option("--min-unit-params", f->strategy.min_unit_params)->capture_default_str();
+  cmd->add_option("--activation-checkpointing", f->activation_checkpointing,
+                  "recompute every K-th block in backward (given alone: every block)")
+      ->expected(0, 1)
+      ->default_str("1");
   cmd->callback([f, &exit_code] {
     DTORCH_CHECK_T(ConfigError,
                    f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
-                       f->batch_size >= 1 && f->seq_len >= 1 && f->tp >= 1 && f->pp.pp >= 1,
+                       f->batch_size >= 1 && f->seq_len >= 1 && f->tp >= 1 && f->pp.pp >= 1 &&
+                       f->activation_checkpointing >= 0,
                    "bench memory: --nproc-per-node, --threads, --steps, --batch-size, "
-                   "--seq-len, --tp and --pp must be >= 1");
+                   "--seq-len, --tp and --pp must be >= 1, --activation-checkpointing >= 0");
     if (f->pp.pp > 1 && f->pp.microbatches == 0) f->pp.microbatches = 2 * f->pp.pp;
     train::validate(f->strategy);
     auto launched = self_launch_bench(f->nproc_per_node, true);

@@ -94,6 +94,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--clip-grad-norm", c.clip_grad_norm,
                   "clip the whole gradient to this norm (0: off)");
+  cmd->add_option("--activation-checkpointing", c.activation_checkpointing,
+                  "recompute every K-th block's forward in backward instead of keeping its "
+                  "activations (given alone: every block)")
+      ->expected(0, 1)
+      ->default_str("1");
   cmd->add_option("--min-unit-params", c.min_unit_params,
                   "zero3 wrap policy: merge consecutive blocks into units of at least this many "
                   "parameters (0: one unit per block)");

@@ -43,6 +43,21 @@ using GradAccumulator =
 /// Any autograd node, as an edge of the graph holds it (the same change of pointer type).
 using NodeHandle = decltype(torch::autograd::Edge::function);
 
+// Note [Allocator reports]
+// An allocator reports each allocation to the thread's c10::MemoryReportingInfoBase with the
+// running totals; 1.13 passes them as int64_t, 2.x as size_t. This alias is the type the
+// installed LibTorch declares, read off reportMemoryUsage, so an override compiles on both.
+namespace detail {
+template <class>
+struct TotalOf;
+template <class C, class R, class Ptr, class Size, class Total, class... Rest>
+struct TotalOf<R (C::*)(Ptr, Size, Total, Rest...)> {
+  using type = Total;
+};
+}  // namespace detail
+using AllocatorTotal =
+    detail::TotalOf<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
+
 // Note [CPU autocast switches]
 // 1.13 has per-device functions (set_cpu_enabled, set_autocast_cpu_dtype); 2.4+ takes the
 // device type as an argument and deprecates the old names.

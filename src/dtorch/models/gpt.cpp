@@ -137,7 +137,7 @@ torch::Tensor GPT::forward(torch::Tensor x) {
   }
   const auto names = block_names();
   for (size_t i = 0; i < h_.size(); ++i)
-    x = run_block(names[i], x, [&](torch::Tensor t) { return call(h_[i], t); });
+    x = run_block(names[i], x, [this, i](torch::Tensor t) { return call(h_[i], t); });
   if (!holds_unit(static_cast<int>(config_.n_layer) + 1)) return x;
   // Note [Tied embedding]: the output layer is the token embedding.
   return torch::linear(call(ln_f_, x), wte_->weight);

@@ -80,10 +80,16 @@ class Model : public torch::nn::Module {
   void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
   const BlockHooks& block_hooks() const { return hooks_; }
 
+  /// Runs a block's forward `f` on `x` in place of f(x), between the block hooks; activation
+  /// checkpointing uses it to keep only the block's input and run `f` again in backward
+  /// (Note [Activation checkpointing]). `f` stays callable after the forward returns.
+  using BlockRunner = std::function<torch::Tensor(const std::string& block, torch::Tensor x,
+                                                  std::function<torch::Tensor(torch::Tensor)> f)>;
+  /// Replaces the runner (an empty one runs f(x) directly).
+  void set_block_runner(BlockRunner runner) { runner_ = std::move(runner); }
+  const BlockRunner& block_runner() const { return runner_; }
+
  protected:
-  /// Runs f(x) as block `name` with the hooks around it: before(name), out = f(x),
-  /// out = after(name, out). Models run every block listed in block_names() through this,
-  /// and nothing else. When f throws, `after` is not called.
   /// Records the range a pipeline stage's constructor was given; ConfigError when it is empty
   /// or outside the model's units.
   void set_units(UnitRange r) {
@@ -93,16 +99,23 @@ class Model : public torch::nn::Module {
     units_ = {r.begin, end};
   }
 
+  /// Runs f(x) as block `name` with the hooks around it: before(name), out = f(x) (through
+  /// the block runner, if one is set), out = after(name, out). Models run every block listed
+  /// in block_names() through this, and nothing else. When f throws, `after` is not called.
+  /// `f` captures by value what it needs (the model's `this`, a block index): the runner may
+  /// call it again during backward, after this forward has returned.
   template <class F>
   torch::Tensor run_block(const std::string& name, torch::Tensor x, F&& f) {
     if (hooks_.before) hooks_.before(name);
-    torch::Tensor out = std::forward<F>(f)(std::move(x));
+    torch::Tensor out = runner_ ? runner_(name, std::move(x), std::forward<F>(f))
+                                : std::forward<F>(f)(std::move(x));
     if (hooks_.after) out = hooks_.after(name, std::move(out));
     return out;
   }
 
  private:
   BlockHooks hooks_;
+  BlockRunner runner_;
   UnitRange units_;
 };
 

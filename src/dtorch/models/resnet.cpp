@@ -113,7 +113,7 @@ torch::Tensor ResNet::forward(torch::Tensor x) {
   if (holds_unit(0)) x = torch::relu(bn1_->forward(conv1_->forward(x)));
   const auto names = block_names();
   for (size_t s = 0; s < stages_.size(); ++s)
-    x = run_block(names[s], x, [&](torch::Tensor t) { return stages_[s]->forward(t); });
+    x = run_block(names[s], x, [this, s](torch::Tensor t) { return stages_[s]->forward(t); });
   if (!fc_) return x;
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc_->forward(x);

@@ -123,7 +123,7 @@ torch::Tensor VisionTransformer::forward(torch::Tensor x) {
   }
   const auto names = block_names();
   for (size_t i = 0; i < layers_.size(); ++i)
-    x = run_block(names[i], x, [&](torch::Tensor t) { return call(layers_[i], t); });
+    x = run_block(names[i], x, [this, i](torch::Tensor t) { return call(layers_[i], t); });
   if (!head_) return x;
   x = call(ln_, x);
   return call(head_, x.select(1, 0));

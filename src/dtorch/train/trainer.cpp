@@ -14,6 +14,7 @@
 #include "dtorch/data/sampler.h"
 #include "dtorch/data/text_dataset.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
@@ -250,6 +251,9 @@ void validate(const TrainConfig& c) {
                    return s;
                  }());
   parse_save_format(c.save_format);
+  DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
+                 c.activation_checkpointing,
+                 ": give K >= 1 to recompute every K-th block (1: every block)");
   DTORCH_CHECK_T(ConfigError, c.data == "fashion-mnist" || c.data == "mnist" || is_text(c.data),
                  "unknown data '", c.data,
                  "'; use fashion-mnist or mnist (IDX files, see --data-dir), or text[:PATH] for "
@@ -327,6 +331,20 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   // Tensor parallelism first (every rank built the same model from the seed), then the
   // strategy over the data-parallel group (Note [Mesh layout]).
   if (c.pp == 1) layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel);
+  if (c.activation_checkpointing > 0) {
+    DTORCH_CHECK_T(ConfigError, !model->block_names().empty(),
+                   "--activation-checkpointing: ", c.model,
+                   " has no repeating blocks to recompute (gpt-*, vit-* and resnet* ",
+                   "have); leave the flag out");
+    parallel::checkpoint_activations(*model, {c.activation_checkpointing});
+    const size_t blocks = model->block_names().size();
+    if (lead) {
+      log::info("activation checkpointing: ",
+                (blocks + c.activation_checkpointing - 1) / c.activation_checkpointing, " of ",
+                blocks, " block(s)", c.pp > 1 ? " of this stage" : "",
+                " recompute their forward in backward");
+    }
+  }
   const std::shared_ptr<comm::Communicator>& dp = layout.dp;
   const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
   pp::Pipeline* pipeline = layout.pp.pipeline.get();

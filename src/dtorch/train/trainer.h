@@ -42,9 +42,12 @@ struct TrainConfig {
   std::string precision = "fp32";     ///< fp32 | bf16 (bf16 compute, fp32 master weights)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
   double clip_grad_norm = 0;          ///< clip the whole gradient to this norm (0: off)
-  int64_t min_unit_params = 0;        ///< zero3 wrap policy: merge blocks up to this size
-  uint64_t seed = 1;                  ///< model init and data order
-  std::string out = "runs/latest";    ///< metrics.jsonl, checkpoints, model.pt
+  /// Recompute every K-th block's forward in backward instead of keeping its activations
+  /// (parallel/activation_checkpoint.h; 1: every block, 0: off).
+  int activation_checkpointing = 0;
+  int64_t min_unit_params = 0;      ///< zero3 wrap policy: merge blocks up to this size
+  uint64_t seed = 1;                ///< model init and data order
+  std::string out = "runs/latest";  ///< metrics.jsonl, checkpoints, model.pt
   /// The final model file: pt (model.pt, torch.load) or safetensors (model.safetensors).
   std::string save_format = "pt";
   bool resume = false;        ///< continue from the newest good checkpoint in `out`
