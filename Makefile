@@ -44,11 +44,16 @@ $(BUILD)/build.ninja: CMakeLists.txt
 build: deps-build $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# The demo builds the library and the command line only, not the test suite.
+demo: deps-build $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target dtorch_cli
 	$(BUILD)/dtorch train --model mnist-cnn --data fashion-mnist --epochs 2 --batch-size 64 \
 	  --lr 0.01 --optimizer sgd --seed 1 --nproc-per-node 2 --out runs/demo
 
-test: deps-test $(BUILD)/build.ninja
+# Configures again (seconds): a build folder that `make demo` configured before GoogleTest was
+# installed has no tests yet.
+test: deps-test
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) $(TORCH_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
