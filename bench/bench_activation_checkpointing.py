@@ -5,10 +5,11 @@ activation-checkpointing section of BENCHMARKS.md.
 gpt-small at --seq-len 256 (its blocks' activations dominate a step), --nproc ranks under DDP,
 --batch sequences per rank, fp32 AdamW, 1 untimed step then --steps timed. Per setting: step
 time, the bytes dtorch's allocator handed out during forward and still held when backward
-begins (the activations the graph keeps, with the logits and the loss), the peak allocated
-during a step above its start, and peak RSS per rank. PyTorch 2.x with torch.utils.checkpoint
-(use_reentrant=False) on every block of the same model (bench/peer_sharded.py --strategy ddp
---activation-checkpointing 1), same batch, in the same run: step time and peak RSS.
+begins (the activations the graph keeps, with the logits and the loss), the most allocated
+from the start of forward to the end of backward, and peak RSS per rank. PyTorch 2.x with
+torch.utils.checkpoint (use_reentrant=False) on the same blocks of the same model
+(bench/peer_sharded.py --strategy ddp --activation-checkpointing K), same batch, in the same
+run: step time and peak RSS.
 Usage: bench/bench_activation_checkpointing.py [--dtorch build-pip/dtorch] [--nproc 2]
 """
 import argparse
@@ -66,15 +67,17 @@ def main():
         "DDP over %d ranks, %d x %d tokens per rank, fp32 AdamW, 1 thread per rank, 1 untimed "
         "step then %d timed; K = 1 recomputes every block, K = 2 every second one. Kept by "
         "forward: bytes the CPU allocator handed out during forward and still held when "
-        "backward begins (activations, logits, loss; Note [Allocation meter]). Step peak: the "
-        "most allocated during a step above what its start held. Values of rank 0; peak RSS "
+        "backward begins (activations, logits, loss; Note [Allocation meter]). Peak in forward and "
+        "backward: the most allocated from the start of forward to the end of backward (the "
+        "gradients included) above what the step began with. Values of rank 0; peak RSS "
         "the largest over ranks. PyTorch %s in the same run: the same model and batch under "
         "DistributedDataParallel, its blocks under torch.utils.checkpoint (use_reentrant=False)."
         % (cmd, datetime.date.today().isoformat(), shown_path(a.dtorch), first["torch"], a.model,
            first["params"] / 1e6, a.nproc, a.batch, a.seq_len, a.steps,
            short_version(torch2) if torch2 else "2.x (not run)"),
         "",
-        "| checkpointing | dtorch s/step | kept by forward | step peak | dtorch peak RSS | "
+        "| checkpointing | dtorch s/step | kept by forward | peak in forward and backward | "
+        "dtorch peak RSS | "
         "PyTorch s/step | PyTorch peak RSS | s/step dtorch / PyTorch |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -93,11 +96,18 @@ def main():
                     t, gib(max(x["peak_rss_bytes"] for x in rows)), r["step_seconds"] / t)
         lines.append("| %s | %.2f | %.0f MiB | %.0f MiB | %.2f GiB %s|" % (
             label, r["step_seconds"], r["forward_kept_bytes"] / 2**20,
-            r["step_peak_allocated_bytes"] / 2**20, gib(rss), peer))
+            r["forward_backward_peak_bytes"] / 2**20, gib(rss), peer))
+    peaks = {round(ours[e][0]["forward_backward_peak_bytes"] / 2**20) for e in a.every}
+    same_peak = (" The peak in forward and backward is the same in every row, as expected when it "
+                 "is reached at the end of backward, where every gradient (4P = %.0f MiB) is held "
+                 "and the activations are already freed; what checkpointing lowers is what "
+                 "forward keeps, which grows with batch and sequence length while the gradients "
+                 "do not.")
     lines += [
         "",
         "A checkpointed block keeps only its input from forward to backward and runs its forward "
-        "again in backward, so a step costs about one more forward of the checkpointed blocks.",
+        "again in backward, so a step costs about one more forward of the checkpointed blocks."
+        + (same_peak % (4 * first["params"] / 2**20) if len(peaks) == 1 else ""),
         END,
     ]
     block = "\n".join(lines)

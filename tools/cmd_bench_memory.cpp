@@ -3,8 +3,9 @@
 // bytes each rank sends per step, and throughput: one JSON line per rank. With --tp (--pp), the
 // strategy runs over the dp group of a dp x tp (x pp) mesh; under a pipeline each line also has
 // the rank's measured and simulated bubble and activations held; with --activation-checkpointing
-// the blocks recompute their forward in backward. Bytes kept from forward to backward and each
-// step's peak are counted at the allocator (Note [Allocation meter]).
+// the blocks recompute their forward in backward. Bytes kept from forward to backward, and the
+// peak from forward to the end of backward, are counted at the allocator (Note [Allocation
+// meter]).
 #include <sys/resource.h>
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
@@ -96,7 +97,8 @@ int memory_worker(MemoryFlags f) {
   double pipeline_seconds = 0, compute_seconds = 0;
   int peak_activations = 0;
   // Bytes allocated during the timed steps (Note [Allocation meter]): kept from forward to
-  // backward (activations; without a pipeline), and the peak of each step above its start.
+  // backward (activations; without a pipeline), and the most held from the start of forward
+  // to the end of backward, above what the step began with (the optimizer step not included).
   std::optional<AllocationMeter> meter;
   int64_t forward_bytes = 0, step_peak_bytes = 0, step_base = 0;
   for (int step = 0; step < 1 + f.steps; ++step) {
@@ -119,8 +121,8 @@ int memory_worker(MemoryFlags f) {
           return train::cross_entropy(out, t, tensor_parallel);
         });
       });
-      strategy->step(0);
       if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
+      strategy->step(0);
       if (step > 0) {
         pipeline_seconds += r.seconds;
         compute_seconds += r.compute_seconds;
@@ -135,8 +137,8 @@ int memory_worker(MemoryFlags f) {
     }
     if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
     strategy->backward(loss, true);
-    strategy->step(0);
     if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
+    strategy->step(0);
   }
   world->barrier("bench end");
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -183,7 +185,7 @@ int memory_worker(MemoryFlags f) {
       {"samples_per_s", f.steps * f.batch_size * n / seconds},
       {"step_seconds", seconds / f.steps},
       {"activation_checkpointing", f.activation_checkpointing},
-      {"step_peak_allocated_bytes", step_peak_bytes},
+      {"forward_backward_peak_bytes", step_peak_bytes},
       {"bytes_sent_per_step", per_step(traffic)},
       {"tp_bytes_sent_per_step", per_step(tp_traffic)},
       {"sent_per_step_over_param_bytes", double(sent) / f.steps / (4.0 * P)},
