@@ -218,6 +218,7 @@ int memory_worker(MemoryFlags f) {
 void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   auto f = std::make_shared<MemoryFlags>();
   f->strategy.optimizer = "adamw";
+  f->strategy.weight_decay = 0.01;  // AdamW's default in PyTorch, as the peers run it
   f->strategy.lr = 1e-4;
   auto* cmd = bench.add_subcommand(
       "memory", "Model-state bytes per rank against the ZeRO formulas, peak RSS, traffic");

@@ -110,10 +110,30 @@ void add_train_command(CLI::App& app, int& exit_code) {
       std::string("folder with the IDX files (default ") + data::kDefaultMnistDir + ")");
   cmd->add_option("--epochs", c.epochs)->capture_default_str();
   cmd->add_option("--batch-size", c.batch_size, "samples per rank per step")->capture_default_str();
-  cmd->add_option("--lr", c.lr, "learning rate")->capture_default_str();
-  cmd->add_option("--optimizer", c.optimizer, "sgd (momentum 0.9) | adamw")->capture_default_str();
+  cmd->add_option("--lr", c.lr, "learning rate (a schedule's peak)")->capture_default_str();
+  cmd->add_option("--lr-schedule", c.lr_schedule.kind,
+                  "constant | warmup-linear | warmup-cosine | onecycle (as PyTorch's LinearLR, "
+                  "CosineAnnealingLR and OneCycleLR), over the whole run's optimizer steps")
+      ->check(CLI::IsMember({"constant", "warmup-linear", "warmup-cosine", "onecycle"}))
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", c.lr_schedule.warmup_steps,
+                  "optimizer steps of linear warm-up to --lr (onecycle: of rising; 0 there: 30% "
+                  "of the run)")
+      ->capture_default_str();
+  cmd->add_option("--min-lr", c.lr_schedule.min_lr,
+                  "where warmup-linear, warmup-cosine and onecycle end (onecycle 0: lr / 25e4)")
+      ->capture_default_str();
+  cmd->add_option("--optimizer", c.optimizer, "sgd (momentum 0.9) | adam | adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
   cmd->add_option("--momentum", c.momentum, "sgd momentum")->capture_default_str();
-  cmd->add_option("--weight-decay", c.weight_decay, "adamw weight decay (default 0.01)");
+  cmd->add_option_function<double>(
+      "--weight-decay", [f](double wd) { f->config.weight_decay = wd; },
+      "weight decay (default: 0.01 for adamw, 0 for sgd and adam)");
+  cmd->add_option("--betas", c.betas, "adam and adamw: beta1,beta2")
+      ->delimiter(',')
+      ->expected(2)
+      ->capture_default_str();
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--out", c.out, "output folder: metrics.jsonl, checkpoints, model.pt")
       ->capture_default_str();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtorch/models/registry.h"
+#include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/command.h"
@@ -35,8 +36,9 @@ std::vector<nlohmann::json> metrics(const std::string& out) {
   return v;
 }
 
-std::vector<torch::Tensor> weights(const std::string& path) {
-  auto m = models::make_model("mnist-cnn");
+std::vector<torch::Tensor> weights(const std::string& path,
+                                   const std::string& model = "mnist-cnn") {
+  auto m = models::make_model(model);
   train::load_state_dict(*m, path);
   std::vector<torch::Tensor> v;
   for (auto& p : m->parameters())
@@ -89,6 +91,72 @@ TEST(TrainCli, ResumeReproducesAnUninterruptedRun) {
   ASSERT_EQ(ma.size(), 2u);
   ASSERT_EQ(mb.size(), 2u);
   EXPECT_EQ(ma[1]["test_accuracy"], mb[1]["test_accuracy"]);
+}
+
+// Three epochs with warm-up and cosine decay, against a run resumed from the first epoch's
+// checkpoint of that run with no schedule flags: the checkpoint's schedule goes on (Note
+// [Learning-rate schedules]), so every epoch's rate and the final weights are the same.
+TEST(TrainCli, ResumeContinuesTheLearningRateScheduleExactly) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::scratch_dir("train_lr_schedule");
+  auto args = [](const std::string& out, const std::vector<std::string>& more) {
+    std::vector<std::string> a{DTORCH_CLI,
+                               "train",
+                               "--model",
+                               "mnist-mlp",
+                               "--epochs",
+                               "3",
+                               "--train-samples",
+                               "1024",
+                               "--test-samples",
+                               "500",
+                               "--batch-size",
+                               "64",
+                               "--optimizer",
+                               "adamw",
+                               "--lr",
+                               "0.002",
+                               "--keep-checkpoints",
+                               "3",
+                               "--nproc-per-node",
+                               "2",
+                               "--progress",
+                               "lines",
+                               "--out",
+                               out};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  auto r = run_command("train_lr_whole",
+                       args(dir + "/whole", {"--lr-schedule", "warmup-cosine", "--warmup-steps",
+                                             "5", "--min-lr", "0.0001"}),
+                       300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "8 step(s) per epoch")) << r.err;
+  fs::create_directories(dir + "/parts");
+  fs::copy_file(dir + "/whole/checkpoint-000001.dtc", dir + "/parts/checkpoint-000001.dtc");
+  r = run_command("train_lr_resumed", args(dir + "/parts", {"--resume"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "the checkpoint's learning-rate schedule continues")) << r.err;
+
+  // 2 ranks x 512 samples / 64 per batch = 8 steps per epoch, 24 in all.
+  const train::LrScheduleConfig schedule{"warmup-cosine", 5, 0.0001};
+  auto whole = metrics(dir + "/whole"), parts = metrics(dir + "/parts");
+  ASSERT_EQ(whole.size(), 3u);
+  ASSERT_EQ(parts.size(), 2u);
+  for (int e = 0; e < 3; ++e) {
+    EXPECT_NEAR(whole[e]["lr"].get<double>(), train::lr_at(schedule, 0.002, 8 * e + 7, 24), 1e-12)
+        << "epoch " << e;
+  }
+  for (int e = 0; e < 2; ++e) {
+    EXPECT_EQ(parts[e]["lr"], whole[e + 1]["lr"]) << "epoch " << e + 1;
+    EXPECT_EQ(parts[e]["test_accuracy"], whole[e + 1]["test_accuracy"]) << "epoch " << e + 1;
+  }
+  auto a = weights(dir + "/whole/model.pt", "mnist-mlp");
+  auto b = weights(dir + "/parts/model.pt", "mnist-mlp");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
 }
 
 TEST(TrainCli, CorruptNewestCheckpointFallsBackToThePreviousOne) {

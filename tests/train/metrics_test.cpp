@@ -30,13 +30,14 @@ EpochRecord record(int64_t epoch) {
   r.test_accuracy = 0.875;
   r.samples_per_s = 12345.5;
   r.seconds = 7.25;
+  r.lr = 0.001;
   return r;
 }
 
 TEST(Metrics, EpochRecordFields) {
   EXPECT_EQ(epoch_record_json(record(3)),
             R"({"kind":"epoch","epoch":3,"train_loss":0.5,"test_loss":0.625,)"
-            R"("test_accuracy":0.875,"samples_per_s":12345.5,"seconds":7.25})");
+            R"("test_accuracy":0.875,"samples_per_s":12345.5,"seconds":7.25,"lr":0.001})");
   EpochRecord r = record(0);
   r.train_loss = std::nan("");
   auto j = nlohmann::json::parse(epoch_record_json(r));

@@ -30,6 +30,7 @@ std::string epoch_record_json(const EpochRecord& r) {
   j["test_accuracy"] = number(r.test_accuracy);
   j["samples_per_s"] = number(r.samples_per_s);
   j["seconds"] = number(r.seconds);
+  j["lr"] = number(r.lr);
   return j.dump();
 }
 

@@ -17,11 +17,12 @@ struct EpochRecord {
   double test_accuracy = 0;  ///< fraction (0..1) of test samples classified right
   double samples_per_s = 0;  ///< training samples per second, all ranks together
   double seconds = 0;        ///< wall time of the epoch (training and evaluation)
+  double lr = 0;             ///< the learning rate of the epoch's last optimizer step
 };
 
 /// The record as one line of JSON (no newline):
 /// {"kind":"epoch","epoch":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
-///  "samples_per_s":..,"seconds":..}. Non-finite numbers become null.
+///  "samples_per_s":..,"seconds":..,"lr":..}. Non-finite numbers become null.
 std::string epoch_record_json(const EpochRecord& r);
 /// Any record: {"kind":kind, ...numbers...}, keys after "kind" in sorted order.
 std::string record_json(const std::string& kind, const std::map<std::string, double>& numbers);

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <tuple>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
@@ -12,6 +13,7 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/models/stage_union.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/parallel/tensor/optimizer_state.h"
 #include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"
@@ -25,11 +27,21 @@ namespace {
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
                                                         std::vector<torch::Tensor> params) {
   if (c.optimizer == "sgd") {
-    return std::make_unique<torch::optim::SGD>(params,
-                                               torch::optim::SGDOptions(c.lr).momentum(c.momentum));
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+  }
+  const std::tuple<double, double> betas{c.beta1, c.beta2};
+  if (c.optimizer == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        params, torch::optim::AdamOptions(c.lr).betas(betas).weight_decay(c.weight_decay));
   }
   return std::make_unique<torch::optim::AdamW>(
-      params, torch::optim::AdamWOptions(c.lr).weight_decay(c.weight_decay));
+      params, torch::optim::AdamWOptions(c.lr).betas(betas).weight_decay(c.weight_decay));
+}
+
+void set_lr_of(torch::optim::Optimizer& opt, double lr) {
+  for (auto& group : opt.param_groups())
+    group.options().set_lr(lr);
 }
 
 // Note [Tensor-parallel checkpoints]
@@ -171,12 +183,13 @@ class DdpStrategy : public Strategy {
       m.param_bytes += static_cast<int64_t>(p.nbytes());
     for (const auto& b : ddp_->plan().buckets)
       m.grad_bytes += b.numel * static_cast<int64_t>(c10::elementSize(b.dtype));
-    m.optim_bytes = zero::optimizer_state_bytes(*opt_);
+    m.optim_bytes = parallel::state_bytes(*opt_);
     m.peak_param_bytes = m.param_bytes;
     return m;
   }
 
   bool autocast() const override { return c_.precision == "bf16"; }
+  void set_lr(double lr) override { set_lr_of(*opt_, lr); }
 
   std::string describe() const override {
     return str("ddp (", ddp_->plan().buckets.size(), " buckets), ", c_.precision, " compute, ",
@@ -361,6 +374,7 @@ class ZeroStrategy : public Strategy {
   zero::MemoryStats memory() const override { return sharded_->memory(); }
 
   bool autocast() const override { return c_.precision == "bf16"; }
+  void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }
 
   std::string describe() const override {
     return str(c_.strategy, " (", sharded_->plan().units.size(), " units), ", c_.precision,
@@ -418,8 +432,13 @@ void validate(const StrategyConfig& c) {
                  c.precision, "'; use fp32 or bf16");
   DTORCH_CHECK_T(ConfigError, c.reduce_dtype == "fp32" || c.reduce_dtype == "bf16",
                  "unknown gradient reduction dtype '", c.reduce_dtype, "'; use fp32 or bf16");
-  DTORCH_CHECK_T(ConfigError, c.optimizer == "sgd" || c.optimizer == "adamw", "unknown optimizer '",
-                 c.optimizer, "'; use sgd or adamw");
+  DTORCH_CHECK_T(ConfigError,
+                 c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw",
+                 "unknown optimizer '", c.optimizer, "'; use sgd, adam or adamw");
+  DTORCH_CHECK_T(ConfigError, c.weight_decay >= 0, "--weight-decay must be >= 0 (got ",
+                 c.weight_decay, ")");
+  DTORCH_CHECK_T(ConfigError, c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1,
+                 "--betas ", c.beta1, ",", c.beta2, ": each must lie in [0, 1), as 0.9,0.999");
   DTORCH_CHECK_T(ConfigError, c.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
 }

@@ -25,10 +25,11 @@ struct StrategyConfig {
   std::string strategy = "ddp";       ///< ddp | zero1 | zero2 | zero3
   std::string precision = "fp32";     ///< fp32 | bf16 (compute; master weights stay fp32)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
-  std::string optimizer = "sgd";      ///< sgd (with momentum) | adamw
+  std::string optimizer = "sgd";      ///< sgd (with momentum) | adam | adamw
   double lr = 0.01;
-  double momentum = 0.9;
-  double weight_decay = 0.01;  ///< adamw
+  double momentum = 0.9;              ///< sgd
+  double weight_decay = 0;            ///< every optimizer (adamw decoupled, sgd and adam L2)
+  double beta1 = 0.9, beta2 = 0.999;  ///< adam, adamw
   double bucket_cap_mb = 25.0;
   int64_t min_unit_params = 0;  ///< zero3 wrap policy (0: one unit per block)
   std::string model;            ///< the model's registry name (to rebuild saved stages)
@@ -61,6 +62,8 @@ class Strategy {
   /// Restores the newest good checkpoint in `dir` (any world size for the sharded
   /// strategies); nullopt when there is none. Collective.
   virtual std::optional<LoadedCheckpoint> load_latest(const std::string& dir) = 0;
+  /// Sets the learning rate of the optimizer's next step (a schedule's value).
+  virtual void set_lr(double lr) = 0;
   /// Model state this rank holds, in bytes.
   virtual zero::MemoryStats memory() const = 0;
   /// Whether forward should run under bf16 autocast.

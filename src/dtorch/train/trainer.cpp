@@ -3,8 +3,11 @@
 // collective ever waits on a rank that ran out of data.
 #include "dtorch/train/trainer.h"
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -36,12 +39,65 @@ bool is_text(const std::string& data) {
   return data == "text" || data.rfind("text:", 0) == 0;
 }
 
-std::string config_json(const TrainConfig& c, int world) {
-  return str("{\"model\":\"", c.model, "\",\"data\":\"", c.data, "\",\"batch_size\":", c.batch_size,
-             ",\"lr\":", c.lr, ",\"optimizer\":\"", c.optimizer, "\",\"strategy\":\"", c.strategy,
-             "\",\"precision\":\"", c.precision, "\",\"seed\":", c.seed, ",\"world_size\":", world,
-             ",\"tp\":", c.tp, ",\"sequence_parallel\":", c.sequence_parallel ? "true" : "false",
-             ",\"pp\":", c.pp, ",\"schedule\":\"", c.schedule, "\"}");
+// The learning-rate schedule of a run: the configuration, the peak rate and the run's length
+// fix every step's rate (Note [Learning-rate schedules]); checkpoints keep all three.
+struct Schedule {
+  LrScheduleConfig config;
+  double lr = 0;
+  int64_t total_steps = 0;
+
+  double at(int64_t step) const { return lr_at(config, lr, step, total_steps); }
+  nlohmann::json to_json() const {
+    return {{"kind", config.kind},
+            {"warmup_steps", config.warmup_steps},
+            {"min_lr", config.min_lr},
+            {"lr", lr},
+            {"total_steps", total_steps}};
+  }
+  bool operator==(const Schedule& o) const {
+    return config.kind == o.config.kind && config.warmup_steps == o.config.warmup_steps &&
+           config.min_lr == o.config.min_lr && lr == o.lr && total_steps == o.total_steps;
+  }
+};
+
+// The schedule a checkpoint's metadata recorded; nullopt for checkpoints written before
+// schedules were recorded (they trained at a constant rate).
+std::optional<Schedule> schedule_of(const std::string& metadata_json, const std::string& path) {
+  auto meta = nlohmann::json::parse(metadata_json, nullptr, false);
+  if (!meta.is_object() || !meta.contains("lr_schedule")) return std::nullopt;
+  try {
+    const auto& j = meta.at("lr_schedule");
+    Schedule s;
+    s.config.kind = j.at("kind").get<std::string>();
+    s.config.warmup_steps = j.at("warmup_steps").get<int64_t>();
+    s.config.min_lr = j.at("min_lr").get<double>();
+    s.lr = j.at("lr").get<double>();
+    s.total_steps = j.at("total_steps").get<int64_t>();
+    validate(s.config, s.lr, s.total_steps);
+    return s;
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CheckpointError, "the learning-rate schedule recorded in ", path,
+                " is unreadable (", e.what(), "); resume from another checkpoint, or start a new ",
+                "run in another --out");
+  }
+}
+
+std::string config_json(const TrainConfig& c, int world, const Schedule& schedule) {
+  nlohmann::json j = {{"model", c.model},
+                      {"data", c.data},
+                      {"batch_size", c.batch_size},
+                      {"lr", c.lr},
+                      {"optimizer", c.optimizer},
+                      {"strategy", c.strategy},
+                      {"precision", c.precision},
+                      {"seed", c.seed},
+                      {"world_size", world},
+                      {"tp", c.tp},
+                      {"sequence_parallel", c.sequence_parallel},
+                      {"pp", c.pp},
+                      {"schedule", c.schedule},
+                      {"lr_schedule", schedule.to_json()}};
+  return j.dump();
 }
 
 StrategyConfig strategy_config(const TrainConfig& c) {
@@ -52,7 +108,11 @@ StrategyConfig strategy_config(const TrainConfig& c) {
   s.optimizer = c.optimizer;
   s.lr = c.lr;
   s.momentum = c.momentum;
-  s.weight_decay = c.weight_decay > 0 ? c.weight_decay : 0.01;
+  s.weight_decay = c.weight_decay.value_or(c.optimizer == "adamw" ? 0.01 : 0.0);
+  if (c.betas.size() == 2) {
+    s.beta1 = c.betas[0];
+    s.beta2 = c.betas[1];
+  }
   s.bucket_cap_mb = c.ddp.bucket_cap_mb;
   s.min_unit_params = c.min_unit_params;
   s.ddp = c.ddp;
@@ -270,6 +330,11 @@ void validate(const TrainConfig& c) {
                  "longest sequence (got ",
                  c.seq_len, ")");
   DTORCH_CHECK_T(ConfigError, c.lr > 0, "--lr must be positive (got ", c.lr, ")");
+  validate(c.lr_schedule, c.lr);
+  DTORCH_CHECK_T(ConfigError, c.betas.size() == 2, "--betas takes two numbers, as 0.9,0.999 (got ",
+                 c.betas.size(), ")");
+  DTORCH_CHECK_T(ConfigError, c.optimizer != "sgd" || (c.betas == std::vector<double>{0.9, 0.999}),
+                 "--betas apply to adam and adamw; with --optimizer sgd set --momentum instead");
   DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
   DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
   DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
@@ -363,6 +428,14 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   }
   auto strategy = make_strategy(strategy_config(c), model, dp, layout.tp, layout.pp);
   if (lead) log::info("strategy: ", strategy->describe());
+  int64_t n_train =
+      c.train_samples > 0 ? std::min(c.train_samples, data.train.size) : data.train.size;
+  data::DistributedSampler sampler(n_train, dp->rank(), dp->size(), c.seed);
+  // Every epoch has the same number of batches (the sampler pads), hence of optimizer steps.
+  const int64_t batches_per_epoch = data::num_batches(sampler.samples_per_rank(), c.batch_size);
+  const int64_t steps_per_epoch = (batches_per_epoch + c.accum_steps - 1) / c.accum_steps;
+  Schedule schedule{c.lr_schedule, c.lr, steps_per_epoch * c.epochs};
+  validate(schedule.config, schedule.lr, schedule.total_steps);
   int64_t start_epoch = 0, global_step = 0;
   // A group the launcher restarted (--max-restarts) resumes by itself, as torchrun scripts
   // reload their snapshot: the checkpoints in `out` are this job's own.
@@ -375,6 +448,16 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
       start_epoch = ck->data.epoch;
       global_step = ck->data.global_step;
       if (lead) log::info("resuming from ", ck->path, " (", start_epoch, " epoch(s) done)");
+      // The saved schedule goes on where it stopped, whatever the flags say now.
+      if (auto saved = schedule_of(ck->data.metadata_json, ck->path)) {
+        if (lead && !(*saved == schedule)) {
+          log::info("the checkpoint's learning-rate schedule continues: ",
+                    describe(saved->config, saved->lr, saved->total_steps),
+                    " (this run's flags would give ",
+                    describe(schedule.config, schedule.lr, schedule.total_steps), ")");
+        }
+        schedule = *saved;
+      }
     } else if (lead) {
       log::info("--resume: no checkpoint in ", c.out, ", starting from scratch");
     }
@@ -386,9 +469,11 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                    " (is --out on a filesystem every node shares?)");
   }
 
-  int64_t n_train =
-      c.train_samples > 0 ? std::min(c.train_samples, data.train.size) : data.train.size;
-  data::DistributedSampler sampler(n_train, dp->rank(), dp->size(), c.seed);
+  if (lead) {
+    log::info("optimizer ", c.optimizer, ", learning rate ",
+              describe(schedule.config, schedule.lr, schedule.total_steps), ", ", steps_per_epoch,
+              " step(s) per epoch");
+  }
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(c.out + "/metrics.jsonl", resume);
   ProgressReporter progress(lead ? c.progress : ProgressConfig{ProgressConfig::Mode::Off});
@@ -404,6 +489,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     int64_t samples = 0;
     for (size_t i = 0; i < batches.size(); ++i) {
       auto [x, y] = data.train.batch(batches[i]);
+      strategy->set_lr(schedule.at(global_step));
       bool last_micro = (i + 1) % c.accum_steps == 0 || i + 1 == batches.size();
       double l = 0;
       if (pipeline) {
@@ -434,8 +520,14 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
     auto [test_loss, test_acc] = evaluate(*model, data.test, c.test_samples, *strategy, *dp, *comm,
                                           tensor_parallel, pipeline);
-    EpochRecord r{epoch,    mean_loss.item<double>(), test_loss,
-                  test_acc, samples / train_seconds,  seconds_since(t0)};
+    EpochRecord r;
+    r.epoch = epoch;
+    r.train_loss = mean_loss.item<double>();
+    r.test_loss = test_loss;
+    r.test_accuracy = test_acc;
+    r.samples_per_s = samples / train_seconds;
+    r.seconds = seconds_since(t0);
+    r.lr = schedule.at(std::max<int64_t>(0, global_step - 1));
     records.push_back(r);
     if (lead) {
       log::info("epoch ", epoch + 1, "/", c.epochs, ": train loss ", r.train_loss, ", test loss ",
@@ -443,7 +535,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                 static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s");
       metrics->write_epoch(r);
     }
-    strategy->save(c.out, {epoch + 1, global_step, config_json(c, world)}, c.keep_checkpoints);
+    strategy->save(c.out, {epoch + 1, global_step, config_json(c, world, schedule)},
+                   c.keep_checkpoints);
     if (lead && !pipeline) forget_pipeline_layout(c.out);  // the stage folders are older now
   }
   {

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/metrics.h"
 #include "dtorch/train/progress.h"
 
@@ -23,11 +25,14 @@ struct TrainConfig {
   int64_t seq_len = 0;   ///< text: tokens per window (0: the model's maximum, at most 64)
   int epochs = 2;
   int64_t batch_size = 64;  ///< samples per rank per step
-  double lr = 0.01;
-  std::string optimizer = "sgd";  ///< sgd (momentum 0.9) or adamw
+  double lr = 0.01;         ///< the peak learning rate of the schedule
+  LrScheduleConfig lr_schedule;
+  std::string optimizer = "sgd";  ///< sgd (momentum 0.9), adam or adamw
   double momentum = 0.9;          ///< sgd only
-  double weight_decay = 0.0;      ///< adamw: 0.01 when left at 0
-  std::string strategy = "ddp";   ///< ddp | zero1 | zero2 | zero3 (over the dp group)
+  /// Unset: 0.01 for adamw (PyTorch's default), 0 for sgd and adam.
+  std::optional<double> weight_decay;
+  std::vector<double> betas{0.9, 0.999};  ///< adam, adamw
+  std::string strategy = "ddp";           ///< ddp | zero1 | zero2 | zero3 (over the dp group)
   /// Tensor-parallel ranks per model replica (gpt-*, vit-*); the strategy runs over the
   /// remaining data-parallel degree, world / tp (parallel/parallel_dims.h).
   int tp = 1;

@@ -2,9 +2,6 @@
 #include "dtorch/parallel/ddp/reducer.h"
 
 #include <c10/util/strides.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
 
@@ -20,21 +17,6 @@ namespace {
 // straight into the bucket and the hook copies nothing; an optimizer that sets gradients to
 // undefined (set_to_none) gets a fresh tensor from autograd, which the hook copies into the
 // bucket. Either way the reduced result lands in .grad with no extra copy.
-
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(Reducer* r, size_t index) : r_(r), index_(index) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    r_->on_grad_ready(index_);
-    return outputs;
-  }
-
- private:
-  Reducer* r_;
-  size_t index_;
-};
 
 std::vector<ParamSpec> specs_of(const std::vector<at::Tensor>& params) {
   std::vector<ParamSpec> specs;
@@ -54,6 +36,36 @@ size_t mib(double x) {
   return static_cast<size_t>(x * 1024.0 * 1024.0);
 }
 
+std::vector<size_t> bucket_of(const BucketPlan& plan) {
+  std::vector<size_t> out;
+  for (const auto& w : plan.where)
+    out.push_back(w.first);
+  return out;
+}
+
+// Buckets launch strictly in plan order (Note [Bucket order]).
+std::vector<size_t> in_order(size_t n) {
+  std::vector<size_t> out(n);
+  for (size_t b = 0; b < n; ++b)
+    out[b] = b;
+  return out;
+}
+
+parallel::GradReadiness::Policy policy(const Options& opts) {
+  parallel::GradReadiness::Policy p;
+  p.who = "DDP";
+  p.fill_unused = opts.find_unused_parameters;
+  p.unused_hint =
+      "Causes: 1) they are not used in forward for this input (pass "
+      "find_unused_parameters=true, flag --find-unused-parameters); 2) the loss does not "
+      "depend on the model's whole output; 3) they were frozen after wrap() (freeze before "
+      "calling ddp::wrap)";
+  p.twice_hint =
+      "DDP supports one backward per synchronised step (use no_sync() for gradient "
+      "accumulation)";
+  return p;
+}
+
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
@@ -66,7 +78,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       opts_(opts),
       plan_(
           plan_buckets(specs_of(params_), mib(opts.first_bucket_cap_mb), mib(opts.bucket_cap_mb))),
-      ready_(params_.size(), false) {
+      ready_(params_, names_, bucket_of(plan_), in_order(plan_.buckets.size()), policy(opts),
+             {[this](size_t i) { absorb(i); }, [this](size_t b) { launch(b); },
+              [this](size_t n) { wait(n); }, [this] { complete(); }}) {
   for (const Bucket& b : plan_.buckets) {
     BucketState s;
     s.flat = at::zeros({b.numel}, at::TensorOptions().dtype(b.dtype).device(b.device));
@@ -76,72 +90,17 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     }
     buckets_.push_back(std::move(s));
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>(this, i)));
-    accumulators_.push_back(std::move(acc));
-  }
 }
 
-Reducer::~Reducer() {
-  for (size_t i = 0; i < accumulators_.size(); ++i)
-    accumulators_[i]->del_post_hook(hook_keys_[i]);
-}
+Reducer::~Reducer() = default;
 
-void Reducer::reset_buckets() {
-  in_backward_ = true;
-  next_bucket_ = 0;
-  std::fill(ready_.begin(), ready_.end(), false);
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    buckets_[b].pending = plan_.buckets[b].params.size();
-    buckets_[b].work = comm::Work();
-  }
-}
-
-void Reducer::reduce_accumulated() {
-  DTORCH_CHECK(sync_ && !in_backward_, "DDP: reduce_accumulated() runs after backward, outside ",
-               "no_sync()");
-  reset_buckets();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto [b, pos] = plan_.where[i];
-    const at::Tensor& grad = params_[i].grad();
-    if (!grad.defined()) {
-      buckets_[b].views[pos].zero_();
-    } else if (!grad.is_same(buckets_[b].views[pos])) {
-      buckets_[b].views[pos].copy_(grad);
-    }
-    ready_[i] = true;
-    --buckets_[b].pending;
-  }
-  launch_ready_buckets();
-  finalize();
-}
-
-void Reducer::prepare_for_backward() {
-  reset_buckets();
-  // Runs once the whole backward pass is done, on the thread that called backward().
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
-}
-
-void Reducer::on_grad_ready(size_t index) {
-  if (!sync_) return;  // no_sync: gradients just accumulate in .grad
-  if (!in_backward_) prepare_for_backward();
-  DTORCH_CHECK(!ready_[index], "parameter ", names_[index],
-               " got its gradient twice in one backward pass; DDP supports one backward per "
-               "synchronised step (use no_sync() for gradient accumulation)");
-  ready_[index] = true;
+void Reducer::absorb(size_t index) {
   auto [b, pos] = plan_.where[index];
-  BucketState& s = buckets_[b];
   const at::Tensor& grad = params_[index].grad();
-  if (grad.defined() && !grad.is_same(s.views[pos])) {
-    s.views[pos].copy_(grad);  // Note [Gradient views]
-  }
-  if (--s.pending == 0) launch_ready_buckets();
-}
-
-void Reducer::launch_ready_buckets() {
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    launch(next_bucket_++);
+  if (!grad.defined()) {
+    buckets_[b].views[pos].zero_();
+  } else if (!grad.is_same(buckets_[b].views[pos])) {
+    buckets_[b].views[pos].copy_(grad);  // Note [Gradient views]
   }
 }
 
@@ -158,48 +117,17 @@ void Reducer::launch(size_t b) {
   s.work = comm_->allreduce_async(s.wire, comm::ReduceOp::Sum, what);
 }
 
-void Reducer::fail_unready() {
-  std::string names;
-  int shown = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (ready_[i]) continue;
-    if (shown++ < 8) names += (names.empty() ? "" : ", ") + names_[i];
-  }
-  if (shown > 8) names += str(" and ", shown - 8, " more");
-  DTORCH_FAIL(Error, "DDP: parameter(s) ", names, " received no gradient in this backward pass. ",
-              "Causes: 1) they are not used in forward for this input (pass "
-              "find_unused_parameters=true, flag --find-unused-parameters); 2) the loss does "
-              "not depend on the model's whole output; 3) they were frozen after wrap() "
-              "(freeze before calling ddp::wrap)");
-}
-
-void Reducer::finalize() {
-  in_backward_ = false;
-  bool unready = next_bucket_ < buckets_.size();
-  if (unready && opts_.find_unused_parameters) {
-    // Unused parameters contribute zeros; the buckets launch in order as usual.
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (ready_[i]) continue;
-      auto [b, pos] = plan_.where[i];
-      const at::Tensor& grad = params_[i].grad();
-      if (grad.defined() && !grad.is_same(buckets_[b].views[pos])) {
-        buckets_[b].views[pos].copy_(grad);
-      } else if (!grad.defined()) {
-        buckets_[b].views[pos].zero_();
-      }
-      ready_[i] = true;
-      --buckets_[b].pending;
-    }
-    launch_ready_buckets();
-    unready = false;
-  }
+void Reducer::wait(size_t launched) {
   auto t0 = std::chrono::steady_clock::now();
-  for (size_t b = 0; b < next_bucket_; ++b)
+  for (size_t b = 0; b < launched; ++b) {
     buckets_[b].work.wait();
+    buckets_[b].work = comm::Work();
+  }
   comm_wait_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (unready) fail_unready();
+}
 
+void Reducer::complete() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     BucketState& s = buckets_[b];
     if (s.wire.defined()) {

@@ -1,18 +1,17 @@
-// The DDP reducer: executes a BucketPlan. Gradient-ready hooks fill flat bucket buffers and
-// start each bucket's allreduce as soon as it is full; the end of backward waits for them.
-// Lifecycle per step: prepare (first hook) -> on_grad_ready (each parameter) -> finalize.
+// The DDP reducer: executes a BucketPlan. As backward produces gradients they are copied
+// into flat bucket buffers, and each full bucket's allreduce starts at once; the end of
+// backward waits for them. The step itself (hooks, pending counts, in-order launch, the end
+// of backward) is the shared engine's (Note [Gradient readiness] in parallel/grad_ready.h).
 #pragma once
-
-#include <torch/csrc/autograd/function.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
-#include "dtorch/core/torch_compat.h"
 #include "dtorch/parallel/ddp/bucket_plan.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/parallel/grad_ready.h"
 
 namespace dtorch::ddp {
 
@@ -28,32 +27,27 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   /// Off: backward accumulates locally and communicates nothing (no_sync).
-  void set_sync(bool sync) { sync_ = sync; }
-  bool sync() const { return sync_; }
+  void set_sync(bool sync) { ready_.set_sync(sync); }
+  bool sync() const { return ready_.sync(); }
   const BucketPlan& plan() const { return plan_; }
   double comm_wait_seconds() const { return comm_wait_seconds_; }
 
-  /// Called by the hook on a parameter's gradient accumulator, after accumulation.
-  void on_grad_ready(size_t index);
   /// Outside backward: reduces the gradients accumulated under no_sync as one synchronised
   /// backward would (a parameter without a gradient counts as zeros). Collective.
-  void reduce_accumulated();
+  void reduce_accumulated() { ready_.reduce_accumulated(); }
 
  private:
   struct BucketState {
     at::Tensor flat;                // the bucket's gradients, contiguous
     std::vector<at::Tensor> views;  // per parameter, shaped like it, aliasing `flat`
     at::Tensor wire;                // compressed copy sent over the network, if any
-    size_t pending = 0;             // parameters whose gradient has not arrived this step
     comm::Work work;
   };
 
-  void prepare_for_backward();
-  void reset_buckets();
-  void launch_ready_buckets();
+  void absorb(size_t index);
   void launch(size_t b);
-  void finalize();
-  void fail_unready();
+  void wait(size_t launched);
+  void complete();
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
@@ -62,13 +56,9 @@ class Reducer {
   Options opts_;
   BucketPlan plan_;
   std::vector<BucketState> buckets_;
-  std::vector<compat::GradAccumulator> accumulators_;  // params hold them weakly
-  std::vector<uintptr_t> hook_keys_;
-  std::vector<bool> ready_;
-  size_t next_bucket_ = 0;  // buckets launch strictly in order (Note [Bucket order])
-  bool in_backward_ = false;
-  bool sync_ = true;
   double comm_wait_seconds_ = 0;
+  // Last: its hooks call into the members above, so it goes first on destruction.
+  parallel::GradReadiness ready_;
 };
 
 }  // namespace dtorch::ddp

@@ -3,39 +3,12 @@
 // its parameter, so it splits and joins exactly as the parameter does.
 #include "dtorch/parallel/tensor/optimizer_state.h"
 
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
-
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
+#include "dtorch/parallel/optimizer_state.h"
 
 namespace dtorch::tp {
 namespace {
-
-using Transform = std::function<torch::Tensor(const torch::Tensor&)>;
-
-// A copy of `state` with each parameter-shaped tensor passed through `f`.
-std::unique_ptr<torch::optim::OptimizerParamState> transformed(
-    const torch::optim::OptimizerParamState& state, const Transform& f) {
-  auto out = state.clone();
-  auto map = [&](const torch::Tensor& t) { return t.defined() ? f(t) : t; };
-  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(out.get())) {
-    s->exp_avg(map(s->exp_avg()));
-    s->exp_avg_sq(map(s->exp_avg_sq()));
-    s->max_exp_avg_sq(map(s->max_exp_avg_sq()));
-  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(out.get())) {
-    a->exp_avg(map(a->exp_avg()));
-    a->exp_avg_sq(map(a->exp_avg_sq()));
-    a->max_exp_avg_sq(map(a->max_exp_avg_sq()));
-  } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(out.get())) {
-    g->momentum_buffer(map(g->momentum_buffer()));
-  } else {
-    DTORCH_FAIL(ConfigError, "tensor-parallel checkpoints know the state of SGD, Adam and AdamW ",
-                "only; use one of them");
-  }
-  return out;
-}
 
 // Calls f(name, from_param, to_param) for every parameter of `from` with optimizer state,
 // in `from`'s order (the same on every rank).
@@ -63,7 +36,7 @@ void gather_optimizer_state(const TensorParallel& tp, torch::nn::Module& local,
                       [&](const std::string& name, const auto& state, const torch::Tensor& to) {
                         auto spec = tp.sharded().find(name);
                         full_opt.state()[compat::optimizer_state_key(to)] =
-                            transformed(state, [&](const torch::Tensor& t) {
+                            parallel::map_state(state, [&](const torch::Tensor& t) {
                               if (spec == tp.sharded().end()) return t.clone();
                               std::vector<torch::Tensor> shards;
                               for (int r = 0; r < group->size(); ++r)
@@ -86,7 +59,7 @@ void shard_optimizer_state(const TensorParallel& tp, torch::nn::Module& full,
       [&](const std::string& name, const auto& state, const torch::Tensor& to) {
         auto spec = tp.sharded().find(name);
         local_opt.state()[compat::optimizer_state_key(to)] =
-            transformed(state, [&](const torch::Tensor& t) {
+            parallel::map_state(state, [&](const torch::Tensor& t) {
               if (spec == tp.sharded().end()) return t.clone();
               return shard_of(t, spec->second, group->rank(), group->size()).clone();
             });

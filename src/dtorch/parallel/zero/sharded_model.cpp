@@ -1,13 +1,7 @@
 // ShardedModel: executes a ShardPlan (ZeRO stages 1-3) for one model: flat units, gradient
 // reduce-scatter during backward, sharded optimizer step, and gathers (see zero.h).
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
-
 #include <malloc.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +9,9 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/model.h"
+#include "dtorch/parallel/grad_ready.h"
 #include "dtorch/parallel/model_sync.h"
+#include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/parallel/zero/zero.h"
 
 namespace dtorch::zero {
@@ -67,54 +63,6 @@ int64_t bytes_of(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
 }
 
-// The per-element state tensors of one parameter's optimizer state, by name.
-std::vector<std::pair<std::string, at::Tensor>> state_tensors(
-    torch::optim::OptimizerParamState* s) {
-  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
-    std::vector<std::pair<std::string, at::Tensor>> v{{"exp_avg", a->exp_avg()},
-                                                      {"exp_avg_sq", a->exp_avg_sq()}};
-    if (a->max_exp_avg_sq().defined()) v.emplace_back("max_exp_avg_sq", a->max_exp_avg_sq());
-    return v;
-  }
-  if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
-    std::vector<std::pair<std::string, at::Tensor>> v{{"exp_avg", a->exp_avg()},
-                                                      {"exp_avg_sq", a->exp_avg_sq()}};
-    if (a->max_exp_avg_sq().defined()) v.emplace_back("max_exp_avg_sq", a->max_exp_avg_sq());
-    return v;
-  }
-  if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
-    return {{"momentum_buffer", g->momentum_buffer()}};
-  }
-  DTORCH_FAIL(ConfigError, "sharded training supports the SGD, Adam and AdamW optimizers");
-}
-
-// Adam(W) state as before the first step: step 0, zero moments (what a loaded checkpoint
-// then overwrites).
-template <class State, class Options>
-std::unique_ptr<State> fresh_adam_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
-  auto st = std::make_unique<State>();
-  st->step(0);
-  st->exp_avg(at::zeros_like(p));
-  st->exp_avg_sq(at::zeros_like(p));
-  if (static_cast<Options&>(opt.param_groups()[0].options()).amsgrad()) {
-    st->max_exp_avg_sq(at::zeros_like(p));
-  }
-  return st;
-}
-
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(std::function<void(size_t)> fn, size_t index) : fn_(std::move(fn)), i_(index) {}
-  variable_list operator()(const variable_list& outputs, const variable_list&) override {
-    fn_(i_);
-    return outputs;
-  }
-
- private:
-  std::function<void(size_t)> fn_;
-  size_t i_;
-};
-
 }  // namespace
 
 struct ShardedModel::Impl {
@@ -126,7 +74,6 @@ struct ShardedModel::Impl {
     at::Tensor bucket;      // stages 2-3, during backward: gradients to reduce (reduce dtype)
     at::Tensor incoming;    // stages 2-3, during backward: this rank's reduced chunk
     comm::Work reduce, gather;
-    size_t pending = 0;
     bool materialized = true;
   };
 
@@ -140,12 +87,11 @@ struct ShardedModel::Impl {
   std::vector<at::Tensor> params, buffers;
   std::vector<UnitState> units;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::vector<compat::GradAccumulator> accumulators;
-  std::vector<uintptr_t> hook_keys;  // keys returned by add_post_hook (1.13: positions)
   std::map<std::string, std::pair<size_t, bool>> block_first, block_last;  // block -> unit
-  std::vector<bool> ready;
-  size_t next_launch = 0;  // index into the reverse unit order
-  bool in_backward = false, sync = true, keep_gathered = false;
+  // Reduces units as backward completes them (Note [Gradient readiness]); made last in
+  // build(), reset first on destruction.
+  std::unique_ptr<parallel::GradReadiness> readiness;
+  bool keep_gathered = false;
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
 
   int rank() const { return comm->rank(); }
@@ -157,13 +103,11 @@ struct ShardedModel::Impl {
 
   void build(const OptimizerFactory& make_optimizer);
   void install_block_hooks();
-  void on_grad_ready(size_t i);
-  /// Every parameter's gradient pending again, ahead of a reduction.
-  void begin_reduction();
+  void install_readiness();
   void absorb(size_t i);
-  void launch_ready();
   void launch(size_t u);
-  void finalize();
+  void wait_reductions();
+  void complete_reduction();
   void gather_async(size_t u);
   void ensure_gathered(size_t u);
   void release(size_t u);
@@ -282,14 +226,27 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   optimizer = make_optimizer(masters);
   DTORCH_CHECK(optimizer, "the optimizer factory returned nothing");
 
-  ready.assign(params.size(), false);
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params[i]);
-    hook_keys.push_back(acc->add_post_hook(
-        std::make_unique<GradReadyHook>([this](size_t k) { on_grad_ready(k); }, i)));
-    accumulators.push_back(std::move(acc));
-  }
+  install_readiness();
   if (model) install_block_hooks();
+}
+
+// Units are reduced strictly in reverse plan order on every rank (Note [Sharding stages]);
+// a unit whose gradients never all arrive is reduced with zeros at the end of backward.
+void ShardedModel::Impl::install_readiness() {
+  std::vector<size_t> unit_of, order;
+  for (const auto& w : plan.where)
+    unit_of.push_back(w.first);
+  for (size_t k = units.size(); k-- > 0;)
+    order.push_back(k);
+  parallel::GradReadiness::Policy policy;
+  policy.who = str("ZeRO-", opts.stage);
+  policy.fill_unused = true;
+  policy.twice_hint = "run one backward per step (use no_sync() for gradient accumulation)";
+  readiness = std::make_unique<parallel::GradReadiness>(
+      params, names, std::move(unit_of), std::move(order), std::move(policy),
+      parallel::GradReadiness::Callbacks{
+          [this](size_t i) { absorb(i); }, [this](size_t u) { launch(u); },
+          [this](size_t) { wait_reductions(); }, [this] { complete_reduction(); }});
 }
 
 void ShardedModel::Impl::install_block_hooks() {
@@ -363,29 +320,8 @@ void ShardedModel::Impl::release(size_t u) {
   gathered_bytes -= bytes_of(s.full);
 }
 
-void ShardedModel::Impl::begin_reduction() {
-  in_backward = true;
-  next_launch = 0;
-  std::fill(ready.begin(), ready.end(), false);
-  for (size_t u = 0; u < units.size(); ++u)
-    units[u].pending = plan.units[u].entries.size();
-}
-
-void ShardedModel::Impl::on_grad_ready(size_t i) {
-  if (!sync) return;  // stage 1 under no_sync: gradients just accumulate
-  if (!in_backward) {
-    begin_reduction();
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
-  }
-  DTORCH_CHECK(!ready[i], "ZeRO: parameter ", names[i], " got its gradient twice in one backward ",
-               "pass; run one backward per step (use no_sync() for gradient accumulation)");
-  absorb(i);
-  if (--units[plan.where[i].first].pending == 0) launch_ready();
-}
-
 // Moves parameter i's gradient into its unit's buffer (a missing gradient counts as zeros).
 void ShardedModel::Impl::absorb(size_t i) {
-  ready[i] = true;
   auto [u, k] = plan.where[i];
   UnitState& s = units[u];
   const UnitEntry& e = plan.units[u].entries[k];
@@ -399,15 +335,6 @@ void ShardedModel::Impl::absorb(size_t i) {
   if (!s.bucket.defined()) s.bucket = at::zeros({plan.units[u].padded}, opts.reduce_dtype);
   if (g.defined()) s.bucket.narrow(0, e.offset, e.numel).copy_(g.reshape({-1}));
   g.reset();  // the bucket has it; free it now rather than after backward
-}
-
-void ShardedModel::Impl::launch_ready() {
-  while (next_launch < units.size()) {
-    size_t u = units.size() - 1 - next_launch;
-    if (units[u].pending != 0) return;
-    ++next_launch;
-    launch(u);
-  }
 }
 
 void ShardedModel::Impl::launch(size_t u) {
@@ -432,16 +359,8 @@ void ShardedModel::Impl::launch(size_t u) {
   release(u);  // backward is done with this unit's parameters (Note [Sharding stages])
 }
 
-void ShardedModel::Impl::finalize() {
-  in_backward = false;
-  // Units whose gradients did not all arrive (unused parameters) are reduced now, with
-  // zeros for what is missing, still in order.
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (ready[i]) continue;
-    absorb(i);
-    --units[plan.where[i].first].pending;
-  }
-  launch_ready();
+// Every unit was launched (unused parameters are reduced as zeros).
+void ShardedModel::Impl::wait_reductions() {
   torch::NoGradGuard no_grad;
   for (size_t k = 0; k < units.size(); ++k) {
     UnitState& s = units[units.size() - 1 - k];
@@ -453,6 +372,9 @@ void ShardedModel::Impl::finalize() {
     }
     s.bucket = at::Tensor();
   }
+}
+
+void ShardedModel::Impl::complete_reduction() {
   if (opts.stage == 1) {
     for (size_t i = 0; i < params.size(); ++i) {
       auto [u, k] = plan.where[i];
@@ -482,8 +404,7 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> model,
 }
 
 ShardedModel::~ShardedModel() {
-  for (size_t i = 0; i < impl_->accumulators.size(); ++i)
-    impl_->accumulators[i]->del_post_hook(impl_->hook_keys[i]);
+  impl_->readiness.reset();
   if (impl_->model) impl_->model->set_block_hooks({});
   for (auto& s : impl_->units) {
     s.reduce.wait();
@@ -492,14 +413,14 @@ ShardedModel::~ShardedModel() {
 }
 
 ShardedModel::NoSync::NoSync(ShardedModel* m, bool whole) : m_(m) {
-  DTORCH_CHECK(m_->impl_->sync, "no_sync() guards must not nest");
+  DTORCH_CHECK(m_->impl_->readiness->sync(), "no_sync() guards must not nest");
   // Stages 2-3 reduce every backward (Note [Sharding stages]) unless asked to hold whole
   // gradients; stage 3 cannot, its parameters are released between backward passes.
-  if (m_->impl_->opts.stage == 1 || whole) m_->impl_->sync = false;
+  if (m_->impl_->opts.stage == 1 || whole) m_->impl_->readiness->set_sync(false);
 }
 
 ShardedModel::NoSync::~NoSync() {
-  if (m_) m_->impl_->sync = true;
+  if (m_) m_->impl_->readiness->set_sync(true);
 }
 
 ShardedModel::NoSync ShardedModel::no_sync() {
@@ -518,11 +439,7 @@ void ShardedModel::reduce_accumulated() {
   DTORCH_CHECK_T(ConfigError, m.opts.stage <= 2, "ZeRO-3 reduces gradients during every ",
                  "backward pass, so it cannot reduce them once after several: use ZeRO-1, ZeRO-2 ",
                  "or DDP");
-  DTORCH_CHECK(m.sync && !m.in_backward, "ZeRO: reduce_accumulated() runs after backward, outside ",
-               "no_sync()");
-  m.begin_reduction();
-  // finalize() takes every gradient as it is (a missing one as zeros) and reduces in order.
-  m.finalize();
+  m.readiness->reduce_accumulated();
 }
 
 ShardedModel::FullParams::FullParams(ShardedModel* m) : m_(m) {
@@ -575,7 +492,7 @@ double ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
 }
 
 void ShardedModel::step() {
-  DTORCH_CHECK(!impl_->in_backward, "step() was called during backward");
+  DTORCH_CHECK(!impl_->readiness->in_backward(), "step() was called during backward");
   impl_->optimizer->step();
   publish_params();
 }
@@ -633,7 +550,7 @@ MemoryStats ShardedModel::memory() const {
     }
     m.grad_bytes += bytes_of(s.grad_full) + bytes_of(s.bucket) + bytes_of(s.incoming);
   }
-  m.optim_bytes = optimizer_state_bytes(*impl_->optimizer);
+  m.optim_bytes = parallel::state_bytes(*impl_->optimizer);
   if (impl_->sharded_params()) {
     for (auto& s : impl_->units) {
       m.largest_unit_bytes = std::max(m.largest_unit_bytes, bytes_of(s.full));
@@ -645,27 +562,11 @@ MemoryStats ShardedModel::memory() const {
 }
 
 void ShardedModel::init_optimizer_state() {
-  auto& impl = *impl_;
-  auto& opt = *impl.optimizer;
-  for (auto& s : impl.units) {
+  auto& opt = *impl_->optimizer;
+  for (auto& s : impl_->units) {
     const auto key = compat::optimizer_state_key(s.master);
     if (opt.state().count(key)) continue;
-    if (dynamic_cast<torch::optim::AdamW*>(&opt)) {
-      opt.state()[key] =
-          fresh_adam_state<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(opt,
-                                                                                      s.master);
-    } else if (dynamic_cast<torch::optim::Adam*>(&opt)) {
-      opt.state()[key] =
-          fresh_adam_state<torch::optim::AdamParamState, torch::optim::AdamOptions>(opt, s.master);
-    } else if (auto* sgd = dynamic_cast<torch::optim::SGD*>(&opt)) {
-      auto& o = static_cast<torch::optim::SGDOptions&>(sgd->param_groups()[0].options());
-      if (o.momentum() == 0) continue;  // SGD without momentum keeps no state
-      auto st = std::make_unique<torch::optim::SGDParamState>();
-      st->momentum_buffer(at::zeros_like(s.master));
-      opt.state()[key] = std::move(st);
-    } else {
-      DTORCH_FAIL(ConfigError, "sharded checkpoints support the SGD, Adam and AdamW optimizers");
-    }
+    if (auto st = parallel::fresh_state(opt, s.master)) opt.state()[key] = std::move(st);
   }
 }
 
@@ -680,7 +581,7 @@ std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
     out.push_back({"param/" + unit.name, unit.numel, begin, slice(impl.units[u].master)});
     auto it = state.find(compat::optimizer_state_key(impl.units[u].master));
     if (it == state.end()) continue;
-    for (auto& [name, t] : state_tensors(it->second.get()))
+    for (auto& [name, t] : parallel::state_tensors(*it->second))
       out.push_back({str("optim/", unit.name, "/", name), unit.numel, begin, slice(t)});
   }
   return out;
@@ -689,26 +590,12 @@ std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
 int64_t ShardedModel::optimizer_steps() const {
   auto& state = impl_->optimizer->state();
   auto it = state.find(compat::optimizer_state_key(impl_->units.at(0).master));
-  if (it == state.end()) return 0;
-  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) return a->step();
-  if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) return a->step();
-  return 0;
+  return it == state.end() ? 0 : parallel::steps_of(*it->second);
 }
 
 void ShardedModel::set_optimizer_steps(int64_t steps) {
-  for (auto& [key, st] : impl_->optimizer->state()) {
-    if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(st.get())) a->step(steps);
-    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(st.get())) a->step(steps);
-  }
-}
-
-int64_t optimizer_state_bytes(torch::optim::Optimizer& opt) {
-  int64_t total = 0;
-  for (auto& [key, st] : opt.state()) {
-    for (auto& [name, t] : state_tensors(st.get()))
-      total += bytes_of(t);
-  }
-  return total;
+  for (auto& [key, st] : impl_->optimizer->state())
+    parallel::set_steps(*st, steps);
 }
 
 std::shared_ptr<ShardedModel> shard(std::shared_ptr<torch::nn::Module> model,

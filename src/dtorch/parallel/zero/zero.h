@@ -171,10 +171,6 @@ class ShardedModel {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Bytes of every state tensor `opt` holds (momentum buffers, Adam moments), for any of
-/// torch::optim's SGD, Adam and AdamW.
-int64_t optimizer_state_bytes(torch::optim::Optimizer& opt);
-
 /// Shards `model` over `comm` (see Note [Sharding stages]): checks that every rank built the
 /// same model, makes all ranks start from rank 0's weights, packs the parameters into flat
 /// units, and installs gradient hooks (and, for stage 3 on a models::Model with blocks, the
