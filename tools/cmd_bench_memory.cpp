@@ -151,7 +151,7 @@ int memory_worker(MemoryFlags f) {
   const int n = dp->size();
   // The ZeRO formulas over the dp group, for the parameters this rank holds.
   double expected =
-      formula_bytes(f.strategy.strategy, double(P_local), n, double(m.largest_unit_bytes));
+      formula_bytes(f.strategy.kind, double(P_local), n, double(m.largest_unit_bytes));
   auto per_step = [&](const comm::Traffic& t) {
     return nlohmann::json{{"allreduce", t.allreduce / f.steps},
                           {"reduce_scatter", t.reduce_scatter / f.steps},
@@ -165,7 +165,7 @@ int memory_worker(MemoryFlags f) {
       {"bench", "memory"},
       {"torch", TORCH_VERSION},
       {"model", f.model},
-      {"strategy", f.strategy.strategy},
+      {"strategy", f.strategy.kind},
       {"precision", f.strategy.precision},
       {"nproc", world->size()},
       {"dp", n},
@@ -223,13 +223,7 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   auto* cmd = bench.add_subcommand(
       "memory", "Model-state bytes per rank against the ZeRO formulas, peak RSS, traffic");
   cmd->add_option("--model", f->model)->capture_default_str();
-  cmd->add_option("--strategy", f->strategy.strategy, "ddp | zero1 | zero2 | zero3")
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}))
-      ->capture_default_str();
-  cmd->add_option("--precision", f->strategy.precision, "fp32 | bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  cmd->add_option("--optimizer", f->strategy.optimizer, "adamw | sgd")->capture_default_str();
+  add_strategy_options(cmd, f->strategy);
   cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node)->capture_default_str();
   cmd->add_option("--threads", f->threads, "intra-op threads per rank")->capture_default_str();
   cmd->add_option("--batch-size", f->batch_size, "per rank")->capture_default_str();
@@ -245,8 +239,6 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--schedule", f->pp.schedule, "with --pp: gpipe | 1f1b | interleaved | zb")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}))
       ->capture_default_str();
-  cmd->add_option("--bucket-cap-mb", f->strategy.bucket_cap_mb)->capture_default_str();
-  cmd->add_option("--min-unit-params", f->strategy.min_unit_params)->capture_default_str();
   cmd->add_option("--activation-checkpointing", f->activation_checkpointing,
                   "recompute every K-th block in backward (given alone: every block)")
       ->expected(0, 1)

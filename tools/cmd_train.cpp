@@ -18,15 +18,11 @@ struct TrainFlags {
   int nproc_per_node = 0;
   std::string log_dir;   // with nproc_per_node: the launcher's --log-dir
   int max_restarts = 0;  // with nproc_per_node: the launcher's --max-restarts
-  std::string compression = "none";
   std::string progress = "auto";
 };
 
 int run_train(TrainFlags& f) {
   auto& c = f.config;
-  c.ddp.compression = f.compression == "fp16"   ? ddp::Compression::FP16
-                      : f.compression == "bf16" ? ddp::Compression::BF16
-                                                : ddp::Compression::None;
   using Mode = train::ProgressConfig::Mode;
   c.progress.mode = f.progress == "bar"     ? Mode::Bar
                     : f.progress == "lines" ? Mode::Lines
@@ -60,11 +56,6 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "fashion-mnist | mnist (images), text | text:PATH (byte tokens, for gpt-*; "
                   "default corpus: Debian's fortunes)")
       ->capture_default_str();
-  cmd->add_option("--strategy", c.strategy,
-                  "ddp | zero1 (sharded optimizer state) | zero2 (+ gradients) | zero3 (+ "
-                  "parameters: FSDP)")
-      ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}))
-      ->capture_default_str();
   cmd->add_option("--tp", c.tp,
                   "tensor-parallel ranks per model replica (gpt-*, vit-*): consecutive ranks "
                   "split every layer; the strategy runs over the rest (dp = world / tp)")
@@ -86,12 +77,6 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--pp-split", c.pp_split,
                   "with --pp: units where stages 1.. begin, e.g. transformer.h.6 (default: "
                   "balanced by parameter count; `dtorch pipeline show` lists the units)");
-  cmd->add_option("--precision", c.precision, "fp32 | bf16 (bf16 compute, fp32 master weights)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
-  cmd->add_option("--reduce-dtype", c.reduce_dtype, "gradient reduction dtype: fp32 | bf16")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
-      ->capture_default_str();
   cmd->add_option("--clip-grad-norm", c.clip_grad_norm,
                   "clip the whole gradient to this norm (0: off)");
   cmd->add_option("--activation-checkpointing", c.activation_checkpointing,
@@ -99,18 +84,15 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "activations (given alone: every block)")
       ->expected(0, 1)
       ->default_str("1");
-  cmd->add_option("--min-unit-params", c.min_unit_params,
-                  "zero3 wrap policy: merge consecutive blocks into units of at least this many "
-                  "parameters (0: one unit per block)");
   cmd->add_option("--seq-len", c.seq_len,
                   "text: tokens per training sequence (default: the model's block size, at "
                   "most 64)");
   cmd->add_option(
       "--data-dir", c.data_dir,
       std::string("folder with the IDX files (default ") + data::kDefaultMnistDir + ")");
+  add_strategy_options(cmd, c.strategy);
   cmd->add_option("--epochs", c.epochs)->capture_default_str();
   cmd->add_option("--batch-size", c.batch_size, "samples per rank per step")->capture_default_str();
-  cmd->add_option("--lr", c.lr, "learning rate (a schedule's peak)")->capture_default_str();
   cmd->add_option("--lr-schedule", c.lr_schedule.kind,
                   "constant | warmup-linear | warmup-cosine | onecycle (as PyTorch's LinearLR, "
                   "CosineAnnealingLR and OneCycleLR), over the whole run's optimizer steps")
@@ -122,17 +104,6 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--min-lr", c.lr_schedule.min_lr,
                   "where warmup-linear, warmup-cosine and onecycle end (onecycle 0: lr / 25e4)")
-      ->capture_default_str();
-  cmd->add_option("--optimizer", c.optimizer, "sgd (momentum 0.9) | adam | adamw")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
-      ->capture_default_str();
-  cmd->add_option("--momentum", c.momentum, "sgd momentum")->capture_default_str();
-  cmd->add_option_function<double>(
-      "--weight-decay", [f](double wd) { f->config.weight_decay = wd; },
-      "weight decay (default: 0.01 for adamw, 0 for sgd and adam)");
-  cmd->add_option("--betas", c.betas, "adam and adamw: beta1,beta2")
-      ->delimiter(',')
-      ->expected(2)
       ->capture_default_str();
   cmd->add_option("--seed", c.seed)->capture_default_str();
   cmd->add_option("--out", c.out, "output folder: metrics.jsonl, checkpoints, model.pt")
@@ -155,12 +126,6 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--train-samples", c.train_samples, "use only the first N training samples");
   cmd->add_option("--test-samples", c.test_samples, "evaluate on the first N test samples");
   cmd->add_option("--keep-checkpoints", c.keep_checkpoints)->capture_default_str();
-  cmd->add_option("--bucket-cap-mb", c.ddp.bucket_cap_mb)->capture_default_str();
-  cmd->add_flag("--find-unused-parameters", c.ddp.find_unused_parameters,
-                "allow parameters without gradient in a step");
-  cmd->add_option("--grad-compression", f->compression, "none | fp16 | bf16")
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}))
-      ->capture_default_str();
   cmd->add_option("--progress", f->progress, "auto | bar | lines | off")
       ->check(CLI::IsMember({"auto", "bar", "lines", "off"}))
       ->capture_default_str();

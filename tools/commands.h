@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace dtorch::train {
+struct StrategyConfig;
+}
+
 namespace dtorch::tools {
 
 /// The process's own argv, for subcommands that re-launch themselves.
@@ -15,6 +19,11 @@ void set_command_line(int argc, char** argv);
 
 /// `dtorch launch [flags] -- PROGRAM [ARGS...]` (cmd_launch.cpp)
 void add_launch_command(CLI::App& app, int& exit_code);
+/// The strategy's flags (--strategy, --precision, --reduce-dtype, --optimizer, --lr,
+/// --momentum, --weight-decay, --betas, --bucket-cap-mb, --min-unit-params,
+/// --find-unused-parameters, --grad-compression) as one option group of `cmd` writing into `s`,
+/// whose values when called are the defaults shown (strategy_options.cpp).
+void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s);
 /// `dtorch train ...` (cmd_train.cpp)
 void add_train_command(CLI::App& app, int& exit_code);
 /// `dtorch bench ddp ...` (cmd_bench.cpp)

@@ -22,10 +22,10 @@ namespace {
 
 StrategyConfig adamw(const std::string& strategy) {
   StrategyConfig c;
-  c.strategy = strategy;
+  c.kind = strategy;
   c.optimizer = "adamw";
   c.lr = 1e-3;
-  c.bucket_cap_mb = 0.01;  // several units
+  c.ddp.bucket_cap_mb = 0.01;  // several units
   return c;
 }
 

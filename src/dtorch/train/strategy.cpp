@@ -24,19 +24,24 @@
 namespace dtorch::train {
 namespace {
 
+double weight_decay_of(const StrategyConfig& c) {
+  return c.weight_decay.value_or(c.optimizer == "adamw" ? 0.01 : 0.0);
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
                                                         std::vector<torch::Tensor> params) {
+  const double decay = weight_decay_of(c);
   if (c.optimizer == "sgd") {
     return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+        params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(decay));
   }
-  const std::tuple<double, double> betas{c.beta1, c.beta2};
+  const std::tuple<double, double> betas{c.betas.at(0), c.betas.at(1)};
   if (c.optimizer == "adam") {
     return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(c.lr).betas(betas).weight_decay(c.weight_decay));
+        params, torch::optim::AdamOptions(c.lr).betas(betas).weight_decay(decay));
   }
   return std::make_unique<torch::optim::AdamW>(
-      params, torch::optim::AdamWOptions(c.lr).betas(betas).weight_decay(c.weight_decay));
+      params, torch::optim::AdamWOptions(c.lr).betas(betas).weight_decay(decay));
 }
 
 void set_lr_of(torch::optim::Optimizer& opt, double lr) {
@@ -74,7 +79,7 @@ class DdpStrategy : public Strategy {
         tp_(std::move(tp)),
         pp_(std::move(pp)) {
     ddp::Options o = c.ddp;
-    o.bucket_cap_mb = c.bucket_cap_mb;
+    o.bucket_cap_mb = c.ddp.bucket_cap_mb;
     if (c.reduce_dtype == "bf16") o.compression = ddp::Compression::BF16;
     ddp_ = ddp::wrap(model_, comm_, o);
     opt_ = make_optimizer(c, model_->parameters());
@@ -225,8 +230,8 @@ class ZeroStrategy : public Strategy {
       tp_ = tp.handle;
     }
     zero::Options o;
-    o.stage = c.strategy.back() - '0';
-    o.bucket_cap_mb = c.bucket_cap_mb;
+    o.stage = c.kind.back() - '0';
+    o.bucket_cap_mb = c.ddp.bucket_cap_mb;
     o.min_unit_params = c.min_unit_params;
     o.param_dtype = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
     o.reduce_dtype = c.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
@@ -243,7 +248,7 @@ class ZeroStrategy : public Strategy {
   }
 
   void backward_accumulated(const std::function<void()>& work) override {
-    DTORCH_CHECK_T(ConfigError, c_.strategy != "zero3", "--strategy zero3 releases its ",
+    DTORCH_CHECK_T(ConfigError, c_.kind != "zero3", "--strategy zero3 releases its ",
                    "parameters between backward passes and a pipeline runs one per micro-batch: ",
                    "use ddp, zero1 or zero2 with --pp");
     {
@@ -377,7 +382,7 @@ class ZeroStrategy : public Strategy {
   void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }
 
   std::string describe() const override {
-    return str(c_.strategy, " (", sharded_->plan().units.size(), " units), ", c_.precision,
+    return str(c_.kind, " (", sharded_->plan().units.size(), " units), ", c_.precision,
                " compute, ", c_.reduce_dtype, " gradient reduction");
   }
 
@@ -425,9 +430,8 @@ class ZeroStrategy : public Strategy {
 
 void validate(const StrategyConfig& c) {
   DTORCH_CHECK_T(ConfigError,
-                 c.strategy == "ddp" || c.strategy == "zero1" || c.strategy == "zero2" ||
-                     c.strategy == "zero3",
-                 "unknown strategy '", c.strategy, "'; use ddp, zero1, zero2 or zero3");
+                 c.kind == "ddp" || c.kind == "zero1" || c.kind == "zero2" || c.kind == "zero3",
+                 "unknown strategy '", c.kind, "'; use ddp, zero1, zero2 or zero3");
   DTORCH_CHECK_T(ConfigError, c.precision == "fp32" || c.precision == "bf16", "unknown precision '",
                  c.precision, "'; use fp32 or bf16");
   DTORCH_CHECK_T(ConfigError, c.reduce_dtype == "fp32" || c.reduce_dtype == "bf16",
@@ -435,11 +439,16 @@ void validate(const StrategyConfig& c) {
   DTORCH_CHECK_T(ConfigError,
                  c.optimizer == "sgd" || c.optimizer == "adam" || c.optimizer == "adamw",
                  "unknown optimizer '", c.optimizer, "'; use sgd, adam or adamw");
-  DTORCH_CHECK_T(ConfigError, c.weight_decay >= 0, "--weight-decay must be >= 0 (got ",
-                 c.weight_decay, ")");
-  DTORCH_CHECK_T(ConfigError, c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1,
-                 "--betas ", c.beta1, ",", c.beta2, ": each must lie in [0, 1), as 0.9,0.999");
-  DTORCH_CHECK_T(ConfigError, c.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
+  DTORCH_CHECK_T(ConfigError, weight_decay_of(c) >= 0, "--weight-decay must be >= 0 (got ",
+                 weight_decay_of(c), ")");
+  DTORCH_CHECK_T(ConfigError, c.betas.size() == 2, "--betas takes two numbers, as 0.9,0.999 (got ",
+                 c.betas.size(), ")");
+  DTORCH_CHECK_T(ConfigError,
+                 c.betas[0] >= 0 && c.betas[0] < 1 && c.betas[1] >= 0 && c.betas[1] < 1, "--betas ",
+                 c.betas[0], ",", c.betas[1], ": each must lie in [0, 1), as 0.9,0.999");
+  DTORCH_CHECK_T(ConfigError, c.optimizer != "sgd" || (c.betas == std::vector<double>{0.9, 0.999}),
+                 "--betas apply to adam and adamw; with --optimizer sgd set --momentum instead");
+  DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
 }
 
@@ -515,14 +524,14 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<comm::Communicator> comm,
                                         TensorParallelism tp, PipelineParallelism pp) {
   validate(c);
-  DTORCH_CHECK_T(ConfigError, !tp.handle || c.strategy != "zero3",
+  DTORCH_CHECK_T(ConfigError, !tp.handle || c.kind != "zero3",
                  "tensor parallelism with zero3 is not supported: ZeRO-3 gathers whole blocks, "
                  "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
-  DTORCH_CHECK_T(ConfigError, !pp.pipeline || c.strategy != "zero3",
+  DTORCH_CHECK_T(ConfigError, !pp.pipeline || c.kind != "zero3",
                  "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
                  "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
                  "zero1 or zero2 over the dp group");
-  if (c.strategy == "ddp")
+  if (c.kind == "ddp")
     return std::make_unique<DdpStrategy>(c, model, comm, std::move(tp), std::move(pp));
   return std::make_unique<ZeroStrategy>(c, model, comm, std::move(tp), std::move(pp));
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
@@ -20,20 +21,23 @@
 
 namespace dtorch::train {
 
-/// What a strategy needs from the training configuration.
+/// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch
+/// train` and `dtorch bench memory`, whose flags are one option group (tools/
+/// strategy_options.cpp).
 struct StrategyConfig {
-  std::string strategy = "ddp";       ///< ddp | zero1 | zero2 | zero3
+  std::string kind = "ddp";           ///< ddp | zero1 | zero2 | zero3
   std::string precision = "fp32";     ///< fp32 | bf16 (compute; master weights stay fp32)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
   std::string optimizer = "sgd";      ///< sgd (with momentum) | adam | adamw
-  double lr = 0.01;
+  double lr = 0.01;                   ///< a schedule's peak (train/lr_schedule.h)
   double momentum = 0.9;              ///< sgd
-  double weight_decay = 0;            ///< every optimizer (adamw decoupled, sgd and adam L2)
-  double beta1 = 0.9, beta2 = 0.999;  ///< adam, adamw
-  double bucket_cap_mb = 25.0;
-  int64_t min_unit_params = 0;  ///< zero3 wrap policy (0: one unit per block)
-  std::string model;            ///< the model's registry name (to rebuild saved stages)
-  ddp::Options ddp;
+  /// Every optimizer (adamw decoupled, sgd and adam as L2); unset: 0.01 for adamw
+  /// (PyTorch's default), 0 for sgd and adam.
+  std::optional<double> weight_decay;
+  std::vector<double> betas{0.9, 0.999};  ///< adam, adamw
+  int64_t min_unit_params = 0;            ///< zero3 wrap policy (0: one unit per block)
+  std::string model;                      ///< the model's registry name (to rebuild saved stages)
+  ddp::Options ddp;                       ///< bucket_cap_mb also sizes the zero1/zero2 units
 };
 
 /// Throws ConfigError naming the bad field and the choices.

@@ -86,10 +86,10 @@ std::string config_json(const TrainConfig& c, int world, const Schedule& schedul
   nlohmann::json j = {{"model", c.model},
                       {"data", c.data},
                       {"batch_size", c.batch_size},
-                      {"lr", c.lr},
-                      {"optimizer", c.optimizer},
-                      {"strategy", c.strategy},
-                      {"precision", c.precision},
+                      {"lr", c.strategy.lr},
+                      {"optimizer", c.strategy.optimizer},
+                      {"strategy", c.strategy.kind},
+                      {"precision", c.strategy.precision},
                       {"seed", c.seed},
                       {"world_size", world},
                       {"tp", c.tp},
@@ -101,21 +101,7 @@ std::string config_json(const TrainConfig& c, int world, const Schedule& schedul
 }
 
 StrategyConfig strategy_config(const TrainConfig& c) {
-  StrategyConfig s;
-  s.strategy = c.strategy;
-  s.precision = c.precision;
-  s.reduce_dtype = c.reduce_dtype;
-  s.optimizer = c.optimizer;
-  s.lr = c.lr;
-  s.momentum = c.momentum;
-  s.weight_decay = c.weight_decay.value_or(c.optimizer == "adamw" ? 0.01 : 0.0);
-  if (c.betas.size() == 2) {
-    s.beta1 = c.betas[0];
-    s.beta2 = c.betas[1];
-  }
-  s.bucket_cap_mb = c.ddp.bucket_cap_mb;
-  s.min_unit_params = c.min_unit_params;
-  s.ddp = c.ddp;
+  StrategyConfig s = c.strategy;
   s.model = c.model;
   return s;
 }
@@ -292,9 +278,9 @@ void check_tensor_parallel_layout(const TrainConfig& c) {
     }
   }
   if (saved_tp == 1) return;  // no per-tp folders: no tensor parallelism, or ddp's whole files
-  DTORCH_CHECK_T(CheckpointError, saved_tp == c.tp && c.strategy != "ddp",
+  DTORCH_CHECK_T(CheckpointError, saved_tp == c.tp && c.strategy.kind != "ddp",
                  "the ZeRO checkpoints in ", c.out, " were written with --tp ", saved_tp,
-                 " and this run has --tp ", c.tp, " (", c.strategy,
+                 " and this run has --tp ", c.tp, " (", c.strategy.kind,
                  "): resume with --strategy zero1 or zero2 and --tp ", saved_tp,
                  " (only ddp's tensor-parallel checkpoints fit any --tp)");
 }
@@ -329,12 +315,8 @@ void validate(const TrainConfig& c) {
                  "--seq-len must be >= 1, or 0 for the model's "
                  "longest sequence (got ",
                  c.seq_len, ")");
-  DTORCH_CHECK_T(ConfigError, c.lr > 0, "--lr must be positive (got ", c.lr, ")");
-  validate(c.lr_schedule, c.lr);
-  DTORCH_CHECK_T(ConfigError, c.betas.size() == 2, "--betas takes two numbers, as 0.9,0.999 (got ",
-                 c.betas.size(), ")");
-  DTORCH_CHECK_T(ConfigError, c.optimizer != "sgd" || (c.betas == std::vector<double>{0.9, 0.999}),
-                 "--betas apply to adam and adamw; with --optimizer sgd set --momentum instead");
+  DTORCH_CHECK_T(ConfigError, c.strategy.lr > 0, "--lr must be positive (got ", c.strategy.lr, ")");
+  validate(c.lr_schedule, c.strategy.lr);
   DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
   DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
   DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
@@ -342,7 +324,7 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.tp > 1 || !c.sequence_parallel,
                  "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
                  "--tp 2 or more");
-  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy != "zero3",
+  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy.kind != "zero3",
                  "--tp with --strategy zero3 is not supported: ZeRO-3 gathers whole blocks, "
                  "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
   DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.clip_grad_norm == 0,
@@ -351,7 +333,7 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
   DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
   if (c.pp > 1) {
-    DTORCH_CHECK_T(ConfigError, c.strategy != "zero3",
+    DTORCH_CHECK_T(ConfigError, c.strategy.kind != "zero3",
                    "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
                    "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
                    "zero1 or zero2");
@@ -389,8 +371,9 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   Data data = load_data(c, model->takes_tokens() ? window_length(c, *model) : 0);
   if (lead) {
     log::info("training ", c.model, " on ", data.describe, ", ", world, " rank(s) x batch ",
-              c.batch_size, ", ", c.epochs, " epoch(s), ", c.optimizer, " lr ", c.lr, ", seed ",
-              c.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ", c.out);
+              c.batch_size, ", ", c.epochs, " epoch(s), ", c.strategy.optimizer, " lr ",
+              c.strategy.lr, ", seed ", c.seed, ", ", torch::get_num_threads(),
+              " thread(s) per rank -> ", c.out);
   }
 
   // Tensor parallelism first (every rank built the same model from the seed), then the
@@ -434,7 +417,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   // Every epoch has the same number of batches (the sampler pads), hence of optimizer steps.
   const int64_t batches_per_epoch = data::num_batches(sampler.samples_per_rank(), c.batch_size);
   const int64_t steps_per_epoch = (batches_per_epoch + c.accum_steps - 1) / c.accum_steps;
-  Schedule schedule{c.lr_schedule, c.lr, steps_per_epoch * c.epochs};
+  Schedule schedule{c.lr_schedule, c.strategy.lr, steps_per_epoch * c.epochs};
   validate(schedule.config, schedule.lr, schedule.total_steps);
   int64_t start_epoch = 0, global_step = 0;
   // A group the launcher restarted (--max-restarts) resumes by itself, as torchrun scripts
@@ -470,7 +453,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   }
 
   if (lead) {
-    log::info("optimizer ", c.optimizer, ", learning rate ",
+    log::info("optimizer ", c.strategy.optimizer, ", learning rate ",
               describe(schedule.config, schedule.lr, schedule.total_steps), ", ", steps_per_epoch,
               " step(s) per epoch");
   }

@@ -4,15 +4,14 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
-#include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/metrics.h"
 #include "dtorch/train/progress.h"
+#include "dtorch/train/strategy.h"
 
 namespace dtorch::train {
 
@@ -25,14 +24,10 @@ struct TrainConfig {
   int64_t seq_len = 0;   ///< text: tokens per window (0: the model's maximum, at most 64)
   int epochs = 2;
   int64_t batch_size = 64;  ///< samples per rank per step
-  double lr = 0.01;         ///< the peak learning rate of the schedule
-  LrScheduleConfig lr_schedule;
-  std::string optimizer = "sgd";  ///< sgd (momentum 0.9), adam or adamw
-  double momentum = 0.9;          ///< sgd only
-  /// Unset: 0.01 for adamw (PyTorch's default), 0 for sgd and adam.
-  std::optional<double> weight_decay;
-  std::vector<double> betas{0.9, 0.999};  ///< adam, adamw
-  std::string strategy = "ddp";           ///< ddp | zero1 | zero2 | zero3 (over the dp group)
+  /// ddp | zero1 | zero2 | zero3 over the data-parallel group, with the optimizer, its peak
+  /// learning rate and the precision (its `model` is filled in from `model`).
+  StrategyConfig strategy;
+  LrScheduleConfig lr_schedule;  ///< every optimizer step's rate, peaking at strategy.lr
   /// Tensor-parallel ranks per model replica (gpt-*, vit-*); the strategy runs over the
   /// remaining data-parallel degree, world / tp (parallel/parallel_dims.h).
   int tp = 1;
@@ -41,16 +36,13 @@ struct TrainConfig {
   /// Pipeline stages (gpt-*, resnet*, vit-*): each rank builds and runs one stage; the
   /// strategy (ddp or zero1) runs over world / pp data-parallel replicas.
   int pp = 1;
-  int microbatches = 0;               ///< per batch, under --pp (0: 2 x pp)
-  std::string schedule = "1f1b";      ///< gpipe | 1f1b | zb (pp::make_schedule)
-  std::string pp_split;               ///< unit names where stages 1.. begin; empty: balanced
-  std::string precision = "fp32";     ///< fp32 | bf16 (bf16 compute, fp32 master weights)
-  std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
-  double clip_grad_norm = 0;          ///< clip the whole gradient to this norm (0: off)
+  int microbatches = 0;           ///< per batch, under --pp (0: 2 x pp)
+  std::string schedule = "1f1b";  ///< gpipe | 1f1b | zb (pp::make_schedule)
+  std::string pp_split;           ///< unit names where stages 1.. begin; empty: balanced
+  double clip_grad_norm = 0;      ///< clip the whole gradient to this norm (0: off)
   /// Recompute every K-th block's forward in backward instead of keeping its activations
   /// (parallel/activation_checkpoint.h; 1: every block, 0: off).
   int activation_checkpointing = 0;
-  int64_t min_unit_params = 0;      ///< zero3 wrap policy: merge blocks up to this size
   uint64_t seed = 1;                ///< model init and data order
   std::string out = "runs/latest";  ///< metrics.jsonl, checkpoints, model.pt
   /// The final model file: pt (model.pt, torch.load) or safetensors (model.safetensors).
@@ -61,7 +53,6 @@ struct TrainConfig {
   int64_t train_samples = 0;  ///< use the first N training samples (0: all)
   int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all)
   int keep_checkpoints = 2;
-  ddp::Options ddp;  ///< bucket_cap_mb also sizes the zero1/zero2 units
   ProgressConfig progress;
 };
 
