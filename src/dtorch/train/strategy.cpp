@@ -79,7 +79,6 @@ class DdpStrategy : public Strategy {
         tp_(std::move(tp)),
         pp_(std::move(pp)) {
     ddp::Options o = c.ddp;
-    o.bucket_cap_mb = c.ddp.bucket_cap_mb;
     if (c.reduce_dtype == "bf16") o.compression = ddp::Compression::BF16;
     ddp_ = ddp::wrap(model_, comm_, o);
     opt_ = make_optimizer(c, model_->parameters());

@@ -54,10 +54,7 @@ struct Schedule {
             {"lr", lr},
             {"total_steps", total_steps}};
   }
-  bool operator==(const Schedule& o) const {
-    return config.kind == o.config.kind && config.warmup_steps == o.config.warmup_steps &&
-           config.min_lr == o.config.min_lr && lr == o.lr && total_steps == o.total_steps;
-  }
+  bool operator==(const Schedule& o) const { return to_json() == o.to_json(); }
 };
 
 // The schedule a checkpoint's metadata recorded; nullopt for checkpoints written before

@@ -72,13 +72,13 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  std::vector<at::Tensor> buffers, std::shared_ptr<comm::Communicator> comm,
                  const Options& opts)
     : params_(std::move(params)),
-      names_(std::move(names)),
       buffers_(std::move(buffers)),
       comm_(std::move(comm)),
       opts_(opts),
       plan_(
           plan_buckets(specs_of(params_), mib(opts.first_bucket_cap_mb), mib(opts.bucket_cap_mb))),
-      ready_(params_, names_, bucket_of(plan_), in_order(plan_.buckets.size()), policy(opts),
+      ready_(params_, std::move(names), bucket_of(plan_), in_order(plan_.buckets.size()),
+             policy(opts),
              {[this](size_t i) { absorb(i); }, [this](size_t b) { launch(b); },
               [this](size_t n) { wait(n); }, [this] { complete(); }}) {
   for (const Bucket& b : plan_.buckets) {

@@ -50,7 +50,6 @@ class Reducer {
   void complete();
 
   std::vector<at::Tensor> params_;
-  std::vector<std::string> names_;
   std::vector<at::Tensor> buffers_;
   std::shared_ptr<comm::Communicator> comm_;
   Options opts_;
