@@ -7,6 +7,7 @@
 #include "dtorch/data/mnist_dataset.h"
 #include "dtorch/launch/launcher.h"
 #include "dtorch/launch/rank_info.h"
+#include "dtorch/train/deepspeed_config.h"
 #include "dtorch/train/trainer.h"
 #include "tools/commands.h"
 
@@ -19,20 +20,40 @@ struct TrainFlags {
   std::string log_dir;   // with nproc_per_node: the launcher's --log-dir
   int max_restarts = 0;  // with nproc_per_node: the launcher's --max-restarts
   std::string progress = "auto";
+  std::string deepspeed_config;  // a ds_config.json (Note [DeepSpeed configuration])
 };
 
-int run_train(TrainFlags& f) {
+// The DeepSpeed configuration file under the flags given (which win), for a job of the size
+// this process can tell before it starts (DeepSpeed's batch rule needs it).
+void apply_deepspeed_file(TrainFlags& f, const SelfLaunch& how,
+                          const std::set<std::string>& given) {
+  const auto ds = train::read_deepspeed_config(f.deepspeed_config);
+  const auto notes = train::apply_deepspeed_config(ds, given, job_world_size(how), f.config);
+  if (!reports_for_the_job(how)) return;
+  for (const auto& w : ds.warnings)
+    log::warn(w);
+  for (const auto& n : notes)
+    log::info(n);
+  const auto& c = f.config;
+  log::info("--deepspeed-config ", f.deepspeed_config, ": ", c.strategy.kind, ", ",
+            c.strategy.precision, ", ", c.strategy.optimizer, " lr ", c.strategy.lr, ", batch ",
+            c.batch_size, " per rank x ", c.accum_steps, " accumulation step(s), schedule ",
+            c.lr_schedule.kind);
+}
+
+int run_train(TrainFlags& f, const std::set<std::string>& given) {
   auto& c = f.config;
   using Mode = train::ProgressConfig::Mode;
   c.progress.mode = f.progress == "bar"     ? Mode::Bar
                     : f.progress == "lines" ? Mode::Lines
                     : f.progress == "off"   ? Mode::Off
                                             : Mode::Auto;
-  train::validate(c);  // fail before launching anything
-  SelfLaunch how;      // Note [Self-launch]
+  SelfLaunch how;  // Note [Self-launch]
   how.nproc_per_node = f.nproc_per_node;
   how.log_dir = f.log_dir;
   how.max_restarts = f.max_restarts;
+  if (!f.deepspeed_config.empty()) apply_deepspeed_file(f, how, given);
+  train::validate(c);  // fail before launching anything
   if (auto code = self_launch(how)) return *code;
   auto comm = comm::Communicator::from_env();
   train::train(c, comm);
@@ -129,7 +150,17 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--progress", f->progress, "auto | bar | lines | off")
       ->check(CLI::IsMember({"auto", "bar", "lines", "off"}))
       ->capture_default_str();
-  cmd->callback([f, &exit_code] { exit_code = run_train(*f); });
+  cmd->add_option("--print-every", c.print_every,
+                  "a log line and a \"step\" record in metrics.jsonl every N optimizer steps "
+                  "(loss, lr, samples/s)");
+  cmd->add_flag("--phase-times", c.phase_times,
+                "time each step's phases (data, forward, backward, step): means per step in "
+                "the log lines and metrics.jsonl");
+  cmd->add_option("--deepspeed-config,--deepspeed_config", f->deepspeed_config,
+                  "a DeepSpeed ds_config.json: its batch sizes, zero_optimization, bf16, "
+                  "optimizer, scheduler, gradient_clipping, steps_per_print and "
+                  "wall_clock_breakdown; flags given here win (docs/deepspeed-config.md)");
+  cmd->callback([f, cmd, &exit_code] { exit_code = run_train(*f, flags_given(*cmd)); });
 }
 
 }  // namespace dtorch::tools

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,15 @@ struct SelfLaunch {
 /// launcher and returns its exit code; nullopt when this process should run as one rank
 /// itself (one process asked for, or already a rank of a job).
 std::optional<int> self_launch(const SelfLaunch& how);
+/// The job's rank count as this process can tell before any rank starts: `nproc_per_node`
+/// when self_launch will start the workers, else the launch environment's WORLD_SIZE.
+int job_world_size(const SelfLaunch& how);
+/// Whether this process should print the job's one-time messages: rank 0 of the job, not the
+/// process that only starts the workers.
+bool reports_for_the_job(const SelfLaunch& how);
+/// The long names ("--lr") of the options of `cmd` given on its command line, option groups
+/// included.
+std::set<std::string> flags_given(const CLI::App& cmd);
 /// self_launch for `dtorch bench ...`: stdout is JSON lines; rank 0's only unless every_rank.
 std::optional<int> self_launch_bench(int nproc_per_node, bool every_rank);
 /// `dtorch checkpoint inspect|consolidate DIR ...` (cmd_checkpoint.cpp)

@@ -20,6 +20,22 @@ void set_command_line(int argc, char** argv) {
   g_command_line.assign(argv, argv + argc);
 }
 
+std::set<std::string> flags_given(const CLI::App& cmd) {
+  std::set<std::string> given;
+  for (const CLI::Option* opt : cmd.get_options()) {
+    if (opt->count() == 0) continue;
+    for (const auto& name : opt->get_lnames())
+      given.insert("--" + name);
+  }
+  // Option groups are nameless sub-apps.
+  for (const CLI::App* sub :
+       cmd.get_subcommands([](const CLI::App* a) { return a->get_name().empty(); })) {
+    auto more = flags_given(*sub);
+    given.insert(more.begin(), more.end());
+  }
+  return given;
+}
+
 namespace {
 // `dtorch version`: what this build was made against, for bug reports and job logs.
 void add_version_command(CLI::App& app) {

@@ -13,9 +13,27 @@
 
 namespace dtorch::tools {
 
+namespace {
+
+bool started_by_a_launcher() {
+  return env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
+}
+
+}  // namespace
+
+int job_world_size(const SelfLaunch& how) {
+  if (how.nproc_per_node > 1 && !started_by_a_launcher()) return how.nproc_per_node;
+  return launch::rank_info_from_env().world_size;
+}
+
+bool reports_for_the_job(const SelfLaunch& how) {
+  if (how.nproc_per_node > 1 && !started_by_a_launcher()) return false;  // its workers will
+  return launch::rank_info_from_env().rank == 0;
+}
+
 std::optional<int> self_launch(const SelfLaunch& how) {
   if (how.nproc_per_node <= 1) return std::nullopt;
-  if (env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1) {
+  if (started_by_a_launcher()) {
     log::warn("--nproc-per-node is ignored: this process was already started by a launcher");
     return std::nullopt;
   }

@@ -30,6 +30,7 @@ void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s) {
       ->delimiter(',')
       ->expected(2)
       ->capture_default_str();
+  g->add_option("--eps", s.eps, "adam and adamw: added to the denominator")->capture_default_str();
   g->add_option("--bucket-cap-mb", s.ddp.bucket_cap_mb,
                 "gradient bucket size (ddp), unit size (zero1, zero2)")
       ->capture_default_str();

@@ -42,12 +42,18 @@ std::vector<std::string> gpt_debug_train_args(const std::string& out, const std:
           "64"};
 }
 
-std::vector<nlohmann::json> epochs_of(const std::string& out) {
+std::vector<nlohmann::json> records_of(const std::string& out, const std::string& kind) {
   std::vector<nlohmann::json> v;
   std::istringstream in(read_file(out + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);)
-    v.push_back(nlohmann::json::parse(line));
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == kind) v.push_back(j);
+  }
   return v;
+}
+
+std::vector<nlohmann::json> epochs_of(const std::string& out) {
+  return records_of(out, "epoch");
 }
 
 std::map<std::string, torch::Tensor> model_file(const std::string& path) {

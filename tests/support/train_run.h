@@ -15,7 +15,9 @@ namespace dtorch::testing {
 std::vector<std::string> gpt_debug_train_args(const std::string& out, const std::string& strategy,
                                               int nproc, int epochs = 2);
 
-/// Every line of OUT/metrics.jsonl, parsed (one per epoch).
+/// The records of OUT/metrics.jsonl of one kind ("epoch", "step"), parsed, in order.
+std::vector<nlohmann::json> records_of(const std::string& out, const std::string& kind);
+/// The epoch records of OUT/metrics.jsonl.
 std::vector<nlohmann::json> epochs_of(const std::string& out);
 
 /// A state dict file (model.pt, or what `checkpoint consolidate` wrote) by name.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "dtorch/models/registry.h"
@@ -12,6 +13,7 @@
 #include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/command.h"
+#include "support/train_run.h"
 #include "support/workers.h"
 
 namespace dtorch {
@@ -29,11 +31,7 @@ std::vector<std::string> train_args(const std::string& out, int epochs) {
 }
 
 std::vector<nlohmann::json> metrics(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(testing::read_file(out + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);)
-    v.push_back(nlohmann::json::parse(line));
-  return v;
+  return testing::epochs_of(out);
 }
 
 std::vector<torch::Tensor> weights(const std::string& path,
@@ -290,6 +288,76 @@ TEST(TrainCli, BadInputGetsAClearErrorAndNoHang) {
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(contains(r.err, "/nonexistent/fmnist")) << r.err;
   EXPECT_TRUE(contains(r.err, "dataset-fashion-mnist")) << r.err;
+}
+
+// A ds_config.json trains as the flags it stands for (Note [DeepSpeed configuration]): the
+// same run bit for bit; with a scheduler, steps_per_print and wall_clock_breakdown, every
+// optimizer step's rate is DeepSpeed's WarmupLR and a flag given wins over the file.
+TEST(TrainCli, DeepSpeedConfigTrainsAsTheFlagsItStandsFor) {
+  const std::string dir = testing::scratch_dir("train_deepspeed_config");
+  auto args = [&](const std::string& out, const std::vector<std::string>& more) {
+    std::vector<std::string> a{
+        DTORCH_CLI,        "train", "--model",        "mnist-mlp",    "--epochs",         "1",
+        "--train-samples", "1024",  "--test-samples", "500",          "--nproc-per-node", "2",
+        "--progress",      "lines", "--out",          dir + "/" + out};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const std::string common = R"("train_batch_size": 128, "gradient_accumulation_steps": 2,
+      "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+      "gradient_clipping": 1.0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.99],
+                                               "eps": 1e-7, "weight_decay": 0.01}})";
+  std::ofstream(dir + "/plain.json") << "{" << common << "}";
+  std::ofstream(dir + "/scheduled.json")
+      << "{" << common << R"(, "steps_per_print": 2, "wall_clock_breakdown": true,
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4}}})";
+
+  auto r =
+      run_command("train_ds_file", args("file", {"--deepspeed_config", dir + "/plain.json"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "zero_optimization.offload_optimizer is ignored")) << r.err;
+  EXPECT_TRUE(contains(r.err, "batch 32 per rank x 2 accumulation step(s)"))
+      << "128 = 32 x 2 x 2 ranks: " << r.err;
+  r = run_command("train_ds_flags",
+                  args("flags", {"--strategy", "zero1", "--batch-size", "32", "--accum-steps", "2",
+                                 "--clip-grad-norm", "1", "--optimizer", "adamw", "--lr", "0.002",
+                                 "--betas", "0.9,0.99", "--eps", "1e-7", "--weight-decay", "0.01"}),
+                  300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  testing::expect_same_run(dir + "/file", dir + "/flags", "ds_config.json vs flags");
+  EXPECT_TRUE(weights(dir + "/file/model.pt", "mnist-mlp")[0].equal(
+      weights(dir + "/flags/model.pt", "mnist-mlp")[0]));
+
+  r = run_command(
+      "train_ds_scheduled",
+      args("scheduled", {"--deepspeed-config", dir + "/scheduled.json", "--lr", "0.004"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "--lr on the command line replaces the file's")) << r.err;
+  EXPECT_TRUE(contains(r.err, "step 2/8: loss")) << r.err;
+  // 2 ranks x 512 samples / 32 per batch / 2 accumulated = 8 optimizer steps.
+  train::LrScheduleConfig warmup{"WarmupLR", 4, 0, {}};
+  auto steps = testing::records_of(dir + "/scheduled", "step");
+  ASSERT_EQ(steps.size(), 4u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const int64_t step = steps[i]["step"].get<int64_t>();
+    EXPECT_EQ(step, 2 * static_cast<int64_t>(i) + 2);
+    EXPECT_NEAR(steps[i]["lr"].get<double>(), train::lr_at(warmup, 0.004, step - 1, 8), 1e-15)
+        << "step " << step;
+    for (const char* phase : {"data_ms", "forward_ms", "backward_ms", "step_ms"})
+      EXPECT_GT(steps[i][phase].get<double>(), 0) << phase;
+  }
+  auto epoch = testing::epochs_of(dir + "/scheduled");
+  ASSERT_EQ(epoch.size(), 1u);
+  EXPECT_TRUE(epoch[0].contains("backward_ms"));
+  EXPECT_NEAR(epoch[0]["lr"].get<double>(), 0.004, 1e-15) << "warmed up by the last step";
+
+  std::ofstream(dir + "/bad.json") << R"({"zero_optimization": {"stage": 5}})";
+  r = run_command("train_ds_bad", args("bad", {"--deepspeed-config", dir + "/bad.json"}), 60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "zero_optimization.stage must be a whole number from 0 to 3"))
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/bad")) << "nothing started";
 }
 
 }  // namespace

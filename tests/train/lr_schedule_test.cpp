@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
@@ -126,6 +127,114 @@ print("RESULT " + json.dumps({
     for (size_t s = 0; s < got.size(); ++s)
       EXPECT_NEAR(got[s], expected[s], 1e-9 * lr) << name << " step " << s;
   }
+}
+
+// DeepSpeed's schedulers (kinds WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle) against
+// deepspeed.runtime.lr_schedules, stepped as DeepSpeed's engine steps them: the rate read before
+// each optimizer step, the scheduler stepped after it.
+TEST(LrSchedule, DeepSpeedKindsMatchDeepSpeedsSchedulersEveryStep) {
+  DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/false);
+  const int64_t T = 40;
+  const double peak = 0.1;
+  std::map<std::string, std::pair<LrScheduleConfig, std::string>> cases;
+  auto add = [&](const std::string& name, LrScheduleConfig c, const std::string& python) {
+    cases[name] = {c, python};
+  };
+  DeepSpeedScheduleParams p;
+  p.warmup_min_lr = 0.001;
+  add("warmup-log", {"WarmupLR", 10, 0, p},
+      "WarmupLR(o, warmup_min_lr=0.001, warmup_max_lr=0.1, warmup_num_steps=10)");
+  p.warmup_type = "linear";
+  add("warmup-linear", {"WarmupLR", 10, 0, p},
+      "WarmupLR(o, warmup_min_lr=0.001, warmup_max_lr=0.1, warmup_num_steps=10, "
+      "warmup_type='linear')");
+  p = {};
+  p.total_num_steps = 30;
+  add("decay", {"WarmupDecayLR", 8, 0, p},
+      "WarmupDecayLR(o, total_num_steps=30, warmup_max_lr=0.1, warmup_num_steps=8)");
+  p.warmup_min_ratio = 0.1;
+  p.cos_min_ratio = 0.01;
+  add("cosine-log", {"WarmupCosineLR", 6, 0, p},
+      "WarmupCosineLR(o, total_num_steps=30, warmup_min_ratio=0.1, warmup_num_steps=6, "
+      "cos_min_ratio=0.01)");
+  p.warmup_type = "linear";
+  add("cosine-linear", {"WarmupCosineLR", 6, 0, p},
+      "WarmupCosineLR(o, total_num_steps=30, warmup_min_ratio=0.1, warmup_num_steps=6, "
+      "cos_min_ratio=0.01, warmup_type='linear')");
+  p = {};
+  p.cycle_min_lr = 0.01;
+  p.cycle_first_step_size = 8;
+  p.cycle_second_step_size = 6;
+  p.decay_lr_rate = 0.5;
+  p.decay_step_size = 3;
+  add("onecycle", {"OneCycle", 8, 0, p},
+      "OneCycle(o, cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=8, "
+      "cycle_second_step_size=6, decay_lr_rate=0.5, decay_step_size=3, cycle_momentum=False)");
+  p = {};
+  p.cycle_min_lr = 0.01;
+  p.cycle_first_step_size = 10;
+  p.cycle_first_stair_count = 3;
+  add("onecycle-stairs", {"OneCycle", 10, 0, p},
+      "OneCycle(o, cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=10, "
+      "cycle_first_stair_count=3, cycle_momentum=False)");
+
+  std::string code = R"PY(
+import logging
+try:
+    from deepspeed.runtime.lr_schedules import WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle
+except ImportError as e:
+    print("NO_DEEPSPEED", e)
+    sys.exit(0)
+logging.disable(logging.WARNING)
+def rates(make, steps=int(sys.argv[2])):
+    p = torch.nn.Parameter(torch.zeros(1))
+    o = torch.optim.SGD([p], lr=0.1)
+    sched = make(o)
+    out = []
+    for _ in range(steps):
+        out.append(o.param_groups[0]["lr"])
+        o.step()
+        sched.step()
+    return out
+result = {}
+)PY";
+  for (const auto& [name, c] : cases)
+    code += "result['" + name + "'] = rates(lambda o: " + c.second + ")\n";
+  code += "print('RESULT ' + json.dumps(result))\n";
+  std::string out;
+  int rc = testing::run_python(testing::scratch_dir("lr-schedule-deepspeed"), "ds_schedules", code,
+                               {std::to_string(T)}, &out);
+  ASSERT_EQ(rc, 0) << out;
+  if (out.find("NO_DEEPSPEED") != std::string::npos) {
+    GTEST_SKIP() << "DeepSpeed is not installed for " << testing::python()
+                 << " (make test TORCH=pip installs it): " << out;
+  }
+  auto at = out.rfind("RESULT ");
+  ASSERT_NE(at, std::string::npos) << out;
+  auto want = nlohmann::json::parse(out.substr(at + 7));
+  for (const auto& [name, c] : cases) {
+    auto got = curve(c.first, peak, T);
+    auto expected = want.at(name).get<std::vector<double>>();
+    ASSERT_EQ(got.size(), expected.size()) << name;
+    for (size_t s = 0; s < got.size(); ++s)
+      EXPECT_NEAR(got[s], expected[s], 1e-12) << name << " step " << s;
+  }
+}
+
+TEST(LrSchedule, DeepSpeedKindsRoundTripThroughJson) {
+  DeepSpeedScheduleParams p;
+  p.cycle_min_lr = 0.01;
+  p.cycle_first_stair_count = 3;
+  LrScheduleConfig c{"OneCycle", 10, 0, p};
+  nlohmann::json j = c;
+  EXPECT_EQ(j.at("deepspeed").at("cycle_first_stair_count"), 3);
+  auto back = j.get<LrScheduleConfig>();
+  EXPECT_EQ(nlohmann::json(back), j);
+  EXPECT_FALSE(nlohmann::json(LrScheduleConfig{}).contains("deepspeed"));
+  EXPECT_THROW(validate({"WarmupLR", 0, 0, {}}, 0.1), ConfigError) << "warmup_num_steps 0";
+  DeepSpeedScheduleParams bad;
+  bad.warmup_type = "exp";
+  EXPECT_THROW(validate({"WarmupLR", 5, 0, bad}, 0.1), ConfigError);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The learning-rate schedules of Note [Learning-rate schedules] (lr_schedule.h).
 #include "dtorch/train/lr_schedule.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 
@@ -34,9 +36,129 @@ double onecycle(const LrScheduleConfig& c, double lr, int64_t step, int64_t tota
   return cosine(lr, final_lr, (s - peak) / (end - peak));
 }
 
+// DeepSpeed's warm-ups run over at least 2 steps (its max(2, warmup_num_steps)).
+double deepspeed_warmup_steps(const LrScheduleConfig& c) {
+  return static_cast<double>(std::max<int64_t>(2, c.warmup_steps));
+}
+
+// DeepSpeed's warm-up fraction at scheduler iteration i (< the warm-up's steps).
+double deepspeed_warmup(const DeepSpeedScheduleParams& p, double i, double w) {
+  return p.warmup_type == "linear" ? i / w : std::log(i + 1) / std::log(w);
+}
+
+// WarmupLR and WarmupDecayLR: warmup_min_lr + (lr - warmup_min_lr) x gamma(i).
+double deepspeed_warmup_decay(const LrScheduleConfig& c, double lr, double i) {
+  const auto& p = c.deepspeed;
+  if (i < 0) return p.warmup_min_lr;
+  const double w = deepspeed_warmup_steps(c);
+  double gamma = 1.0;
+  if (i < w) {
+    gamma = deepspeed_warmup(p, i, w);
+  } else if (c.kind == "WarmupDecayLR") {
+    const double t = static_cast<double>(p.total_num_steps);
+    gamma = std::max(0.0, (t - i) / std::max(1.0, t - w));
+  }
+  return p.warmup_min_lr + (lr - p.warmup_min_lr) * gamma;
+}
+
+double deepspeed_warmup_cosine(const LrScheduleConfig& c, double lr, double i) {
+  const auto& p = c.deepspeed;
+  if (i < 0) return 0.0;
+  const double w = deepspeed_warmup_steps(c);
+  if (i < w)
+    return lr * (p.warmup_min_ratio + deepspeed_warmup(p, i, w) * (1 - p.warmup_min_ratio));
+  const double progress =
+      std::min(1.0, (i - w + 1) / std::max(1.0, static_cast<double>(p.total_num_steps) - w));
+  const double ratio = (1 + std::cos(kPi * progress)) / 2;
+  return lr * std::max(0.0, p.cos_min_ratio + (1 - p.cos_min_ratio) * ratio);
+}
+
+// DeepSpeed's OneCycle at batch b = i + 1: a triangle from cycle_min_lr up to lr over
+// cycle_first_step_size batches and down over cycle_second_step_size (in stairs when a stair
+// count is set), then cycle_min_lr / (1 + decay_lr_rate x t / decay_step_size).
+double deepspeed_onecycle(const LrScheduleConfig& c, double lr, double i) {
+  const auto& p = c.deepspeed;
+  const double first = p.cycle_first_step_size;
+  const double second = p.cycle_second_step_size < 0 ? first : p.cycle_second_step_size;
+  const double total = first + second, ratio = first / total;
+  if (i >= total) {
+    if (p.decay_step_size == 0 || p.decay_lr_rate == 0) return p.cycle_min_lr;
+    return p.cycle_min_lr / (1 + p.decay_lr_rate * ((i - total + 1) / p.decay_step_size));
+  }
+  const double b = i + 1;
+  const double x = 1 + b / total - std::floor(1 + b / total);
+  double scale = 0;
+  int64_t stairs = 0;
+  if (x <= ratio) {
+    scale = x / ratio;
+    stairs = p.cycle_first_stair_count;
+  } else {
+    scale = (x - 1) / (ratio - 1);
+    stairs =
+        p.cycle_second_stair_count < 0 ? p.cycle_first_stair_count : p.cycle_second_stair_count;
+  }
+  if (stairs > 0) {
+    const double at = std::fmod(b, total);
+    const double position = at <= first ? at * static_cast<double>(stairs) / first
+                                        : (total - at) * static_cast<double>(stairs) / second;
+    scale = std::floor(position) / static_cast<double>(stairs);
+  }
+  return p.cycle_min_lr + (lr - p.cycle_min_lr) * scale;
+}
+
+double deepspeed_lr_at(const LrScheduleConfig& c, double lr, int64_t step) {
+  const double i = static_cast<double>(step) - 1;  // the scheduler's last_batch_iteration
+  if (c.kind == "WarmupCosineLR") return deepspeed_warmup_cosine(c, lr, i);
+  if (c.kind == "OneCycle") return deepspeed_onecycle(c, lr, i);
+  return deepspeed_warmup_decay(c, lr, i);
+}
+
+void validate_deepspeed(const LrScheduleConfig& c, double lr) {
+  const auto& p = c.deepspeed;
+  const std::string where = str("DeepSpeed scheduler ", c.kind, ": ");
+  DTORCH_CHECK_T(ConfigError, p.warmup_type == "log" || p.warmup_type == "linear", where,
+                 "warmup_type '", p.warmup_type, "'; use log or linear");
+  DTORCH_CHECK_T(ConfigError, c.warmup_steps >= 1, where,
+                 "warmup_num_steps must be a positive integer (got ", c.warmup_steps, ")");
+  if (c.kind == "WarmupLR" || c.kind == "WarmupDecayLR") {
+    DTORCH_CHECK_T(ConfigError, p.warmup_min_lr >= 0 && p.warmup_min_lr <= lr, where,
+                   "warmup_min_lr ", p.warmup_min_lr, " must lie between 0 and warmup_max_lr ", lr);
+  }
+  if (c.kind == "WarmupDecayLR" || c.kind == "WarmupCosineLR") {
+    DTORCH_CHECK_T(ConfigError, p.total_num_steps >= 1, where,
+                   "total_num_steps must be a positive integer (got ", p.total_num_steps, ")");
+  }
+  if (c.kind == "WarmupCosineLR") {
+    DTORCH_CHECK_T(ConfigError, p.warmup_min_ratio >= 0 && p.warmup_min_ratio <= 1, where,
+                   "warmup_min_ratio ", p.warmup_min_ratio, " must lie between 0 and 1");
+    DTORCH_CHECK_T(ConfigError, p.cos_min_ratio >= 0 && p.cos_min_ratio <= 1, where,
+                   "cos_min_ratio ", p.cos_min_ratio, " must lie between 0 and 1");
+  }
+  if (c.kind == "OneCycle") {
+    DTORCH_CHECK_T(ConfigError, p.cycle_first_step_size > 0, where,
+                   "cycle_first_step_size must be positive (got ", p.cycle_first_step_size, ")");
+    DTORCH_CHECK_T(ConfigError, p.cycle_min_lr >= 0 && p.cycle_min_lr <= lr, where, "cycle_min_lr ",
+                   p.cycle_min_lr, " must lie between 0 and cycle_max_lr ", lr);
+    DTORCH_CHECK_T(ConfigError, p.decay_lr_rate >= 0 && p.decay_step_size >= 0, where,
+                   "decay_lr_rate and decay_step_size must be >= 0");
+  }
+}
+
 }  // namespace
 
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeepSpeedScheduleParams, warmup_type, warmup_min_lr,
+                                   total_num_steps, warmup_min_ratio, cos_min_ratio, cycle_min_lr,
+                                   decay_lr_rate, cycle_first_step_size, cycle_second_step_size,
+                                   cycle_first_stair_count, cycle_second_stair_count,
+                                   decay_step_size)
+
+bool is_deepspeed_schedule(const std::string& kind) {
+  return kind == "WarmupLR" || kind == "WarmupDecayLR" || kind == "WarmupCosineLR" ||
+         kind == "OneCycle";
+}
+
 double lr_at(const LrScheduleConfig& c, double lr, int64_t step, int64_t total) {
+  if (is_deepspeed_schedule(c.kind)) return deepspeed_lr_at(c, lr, step);
   if (c.kind == "onecycle") return onecycle(c, lr, step, total);
   const int64_t w = c.warmup_steps;
   if (step < w) return lr * static_cast<double>(step + 1) / static_cast<double>(w);
@@ -49,6 +171,7 @@ double lr_at(const LrScheduleConfig& c, double lr, int64_t step, int64_t total) 
 }
 
 void validate(const LrScheduleConfig& c, double lr, int64_t total) {
+  if (is_deepspeed_schedule(c.kind)) return validate_deepspeed(c, lr);
   DTORCH_CHECK_T(ConfigError,
                  c.kind == "constant" || c.kind == "warmup-linear" || c.kind == "warmup-cosine" ||
                      c.kind == "onecycle",
@@ -77,6 +200,11 @@ void validate(const LrScheduleConfig& c, double lr, int64_t total) {
 }
 
 std::string describe(const LrScheduleConfig& c, double lr, int64_t total) {
+  if (is_deepspeed_schedule(c.kind)) {
+    return str("DeepSpeed ", c.kind, " (", lr_at(c, lr, 0, total), " at step 0, ",
+               lr_at(c, lr, c.warmup_steps, total), " at step ", c.warmup_steps, ", ",
+               lr_at(c, lr, total - 1, total), " at step ", total - 1, ")");
+  }
   const std::string warmup = c.warmup_steps > 0 ? str(c.warmup_steps, " warm-up steps, ") : "";
   if (c.kind == "constant") {
     return c.warmup_steps > 0 ? str("constant ", lr, " after ", c.warmup_steps, " warm-up steps")
@@ -88,6 +216,21 @@ std::string describe(const LrScheduleConfig& c, double lr, int64_t total) {
                lr_at(c, lr, total - 1, total), " at step ", total - 1, ")");
   }
   return str(c.kind, " (", warmup, lr, " -> ", c.min_lr, " over ", total, " steps)");
+}
+
+void to_json(nlohmann::json& j, const LrScheduleConfig& c) {
+  j = {{"kind", c.kind}, {"warmup_steps", c.warmup_steps}, {"min_lr", c.min_lr}};
+  if (!is_deepspeed_schedule(c.kind)) return;
+  j["deepspeed"] = c.deepspeed;
+}
+
+void from_json(const nlohmann::json& j, LrScheduleConfig& c) {
+  c = {};
+  j.at("kind").get_to(c.kind);
+  j.at("warmup_steps").get_to(c.warmup_steps);
+  j.at("min_lr").get_to(c.min_lr);
+  if (!is_deepspeed_schedule(c.kind)) return;
+  j.at("deepspeed").get_to(c.deepspeed);
 }
 
 }  // namespace dtorch::train

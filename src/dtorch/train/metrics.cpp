@@ -31,6 +31,8 @@ std::string epoch_record_json(const EpochRecord& r) {
   j["samples_per_s"] = number(r.samples_per_s);
   j["seconds"] = number(r.seconds);
   j["lr"] = number(r.lr);
+  for (const auto& [phase, ms] : r.phase_ms)
+    j[phase + "_ms"] = number(ms);
   return j.dump();
 }
 

@@ -18,11 +18,14 @@ struct EpochRecord {
   double samples_per_s = 0;  ///< training samples per second, all ranks together
   double seconds = 0;        ///< wall time of the epoch (training and evaluation)
   double lr = 0;             ///< the learning rate of the epoch's last optimizer step
+  /// With --phase-times: mean milliseconds per optimizer step of each phase (data, forward,
+  /// backward, step; under a pipeline forward_backward), written as "<phase>_ms".
+  std::map<std::string, double> phase_ms;
 };
 
 /// The record as one line of JSON (no newline):
 /// {"kind":"epoch","epoch":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
-///  "samples_per_s":..,"seconds":..,"lr":..}. Non-finite numbers become null.
+///  "samples_per_s":..,"seconds":..,"lr":..[,"<phase>_ms":..]}. Non-finite numbers become null.
 std::string epoch_record_json(const EpochRecord& r);
 /// Any record: {"kind":kind, ...numbers...}, keys after "kind" in sorted order.
 std::string record_json(const std::string& kind, const std::map<std::string, double>& numbers);

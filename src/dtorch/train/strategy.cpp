@@ -38,10 +38,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
   const std::tuple<double, double> betas{c.betas.at(0), c.betas.at(1)};
   if (c.optimizer == "adam") {
     return std::make_unique<torch::optim::Adam>(
-        params, torch::optim::AdamOptions(c.lr).betas(betas).weight_decay(decay));
+        params, torch::optim::AdamOptions(c.lr).betas(betas).eps(c.eps).weight_decay(decay));
   }
   return std::make_unique<torch::optim::AdamW>(
-      params, torch::optim::AdamWOptions(c.lr).betas(betas).weight_decay(decay));
+      params, torch::optim::AdamWOptions(c.lr).betas(betas).eps(c.eps).weight_decay(decay));
 }
 
 void set_lr_of(torch::optim::Optimizer& opt, double lr) {
@@ -447,6 +447,8 @@ void validate(const StrategyConfig& c) {
                  c.betas[0], ",", c.betas[1], ": each must lie in [0, 1), as 0.9,0.999");
   DTORCH_CHECK_T(ConfigError, c.optimizer != "sgd" || (c.betas == std::vector<double>{0.9, 0.999}),
                  "--betas apply to adam and adamw; with --optimizer sgd set --momentum instead");
+  DTORCH_CHECK_T(ConfigError, c.eps > 0 && c.eps < 1, "--eps ", c.eps,
+                 " must lie between 0 and 1 (PyTorch's default: 1e-8)");
   DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
 }

@@ -35,6 +35,7 @@ struct StrategyConfig {
   /// (PyTorch's default), 0 for sgd and adam.
   std::optional<double> weight_decay;
   std::vector<double> betas{0.9, 0.999};  ///< adam, adamw
+  double eps = 1e-8;                      ///< adam, adamw: added to the denominator
   int64_t min_unit_params = 0;            ///< zero3 wrap policy (0: one unit per block)
   std::string model;                      ///< the model's registry name (to rebuild saved stages)
   ddp::Options ddp;                       ///< bucket_cap_mb also sizes the zero1/zero2 units

@@ -53,6 +53,12 @@ struct TrainConfig {
   int64_t train_samples = 0;  ///< use the first N training samples (0: all)
   int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all)
   int keep_checkpoints = 2;
+  /// A log line and a "step" record in metrics.jsonl every this many optimizer steps (loss,
+  /// learning rate, samples/s; 0: per epoch only). DeepSpeed's steps_per_print.
+  int64_t print_every = 0;
+  /// Time the phases of every step (data, forward, backward, optimizer step: their means go
+  /// into the epoch's log line and records). DeepSpeed's wall_clock_breakdown.
+  bool phase_times = false;
   ProgressConfig progress;
 };
 

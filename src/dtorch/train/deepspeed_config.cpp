@@ -1,0 +1,653 @@
+// DeepSpeed configuration files (Note [DeepSpeed configuration] in deepspeed_config.h): the
+// JSON is checked key by key against what DeepSpeed knows, then mapped onto TrainConfig.
+#include "dtorch/train/deepspeed_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "dtorch/core/error.h"
+#include "dtorch/train/trainer.h"
+
+namespace dtorch::train {
+namespace {
+
+using json = nlohmann::json;
+using Keys = std::vector<std::string>;
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// Whether the characters of `part` appear in `whole` in order ("warmup_steps" in
+// "warmup_num_steps"): a key with words left out.
+bool is_subsequence(const std::string& part, const std::string& whole) {
+  size_t at = 0;
+  for (char ch : whole)
+    if (at < part.size() && part[at] == ch) ++at;
+  return at == part.size();
+}
+
+// The known key a user most likely meant: one that holds the given key with words left out,
+// else the fewest edits away.
+std::string nearest(const std::string& key, const Keys& known) {
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const bool holding : {true, false}) {
+    for (const auto& k : known) {
+      if (holding && !is_subsequence(key, k)) continue;
+      const size_t d = edit_distance(key, k);
+      if (d < best_distance) best_distance = d, best = k;
+    }
+    if (!best.empty()) return best;
+  }
+  return best;
+}
+
+std::string lowercase(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return s;
+}
+
+// One JSON object of the file, read key by key: every key must be one DeepSpeed knows, the
+// ones dtorch ignores are noted, and the getters check types and ranges.
+class Section {
+ public:
+  Section(const json& j, std::string path, const std::string& file,
+          std::vector<std::string>* warnings)
+      : j_(j), path_(std::move(path)), file_(file), warnings_(warnings) {
+    DTORCH_CHECK_T(ConfigError, j.is_object(), file_, ": ", where(),
+                   " must be an object {...} (got ", j.dump(), ")");
+  }
+
+  // Checks every key: `read` are the keys the caller reads, `ignored` those DeepSpeed knows and
+  // dtorch does not implement (a warning each); anything else is an error.
+  void keys(const Keys& read, const Keys& ignored) const {
+    Keys known = read;
+    known.insert(known.end(), ignored.begin(), ignored.end());
+    for (const auto& [key, value] : j_.items()) {
+      if (std::find(read.begin(), read.end(), key) != read.end()) continue;
+      DTORCH_CHECK_T(ConfigError, std::find(ignored.begin(), ignored.end(), key) != ignored.end(),
+                     file_, ": unknown key '", key, "' in ", where(), "; did you mean '",
+                     nearest(key, known), "'?");
+      ignore(key, "dtorch does not implement it");
+    }
+  }
+
+  // A warning that `key` is ignored, and why.
+  void ignore(const std::string& key, const std::string& why) const {
+    warnings_->push_back(str(file_, ": ", name(key), " is ignored: ", why));
+  }
+
+  // The value of `key`; nullptr when absent, null, or "auto" (Hugging Face's placeholder).
+  const json* get(const std::string& key) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null() || (it->is_string() && *it == "auto")) return nullptr;
+    return &*it;
+  }
+
+  std::optional<int64_t> integer(const std::string& key, int64_t lo, int64_t hi) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    const double d = v->is_number() ? v->get<double>() : 0.5;
+    const bool whole = v->is_number_integer() || (v->is_number_float() && std::floor(d) == d);
+    const int64_t got = !whole                   ? 0
+                        : v->is_number_integer() ? v->get<int64_t>()
+                                                 : static_cast<int64_t>(d);
+    DTORCH_CHECK_T(ConfigError, whole && got >= lo && got <= hi, file_, ": ", name(key),
+                   " must be a whole number ", range(lo, hi), " (got ", v->dump(), ")");
+    return got;
+  }
+
+  // A number in [lo, hi] (above lo when open_low).
+  std::optional<double> number(const std::string& key, double lo, double hi,
+                               bool open_low = false) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    const double got = v->is_number() ? v->get<double>() : 0;
+    DTORCH_CHECK_T(ConfigError, v->is_number() && (open_low ? got > lo : got >= lo) && got <= hi,
+                   file_, ": ", name(key), " must be a number ",
+                   open_low && lo == 0 ? "above 0" : range(lo, hi), " (got ", v->dump(), ")");
+    return got;
+  }
+
+  std::optional<bool> boolean(const std::string& key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    DTORCH_CHECK_T(ConfigError, v->is_boolean(), file_, ": ", name(key),
+                   " must be true or false (got ", v->dump(), ")");
+    return v->get<bool>();
+  }
+
+  // A string among `choices` (compared in lower case when `any_case`, as DeepSpeed compares
+  // optimizer and scheduler names); returned as the choice is spelled.
+  std::optional<std::string> choice(const std::string& key, const Keys& choices,
+                                    bool any_case = false) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    DTORCH_CHECK_T(ConfigError, v->is_string(), file_, ": ", name(key), " must be a string (got ",
+                   v->dump(), ")");
+    const std::string got = v->get<std::string>();
+    for (const auto& c : choices)
+      if (got == c || (any_case && lowercase(got) == lowercase(c))) return c;
+    std::string list;
+    for (const auto& c : choices)
+      list += (list.empty() ? "" : ", ") + c;
+    DTORCH_FAIL(ConfigError, file_, ": ", name(key), " '", got, "' is not one of ", list,
+                "; did you mean '", nearest(got, choices), "'?");
+  }
+
+  std::optional<Section> section(const std::string& key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    return Section(*v, name(key), file_, warnings_);
+  }
+
+  // An empty object standing for an absent `key`, so that its defaults read the same way.
+  Section empty_section(const std::string& key) const {
+    static const json empty = json::object();
+    return Section(empty, name(key), file_, warnings_);
+  }
+
+  bool has(const std::string& key) const { return get(key) != nullptr; }
+  const json& value() const { return j_; }
+  std::string name(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string where() const { return path_.empty() ? "the top level" : path_; }
+  static std::string range(double lo, double hi) {
+    if (hi >= static_cast<double>(std::numeric_limits<int64_t>::max())) return str(">= ", lo);
+    return str("from ", lo, " to ", hi);
+  }
+
+  const json& j_;
+  std::string path_;
+  const std::string& file_;
+  std::vector<std::string>* warnings_;
+};
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+constexpr double kHuge = static_cast<double>(kMax);
+
+// Line and column (1-based) of byte offset `at` in `text`.
+std::pair<int, int> line_column(const std::string& text, size_t at) {
+  int line = 1, column = 1;
+  for (size_t i = 0; i < at && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+  }
+  return {line, column};
+}
+
+// The JSON of the file; syntax errors and duplicate keys name their line and column, and a
+// comma before '}' or ']' (which JSON forbids, and the LUMI tutorial's example has) says so.
+json parse_json(const std::string& text, const std::string& name) {
+  std::vector<std::vector<std::string>> open;  // the keys seen in each open object
+  std::optional<std::string> duplicate;
+  auto check = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open.emplace_back();
+    if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
+    if (event == json::parse_event_t::key && !open.empty() && !duplicate) {
+      const std::string key = parsed.get<std::string>();
+      auto& seen = open.back();
+      if (std::find(seen.begin(), seen.end(), key) != seen.end()) duplicate = key;
+      seen.push_back(key);
+    }
+    return true;
+  };
+  try {
+    json j = json::parse(text, check);
+    DTORCH_CHECK_T(ConfigError, !duplicate, name, ": the key '", duplicate.value_or(""),
+                   "' appears twice in one object (DeepSpeed rejects duplicate keys too); keep "
+                   "one");
+    return j;
+  } catch (const json::parse_error& e) {
+    const size_t at = e.byte > 0 ? e.byte - 1 : 0;
+    auto [line, column] = line_column(text, at);
+    std::string what = e.what();
+    if (auto colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
+    std::string hint;
+    size_t back = std::min(at, text.size());
+    while (back > 0 && std::isspace(static_cast<unsigned char>(text[back - 1])))
+      --back;
+    const size_t next = text.find_first_not_of(" \t\r\n", at);
+    if (back > 0 && text[back - 1] == ',' && next != std::string::npos &&
+        (text[next] == '}' || text[next] == ']')) {
+      auto [comma_line, comma_column] = line_column(text, back - 1);
+      hint = str("; JSON allows no comma before '", text[next], "': remove the ',' at line ",
+                 comma_line, ", column ", comma_column);
+    }
+    DTORCH_FAIL(ConfigError, name, ":", line, ":", column, ": not valid JSON (", what, ")", hint);
+  }
+}
+
+// DeepSpeed's top-level keys that dtorch does not implement.
+const Keys kIgnoredTop = {"prescale_gradients",
+                          "gradient_predivide_factor",
+                          "sparse_gradients",
+                          "amp",
+                          "zero_allow_untested_optimizer",
+                          "zero_force_ds_cpu_optimizer",
+                          "activation_checkpointing",
+                          "flops_profiler",
+                          "tensorboard",
+                          "wandb",
+                          "csv_monitor",
+                          "comet",
+                          "comms_logger",
+                          "autotuning",
+                          "elasticity",
+                          "dataloader_drop_last",
+                          "memory_breakdown",
+                          "dump_state",
+                          "data_efficiency",
+                          "curriculum_learning",
+                          "compression_training",
+                          "aio",
+                          "checkpoint",
+                          "data_types",
+                          "pipeline",
+                          "sparse_attention",
+                          "disable_allgather",
+                          "quantize_training",
+                          "eigenvalue",
+                          "progressive_layer_drop",
+                          "load_universal_checkpoint",
+                          "use_node_local_storage",
+                          "nebula",
+                          "hybrid_engine",
+                          "weight_quantization",
+                          "torch_autocast",
+                          "compile",
+                          "seq_parallel_communication_data_type",
+                          "gradient_allreduce_op",
+                          "timers",
+                          "graph_harvesting",
+                          "use_data_before_expert_parallelism",
+                          "disable_python_gc",
+                          "tensor_parallel",
+                          "checkpoint_tag_validation"};
+
+void read_batch(const Section& top, DeepSpeedSettings& s) {
+  s.train_batch_size = top.integer("train_batch_size", 1, kMax);
+  s.micro_batch_size = top.integer("train_micro_batch_size_per_gpu", 1, kMax);
+  s.accum_steps = top.integer("gradient_accumulation_steps", 1, kMax);
+  s.clip_grad_norm = top.number("gradient_clipping", 0, kHuge);
+  s.print_every = top.integer("steps_per_print", 1, kMax);
+  s.phase_times = top.boolean("wall_clock_breakdown");
+}
+
+void read_zero(const Section& top, DeepSpeedSettings& s) {
+  auto z = top.section("zero_optimization");
+  if (!z) return;
+  z->keys({"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
+           "allgather_partitions", "allgather_bucket_size"},
+          {"use_multi_rank_bucket_allreduce",
+           "compute_grad_norm",
+           "load_from_fp32_weights",
+           "elastic_checkpoint",
+           "offload_param",
+           "offload_optimizer",
+           "zenflow",
+           "sub_group_size",
+           "cpu_offload_param",
+           "cpu_offload_use_pin_memory",
+           "cpu_offload",
+           "prefetch_bucket_size",
+           "stage3_prefetch_bucket_size",
+           "param_persistence_threshold",
+           "stage3_param_persistence_threshold",
+           "model_persistence_threshold",
+           "stage3_model_persistence_threshold",
+           "max_live_parameters",
+           "stage3_max_live_parameters",
+           "max_reuse_distance",
+           "stage3_max_reuse_distance",
+           "gather_16bit_weights_on_model_save",
+           "stage3_gather_16bit_weights_on_model_save",
+           "stage3_gather_fp16_weights_on_model_save",
+           "module_granularity_threshold",
+           "use_all_reduce_for_fetch_params",
+           "allgather_sequential",
+           "ignore_unused_parameters",
+           "legacy_stage1",
+           "round_robin_gradients",
+           "parameter_alignment",
+           "zero_hpz_partition_size",
+           "zero_quantized_weights",
+           "zero_quantized_nontrainable_weights",
+           "zero_quantized_gradients",
+           "memory_efficient_linear",
+           "pipeline_loading_checkpoint",
+           "override_module_apply",
+           "log_trace_cache_warnings",
+           "enable_sanity_checks",
+           "mics_shard_size",
+           "mics_hierarchical_params_gather"});
+  if (auto stage = z->integer("stage", 0, 3)) {
+    static const char* kStrategies[] = {"ddp", "zero1", "zero2", "zero3"};
+    s.strategy = kStrategies[*stage];
+  }
+  // DeepSpeed counts bucket sizes in elements; dtorch's buckets hold fp32 gradients.
+  auto reduce = z->number("reduce_bucket_size", 0, kHuge, /*open_low=*/true);
+  if (reduce) s.bucket_cap_mb = *reduce * 4 / (1 << 20);
+  if (auto gather = z->number("allgather_bucket_size", 0, kHuge, /*open_low=*/true);
+      gather && gather != reduce) {
+    z->ignore("allgather_bucket_size",
+              "dtorch sizes its gathers as its reductions (reduce_bucket_size, --bucket-cap-mb)");
+  }
+  for (const char* always :
+       {"overlap_comm", "contiguous_gradients", "reduce_scatter", "allgather_partitions"}) {
+    if (z->boolean(always) == false) {
+      z->ignore(always, str("dtorch always works this way (", always, " true)"));
+    }
+  }
+}
+
+void read_precision(const Section& top, DeepSpeedSettings& s) {
+  DTORCH_CHECK_T(ConfigError, !(top.has("bf16") && top.has("bfloat16")), top.file(),
+                 ": give bf16 or bfloat16 (the same setting), not both");
+  for (const char* key : {"bf16", "bfloat16"}) {
+    if (auto b = top.section(key)) {
+      b->keys({"enabled"},
+              {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+               "bf16_optimizer_states", "accumulate_grads_via_hooks"});
+      if (auto on = b->boolean("enabled")) s.precision = *on ? "bf16" : "fp32";
+    }
+  }
+  if (auto f = top.section("fp16")) {
+    const bool on = f->boolean("enabled").value_or(false);
+    DTORCH_CHECK_T(ConfigError, !on, top.file(),
+                   ": fp16.enabled true: fp16 training needs CUDA and dynamic loss scaling, "
+                   "which dtorch does not have yet; use \"bf16\": {\"enabled\": true} (the same "
+                   "memory, no loss scaling) or set fp16.enabled to false");
+    // A disabled section's other keys change nothing: read them for typos only.
+    Keys fp16_keys{"enabled",
+                   "auto_cast",
+                   "loss_scale",
+                   "initial_scale_power",
+                   "loss_scale_window",
+                   "hysteresis",
+                   "consecutive_hysteresis",
+                   "min_loss_scale",
+                   "fp16_master_weights_and_grads"};
+    for (const auto& [key, value] : f->value().items()) {
+      DTORCH_CHECK_T(ConfigError,
+                     std::find(fp16_keys.begin(), fp16_keys.end(), key) != fp16_keys.end(),
+                     top.file(), ": unknown key '", key, "' in fp16; did you mean '",
+                     nearest(key, fp16_keys), "'?");
+    }
+  }
+  if (auto d = top.choice("communication_data_type", {"fp32", "bf16", "fp16"})) {
+    DTORCH_CHECK_T(ConfigError, *d != "fp16", top.file(),
+                   ": communication_data_type fp16 needs CUDA; use fp32 or bf16");
+    s.reduce_dtype = *d;
+  }
+}
+
+void read_optimizer(const Section& top, DeepSpeedSettings& s) {
+  auto o = top.section("optimizer");
+  if (!o) return;
+  o->keys({"type", "params"}, {"legacy_fusion"});
+  auto type = o->choice("type",
+                        {"Adam", "AdamW", "SGD", "Lamb", "OneBitAdam", "OneBitLamb", "ZeroOneAdam",
+                         "Adagrad", "Lion", "MuAdam", "MuAdamW", "MuSGD", "Muon"},
+                        /*any_case=*/true);
+  DTORCH_CHECK_T(ConfigError, type.has_value(), top.file(),
+                 ": optimizer needs a \"type\": Adam, AdamW or SGD");
+  DTORCH_CHECK_T(ConfigError, *type == "Adam" || *type == "AdamW" || *type == "SGD", top.file(),
+                 ": optimizer.type ", *type,
+                 " is not implemented in dtorch; use Adam, AdamW or SGD");
+  Section p = o->section("params").value_or(o->empty_section("params"));
+  const bool sgd = *type == "SGD";
+  if (sgd) {
+    p.keys({"lr", "momentum", "weight_decay"}, {"nesterov", "dampening", "maximize", "foreach"});
+  } else {
+    p.keys({"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"},
+           {"amsgrad", "bias_correction", "fused", "foreach", "maximize", "capturable",
+            "fp32_optimizer_states", "set_grad_none"});
+  }
+  // DeepSpeed's defaults, which the file means when it leaves a parameter out.
+  s.lr = p.number("lr", 0, kHuge, /*open_low=*/true).value_or(1e-3);
+  s.weight_decay = p.number("weight_decay", 0, kHuge).value_or(0.0);
+  if (sgd) {
+    s.optimizer = "sgd";
+    s.momentum = p.number("momentum", 0, 1).value_or(0.0);
+    return;
+  }
+  // DeepSpeed's engine: "Adam" is AdamW unless adam_w_mode is false.
+  const bool decoupled = *type == "AdamW" || p.boolean("adam_w_mode").value_or(true);
+  p.boolean("torch_adam");  // which implementation; the same update
+  s.optimizer = decoupled ? "adamw" : "adam";
+  if (const json* b = p.get("betas")) {
+    DTORCH_CHECK_T(ConfigError,
+                   b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number() &&
+                       (*b)[0].get<double>() >= 0 && (*b)[0].get<double>() < 1 &&
+                       (*b)[1].get<double>() >= 0 && (*b)[1].get<double>() < 1,
+                   top.file(),
+                   ": optimizer.params.betas must be two numbers in [0, 1), like "
+                   "[0.9, 0.999] (got ",
+                   b->dump(), ")");
+    s.betas = b->get<std::vector<double>>();
+  }
+  s.eps = p.number("eps", 0, 1, /*open_low=*/true);
+}
+
+void read_scheduler(const Section& top, DeepSpeedSettings& s) {
+  auto sc = top.section("scheduler");
+  if (!sc) return;
+  sc->keys({"type", "params"}, {});
+  auto type = sc->choice(
+      "type", {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"});
+  DTORCH_CHECK_T(ConfigError, type.has_value(), top.file(),
+                 ": scheduler needs a \"type\": WarmupLR, WarmupDecayLR, WarmupCosineLR or "
+                 "OneCycle");
+  DTORCH_CHECK_T(ConfigError, *type != "LRRangeTest", top.file(),
+                 ": scheduler.type LRRangeTest is not implemented in dtorch; use WarmupLR, "
+                 "WarmupDecayLR, WarmupCosineLR or OneCycle");
+  Section p = sc->section("params").value_or(sc->empty_section("params"));
+  LrScheduleConfig c;
+  c.kind = *type;
+  auto& d = c.deepspeed;
+  auto warmup = [&] {
+    c.warmup_steps = p.integer("warmup_num_steps", 1, kMax).value_or(1000);
+    d.warmup_type = p.choice("warmup_type", {"log", "linear"}).value_or("log");
+  };
+  auto required_total = [&] {
+    auto t = p.integer("total_num_steps", 1, kMax);
+    DTORCH_CHECK_T(ConfigError, t.has_value(), top.file(), ": scheduler ", *type,
+                   " needs params.total_num_steps (the optimizer step where its decay ends)");
+    d.total_num_steps = *t;
+  };
+  if (*type == "WarmupLR" || *type == "WarmupDecayLR") {
+    p.keys({"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps",
+            "last_batch_iteration"},
+           {});
+    DTORCH_CHECK_T(ConfigError, *type == "WarmupDecayLR" || !p.has("total_num_steps"), top.file(),
+                   ": scheduler.params.total_num_steps belongs to WarmupDecayLR and "
+                   "WarmupCosineLR, not WarmupLR; remove it or change the type");
+    warmup();
+    d.warmup_min_lr = p.number("warmup_min_lr", 0, kHuge).value_or(0.0);
+    s.schedule_peak_lr = p.number("warmup_max_lr", 0, kHuge, /*open_low=*/true);
+    if (*type == "WarmupDecayLR") {
+      required_total();
+      if (!s.schedule_peak_lr) s.schedule_peak_lr = 0.001;  // its default, unlike WarmupLR's
+    }
+  } else if (*type == "WarmupCosineLR") {
+    p.keys({"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio",
+            "warmup_type", "last_batch_iteration"},
+           {});
+    warmup();
+    required_total();
+    d.warmup_min_ratio = p.number("warmup_min_ratio", 0, 1).value_or(0.0);
+    d.cos_min_ratio = p.number("cos_min_ratio", 0, 1).value_or(1e-4);
+  } else {  // OneCycle
+    p.keys({"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size",
+            "cycle_second_step_size", "cycle_first_stair_count", "cycle_second_stair_count",
+            "decay_step_size", "cycle_momentum", "last_batch_iteration"},
+           {"cycle_min_mom", "cycle_max_mom", "decay_mom_rate"});
+    auto low = p.number("cycle_min_lr", 0, kHuge);
+    s.schedule_peak_lr = p.number("cycle_max_lr", 0, kHuge, /*open_low=*/true);
+    DTORCH_CHECK_T(ConfigError, low && s.schedule_peak_lr, top.file(),
+                   ": scheduler OneCycle needs params.cycle_min_lr and params.cycle_max_lr");
+    d.cycle_min_lr = *low;
+    d.decay_lr_rate = p.number("decay_lr_rate", 0, kHuge).value_or(0.0);
+    d.cycle_first_step_size =
+        p.number("cycle_first_step_size", 0, kHuge, /*open_low=*/true).value_or(2000);
+    d.cycle_second_step_size = p.number("cycle_second_step_size", 0, kHuge).value_or(-1);
+    d.cycle_first_stair_count = p.integer("cycle_first_stair_count", 0, kMax).value_or(0);
+    d.cycle_second_stair_count = p.integer("cycle_second_stair_count", 0, kMax).value_or(-1);
+    d.decay_step_size = p.number("decay_step_size", 0, kHuge).value_or(0.0);
+    c.warmup_steps = static_cast<int64_t>(d.cycle_first_step_size);
+    if (p.boolean("cycle_momentum").value_or(true)) {
+      p.ignore("cycle_momentum", "dtorch cycles the learning rate only; set it to false to say so");
+    }
+  }
+  if (p.has("last_batch_iteration")) {
+    p.ignore("last_batch_iteration", "a resumed run continues the schedule its checkpoint saved");
+  }
+  s.lr_schedule = c;
+}
+
+}  // namespace
+
+DeepSpeedSettings parse_deepspeed_config(const std::string& text, const std::string& name) {
+  const json j = parse_json(text, name);
+  DeepSpeedSettings s;
+  Section top(j, "", name, &s.warnings);
+  top.keys(
+      {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+       "zero_optimization", "bf16", "bfloat16", "fp16", "communication_data_type",
+       "gradient_clipping", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown"},
+      kIgnoredTop);
+  read_batch(top, s);
+  read_zero(top, s);
+  read_precision(top, s);
+  read_optimizer(top, s);
+  read_scheduler(top, s);
+  return s;
+}
+
+DeepSpeedSettings read_deepspeed_config(const std::string& path) {
+  std::ifstream in(path);
+  DTORCH_CHECK_T(ConfigError, in.good(), "--deepspeed-config ", path,
+                 ": cannot read the file; give the path of a DeepSpeed JSON configuration");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_deepspeed_config(text.str(), path);
+}
+
+BatchSizes resolve_batch_sizes(std::optional<int64_t> train, std::optional<int64_t> micro,
+                               std::optional<int64_t> accum, int dp) {
+  if (!train) {
+    DTORCH_CHECK_T(ConfigError, micro.has_value(),
+                   "give train_batch_size or train_micro_batch_size_per_gpu (or --batch-size)");
+    return {*micro, accum.value_or(1)};
+  }
+  BatchSizes b;
+  if (micro && accum) {
+    b = {*micro, *accum};
+  } else if (micro) {
+    b = {*micro, *train / *micro / dp};
+  } else if (accum) {
+    b = {*train / dp / *accum, *accum};
+  } else {
+    b = {*train / dp, 1};
+  }
+  DTORCH_CHECK_T(ConfigError, b.micro >= 1 && b.accum >= 1, "train_batch_size ", *train,
+                 " is too small for a data-parallel size of ", dp, " with ",
+                 micro ? str("train_micro_batch_size_per_gpu ", *micro)
+                       : str("gradient_accumulation_steps ", accum.value_or(1)),
+                 "; raise it to at least ", micro ? *micro * dp : dp * accum.value_or(1));
+  DTORCH_CHECK_T(ConfigError, *train == b.micro * b.accum * dp, "train_batch_size ", *train,
+                 " is not train_micro_batch_size_per_gpu ", b.micro,
+                 " x gradient_accumulation_steps ", b.accum, " x data-parallel size ", dp,
+                 " (= ", b.micro * b.accum * dp,
+                 "), which DeepSpeed requires; change one of them, or leave train_batch_size out "
+                 "to have it computed");
+  return b;
+}
+
+std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
+                                                const std::set<std::string>& given, int world_size,
+                                                TrainConfig& c) {
+  std::vector<std::string> notes;
+  // Sets `field` from the file unless `flag` was given; notes when the flag wins.
+  auto take = [&](const auto& value, auto& field, const std::string& flag, const char* key) {
+    if (!value) return;
+    if (given.count(flag)) {
+      notes.push_back(str(flag, " on the command line replaces the file's ", key));
+      return;
+    }
+    field = *value;
+  };
+  take(ds.strategy, c.strategy.kind, "--strategy", "zero_optimization.stage");
+  take(ds.bucket_cap_mb, c.strategy.ddp.bucket_cap_mb, "--bucket-cap-mb",
+       "zero_optimization.reduce_bucket_size");
+  take(ds.precision, c.strategy.precision, "--precision", "bf16.enabled");
+  take(ds.reduce_dtype, c.strategy.reduce_dtype, "--reduce-dtype", "communication_data_type");
+  take(ds.clip_grad_norm, c.clip_grad_norm, "--clip-grad-norm", "gradient_clipping");
+  take(ds.optimizer, c.strategy.optimizer, "--optimizer", "optimizer.type");
+  take(ds.lr, c.strategy.lr, "--lr", "optimizer.params.lr");
+  take(ds.momentum, c.strategy.momentum, "--momentum", "optimizer.params.momentum");
+  take(ds.weight_decay, c.strategy.weight_decay, "--weight-decay", "optimizer.params.weight_decay");
+  take(ds.betas, c.strategy.betas, "--betas", "optimizer.params.betas");
+  take(ds.eps, c.strategy.eps, "--eps", "optimizer.params.eps");
+  take(ds.print_every, c.print_every, "--print-every", "steps_per_print");
+  take(ds.phase_times, c.phase_times, "--phase-times", "wall_clock_breakdown");
+  if (ds.lr_schedule) {
+    const bool replaced =
+        given.count("--lr-schedule") || given.count("--warmup-steps") || given.count("--min-lr");
+    if (replaced) {
+      notes.push_back(
+          "--lr-schedule, --warmup-steps or --min-lr on the command line replace "
+          "the file's scheduler");
+    } else {
+      c.lr_schedule = *ds.lr_schedule;
+      take(ds.schedule_peak_lr, c.strategy.lr, "--lr", "scheduler's peak learning rate");
+    }
+  }
+  // DeepSpeed's batch rule over the data-parallel ranks; the flags stand for the micro batch
+  // and the accumulation steps.
+  if (ds.train_batch_size || ds.micro_batch_size || ds.accum_steps) {
+    const int dp = std::max(1, world_size / std::max(1, c.tp * c.pp));
+    auto micro =
+        given.count("--batch-size") ? std::optional<int64_t>(c.batch_size) : ds.micro_batch_size;
+    auto accum =
+        given.count("--accum-steps") ? std::optional<int64_t>(c.accum_steps) : ds.accum_steps;
+    if (!micro && !ds.train_batch_size) micro = c.batch_size;  // dtorch's default
+    const BatchSizes b = resolve_batch_sizes(ds.train_batch_size, micro, accum, dp);
+    if (c.pp > 1) {  // the accumulation steps are the pipeline's micro-batches
+      c.batch_size = b.micro * b.accum;
+      c.microbatches = static_cast<int>(b.accum);
+      c.accum_steps = 1;
+    } else {
+      c.batch_size = b.micro;
+      c.accum_steps = static_cast<int>(b.accum);
+    }
+  }
+  return notes;
+}
+
+}  // namespace dtorch::train

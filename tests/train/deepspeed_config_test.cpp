@@ -1,0 +1,292 @@
+// Tests for DeepSpeed configuration files (Note [DeepSpeed configuration]): every key read,
+// DeepSpeed's batch rule, flags winning over the file, and an error for each kind of bad input.
+#include "dtorch/train/deepspeed_config.h"
+
+#include <gtest/gtest.h>
+
+#include "dtorch/core/error.h"
+#include "dtorch/train/trainer.h"
+
+namespace dtorch::train {
+namespace {
+
+DeepSpeedSettings parse(const std::string& text) {
+  return parse_deepspeed_config(text, "ds.json");
+}
+
+// The message of the ConfigError that parsing `text` throws ("" when none).
+std::string error_of(const std::string& text) {
+  try {
+    parse(text);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_error(const std::string& text, const std::vector<std::string>& says) {
+  const std::string e = error_of(text);
+  ASSERT_FALSE(e.empty()) << "no error for " << text;
+  for (const auto& s : says)
+    EXPECT_NE(e.find(s), std::string::npos) << "'" << s << "' not in: " << e;
+}
+
+bool mentions(const std::vector<std::string>& lines, const std::string& s) {
+  for (const auto& l : lines)
+    if (l.find(s) != std::string::npos) return true;
+  return false;
+}
+
+// The ds_config.json of the LUMI tutorial (../shared/seeds/), as printed there: the comma
+// after `false` is not JSON.
+const char* kLumi = R"({
+  "zero_optimization": {
+    "stage": 1
+  },
+
+  "fp16": {
+    "enabled": false,
+  }
+})";
+
+TEST(DeepSpeedConfig, TheLumiTutorialsFileGetsItsLineAndColumn) {
+  expect_error(kLumi, {"ds.json:8:3: not valid JSON", "remove the ',' at line 7, column 21"});
+  std::string fixed = kLumi;
+  fixed.erase(fixed.find("false,") + 5, 1);
+  auto s = parse(fixed);
+  EXPECT_EQ(s.strategy, "zero1");
+  EXPECT_FALSE(s.precision.has_value()) << "fp16 disabled says nothing of bf16";
+  EXPECT_TRUE(s.warnings.empty());
+}
+
+TEST(DeepSpeedConfig, EveryKeyDtorchImplementsIsRead) {
+  auto s = parse(R"({
+    "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
+    "gradient_accumulation_steps": 4,
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "overlap_comm": true,
+                          "contiguous_gradients": true, "reduce_scatter": true,
+                          "allgather_partitions": true, "allgather_bucket_size": 5e8},
+    "bf16": {"enabled": true}, "fp16": {"enabled": false, "loss_scale": 0},
+    "communication_data_type": "bf16", "gradient_clipping": 1.5,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                                              "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR",
+                  "params": {"total_num_steps": 100, "warmup_num_steps": 10,
+                             "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01,
+                             "warmup_type": "linear"}},
+    "steps_per_print": 5, "wall_clock_breakdown": true})");
+  EXPECT_EQ(s.train_batch_size, 64);
+  EXPECT_EQ(s.micro_batch_size, 8);
+  EXPECT_EQ(s.accum_steps, 4);
+  EXPECT_EQ(s.strategy, "zero3");
+  EXPECT_NEAR(*s.bucket_cap_mb, 5e8 * 4 / (1 << 20), 1e-9) << "elements of fp32";
+  EXPECT_EQ(s.precision, "bf16");
+  EXPECT_EQ(s.reduce_dtype, "bf16");
+  EXPECT_EQ(s.clip_grad_norm, 1.5);
+  EXPECT_EQ(s.optimizer, "adamw");
+  EXPECT_EQ(s.lr, 3e-4);
+  EXPECT_EQ(s.betas, (std::vector<double>{0.8, 0.95}));
+  EXPECT_EQ(s.eps, 1e-6);
+  EXPECT_EQ(s.weight_decay, 0.1);
+  ASSERT_TRUE(s.lr_schedule.has_value());
+  EXPECT_EQ(s.lr_schedule->kind, "WarmupCosineLR");
+  EXPECT_EQ(s.lr_schedule->warmup_steps, 10);
+  EXPECT_EQ(s.lr_schedule->deepspeed.total_num_steps, 100);
+  EXPECT_EQ(s.lr_schedule->deepspeed.warmup_min_ratio, 0.1);
+  EXPECT_EQ(s.lr_schedule->deepspeed.cos_min_ratio, 0.01);
+  EXPECT_EQ(s.lr_schedule->deepspeed.warmup_type, "linear");
+  EXPECT_FALSE(s.schedule_peak_lr.has_value()) << "WarmupCosineLR peaks at the optimizer's lr";
+  EXPECT_EQ(s.print_every, 5);
+  EXPECT_EQ(s.phase_times, true);
+  EXPECT_TRUE(s.warnings.empty()) << s.warnings.front();
+}
+
+TEST(DeepSpeedConfig, OptimizersTakeDeepSpeedsDefaultsAndItsAdamIsAdamW) {
+  auto adam = parse(R"({"optimizer": {"type": "Adam", "params": {"lr": 0.01}}})");
+  EXPECT_EQ(adam.optimizer, "adamw") << "DeepSpeed's engine: adam_w_mode defaults to true";
+  EXPECT_EQ(adam.weight_decay, 0.0);
+  EXPECT_FALSE(adam.betas.has_value());
+  auto plain = parse(R"({"optimizer": {"type": "adam", "params": {"adam_w_mode": false}}})");
+  EXPECT_EQ(plain.optimizer, "adam") << "names in any case, as DeepSpeed";
+  EXPECT_EQ(plain.lr, 1e-3);
+  auto sgd = parse(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1}}})");
+  EXPECT_EQ(sgd.optimizer, "sgd");
+  EXPECT_EQ(sgd.momentum, 0.0) << "torch.optim.SGD's default, not dtorch's 0.9";
+}
+
+TEST(DeepSpeedConfig, SchedulersMapWithDeepSpeedsDefaults) {
+  auto w = parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01}}})");
+  EXPECT_EQ(w.lr_schedule->kind, "WarmupLR");
+  EXPECT_EQ(w.lr_schedule->warmup_steps, 1000);
+  EXPECT_EQ(w.lr_schedule->deepspeed.warmup_type, "log");
+  EXPECT_EQ(w.schedule_peak_lr, 0.01);
+  auto d = parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 50}}})");
+  EXPECT_EQ(d.schedule_peak_lr, 0.001) << "WarmupDecayLR's own default peak";
+  auto o = parse(R"({"scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.001, "cycle_max_lr": 0.1, "cycle_first_step_size": 20,
+      "cycle_momentum": false, "decay_lr_rate": 0.5, "decay_step_size": 4}}})");
+  EXPECT_EQ(o.lr_schedule->deepspeed.cycle_min_lr, 0.001);
+  EXPECT_EQ(o.schedule_peak_lr, 0.1);
+  EXPECT_EQ(o.lr_schedule->deepspeed.cycle_first_step_size, 20);
+  EXPECT_EQ(o.lr_schedule->deepspeed.decay_lr_rate, 0.5);
+  EXPECT_TRUE(o.warnings.empty());
+  auto momentum = parse(R"({"scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.001, "cycle_max_lr": 0.1}}})");
+  EXPECT_TRUE(mentions(momentum.warnings, "scheduler.params.cycle_momentum is ignored"))
+      << "DeepSpeed cycles momentum by default; dtorch says it does not";
+}
+
+TEST(DeepSpeedConfig, KnownKeysDtorchIgnoresAreWarningsAndAutoIsAbsent) {
+  auto s = parse(R"({"train_batch_size": "auto", "gradient_clipping": "auto",
+      "flops_profiler": {"enabled": true},
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                            "overlap_comm": false},
+      "bf16": {"enabled": "auto"}})");
+  EXPECT_FALSE(s.train_batch_size.has_value());
+  EXPECT_FALSE(s.clip_grad_norm.has_value());
+  EXPECT_FALSE(s.precision.has_value());
+  EXPECT_TRUE(mentions(s.warnings, "ds.json: flops_profiler is ignored"));
+  EXPECT_TRUE(mentions(s.warnings, "zero_optimization.offload_optimizer is ignored"));
+  EXPECT_TRUE(mentions(s.warnings, "zero_optimization.overlap_comm is ignored: dtorch always"));
+  EXPECT_EQ(s.warnings.size(), 3u);
+}
+
+TEST(DeepSpeedConfig, UnknownKeysNameTheNearestKnownOne) {
+  expect_error(
+      R"({"zero_optimisation": {"stage": 1}})",
+      {"unknown key 'zero_optimisation' in the top level", "did you mean 'zero_optimization'"});
+  expect_error(R"({"zero_optimization": {"stag": 1}})",
+               {"unknown key 'stag' in zero_optimization", "'stage'"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"learning_rate": 1}}})",
+               {"'learning_rate' in optimizer.params"});
+  expect_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 5}}})",
+               {"did you mean 'warmup_num_steps'"});
+  expect_error(R"({"fp16": {"enabled": false, "loss_scal": 0}})", {"'loss_scale'"});
+  expect_error(R"({"optimizer": {"type": "Adamm"}})", {"did you mean 'Adam'"});
+  expect_error(R"({"scheduler": {"type": "CosineLR"}})", {"'WarmupCosineLR'"});
+}
+
+TEST(DeepSpeedConfig, BadTypesAndValuesNameTheKeyAndWhatItTakes) {
+  expect_error(R"({"zero_optimization": {"stage": "one"}})",
+               {"zero_optimization.stage must be a whole number from 0 to 3", "\"one\""});
+  expect_error(R"({"zero_optimization": {"stage": 4}})", {"from 0 to 3 (got 4)"});
+  expect_error(R"({"zero_optimization": 1})", {"zero_optimization must be an object"});
+  expect_error(R"({"train_batch_size": 0})", {"train_batch_size must be a whole number >= 1"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2.5})", {"(got 2.5)"});
+  expect_error(R"({"bf16": {"enabled": "yes"}})", {"bf16.enabled must be true or false"});
+  expect_error(R"({"gradient_clipping": -1})", {"gradient_clipping must be a number >= 0"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})",
+               {"optimizer.params.betas must be two numbers"});
+  expect_error(R"({"optimizer": {"type": "Adam", "params": {"lr": 0}}})",
+               {"optimizer.params.lr must be a number above 0"});
+  expect_error(R"({"optimizer": {"params": {"lr": 1}}})", {"optimizer needs a \"type\""});
+  expect_error(R"({"optimizer": {"type": "Lamb"}})",
+               {"optimizer.type Lamb is not implemented in dtorch", "use Adam, AdamW or SGD"});
+  expect_error(R"({"fp16": {"enabled": true}})",
+               {"fp16 training needs CUDA and dynamic loss scaling", "\"bf16\""});
+  expect_error(R"({"communication_data_type": "fp16"})", {"use fp32 or bf16"});
+  expect_error(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})", {"not both"});
+  expect_error(R"({"scheduler": {"type": "WarmupDecayLR"}})",
+               {"WarmupDecayLR needs params.total_num_steps"});
+  expect_error(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 1}}})",
+               {"needs params.cycle_min_lr and params.cycle_max_lr"});
+  expect_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})",
+               {"'exp' is not one of log, linear"});
+  expect_error(R"({"scheduler": {"type": "LRRangeTest"}})", {"LRRangeTest is not implemented"});
+  expect_error(R"({"steps_per_print": true})", {"steps_per_print must be a whole number"});
+  expect_error(R"({"wall_clock_breakdown": 1})", {"wall_clock_breakdown must be true or false"});
+  expect_error(R"({"zero_optimization": {"stage": 1, "stage": 2}})",
+               {"the key 'stage' appears twice"});
+  expect_error(R"([1, 2])", {"the top level must be an object"});
+  expect_error("{\n  \"train_batch_size\": 8\n  \"bf16\": {}\n}", {"ds.json:3:8: not valid JSON"});
+  try {
+    read_deepspeed_config("/nonexistent/ds_config.json");
+    ADD_FAILURE() << "no error for a missing file";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--deepspeed-config /nonexistent/ds_config.json"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(DeepSpeedConfig, TheBatchRuleIsDeepSpeeds) {
+  using O = std::optional<int64_t>;
+  auto eq = [](BatchSizes b, int64_t micro, int64_t accum) {
+    return b.micro == micro && b.accum == accum;
+  };
+  EXPECT_TRUE(eq(resolve_batch_sizes(64, 8, O{}, 2), 8, 4)) << "accumulation from the rest";
+  EXPECT_TRUE(eq(resolve_batch_sizes(64, O{}, 4, 2), 8, 4)) << "micro batch from the rest";
+  EXPECT_TRUE(eq(resolve_batch_sizes(O{}, 8, 4, 2), 8, 4));
+  EXPECT_TRUE(eq(resolve_batch_sizes(64, O{}, O{}, 4), 16, 1));
+  EXPECT_TRUE(eq(resolve_batch_sizes(O{}, 8, O{}, 4), 8, 1));
+  EXPECT_TRUE(eq(resolve_batch_sizes(64, 8, 4, 2), 8, 4));
+  auto error = [](O t, O m, O a, int dp) {
+    try {
+      resolve_batch_sizes(t, m, a, dp);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error(64, 8, 2, 2)
+                .find("train_batch_size 64 is not train_micro_batch_size_per_gpu 8 "
+                      "x gradient_accumulation_steps 2 x data-parallel size 2 (= "
+                      "32)"),
+            std::string::npos);
+  EXPECT_NE(error(100, 8, O{}, 2).find("(= 96)"), std::string::npos)
+      << "integer division, then DeepSpeed's check";
+  EXPECT_NE(error(4, 8, O{}, 2).find("is too small"), std::string::npos);
+  EXPECT_NE(error(O{}, O{}, 2, 2).find("give train_batch_size or"), std::string::npos);
+}
+
+TEST(DeepSpeedConfig, FlagsGivenWinOverTheFile) {
+  auto s = parse(R"({"train_batch_size": 32, "gradient_accumulation_steps": 2,
+      "zero_optimization": {"stage": 2}, "gradient_clipping": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.2}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.005,
+                                                   "warmup_num_steps": 7}}})");
+  TrainConfig c;
+  auto notes = apply_deepspeed_config(s, {}, 2, c);
+  EXPECT_TRUE(notes.empty());
+  EXPECT_EQ(c.batch_size, 8);
+  EXPECT_EQ(c.accum_steps, 2);
+  EXPECT_EQ(c.strategy.kind, "zero2");
+  EXPECT_EQ(c.clip_grad_norm, 1);
+  EXPECT_EQ(c.strategy.optimizer, "adamw");
+  EXPECT_EQ(c.strategy.weight_decay, 0.2);
+  EXPECT_EQ(c.strategy.lr, 0.005) << "the scheduler's peak";
+  EXPECT_EQ(c.lr_schedule.kind, "WarmupLR");
+  EXPECT_EQ(c.lr_schedule.warmup_steps, 7);
+
+  TrainConfig f;
+  f.strategy.kind = "zero1";
+  f.strategy.lr = 0.1;
+  f.batch_size = 4;
+  notes = apply_deepspeed_config(s, {"--strategy", "--lr", "--batch-size"}, 4, f);
+  EXPECT_EQ(f.strategy.kind, "zero1");
+  EXPECT_EQ(f.strategy.lr, 0.1);
+  EXPECT_EQ(f.batch_size, 4);
+  EXPECT_EQ(f.accum_steps, 2) << "32 = 4 x 2 x 4 ranks";
+  EXPECT_TRUE(mentions(notes,
+                       "--strategy on the command line replaces the file's "
+                       "zero_optimization.stage"));
+
+  TrainConfig g;
+  g.lr_schedule.kind = "warmup-cosine";
+  apply_deepspeed_config(s, {"--lr-schedule"}, 2, g);
+  EXPECT_EQ(g.lr_schedule.kind, "warmup-cosine");
+  EXPECT_EQ(g.strategy.lr, 0.001) << "the optimizer's lr; the scheduler was replaced";
+
+  TrainConfig bad;
+  EXPECT_THROW(apply_deepspeed_config(s, {"--batch-size"}, 4, bad), ConfigError)
+      << "--batch-size 64 x 2 x 4 ranks != 32";
+  TrainConfig pipe;
+  pipe.pp = 2;
+  apply_deepspeed_config(s, {}, 4, pipe);  // dp 2
+  EXPECT_EQ(pipe.batch_size, 16) << "a pipeline's batch is all its micro-batches";
+  EXPECT_EQ(pipe.microbatches, 2);
+  EXPECT_EQ(pipe.accum_steps, 1);
+}
+
+}  // namespace
+}  // namespace dtorch::train
