@@ -1,5 +1,6 @@
 // `dtorch checkpoint inspect|consolidate`: what a sharded checkpoint holds and whether its files
 // are intact, and the whole model as one state dict that Python's torch.load reads.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -9,6 +10,7 @@
 #include <set>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/registry.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/checkpoint.h"
 #include "dtorch/train/pipeline_checkpoint.h"
@@ -115,6 +117,7 @@ train::StateDict consolidate_tensor_parallel(const std::string& dir, train::Chec
       first = state;
       data->epoch = reader.data().epoch;
       data->global_step = reader.data().global_step;
+      data->metadata_json = reader.data().metadata_json;
       *source = str(reader.dir(), " and its ", tp - 1, " tensor-parallel sibling(s)");
     }
     slices[i] = std::map<std::string, torch::Tensor>(state.begin(), state.end());
@@ -161,6 +164,7 @@ train::StateDict consolidate_pipeline(const std::vector<train::SavedStage>& stag
       part = train::consolidate_model(reader);
       d.epoch = reader.data().epoch;
       d.global_step = reader.data().global_step;
+      d.metadata_json = reader.data().metadata_json;
     }
     DTORCH_CHECK_T(CheckpointError, s == 0 || d.epoch == data->epoch, stages[s].folder,
                    "'s newest checkpoint is from epoch ", d.epoch, " but stage 0's from epoch ",
@@ -171,6 +175,17 @@ train::StateDict consolidate_pipeline(const std::vector<train::SavedStage>& stag
   }
   *source = str(stages.size(), " pipeline stage folder(s) ", stages.front().folder, " ...");
   return out;
+}
+
+// The Python aliases of the model the trainer recorded in a checkpoint's metadata ("model");
+// none when it names none (a checkpoint written through the library's own API).
+std::vector<models::PythonAlias> aliases_of(const std::string& metadata_json) {
+  auto meta = nlohmann::json::parse(metadata_json, nullptr, false);
+  if (!meta.is_object() || !meta.contains("model") || !meta["model"].is_string()) return {};
+  const std::string name = meta["model"].get<std::string>();
+  const auto names = models::model_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) return {};
+  return models::python_aliases(name);
 }
 
 int run_consolidate(const CheckpointFlags& f) {
@@ -191,9 +206,12 @@ int run_consolidate(const CheckpointFlags& f) {
     source = reader.dir();
     data.epoch = reader.data().epoch;
     data.global_step = reader.data().global_step;
+    data.metadata_json = reader.data().metadata_json;
   }
-  // The format follows the file name: .safetensors gets safetensors, anything else torch.save's.
+  // The format follows the file name: .safetensors gets safetensors, anything else torch.save's,
+  // which also holds the model's tied weights under their Python names (Note [Tied embedding]).
   const bool st = f.out.size() >= 12 && f.out.compare(f.out.size() - 12, 12, ".safetensors") == 0;
+  if (!st) state = train::with_python_aliases(state, aliases_of(data.metadata_json));
   train::write_file_atomically(
       f.out, train::serialize_state_dict(
                  state, st ? train::SaveFormat::Safetensors : train::SaveFormat::Torch));

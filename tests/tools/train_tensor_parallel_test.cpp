@@ -117,8 +117,8 @@ TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   for (const auto& [k, t] : model_file(base + "/full.pt"))
     EXPECT_TRUE(t.equal(after_one[k])) << k;
-  // Python's nanoGPT loads it strictly (lm_head aliased, Note [Tied embedding]) and computes
-  // dtorch's logits.
+  // Python's nanoGPT loads it strictly, as written (lm_head.weight aliases the embedding, Note
+  // [Tied embedding]), and computes dtorch's logits.
   if (testing::python_unavailable_reason(false).empty()) {
     auto gpt = models::make_model("gpt-debug");
     train::load_state_dict(*gpt, base + "/full.pt");
@@ -128,7 +128,6 @@ TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
     auto py = testing::python_json(base, testing::nanogpt_debug_python() + R"PY(
 net = GPT()
 ours = torch.load("full.pt")
-ours["lm_head.weight"] = ours["transformer.wte.weight"]
 net.load_state_dict(ours, strict=True)
 io = torch.load("io.pt")
 with torch.no_grad():

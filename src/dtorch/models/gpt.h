@@ -76,9 +76,10 @@ TORCH_MODULE(GPTBlock);
 /// Note [Tied embedding]: the logits are x @ transformer.wte.weight^T. There is no lm_head
 /// parameter, so every parameter appears exactly once (for sharding, gradient buckets and
 /// optimizer state). Python's nanoGPT ties by assignment (lm_head.weight = wte.weight), so its
-/// state_dict has one extra key, lm_head.weight, aliasing transformer.wte.weight: drop it
-/// when loading Python's state dict here, and add it back (or use strict=False) when loading
-/// ours in Python. nanoGPT without flash attention also has a causal-mask buffer attn.bias
+/// state_dict has one extra key, lm_head.weight, sharing transformer.wte.weight's storage:
+/// python_aliases() names it, the files dtorch writes for torch.load hold it the same way
+/// (one storage, two keys: nanoGPT loads them with strict=True), and loading here accepts
+/// and drops it. nanoGPT without flash attention also has a causal-mask buffer attn.bias
 /// per block; here the mask is built in forward and is not part of the state.
 ///
 /// Input int64 token ids B x T (T <= block_size), output logits B x T x vocab_size.
@@ -99,6 +100,10 @@ class GPT : public Model {
   std::vector<std::string> unit_names() const override;
   bool takes_tokens() const override { return true; }
   int64_t max_sequence_length() const override { return config_.block_size; }
+  /// nanoGPT's lm_head.weight, the tied transformer.wte.weight (Note [Tied embedding]).
+  std::vector<PythonAlias> python_aliases() const override {
+    return {{"lm_head.weight", "transformer.wte.weight"}};
+  }
   const GPTConfig& config() const { return config_; }
 
  private:

@@ -20,6 +20,15 @@ struct UnitRange {
   int end = -1;
 };
 
+/// A second name Python's module of the same model gives one of its parameters. PyTorch ties
+/// weights by assignment (nanoGPT: lm_head.weight = transformer.wte.weight), so its
+/// state_dict() lists the tensor under both names, and torch.save writes one storage under
+/// two keys; dtorch registers each parameter once (Note [Tied embedding] in gpt.h).
+struct PythonAlias {
+  std::string alias;  ///< "lm_head.weight"
+  std::string name;   ///< the parameter's name here: "transformer.wte.weight"
+};
+
 /// A model: architecture only (no training or communication code). Parameters and buffers
 /// are registered under the names PyTorch's Python module of the same model uses, so state
 /// dicts move between C++ and Python unchanged.
@@ -66,6 +75,11 @@ class Model : public torch::nn::Module {
   bool holds_unit(int i) const { return i >= units().begin && i < units().end; }
   /// Whether it holds every unit (not a pipeline stage).
   bool whole() const { return units().begin == 0 && units().end == num_units(); }
+
+  /// The parameters Python's module of this model also lists under a second name; state
+  /// dicts written for torch.load carry those names too (train::with_python_aliases), and
+  /// state dicts read here may.
+  virtual std::vector<PythonAlias> python_aliases() const { return {}; }
 
   /// Called around each block's forward (see run_block and Note [Block hooks]).
   struct BlockHooks {

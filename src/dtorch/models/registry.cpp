@@ -75,6 +75,11 @@ void for_each_unit(const std::string& name, F&& f) {
 
 }  // namespace
 
+std::vector<PythonAlias> python_aliases(const std::string& name) {
+  GeneratorStateGuard keep;
+  return make_model(name, {0, 1})->python_aliases();
+}
+
 std::vector<UnitSize> model_units(const std::string& name) {
   std::vector<UnitSize> sizes;
   for_each_unit(name, [&](int i, Model& unit) {

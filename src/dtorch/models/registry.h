@@ -31,6 +31,10 @@ int64_t model_parameters(const std::string& name);
 /// never allocated). Leaves the global generator as it was.
 std::vector<UnitSize> model_units(const std::string& name);
 
+/// The python_aliases() of model `name` (asked of its first unit, built for the purpose;
+/// leaves the global generator as it was).
+std::vector<PythonAlias> python_aliases(const std::string& name);
+
 /// Every name make_model accepts, sorted.
 std::vector<std::string> model_names();
 

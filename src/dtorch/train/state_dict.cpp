@@ -8,6 +8,7 @@
 
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -54,6 +55,50 @@ StateDict state_dict(const torch::nn::Module& module) {
   return out;
 }
 
+StateDict with_python_aliases(StateDict state, const std::vector<models::PythonAlias>& aliases) {
+  for (const auto& a : aliases) {
+    auto has = [&](const std::string& key) {
+      return std::any_of(state.begin(), state.end(),
+                         [&](const auto& kv) { return kv.first == key; });
+    };
+    if (has(a.alias)) continue;
+    auto it = std::find_if(state.begin(), state.end(),
+                           [&](const auto& kv) { return kv.first == a.name; });
+    if (it != state.end()) state.insert(it + 1, {a.alias, it->second});
+  }
+  return state;
+}
+
+namespace {
+
+// The state without the Python aliases of `module` (when it is a dtorch model); an alias must
+// hold its parameter's values.
+StateDict without_python_aliases(const torch::nn::Module& module, const StateDict& state,
+                                 const std::string& source) {
+  const auto* model = dynamic_cast<const models::Model*>(&module);
+  if (!model) return state;
+  std::map<std::string, torch::Tensor> by_name(state.begin(), state.end());
+  std::set<std::string> drop;
+  for (const auto& a : model->python_aliases()) {
+    auto alias = by_name.find(a.alias), name = by_name.find(a.name);
+    if (alias == by_name.end() || name == by_name.end()) continue;
+    DTORCH_CHECK_T(CheckpointError,
+                   alias->second.sizes().equals(name->second.sizes()) &&
+                       torch::equal(alias->second, name->second),
+                   source, ": ", a.alias, " differs from ", a.name,
+                   ", which this model ties to it (one tensor): the weights in the file were not "
+                   "tied; load them into an untied model instead");
+    drop.insert(a.alias);
+  }
+  if (drop.empty()) return state;
+  StateDict out;
+  for (const auto& kv : state)
+    if (!drop.count(kv.first)) out.push_back(kv);
+  return out;
+}
+
+}  // namespace
+
 std::vector<char> pickle_state_dict(const StateDict& state) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, tensor] : state)
@@ -88,8 +133,9 @@ StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string&
   return out;
 }
 
-void check_state_dict(const torch::nn::Module& module, const StateDict& state,
+void check_state_dict(const torch::nn::Module& module, const StateDict& with_aliases,
                       const std::string& source) {
+  const StateDict state = without_python_aliases(module, with_aliases, source);
   std::map<std::string, torch::Tensor> given(state.begin(), state.end());
   std::vector<std::string> missing, mismatched;
   std::set<std::string> expected;
@@ -147,7 +193,11 @@ std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format
 }
 
 void save_state_dict(const torch::nn::Module& module, const std::string& path, SaveFormat format) {
-  write_file_atomically(path, serialize_state_dict(state_dict(module), format));
+  StateDict state = state_dict(module);
+  const auto* model = dynamic_cast<const models::Model*>(&module);
+  if (model && format == SaveFormat::Torch)
+    state = with_python_aliases(state, model->python_aliases());
+  write_file_atomically(path, serialize_state_dict(state, format));
 }
 
 void load_state_dict(torch::nn::Module& module, const std::string& path) {

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/models/model.h"
+
 namespace dtorch::train {
 
 /// Parameters then buffers, in registration order, under their dotted names
@@ -17,6 +19,11 @@ using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
 
 /// The module's state (detached tensors sharing storage with the module).
 StateDict state_dict(const torch::nn::Module& module);
+
+/// `state` with each alias whose parameter it holds added right after that parameter, as the
+/// same tensor: what Python's state_dict() of a model with tied weights lists, and what
+/// torch.save writes as one storage under two keys. Unchanged when no alias applies.
+StateDict with_python_aliases(StateDict state, const std::vector<models::PythonAlias>& aliases);
 
 /// Serialises a state dict as a pickled dict name -> tensor, the bytes of a file Python's
 /// torch.load reads, weights_only included (Note [Files torch.load reads]).
@@ -27,7 +34,9 @@ StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string&
 
 /// Checks that `state` has exactly the module's keys with the same shapes, without changing
 /// anything; throws CheckpointError listing missing keys, unexpected keys and shape
-/// mismatches, naming `source` (a file name, for the message).
+/// mismatches, naming `source` (a file name, for the message). A dtorch model's Python
+/// aliases (models::Model::python_aliases) may be present beside their parameter, holding
+/// the same values (else CheckpointError: the file's weights are not tied); they are ignored.
 void check_state_dict(const torch::nn::Module& module, const StateDict& state,
                       const std::string& source);
 /// check_state_dict, then copies every tensor into the module (converting dtype if needed).
@@ -43,7 +52,10 @@ std::string file_suffix(SaveFormat format);
 std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format);
 
 /// Writes the module's state to `path` atomically: path.tmp, fsync, rename, so a crash never
-/// leaves a half-written file under `path`. Throws CheckpointError when it cannot.
+/// leaves a half-written file under `path`. Throws CheckpointError when it cannot. In
+/// torch.save's format a dtorch model's Python aliases are written too (with_python_aliases),
+/// so the Python module loads the file with strict=True; safetensors holds no shared tensors,
+/// and its Python loader safetensors.torch.load_model restores tied weights itself.
 void save_state_dict(const torch::nn::Module& module, const std::string& path,
                      SaveFormat format = SaveFormat::Torch);
 /// Reads `path` (written by save_state_dict in either format, by safetensors' save_file, or

@@ -632,11 +632,10 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     if (lead) {
       const SaveFormat format = parse_save_format(c.save_format);
       const std::string path = c.out + "/model" + file_suffix(format);
-      if (tensor_parallel || pipeline) {
-        write_file_atomically(path, serialize_state_dict(full, format));
-      } else {
-        save_state_dict(*model, path, format);
-      }
+      if (!tensor_parallel && !pipeline) full = state_dict(*model);
+      // For torch.load the tied weights under Python's names too (Note [Tied embedding]).
+      if (format == SaveFormat::Torch) full = with_python_aliases(full, model->python_aliases());
+      write_file_atomically(path, serialize_state_dict(full, format));
       log::info("wrote ", path,
                 format == SaveFormat::Torch ? " (a state_dict for Python's torch.load)"
                                             : " (safetensors: safetensors.torch.load_file)");
