@@ -48,7 +48,9 @@ build: deps-build $(BUILD)/build.ninja
 demo: deps-build $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target dtorch_cli
 	$(BUILD)/dtorch train --model mnist-cnn --data fashion-mnist --epochs 2 --batch-size 64 \
-	  --lr 0.01 --optimizer sgd --seed 1 --nproc-per-node 2 --out runs/demo
+	  --lr 0.01 --optimizer sgd --seed 1 --nproc-per-node 2 --out runs/demo --print-every 50 \
+	  --phase-times
+	$(BUILD)/dtorch plot runs/demo --out runs/demo/curves.png --title "make demo: mnist-cnn on Fashion-MNIST, DDP on 2 ranks"
 
 # Configures again (seconds): a build folder that `make demo` configured before GoogleTest was
 # installed has no tests yet.

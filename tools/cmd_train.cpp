@@ -156,6 +156,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--phase-times", c.phase_times,
                 "time each step's phases (data, forward, backward, step): means per step in "
                 "the log lines and metrics.jsonl");
+  cmd->add_option("--tensorboard", c.tensorboard,
+                  "write TensorBoard event files into DIR: each optimizer step's loss and lr, "
+                  "each epoch's record");
   cmd->add_option("--deepspeed-config,--deepspeed_config", f->deepspeed_config,
                   "a DeepSpeed ds_config.json: its batch sizes, zero_optimization, bf16, "
                   "optimizer, scheduler, gradient_clipping, steps_per_print and "

@@ -360,5 +360,71 @@ TEST(TrainCli, DeepSpeedConfigTrainsAsTheFlagsItStandsFor) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/bad")) << "nothing started";
 }
 
+// --tensorboard: TensorBoard's own event reader (PyPI tensorboard) finds every optimizer
+// step's loss and lr and every epoch's record, equal to metrics.jsonl's.
+TEST(TrainCli, TensorBoardReadsTheRunsScalars) {
+  const std::string dir = testing::scratch_dir("train_tensorboard");
+  auto r = run_command("train_tensorboard", {DTORCH_CLI,
+                                             "train",
+                                             "--model",
+                                             "mnist-mlp",
+                                             "--epochs",
+                                             "2",
+                                             "--train-samples",
+                                             "512",
+                                             "--test-samples",
+                                             "200",
+                                             "--batch-size",
+                                             "64",
+                                             "--nproc-per-node",
+                                             "2",
+                                             "--progress",
+                                             "off",
+                                             "--out",
+                                             dir + "/run",
+                                             "--tensorboard",
+                                             dir + "/board"},
+                       300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "TensorBoard events: " + dir + "/board/events.out.tfevents."))
+      << r.err;
+  if (!testing::python_unavailable_reason(false).empty()) GTEST_SKIP() << "no Python";
+  std::string out;
+  int rc = testing::run_python(dir, "read_events", R"PY(
+try:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+except ImportError as e:
+    print("NO_TENSORBOARD", e)
+    sys.exit(0)
+acc = EventAccumulator(sys.argv[2])
+acc.Reload()
+print("RESULT " + json.dumps({tag: [[s.step, s.value] for s in acc.Scalars(tag)]
+                              for tag in acc.Tags()["scalars"]}))
+)PY",
+                               {dir + "/board"}, &out);
+  ASSERT_EQ(rc, 0) << out;
+  if (contains(out, "NO_TENSORBOARD")) {
+    GTEST_SKIP() << "the tensorboard package is not installed for " << testing::python()
+                 << " (make test TORCH=pip installs it): " << out;
+  }
+  auto at = out.rfind("RESULT ");
+  ASSERT_NE(at, std::string::npos) << out;
+  auto tb = nlohmann::json::parse(out.substr(at + 7));
+  // 2 ranks x 256 samples / 64 = 4 steps per epoch.
+  ASSERT_EQ(tb["train/loss"].size(), 8u) << tb.dump();
+  ASSERT_EQ(tb["train/lr"].size(), 8u);
+  EXPECT_EQ(tb["train/loss"][7][0], 8) << "the optimizer step";
+  auto epochs = metrics(dir + "/run");
+  ASSERT_EQ(epochs.size(), 2u);
+  for (size_t e = 0; e < 2; ++e) {
+    for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "lr"}) {
+      const auto& point = tb[std::string("epoch/") + key].at(e);
+      EXPECT_EQ(point[0], 4 * (e + 1)) << key;
+      const double want = epochs[e][key].get<double>();
+      EXPECT_NEAR(point[1].get<double>(), want, 1e-6 * std::abs(want)) << key << " epoch " << e;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtorch

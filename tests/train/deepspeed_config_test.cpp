@@ -74,7 +74,8 @@ TEST(DeepSpeedConfig, EveryKeyDtorchImplementsIsRead) {
                   "params": {"total_num_steps": 100, "warmup_num_steps": 10,
                              "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01,
                              "warmup_type": "linear"}},
-    "steps_per_print": 5, "wall_clock_breakdown": true})");
+    "steps_per_print": 5, "wall_clock_breakdown": true,
+    "tensorboard": {"enabled": true, "output_path": "logs", "job_name": "run1"}})");
   EXPECT_EQ(s.train_batch_size, 64);
   EXPECT_EQ(s.micro_batch_size, 8);
   EXPECT_EQ(s.accum_steps, 4);
@@ -98,7 +99,10 @@ TEST(DeepSpeedConfig, EveryKeyDtorchImplementsIsRead) {
   EXPECT_FALSE(s.schedule_peak_lr.has_value()) << "WarmupCosineLR peaks at the optimizer's lr";
   EXPECT_EQ(s.print_every, 5);
   EXPECT_EQ(s.phase_times, true);
+  EXPECT_EQ(s.tensorboard, "logs/run1") << "DeepSpeed's os.path.join(output_path, job_name)";
   EXPECT_TRUE(s.warnings.empty()) << s.warnings.front();
+  EXPECT_EQ(parse(R"({"tensorboard": {"enabled": true}})").tensorboard, "DeepSpeedJobName");
+  EXPECT_FALSE(parse(R"({"tensorboard": {"enabled": false, "output_path": "x"}})").tensorboard);
 }
 
 TEST(DeepSpeedConfig, OptimizersTakeDeepSpeedsDefaultsAndItsAdamIsAdamW) {
@@ -195,6 +199,8 @@ TEST(DeepSpeedConfig, BadTypesAndValuesNameTheKeyAndWhatItTakes) {
   expect_error(R"({"scheduler": {"type": "LRRangeTest"}})", {"LRRangeTest is not implemented"});
   expect_error(R"({"steps_per_print": true})", {"steps_per_print must be a whole number"});
   expect_error(R"({"wall_clock_breakdown": 1})", {"wall_clock_breakdown must be true or false"});
+  expect_error(R"({"tensorboard": {"enabled": true, "output_path": 3}})",
+               {"tensorboard.output_path must be a string"});
   expect_error(R"({"zero_optimization": {"stage": 1, "stage": 2}})",
                {"the key 'stage' appears twice"});
   expect_error(R"([1, 2])", {"the top level must be an object"});

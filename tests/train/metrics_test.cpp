@@ -25,6 +25,7 @@ std::vector<nlohmann::json> read_lines(const std::string& path) {
 EpochRecord record(int64_t epoch) {
   EpochRecord r;
   r.epoch = epoch;
+  r.step = 40 * (epoch + 1);
   r.train_loss = 0.5;
   r.test_loss = 0.625;
   r.test_accuracy = 0.875;
@@ -36,8 +37,13 @@ EpochRecord record(int64_t epoch) {
 
 TEST(Metrics, EpochRecordFields) {
   EXPECT_EQ(epoch_record_json(record(3)),
-            R"({"kind":"epoch","epoch":3,"train_loss":0.5,"test_loss":0.625,)"
+            R"({"kind":"epoch","epoch":3,"step":160,"train_loss":0.5,"test_loss":0.625,)"
             R"("test_accuracy":0.875,"samples_per_s":12345.5,"seconds":7.25,"lr":0.001})");
+  EpochRecord timed = record(0);
+  timed.phase_ms = {{"forward", 1.5}, {"backward", 3.0}};
+  auto t = nlohmann::json::parse(epoch_record_json(timed));
+  EXPECT_EQ(t["forward_ms"], 1.5);
+  EXPECT_EQ(t["backward_ms"], 3.0);
   EpochRecord r = record(0);
   r.train_loss = std::nan("");
   auto j = nlohmann::json::parse(epoch_record_json(r));

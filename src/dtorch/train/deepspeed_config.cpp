@@ -135,22 +135,27 @@ class Section {
     return v->get<bool>();
   }
 
-  // A string among `choices` (compared in lower case when `any_case`, as DeepSpeed compares
-  // optimizer and scheduler names); returned as the choice is spelled.
-  std::optional<std::string> choice(const std::string& key, const Keys& choices,
-                                    bool any_case = false) const {
+  std::optional<std::string> text(const std::string& key) const {
     const json* v = get(key);
     if (!v) return std::nullopt;
     DTORCH_CHECK_T(ConfigError, v->is_string(), file_, ": ", name(key), " must be a string (got ",
                    v->dump(), ")");
-    const std::string got = v->get<std::string>();
+    return v->get<std::string>();
+  }
+
+  // A string among `choices` (compared in lower case when `any_case`, as DeepSpeed compares
+  // optimizer and scheduler names); returned as the choice is spelled.
+  std::optional<std::string> choice(const std::string& key, const Keys& choices,
+                                    bool any_case = false) const {
+    const auto got = text(key);
+    if (!got) return std::nullopt;
     for (const auto& c : choices)
-      if (got == c || (any_case && lowercase(got) == lowercase(c))) return c;
+      if (*got == c || (any_case && lowercase(*got) == lowercase(c))) return c;
     std::string list;
     for (const auto& c : choices)
       list += (list.empty() ? "" : ", ") + c;
-    DTORCH_FAIL(ConfigError, file_, ": ", name(key), " '", got, "' is not one of ", list,
-                "; did you mean '", nearest(got, choices), "'?");
+    DTORCH_FAIL(ConfigError, file_, ": ", name(key), " '", *got, "' is not one of ", list,
+                "; did you mean '", nearest(*got, choices), "'?");
   }
 
   std::optional<Section> section(const std::string& key) const {
@@ -251,7 +256,6 @@ const Keys kIgnoredTop = {"prescale_gradients",
                           "zero_force_ds_cpu_optimizer",
                           "activation_checkpointing",
                           "flops_profiler",
-                          "tensorboard",
                           "wandb",
                           "csv_monitor",
                           "comet",
@@ -296,6 +300,14 @@ void read_batch(const Section& top, DeepSpeedSettings& s) {
   s.clip_grad_norm = top.number("gradient_clipping", 0, kHuge);
   s.print_every = top.integer("steps_per_print", 1, kMax);
   s.phase_times = top.boolean("wall_clock_breakdown");
+  if (auto t = top.section("tensorboard")) {
+    t->keys({"enabled", "output_path", "job_name"}, {});
+    if (t->boolean("enabled").value_or(false)) {
+      const std::string base = t->text("output_path").value_or("");
+      const std::string name = t->text("job_name").value_or("DeepSpeedJobName");
+      s.tensorboard = base.empty() ? name : base + "/" + name;
+    }
+  }
 }
 
 void read_zero(const Section& top, DeepSpeedSettings& s) {
@@ -536,11 +548,11 @@ DeepSpeedSettings parse_deepspeed_config(const std::string& text, const std::str
   const json j = parse_json(text, name);
   DeepSpeedSettings s;
   Section top(j, "", name, &s.warnings);
-  top.keys(
-      {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-       "zero_optimization", "bf16", "bfloat16", "fp16", "communication_data_type",
-       "gradient_clipping", "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown"},
-      kIgnoredTop);
+  top.keys({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+            "zero_optimization", "bf16", "bfloat16", "fp16", "communication_data_type",
+            "gradient_clipping", "optimizer", "scheduler", "steps_per_print",
+            "wall_clock_breakdown", "tensorboard"},
+           kIgnoredTop);
   read_batch(top, s);
   read_zero(top, s);
   read_precision(top, s);
@@ -616,6 +628,7 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
   take(ds.eps, c.strategy.eps, "--eps", "optimizer.params.eps");
   take(ds.print_every, c.print_every, "--print-every", "steps_per_print");
   take(ds.phase_times, c.phase_times, "--phase-times", "wall_clock_breakdown");
+  take(ds.tensorboard, c.tensorboard, "--tensorboard", "tensorboard.output_path");
   if (ds.lr_schedule) {
     const bool replaced =
         given.count("--lr-schedule") || given.count("--warmup-steps") || given.count("--min-lr");

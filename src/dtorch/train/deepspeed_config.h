@@ -40,6 +40,8 @@ struct TrainConfig;
 //       --min-lr replace it; --lr replaces its peak (warmup_max_lr, cycle_max_lr).
 //   steps_per_print                  --print-every
 //   wall_clock_breakdown             --phase-times
+//   tensorboard {enabled, output_path, job_name}   --tensorboard output_path/job_name (as
+//       DeepSpeed joins them; job_name defaults to DeepSpeedJobName)
 // A value "auto" (Hugging Face's placeholder) counts as absent. Any other key DeepSpeed knows
 // is a warning naming it (dtorch ignores it); a key DeepSpeed does not know is an error naming
 // the nearest known one. Syntax errors name the line and column, as do duplicate keys (which
@@ -65,6 +67,7 @@ struct DeepSpeedSettings {
   std::optional<double> schedule_peak_lr;  ///< warmup_max_lr or cycle_max_lr
   std::optional<int64_t> print_every;      ///< steps_per_print
   std::optional<bool> phase_times;         ///< wall_clock_breakdown
+  std::optional<std::string> tensorboard;  ///< the folder, when tensorboard.enabled
   /// Keys dtorch reads but ignores, each with the reason, for the log.
   std::vector<std::string> warnings;
 };

@@ -25,6 +25,7 @@ std::string epoch_record_json(const EpochRecord& r) {
   nlohmann::ordered_json j;
   j["kind"] = "epoch";
   j["epoch"] = r.epoch;
+  j["step"] = r.step;
   j["train_loss"] = number(r.train_loss);
   j["test_loss"] = number(r.test_loss);
   j["test_accuracy"] = number(r.test_accuracy);

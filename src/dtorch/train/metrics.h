@@ -12,6 +12,7 @@ namespace dtorch::train {
 /// What one epoch achieved.
 struct EpochRecord {
   int64_t epoch = 0;         ///< 0-based epoch
+  int64_t step = 0;          ///< optimizer steps taken over the run when the epoch ended
   double train_loss = 0;     ///< mean training loss over the epoch
   double test_loss = 0;      ///< mean loss on the test split
   double test_accuracy = 0;  ///< fraction (0..1) of test samples classified right
@@ -24,7 +25,7 @@ struct EpochRecord {
 };
 
 /// The record as one line of JSON (no newline):
-/// {"kind":"epoch","epoch":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
+/// {"kind":"epoch","epoch":..,"step":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
 ///  "samples_per_s":..,"seconds":..,"lr":..[,"<phase>_ms":..]}. Non-finite numbers become null.
 std::string epoch_record_json(const EpochRecord& r);
 /// Any record: {"kind":kind, ...numbers...}, keys after "kind" in sorted order.

@@ -27,6 +27,7 @@
 #include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
+#include "dtorch/train/tensorboard.h"
 
 namespace dtorch::train {
 namespace {
@@ -501,6 +502,11 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   }
   std::unique_ptr<MetricsWriter> metrics;
   if (lead) metrics = std::make_unique<MetricsWriter>(c.out + "/metrics.jsonl", resume);
+  std::unique_ptr<TensorBoardWriter> board;
+  if (lead && !c.tensorboard.empty()) {
+    board = std::make_unique<TensorBoardWriter>(c.tensorboard);
+    log::info("TensorBoard events: ", board->path());
+  }
   ProgressConfig shown = c.progress;
   if (c.print_every > 0 && shown.mode == ProgressConfig::Mode::Auto) {
     // The step lines report the progress; a redrawn bar would break them up.
@@ -526,6 +532,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     PhaseTimes window_phases(c.phase_times);
     double window_loss = 0;
     int64_t window_batches = 0, window_samples = 0, window_steps = 0;
+    double step_loss = 0;  // the batches of this optimizer step, for TensorBoard
+    int64_t step_batches = 0;
     auto window_start = Clock::now();
     for (size_t i = 0; i < batches.size(); ++i) {
       epoch_phases.start();
@@ -558,9 +566,17 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
         }
         l = loss.item<double>();
       }
+      step_loss += l;
+      ++step_batches;
       if (stepped) {
         ++global_step;
         ++window_steps;
+        if (board) {
+          board->scalar("train/loss", global_step, step_loss / static_cast<double>(step_batches));
+          board->scalar("train/lr", global_step, schedule.at(global_step - 1));
+        }
+        step_loss = 0;
+        step_batches = 0;
       }
       loss_sum += l;
       samples += x.size(0) * dp->size();
@@ -601,6 +617,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                                           tensor_parallel, pipeline);
     EpochRecord r;
     r.epoch = epoch;
+    r.step = global_step;
     r.train_loss = mean_loss.item<double>();
     r.test_loss = test_loss;
     r.test_accuracy = test_acc;
@@ -615,6 +632,15 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
                 static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s",
                 describe_phases(r.phase_ms));
       metrics->write_epoch(r);
+      if (board) {
+        board->scalar("epoch/train_loss", global_step, r.train_loss);
+        board->scalar("epoch/test_loss", global_step, r.test_loss);
+        board->scalar("epoch/test_accuracy", global_step, r.test_accuracy);
+        board->scalar("epoch/samples_per_s", global_step, r.samples_per_s);
+        board->scalar("epoch/lr", global_step, r.lr);
+        for (const auto& [phase, ms] : r.phase_ms)
+          board->scalar("epoch/" + phase + "_ms", global_step, ms);
+      }
     }
     strategy->save(c.out, {epoch + 1, global_step, config_json(c, world, schedule)},
                    c.keep_checkpoints);

@@ -59,6 +59,9 @@ struct TrainConfig {
   /// Time the phases of every step (data, forward, backward, optimizer step: their means go
   /// into the epoch's log line and records). DeepSpeed's wall_clock_breakdown.
   bool phase_times = false;
+  /// A folder for TensorBoard event files (rank 0's): every optimizer step's loss and lr,
+  /// every epoch's record (train/tensorboard.h). Empty: none.
+  std::string tensorboard;
   ProgressConfig progress;
 };
 
