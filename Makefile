@@ -63,7 +63,8 @@ test: deps-test
 # own collectives (2.x only) against dtorch's; the sharded strategies on LibTorch 2.x against
 # PyTorch 2.x's FSDP, ZeroRedundancyOptimizer and DeepSpeed on the same torch; tensor
 # parallelism against PyTorch 2.x's parallelize_module; pipelines against its pipelining;
-# activation checkpointing against torch.utils.checkpoint.
+# activation checkpointing against torch.utils.checkpoint; dtorch train against Lightning's
+# Trainer.
 bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
@@ -73,6 +74,7 @@ bench: deps-bench
 	bench/bench_tensor_parallel.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_pipeline.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_activation_checkpointing.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_lightning.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
