@@ -14,6 +14,7 @@
 #include "launch/scoped_env.h"
 #include "launch/slurm_cluster.h"
 #include "support/command.h"
+#include "support/train_run.h"
 #include "support/workers.h"
 
 namespace dtorch {
@@ -28,11 +29,7 @@ const std::vector<std::string> kTinyTrain = {"--train-samples", "512", "--test-s
                                              "--epochs",        "1",   "--progress",     "lines"};
 
 size_t metric_lines(const std::string& out) {
-  std::istringstream in(testing::read_file(out + "/metrics.jsonl"));
-  size_t n = 0;
-  for (std::string line; std::getline(in, line);)
-    n += line.find("\"test_accuracy\"") != std::string::npos;
-  return n;
+  return testing::epochs_of(out).size();
 }
 
 class SlurmJobs : public ::testing::Test {

@@ -37,6 +37,26 @@ void perturb_constant_tensors(torch::nn::Module& module) {
     perturb(b);
 }
 
+std::string torchvision_vit_python() {
+  return R"PY(
+try:
+    from torchvision.models.vision_transformer import VisionTransformer
+except ImportError:
+    print(json.dumps({"skip": "no torchvision for " + sys.executable + " (make test installs it)"}))
+    sys.exit(0)
+def torchvision_vit():
+    p, layers, heads, hidden, mlp = map(int, sys.argv[2:7])
+    net = VisionTransformer(28, p, layers, heads, hidden, mlp, num_classes=10)
+    net.conv_proj = torch.nn.Conv2d(1, hidden, p, p)
+    return net
+)PY";
+}
+
+std::vector<std::string> torchvision_vit_args(const models::ViTConfig& c) {
+  return {std::to_string(c.patch_size), std::to_string(c.num_layers), std::to_string(c.num_heads),
+          std::to_string(c.hidden_dim), std::to_string(c.mlp_dim)};
+}
+
 std::string nanogpt_debug_python() {
   return R"PY(
 import math

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/models/vit.h"
+
 namespace dtorch::testing {
 
 /// A fresh scratch directory (support/workers.h scratch_dir) removed with everything in it
@@ -38,6 +40,13 @@ void perturb_constant_tensors(torch::nn::Module& module);
 /// Python source defining GPT(): nanoGPT's model.py (bias on, dropout 0, no flash attention,
 /// lm_head tied to transformer.wte), trimmed to the forward pass, shaped as gpt-debug.
 std::string nanogpt_debug_python();
+
+/// Python source defining torchvision_vit(): torchvision's VisionTransformer shaped as the dtorch
+/// ViT whose numbers torchvision_vit_args gives (the script's arguments), with the documented
+/// stem change (one input channel). Without torchvision it prints {"skip": why} and exits.
+std::string torchvision_vit_python();
+/// The script arguments torchvision_vit_python reads: patch, layers, heads, width, MLP width.
+std::vector<std::string> torchvision_vit_args(const models::ViTConfig& c);
 
 /// Runs `code` with run_python from `dir`; returns the JSON object of the last line that
 /// starts with '{', or null after a failed test assertion showing the output.

@@ -63,16 +63,8 @@ TEST(ModelViTPeer, DebugAndTinyMatchTorchvision) {
     torch::NoGradGuard no_grad;
     torch::Tensor y = model->forward(x);
     dtorch::testing::save_tensors(dir + "/io.pt", {{"x", x}, {"y", y}});
-    auto r = dtorch::testing::python_json(
-        dir, R"PY(
-try:
-    from torchvision.models.vision_transformer import VisionTransformer
-except ImportError:
-    print(json.dumps({"skip": "no torchvision for " + sys.executable + " (make test installs it)"}))
-    sys.exit(0)
-p, layers, heads, hidden, mlp = map(int, sys.argv[2:7])
-net = VisionTransformer(28, p, layers, heads, hidden, mlp, num_classes=10)
-net.conv_proj = torch.nn.Conv2d(1, hidden, p, p)
+    auto r = dtorch::testing::python_json(dir, dtorch::testing::torchvision_vit_python() + R"PY(
+net = torchvision_vit()
 ours = torch.load("weights.pt")
 theirs = net.state_dict()
 names_differ = sorted(set(theirs) ^ set(ours))
@@ -86,8 +78,7 @@ with torch.no_grad():
 print(json.dumps({"names_differ": names_differ, "train_diff": d_train, "eval_diff": d_eval,
                   "scale": io["y"].abs().max().item()}))
 )PY",
-        {std::to_string(c.patch_size), std::to_string(c.num_layers), std::to_string(c.num_heads),
-         std::to_string(c.hidden_dim), std::to_string(c.mlp_dim)});
+                                          dtorch::testing::torchvision_vit_args(c));
     ASSERT_FALSE(r.is_null());
     if (r.contains("skip")) GTEST_SKIP() << r["skip"].get<std::string>();
     EXPECT_TRUE(r["names_differ"].empty()) << r.dump();

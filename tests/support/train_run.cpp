@@ -46,6 +46,7 @@ std::vector<nlohmann::json> records_of(const std::string& out, const std::string
   std::vector<nlohmann::json> v;
   std::istringstream in(read_file(out + "/metrics.jsonl"));
   for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
     auto j = nlohmann::json::parse(line);
     if (j.value("kind", "") == kind) v.push_back(j);
   }

@@ -96,24 +96,15 @@ TEST(PythonInterop, VitFilesLoadStrictlyIntoTorchvision) {
   train_and_consolidate(dir, "zero2", {"--model", "vit-debug", "--strategy", "zero2"}, ".");
   auto model = models::make_model("vit-debug");
   const auto c = std::dynamic_pointer_cast<models::VisionTransformer>(model)->config();
-  auto py = testing::python_json(
-      dir, R"PY(
-try:
-    from torchvision.models.vision_transformer import VisionTransformer
-except ImportError:
-    print(json.dumps({"skip": "no torchvision for " + sys.executable + " (make test installs it)"}))
-    sys.exit(0)
-p, layers, heads, hidden, mlp = map(int, sys.argv[2:7])
+  auto py = testing::python_json(dir, testing::torchvision_vit_python() + R"PY(
 out = {}
 for f in ("model.pt", "full.pt"):
-    net = VisionTransformer(28, p, layers, heads, hidden, mlp, num_classes=10)
-    net.conv_proj = torch.nn.Conv2d(1, hidden, p, p)
+    net = torchvision_vit()
     net.load_state_dict(torch.load("zero2/" + f, weights_only=True), strict=True)
     out[f] = True
 print(json.dumps(out))
 )PY",
-      {std::to_string(c.patch_size), std::to_string(c.num_layers), std::to_string(c.num_heads),
-       std::to_string(c.hidden_dim), std::to_string(c.mlp_dim)});
+                                 testing::torchvision_vit_args(c));
   ASSERT_FALSE(py.is_null());
   if (py.contains("skip")) GTEST_SKIP() << py["skip"].get<std::string>();
   EXPECT_TRUE(py["model.pt"].get<bool>());

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "support/command.h"
+#include "support/train_run.h"
 #include "support/workers.h"
 
 namespace dtorch {
@@ -28,11 +29,7 @@ std::vector<std::string> short_run(const std::string& out) {
 }
 
 std::vector<nlohmann::json> metrics(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(read_file(out + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
-  return v;
+  return testing::epochs_of(out);
 }
 
 // The worker with RANK=`rank` among the children of `launcher`, or -1.

@@ -1,6 +1,8 @@
 // Renders a Picture as SVG text or as PNG pixels (Note [Two renderings of one picture]).
 #include "dtorch/core/picture.h"
 
+#include "dtorch/core/atomic_file.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -263,22 +265,9 @@ void write_picture(const Picture& picture, const std::string& path) {
   const bool png = ends_with(".png") || ends_with(".PNG");
   DTORCH_CHECK_T(ConfigError, png || ends_with(".svg") || ends_with(".SVG"), path,
                  ": pictures are written as .png or .svg; name a file with one of those endings");
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream os(tmp, std::ios::binary);
-    DTORCH_CHECK_T(ConfigError, os.good(), "cannot write ", path,
-                   ": check that its directory exists and is writable");
-    os << (png ? picture.png() : picture.svg());
-    os.flush();
-    if (!os.good()) {
-      std::remove(tmp.c_str());
-      DTORCH_CHECK_T(ConfigError, false, "writing ", path, " failed (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    DTORCH_CHECK_T(ConfigError, false, "cannot rename ", tmp, " to ", path);
-  }
+  const std::string bytes = png ? picture.png() : picture.svg();
+  if (auto why = write_file_atomically(path, bytes.data(), bytes.size()))
+    DTORCH_FAIL(ConfigError, *why);
 }
 
 }  // namespace dtorch

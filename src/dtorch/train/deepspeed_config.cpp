@@ -11,241 +11,19 @@
 #include <sstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/json_config.h"
 #include "dtorch/train/trainer.h"
 
 namespace dtorch::train {
 namespace {
 
 using json = nlohmann::json;
-using Keys = std::vector<std::string>;
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j)
-    row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// Whether the characters of `part` appear in `whole` in order ("warmup_steps" in
-// "warmup_num_steps"): a key with words left out.
-bool is_subsequence(const std::string& part, const std::string& whole) {
-  size_t at = 0;
-  for (char ch : whole)
-    if (at < part.size() && part[at] == ch) ++at;
-  return at == part.size();
-}
-
-// The known key a user most likely meant: one that holds the given key with words left out,
-// else the fewest edits away.
-std::string nearest(const std::string& key, const Keys& known) {
-  std::string best;
-  size_t best_distance = std::numeric_limits<size_t>::max();
-  for (const bool holding : {true, false}) {
-    for (const auto& k : known) {
-      if (holding && !is_subsequence(key, k)) continue;
-      const size_t d = edit_distance(key, k);
-      if (d < best_distance) best_distance = d, best = k;
-    }
-    if (!best.empty()) return best;
-  }
-  return best;
-}
-
-std::string lowercase(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  return s;
-}
-
-// One JSON object of the file, read key by key: every key must be one DeepSpeed knows, the
-// ones dtorch ignores are noted, and the getters check types and ranges.
-class Section {
- public:
-  Section(const json& j, std::string path, const std::string& file,
-          std::vector<std::string>* warnings)
-      : j_(j), path_(std::move(path)), file_(file), warnings_(warnings) {
-    DTORCH_CHECK_T(ConfigError, j.is_object(), file_, ": ", where(),
-                   " must be an object {...} (got ", j.dump(), ")");
-  }
-
-  // Checks every key: `read` are the keys the caller reads, `ignored` those DeepSpeed knows and
-  // dtorch does not implement (a warning each); anything else is an error.
-  void keys(const Keys& read, const Keys& ignored) const {
-    Keys known = read;
-    known.insert(known.end(), ignored.begin(), ignored.end());
-    for (const auto& [key, value] : j_.items()) {
-      if (std::find(read.begin(), read.end(), key) != read.end()) continue;
-      DTORCH_CHECK_T(ConfigError, std::find(ignored.begin(), ignored.end(), key) != ignored.end(),
-                     file_, ": unknown key '", key, "' in ", where(), "; did you mean '",
-                     nearest(key, known), "'?");
-      ignore(key, "dtorch does not implement it");
-    }
-  }
-
-  // A warning that `key` is ignored, and why.
-  void ignore(const std::string& key, const std::string& why) const {
-    warnings_->push_back(str(file_, ": ", name(key), " is ignored: ", why));
-  }
-
-  // The value of `key`; nullptr when absent, null, or "auto" (Hugging Face's placeholder).
-  const json* get(const std::string& key) const {
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null() || (it->is_string() && *it == "auto")) return nullptr;
-    return &*it;
-  }
-
-  std::optional<int64_t> integer(const std::string& key, int64_t lo, int64_t hi) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    const double d = v->is_number() ? v->get<double>() : 0.5;
-    const bool whole = v->is_number_integer() || (v->is_number_float() && std::floor(d) == d);
-    const int64_t got = !whole                   ? 0
-                        : v->is_number_integer() ? v->get<int64_t>()
-                                                 : static_cast<int64_t>(d);
-    DTORCH_CHECK_T(ConfigError, whole && got >= lo && got <= hi, file_, ": ", name(key),
-                   " must be a whole number ", range(lo, hi), " (got ", v->dump(), ")");
-    return got;
-  }
-
-  // A number in [lo, hi] (above lo when open_low).
-  std::optional<double> number(const std::string& key, double lo, double hi,
-                               bool open_low = false) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    const double got = v->is_number() ? v->get<double>() : 0;
-    DTORCH_CHECK_T(ConfigError, v->is_number() && (open_low ? got > lo : got >= lo) && got <= hi,
-                   file_, ": ", name(key), " must be a number ",
-                   open_low && lo == 0 ? "above 0" : range(lo, hi), " (got ", v->dump(), ")");
-    return got;
-  }
-
-  std::optional<bool> boolean(const std::string& key) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    DTORCH_CHECK_T(ConfigError, v->is_boolean(), file_, ": ", name(key),
-                   " must be true or false (got ", v->dump(), ")");
-    return v->get<bool>();
-  }
-
-  std::optional<std::string> text(const std::string& key) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    DTORCH_CHECK_T(ConfigError, v->is_string(), file_, ": ", name(key), " must be a string (got ",
-                   v->dump(), ")");
-    return v->get<std::string>();
-  }
-
-  // A string among `choices` (compared in lower case when `any_case`, as DeepSpeed compares
-  // optimizer and scheduler names); returned as the choice is spelled.
-  std::optional<std::string> choice(const std::string& key, const Keys& choices,
-                                    bool any_case = false) const {
-    const auto got = text(key);
-    if (!got) return std::nullopt;
-    for (const auto& c : choices)
-      if (*got == c || (any_case && lowercase(*got) == lowercase(c))) return c;
-    std::string list;
-    for (const auto& c : choices)
-      list += (list.empty() ? "" : ", ") + c;
-    DTORCH_FAIL(ConfigError, file_, ": ", name(key), " '", *got, "' is not one of ", list,
-                "; did you mean '", nearest(*got, choices), "'?");
-  }
-
-  std::optional<Section> section(const std::string& key) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    return Section(*v, name(key), file_, warnings_);
-  }
-
-  // An empty object standing for an absent `key`, so that its defaults read the same way.
-  Section empty_section(const std::string& key) const {
-    static const json empty = json::object();
-    return Section(empty, name(key), file_, warnings_);
-  }
-
-  bool has(const std::string& key) const { return get(key) != nullptr; }
-  const json& value() const { return j_; }
-  std::string name(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
-  const std::string& file() const { return file_; }
-
- private:
-  std::string where() const { return path_.empty() ? "the top level" : path_; }
-  static std::string range(double lo, double hi) {
-    if (hi >= static_cast<double>(std::numeric_limits<int64_t>::max())) return str(">= ", lo);
-    return str("from ", lo, " to ", hi);
-  }
-
-  const json& j_;
-  std::string path_;
-  const std::string& file_;
-  std::vector<std::string>* warnings_;
-};
+using json_config::Keys;
+using json_config::nearest;
+using json_config::Section;
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 constexpr double kHuge = static_cast<double>(kMax);
-
-// Line and column (1-based) of byte offset `at` in `text`.
-std::pair<int, int> line_column(const std::string& text, size_t at) {
-  int line = 1, column = 1;
-  for (size_t i = 0; i < at && i < text.size(); ++i) {
-    if (text[i] == '\n') {
-      ++line;
-      column = 1;
-    } else {
-      ++column;
-    }
-  }
-  return {line, column};
-}
-
-// The JSON of the file; syntax errors and duplicate keys name their line and column, and a
-// comma before '}' or ']' (which JSON forbids, and the LUMI tutorial's example has) says so.
-json parse_json(const std::string& text, const std::string& name) {
-  std::vector<std::vector<std::string>> open;  // the keys seen in each open object
-  std::optional<std::string> duplicate;
-  auto check = [&](int, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) open.emplace_back();
-    if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
-    if (event == json::parse_event_t::key && !open.empty() && !duplicate) {
-      const std::string key = parsed.get<std::string>();
-      auto& seen = open.back();
-      if (std::find(seen.begin(), seen.end(), key) != seen.end()) duplicate = key;
-      seen.push_back(key);
-    }
-    return true;
-  };
-  try {
-    json j = json::parse(text, check);
-    DTORCH_CHECK_T(ConfigError, !duplicate, name, ": the key '", duplicate.value_or(""),
-                   "' appears twice in one object (DeepSpeed rejects duplicate keys too); keep "
-                   "one");
-    return j;
-  } catch (const json::parse_error& e) {
-    const size_t at = e.byte > 0 ? e.byte - 1 : 0;
-    auto [line, column] = line_column(text, at);
-    std::string what = e.what();
-    if (auto colon = what.find(": "); colon != std::string::npos) what = what.substr(colon + 2);
-    std::string hint;
-    size_t back = std::min(at, text.size());
-    while (back > 0 && std::isspace(static_cast<unsigned char>(text[back - 1])))
-      --back;
-    const size_t next = text.find_first_not_of(" \t\r\n", at);
-    if (back > 0 && text[back - 1] == ',' && next != std::string::npos &&
-        (text[next] == '}' || text[next] == ']')) {
-      auto [comma_line, comma_column] = line_column(text, back - 1);
-      hint = str("; JSON allows no comma before '", text[next], "': remove the ',' at line ",
-                 comma_line, ", column ", comma_column);
-    }
-    DTORCH_FAIL(ConfigError, name, ":", line, ":", column, ": not valid JSON (", what, ")", hint);
-  }
-}
 
 // DeepSpeed's top-level keys that dtorch does not implement.
 const Keys kIgnoredTop = {"prescale_gradients",
@@ -545,7 +323,7 @@ void read_scheduler(const Section& top, DeepSpeedSettings& s) {
 }  // namespace
 
 DeepSpeedSettings parse_deepspeed_config(const std::string& text, const std::string& name) {
-  const json j = parse_json(text, name);
+  const json j = json_config::parse(text, name);
   DeepSpeedSettings s;
   Section top(j, "", name, &s.warnings);
   top.keys({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",

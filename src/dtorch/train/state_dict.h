@@ -64,9 +64,8 @@ void save_state_dict(const torch::nn::Module& module, const std::string& path,
 /// unreadable files and on key or shape mismatches.
 void load_state_dict(torch::nn::Module& module, const std::string& path);
 
-/// Writes `bytes` to `path` atomically (temporary file in the same directory, fsync, rename,
-/// fsync of the directory). On failure the temporary is removed, whatever was at `path`
-/// before is untouched, and CheckpointError says why.
+/// Writes `bytes` to `path` atomically (core/atomic_file.h); CheckpointError says why when it
+/// cannot, and whatever was at `path` before is untouched.
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
 /// The whole file; throws CheckpointError naming it when it cannot be read.
 std::vector<char> read_file(const std::string& path);

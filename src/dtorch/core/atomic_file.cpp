@@ -1,0 +1,77 @@
+// write_file_atomically (atomic_file.h): temporary file, fsync, rename, fsync of the directory.
+#include "dtorch/core/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch {
+namespace {
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+// Writes all of `n` bytes to fd, retrying short writes and EINTR.
+bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::string> write_file_atomically(const std::string& path, const char* data,
+                                                 size_t n) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string tmp = str(path, ".", ::getpid(), ".tmp");
+  const std::string hint = "; the previous file at that path, if any, is untouched";
+
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return str("cannot create ", tmp, ": ", errno_text(),
+               " (does the directory exist and is it writable?)", hint);
+  }
+  bool ok = write_all(fd, data, n);
+  std::string why = ok ? "" : "write: " + errno_text();
+  // fsync before rename: otherwise a power loss can leave the new name on an empty file.
+  if (ok && ::fsync(fd) != 0) {
+    ok = false;
+    why = "fsync: " + errno_text();
+  }
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    why = "close: " + errno_text();
+  }
+  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ok = false;
+    why = "rename to " + path + ": " + errno_text();
+  }
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    return str("cannot write ", path, ": ", why, " (disk full or not writable?)", hint);
+  }
+  // fsync the directory so the rename itself survives a crash.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return std::nullopt;
+}
+
+}  // namespace dtorch

@@ -1,0 +1,20 @@
+// Files replaced whole or not at all: every file dtorch writes for keeps (checkpoints, model
+// files, pictures) goes through here, so a crash or a full disk mid-write never destroys the
+// previous good file.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace dtorch {
+
+/// Writes `n` bytes at `data` to `path` atomically: a temporary file in the same directory
+/// (named with this process's id, so two writers of one path never share it), fsync, rename,
+/// fsync of the directory. Returns nothing on success; on failure the temporary is removed,
+/// whatever was at `path` is untouched, and the result says what failed ("cannot write
+/// PATH: ... (disk full or not writable?)"), for the caller to throw as its kind of error.
+std::optional<std::string> write_file_atomically(const std::string& path, const char* data,
+                                                 size_t n);
+
+}  // namespace dtorch
