@@ -33,6 +33,10 @@ class StageUnion : public Model {
   bool takes_tokens() const override { return stages_.front()->takes_tokens(); }
   int64_t max_sequence_length() const override { return stages_.front()->max_sequence_length(); }
   std::vector<std::string> unit_names() const override { return stages_.front()->unit_names(); }
+  /// The stages are parts of one model: they share its Python aliases.
+  std::vector<PythonAlias> python_aliases() const override {
+    return stages_.front()->python_aliases();
+  }
   /// Every stage's blocks, in stage order (sequence parallelism finds them by name).
   std::vector<std::string> block_names() const override;
   const std::vector<std::shared_ptr<Model>>& stages() const { return stages_; }
