@@ -74,8 +74,9 @@ void add_train_command(CLI::App& app, int& exit_code) {
                   "vit-debug | gpt-small | gpt-debug")
       ->capture_default_str();
   cmd->add_option("--data", c.data,
-                  "fashion-mnist | mnist (images), text | text:PATH (byte tokens, for gpt-*; "
-                  "default corpus: Debian's fortunes)")
+                  "fashion-mnist | mnist (IDX images), cifar10:DIR (CIFAR-10's binary files), "
+                  "imagefolder:DIR (DIR/<class>/*.jpg|png, or DIR/train and DIR/val so), text "
+                  "| text:PATH (byte tokens, for gpt-*; default corpus: Debian's fortunes)")
       ->capture_default_str();
   cmd->add_option("--tp", c.tp,
                   "tensor-parallel ranks per model replica (gpt-*, vit-*): consecutive ranks "
@@ -112,6 +113,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
       "--data-dir", c.data_dir,
       std::string("folder with the IDX files (default ") + data::kDefaultMnistDir + ")");
   add_strategy_options(cmd, c.strategy);
+  add_loader_options(cmd, c.loader);
   cmd->add_option("--epochs", c.epochs)->capture_default_str();
   cmd->add_option("--batch-size", c.batch_size, "samples per rank per step")->capture_default_str();
   cmd->add_option("--lr-schedule", c.lr_schedule.kind,

@@ -10,7 +10,8 @@
 
 namespace dtorch::train {
 struct StrategyConfig;
-}
+struct LoaderConfig;
+}  // namespace dtorch::train
 
 namespace dtorch::tools {
 
@@ -25,12 +26,17 @@ void add_launch_command(CLI::App& app, int& exit_code);
 /// --find-unused-parameters, --grad-compression) as one option group of `cmd` writing into `s`,
 /// whose values when called are the defaults shown (strategy_options.cpp).
 void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s);
+/// The data loader's flags (--data-workers, --image-size, --augment, --bad-images) as one
+/// option group of `cmd` writing into `l` (loader_options.cpp).
+void add_loader_options(CLI::App* cmd, train::LoaderConfig& l);
 /// `dtorch train ...` (cmd_train.cpp)
 void add_train_command(CLI::App& app, int& exit_code);
 /// `dtorch bench ddp ...` (cmd_bench.cpp)
 void add_bench_command(CLI::App& app, int& exit_code);
 /// `dtorch bench memory ...` (cmd_bench_memory.cpp), under `bench`.
 void add_bench_memory_command(CLI::App& bench, int& exit_code);
+/// `dtorch bench data ...` (cmd_bench_data.cpp), under `bench`.
+void add_bench_data_command(CLI::App& bench, int& exit_code);
 /// How `dtorch train` or `dtorch bench ...` starts its own workers (self_launch.cpp).
 struct SelfLaunch {
   int nproc_per_node = 1;

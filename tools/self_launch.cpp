@@ -19,15 +19,20 @@ bool started_by_a_launcher() {
   return env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
 }
 
+// Whether self_launch starts workers rather than running as a rank itself.
+bool launches_workers(const SelfLaunch& how) {
+  return how.nproc_per_node > 1 && !started_by_a_launcher();
+}
+
 }  // namespace
 
 int job_world_size(const SelfLaunch& how) {
-  if (how.nproc_per_node > 1 && !started_by_a_launcher()) return how.nproc_per_node;
+  if (launches_workers(how)) return how.nproc_per_node;
   return launch::rank_info_from_env().world_size;
 }
 
 bool reports_for_the_job(const SelfLaunch& how) {
-  if (how.nproc_per_node > 1 && !started_by_a_launcher()) return false;  // its workers will
+  if (launches_workers(how)) return false;  // its workers will
   return launch::rank_info_from_env().rank == 0;
 }
 

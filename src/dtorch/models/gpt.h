@@ -101,7 +101,9 @@ class GPT : public Model {
   bool takes_tokens() const override { return true; }
   int64_t max_sequence_length() const override { return config_.block_size; }
   /// nanoGPT's lm_head.weight, the tied transformer.wte.weight (Note [Tied embedding]).
-  std::vector<PythonAlias> python_aliases() const override {
+  std::vector<PythonAlias> python_aliases() const override { return tied_aliases(); }
+  /// What python_aliases() answers, for every GPT whatever its size.
+  static std::vector<PythonAlias> tied_aliases() {
     return {{"lm_head.weight", "transformer.wte.weight"}};
   }
   const GPTConfig& config() const { return config_; }

@@ -8,13 +8,16 @@ namespace dtorch::models {
 
 namespace F = torch::nn::functional;
 
-MnistCnn::MnistCnn() {
-  conv1_ =
-      register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3).stride(1)));
+MnistCnn::MnistCnn(const ImageInput& in) {
+  DTORCH_CHECK_T(ConfigError, in.size >= 6, "mnist-cnn needs images of at least 6x6 pixels (",
+                 "got ", in.size, "): raise --image-size");
+  const int64_t pooled = (in.size - 4) / 2;
+  conv1_ = register_module(
+      "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(in.channels, 32, 3).stride(1)));
   conv2_ =
       register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).stride(1)));
-  fc1_ = register_module("fc1", torch::nn::Linear(9216, 128));
-  fc2_ = register_module("fc2", torch::nn::Linear(128, 10));
+  fc1_ = register_module("fc1", torch::nn::Linear(64 * pooled * pooled, 128));
+  fc2_ = register_module("fc2", torch::nn::Linear(128, in.classes));
 }
 
 torch::Tensor MnistCnn::forward(torch::Tensor x) {
@@ -24,10 +27,10 @@ torch::Tensor MnistCnn::forward(torch::Tensor x) {
   return fc2_->forward(torch::relu(fc1_->forward(x)));
 }
 
-MnistMlp::MnistMlp() {
-  fc1_ = register_module("fc1", torch::nn::Linear(784, 256));
+MnistMlp::MnistMlp(const ImageInput& in) {
+  fc1_ = register_module("fc1", torch::nn::Linear(in.channels * in.size * in.size, 256));
   fc2_ = register_module("fc2", torch::nn::Linear(256, 256));
-  fc3_ = register_module("fc3", torch::nn::Linear(256, 10));
+  fc3_ = register_module("fc3", torch::nn::Linear(256, in.classes));
 }
 
 torch::Tensor MnistMlp::forward(torch::Tensor x) {

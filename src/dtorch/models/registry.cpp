@@ -16,40 +16,71 @@
 namespace dtorch::models {
 namespace {
 
-using Factory = std::function<std::shared_ptr<Model>(UnitRange)>;
+using Factory = std::function<std::shared_ptr<Model>(UnitRange, const ImageInput&)>;
+
+/// A registered model: how to build (part of) it, and the Python aliases of its state dict,
+/// known without building it (a unit of gpt-small is tens of megabytes).
+struct Entry {
+  Factory make;
+  std::vector<PythonAlias> (*aliases)() = [] { return std::vector<PythonAlias>{}; };
+};
 
 /// Models of one unit: a pipeline cannot split them.
 template <class M>
-std::shared_ptr<Model> whole_only(const char* name, UnitRange u) {
+std::shared_ptr<Model> whole_only(const char* name, UnitRange u, const ImageInput& in) {
   DTORCH_CHECK_T(ConfigError, u.begin == 0 && (u.end == -1 || u.end == 1), name,
                  " is one pipeline unit and cannot be split into stages: use --pp 1, or a ",
                  "model with blocks (gpt-*, resnet*, vit-*)");
-  return std::make_shared<M>();
+  return std::make_shared<M>(in);
 }
 
-const std::map<std::string, Factory>& table() {
-  static const std::map<std::string, Factory> t = {
-      {"mnist-cnn", [](UnitRange u) { return whole_only<MnistCnn>("mnist-cnn", u); }},
-      {"mnist-mlp", [](UnitRange u) { return whole_only<MnistMlp>("mnist-mlp", u); }},
-      {"resnet18",
-       [](UnitRange u) { return std::make_shared<ResNet>(ResNetConfig::resnet18(), u); }},
-      {"resnet50",
-       [](UnitRange u) { return std::make_shared<ResNet>(ResNetConfig::resnet50(), u); }},
-      {"resnet-debug",
-       [](UnitRange u) { return std::make_shared<ResNet>(ResNetConfig::debug(), u); }},
-      {"vit-tiny",
-       [](UnitRange u) { return std::make_shared<VisionTransformer>(ViTConfig::tiny(), u); }},
-      {"vit-debug",
-       [](UnitRange u) { return std::make_shared<VisionTransformer>(ViTConfig::debug(), u); }},
-      {"gpt-small", [](UnitRange u) { return std::make_shared<GPT>(GPTConfig::small(), u); }},
-      {"gpt-debug", [](UnitRange u) { return std::make_shared<GPT>(GPTConfig::debug(), u); }},
+ResNetConfig resnet_for(ResNetConfig c, const ImageInput& in) {
+  c.in_channels = in.channels;
+  c.num_classes = in.classes;
+  return c;
+}
+
+ViTConfig vit_for(ViTConfig c, const ImageInput& in) {
+  c.in_channels = in.channels;
+  c.image_size = in.size;
+  c.num_classes = in.classes;
+  return c;
+}
+
+const std::map<std::string, Entry>& table() {
+  static const std::map<std::string, Entry> t = {
+      {"mnist-cnn", {[](UnitRange u, const ImageInput& in) {
+         return whole_only<MnistCnn>("mnist-cnn", u, in);
+       }}},
+      {"mnist-mlp", {[](UnitRange u, const ImageInput& in) {
+         return whole_only<MnistMlp>("mnist-mlp", u, in);
+       }}},
+      {"resnet18", {[](UnitRange u, const ImageInput& in) {
+         return std::make_shared<ResNet>(resnet_for(ResNetConfig::resnet18(), in), u);
+       }}},
+      {"resnet50", {[](UnitRange u, const ImageInput& in) {
+         return std::make_shared<ResNet>(resnet_for(ResNetConfig::resnet50(), in), u);
+       }}},
+      {"resnet-debug", {[](UnitRange u, const ImageInput& in) {
+         return std::make_shared<ResNet>(resnet_for(ResNetConfig::debug(), in), u);
+       }}},
+      {"vit-tiny", {[](UnitRange u, const ImageInput& in) {
+         return std::make_shared<VisionTransformer>(vit_for(ViTConfig::tiny(), in), u);
+       }}},
+      {"vit-debug", {[](UnitRange u, const ImageInput& in) {
+         return std::make_shared<VisionTransformer>(vit_for(ViTConfig::debug(), in), u);
+       }}},
+      {"gpt-small",
+       {[](UnitRange u, const ImageInput&) { return std::make_shared<GPT>(GPTConfig::small(), u); },
+        &GPT::tied_aliases}},
+      {"gpt-debug",
+       {[](UnitRange u, const ImageInput&) { return std::make_shared<GPT>(GPTConfig::debug(), u); },
+        &GPT::tied_aliases}},
   };
   return t;
 }
 
-}  // namespace
-
-std::shared_ptr<Model> make_model(const std::string& name, UnitRange units) {
+const Entry& entry(const std::string& name) {
   auto it = table().find(name);
   if (it == table().end()) {
     std::string known;
@@ -58,7 +89,18 @@ std::shared_ptr<Model> make_model(const std::string& name, UnitRange units) {
     DTORCH_FAIL(ConfigError, "unknown model '", name, "': choose one of ", known,
                 " (--model NAME)");
   }
-  return it->second(units);
+  return it->second;
+}
+
+}  // namespace
+
+std::shared_ptr<Model> make_model(const std::string& name, UnitRange units,
+                                  const ImageInput& input) {
+  DTORCH_CHECK_T(ConfigError, input.channels >= 1 && input.size >= 1 && input.classes >= 2,
+                 "an image model needs at least 1 channel, 1 pixel and 2 classes (got ",
+                 input.channels, " channel(s), ", input.size, "x", input.size, " pixels, ",
+                 input.classes, " class(es))");
+  return entry(name).make(units, input);
 }
 
 namespace {
@@ -66,23 +108,22 @@ namespace {
 /// Builds the units of `name` one at a time (the largest allocation is one unit, never the
 /// model) and calls f(unit index, unit) on each, leaving the global generator as it was.
 template <class F>
-void for_each_unit(const std::string& name, F&& f) {
+void for_each_unit(const std::string& name, const ImageInput& input, F&& f) {
   GeneratorStateGuard keep;
-  const int n = make_model(name, {0, 1})->num_units();
+  const int n = make_model(name, {0, 1}, input)->num_units();
   for (int i = 0; i < n; ++i)
-    f(i, *make_model(name, {i, i + 1}));
+    f(i, *make_model(name, {i, i + 1}, input));
 }
 
 }  // namespace
 
 std::vector<PythonAlias> python_aliases(const std::string& name) {
-  GeneratorStateGuard keep;
-  return make_model(name, {0, 1})->python_aliases();
+  return entry(name).aliases();
 }
 
-std::vector<UnitSize> model_units(const std::string& name) {
+std::vector<UnitSize> model_units(const std::string& name, const ImageInput& input) {
   std::vector<UnitSize> sizes;
-  for_each_unit(name, [&](int i, Model& unit) {
+  for_each_unit(name, input, [&](int i, Model& unit) {
     int64_t count = 0;
     for (const auto& p : unit.parameters())
       count += p.numel();
@@ -91,10 +132,10 @@ std::vector<UnitSize> model_units(const std::string& name) {
   return sizes;
 }
 
-int64_t model_parameters(const std::string& name) {
+int64_t model_parameters(const std::string& name, const ImageInput& input) {
   std::set<std::string> seen;
   int64_t count = 0;
-  for_each_unit(name, [&](int, Model& unit) {
+  for_each_unit(name, input, [&](int, Model& unit) {
     for (const auto& kv : unit.named_parameters())
       if (seen.insert(kv.key()).second) count += kv.value().numel();
   });

@@ -13,9 +13,10 @@ namespace dtorch::models {
 
 /// A freshly initialised model (initialised from the global torch generator, so seed it
 /// first for reproducible weights), or with `units` only those of its pipeline units (Note
-/// [Pipeline units]). Throws ConfigError listing the known names when `name` is not one of
-/// them.
-std::shared_ptr<Model> make_model(const std::string& name, UnitRange units = {});
+/// [Pipeline units]); an image model is built for `input` (channels, side, classes).
+/// Throws ConfigError listing the known names when `name` is not one of them.
+std::shared_ptr<Model> make_model(const std::string& name, UnitRange units = {},
+                                  const ImageInput& input = {});
 
 /// A pipeline unit's name and parameter count (a GPT head counts its copy of the tied
 /// embedding).
@@ -25,14 +26,13 @@ struct UnitSize {
 };
 /// Parameters of the whole model `name`, each counted once (a GPT's tied embedding once),
 /// counted unit by unit as model_units does.
-int64_t model_parameters(const std::string& name);
+int64_t model_parameters(const std::string& name, const ImageInput& input = {});
 
 /// The units of model `name` with their sizes, built one at a time (the whole model is
 /// never allocated). Leaves the global generator as it was.
-std::vector<UnitSize> model_units(const std::string& name);
+std::vector<UnitSize> model_units(const std::string& name, const ImageInput& input = {});
 
-/// The python_aliases() of model `name` (asked of its first unit, built for the purpose;
-/// leaves the global generator as it was).
+/// The python_aliases() of model `name`, without building it.
 std::vector<PythonAlias> python_aliases(const std::string& name);
 
 /// Every name make_model accepts, sorted.

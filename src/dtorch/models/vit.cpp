@@ -64,7 +64,10 @@ torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
 
 VisionTransformer::VisionTransformer(const ViTConfig& c, UnitRange units) : config_(c) {
   DTORCH_CHECK_T(ConfigError, c.patch_size > 0 && c.image_size % c.patch_size == 0,
-                 "ViT patch size ", c.patch_size, " must divide the image size ", c.image_size);
+                 "ViT patch size ", c.patch_size, " must divide the image size ", c.image_size,
+                 ": use --image-size ",
+                 c.patch_size * std::max<int64_t>(1, c.image_size / c.patch_size),
+                 " (a multiple of ", c.patch_size, ")");
   DTORCH_CHECK_T(ConfigError, c.num_heads > 0 && c.hidden_dim % c.num_heads == 0, "ViT hidden_dim ",
                  c.hidden_dim, " must be a multiple of num_heads ", c.num_heads);
   set_units(units);

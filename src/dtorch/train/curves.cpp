@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <sstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/train/metrics.h"
 
 namespace dtorch::train {
 namespace {
@@ -111,16 +113,9 @@ void draw_line_panel(Picture& p, const LinePanel& panel, double left, double top
   }
 }
 
-// The phases a step is timed in, in the order it runs them, with their colours.
-struct Phase {
-  const char* name;
-  const char* fill;
-};
-constexpr Phase kPhases[] = {{"data", "#bdbdbd"},
-                             {"forward", "#6baed6"},
-                             {"backward", "#fd8d3c"},
-                             {"forward_backward", "#9e9ac8"},
-                             {"step", "#74c476"}};
+// Each step phase's colour, in the order of kStepPhases.
+constexpr const char* kPhaseFills[] = {"#bdbdbd", "#6baed6", "#fd8d3c", "#9e9ac8", "#74c476"};
+static_assert(std::size(kPhaseFills) == std::size(kStepPhases), "one colour per step phase");
 
 // The height of the phase panel for `runs` bars.
 double phase_panel_height(size_t runs) {
@@ -150,22 +145,23 @@ void draw_phase_panel(Picture& p, const std::vector<RunCurves>& runs, double lef
   for (size_t i = 0; i < runs.size(); ++i) {
     const double y = top + 8 + 30 * static_cast<double>(i);
     double x = left;
-    for (const Phase& phase : kPhases) {
-      auto it = runs[i].phase_ms.find(phase.name);
+    for (size_t k = 0; k < std::size(kStepPhases); ++k) {
+      auto it = runs[i].phase_ms.find(kStepPhases[k]);
       if (it == runs[i].phase_ms.end()) continue;
-      p.box(x, y, it->second * scale, 22, Color::hex(phase.fill), kInk);
+      p.box(x, y, it->second * scale, 22, Color::hex(kPhaseFills[k]), kInk);
       x += it->second * scale;
     }
     p.box(left - 12, y + 7, 8, 8, run_color(i));
   }
   double x = left;
-  for (const Phase& phase : kPhases) {
+  for (size_t k = 0; k < std::size(kStepPhases); ++k) {
+    const char* phase = kStepPhases[k];
     const bool recorded = std::any_of(runs.begin(), runs.end(),
-                                      [&](const auto& r) { return r.phase_ms.count(phase.name); });
+                                      [&](const auto& r) { return r.phase_ms.count(phase); });
     if (!recorded) continue;
-    p.box(x, top + height - 10, 8, 8, Color::hex(phase.fill));
-    p.text(x + 11, top + height - 2, phase.name, 10, kInk);
-    x += Picture::text_width(std::string(phase.name).size(), 10) + 24;
+    p.box(x, top + height - 10, 8, 8, Color::hex(kPhaseFills[k]));
+    p.text(x + 11, top + height - 2, phase, 10, kInk);
+    x += Picture::text_width(std::string(phase).size(), 10) + 24;
   }
 }
 

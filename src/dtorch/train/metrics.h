@@ -24,6 +24,11 @@ struct EpochRecord {
   std::map<std::string, double> phase_ms;
 };
 
+/// The phases a step is timed in (--phase-times), in the order a step runs them; a pipeline
+/// times "forward_backward" where the others time "forward" and "backward".
+inline constexpr const char* kStepPhases[] = {"data", "forward", "backward", "forward_backward",
+                                              "step"};
+
 /// The record as one line of JSON (no newline):
 /// {"kind":"epoch","epoch":..,"step":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
 ///  "samples_per_s":..,"seconds":..,"lr":..[,"<phase>_ms":..]}. Non-finite numbers become null.

@@ -59,8 +59,8 @@ std::vector<SavedStage> read_pipeline_layout(const std::string& out) {
 }
 
 std::optional<LoadedCheckpoint> load_from_stages(
-    const std::vector<SavedStage>& saved, const std::string& model_name, models::Model& model,
-    torch::optim::Optimizer& opt,
+    const std::vector<SavedStage>& saved, const std::string& model_name,
+    const models::ImageInput& input, models::Model& model, torch::optim::Optimizer& opt,
     const std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>&
         make_optimizer) {
   const models::UnitRange mine = model.units();
@@ -83,7 +83,7 @@ std::optional<LoadedCheckpoint> load_from_stages(
                      "or start a new --out");
       continue;
     }
-    auto stage = models::make_model(model_name, s.units);
+    auto stage = models::make_model(model_name, s.units, input);
     auto stage_opt = make_optimizer(stage->parameters());
     auto loaded = load_latest_checkpoint(s.folder, *stage, stage_opt.get());
     DTORCH_CHECK_T(CheckpointError, !result || loaded->data.epoch == result->data.epoch,

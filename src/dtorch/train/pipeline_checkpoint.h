@@ -56,8 +56,8 @@ std::vector<SavedStage> read_pipeline_layout(const std::string& out);
 /// nullopt when no stage folder has a checkpoint; CheckpointError when they disagree on the
 /// epoch or leave a parameter of `model` unfilled.
 std::optional<LoadedCheckpoint> load_from_stages(
-    const std::vector<SavedStage>& saved, const std::string& model_name, models::Model& model,
-    torch::optim::Optimizer& opt,
+    const std::vector<SavedStage>& saved, const std::string& model_name,
+    const models::ImageInput& input, models::Model& model, torch::optim::Optimizer& opt,
     const std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>&
         make_optimizer);
 

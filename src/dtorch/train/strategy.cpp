@@ -166,9 +166,9 @@ class DdpStrategy : public Strategy {
     if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
     auto load = [&](models::Model& m, torch::optim::Optimizer& o) {
       if (saved.empty()) return load_latest_checkpoint(dir, m, &o);
-      return load_from_stages(saved, c_.model, m, o, [this](std::vector<torch::Tensor> p) {
-        return make_optimizer(c_, std::move(p));
-      });
+      return load_from_stages(
+          saved, c_.model, c_.input, m, o,
+          [this](std::vector<torch::Tensor> p) { return make_optimizer(c_, std::move(p)); });
     };
     if (!tp_.handle) return load(*model_, *opt_);
     // Note [Tensor-parallel checkpoints]: into the unsplit model, then keep this rank's shards.
@@ -455,7 +455,7 @@ void validate(const StrategyConfig& c) {
 
 Layout apply_tensor_parallel(models::Model& model, const std::string& model_name,
                              const std::shared_ptr<comm::Communicator>& world, int tp,
-                             bool sequence_parallel) {
+                             bool sequence_parallel, const models::ImageInput& input) {
   Layout out;
   out.dp = world;
   out.plan = parallel::plan_mesh({0, 1}, world->size(), world->info().local_world_size);
@@ -464,7 +464,9 @@ Layout apply_tensor_parallel(models::Model& model, const std::string& model_name
   out.dp = mesh.dp;
   out.plan = mesh.plan;
   out.tp.handle = tp::parallelize(model, mesh.tp, tp::plan_for(model, tp), {sequence_parallel});
-  out.tp.make_full_model = [model_name] { return models::make_model(model_name); };
+  out.tp.make_full_model = [model_name, input] {
+    return models::make_model(model_name, {}, input);
+  };
   return out;
 }
 
@@ -474,12 +476,13 @@ namespace {
 // generator state (Note [Unit seeds]; the last leaves it as building one stage does), merged
 // into a models::StageUnion when there are several.
 std::shared_ptr<models::Model> build_stages(const std::string& model_name,
-                                            const PipelineParallelism& pp) {
+                                            const PipelineParallelism& pp,
+                                            const models::ImageInput& input) {
   std::vector<std::shared_ptr<models::Model>> built;
   for (size_t k = 0; k < pp.stages.size(); ++k) {
     std::optional<models::GeneratorStateGuard> keep;
     if (k + 1 < pp.stages.size()) keep.emplace();
-    built.push_back(models::make_model(model_name, pp.plan.stages[pp.stages[k]]));
+    built.push_back(models::make_model(model_name, pp.plan.stages[pp.stages[k]], input));
   }
   if (built.size() == 1) return built.front();
   return std::make_shared<models::StageUnion>(built);
@@ -489,14 +492,15 @@ std::shared_ptr<models::Model> build_stages(const std::string& model_name,
 
 Layout apply_pipeline(const std::string& model_name,
                       const std::shared_ptr<comm::Communicator>& world, const PipelineConfig& c,
-                      int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model) {
+                      int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model,
+                      const models::ImageInput& input) {
   Layout out;
   parallel::Mesh mesh = parallel::make_mesh(world, {0, tp, c.pp});
   out.dp = mesh.dp;
   out.plan = mesh.plan;
   std::vector<std::string> names;
   std::vector<int64_t> sizes;
-  for (const auto& u : models::model_units(model_name)) {
+  for (const auto& u : models::model_units(model_name, input)) {
     names.push_back(u.name);
     sizes.push_back(u.parameters);
   }
@@ -505,14 +509,16 @@ Layout apply_pipeline(const std::string& model_name,
                                 : pp::split_stages_at(c.split, names, sizes, c.pp * v);
   for (int k = 0; k < v; ++k)
     out.pp.stages.push_back(mesh.pp->rank() + k * c.pp);
-  *model = build_stages(model_name, out.pp);
+  *model = build_stages(model_name, out.pp, input);
   auto* merged = dynamic_cast<models::StageUnion*>(model->get());
   std::vector<std::shared_ptr<models::Model>> built =
       merged ? merged->stages() : std::vector<std::shared_ptr<models::Model>>{*model};
   if (tp > 1) {
     out.tp.handle =
         tp::parallelize(**model, mesh.tp, tp::plan_for(**model, tp), {sequence_parallel});
-    out.tp.make_full_model = [model_name, pp = out.pp] { return build_stages(model_name, pp); };
+    out.tp.make_full_model = [model_name, pp = out.pp, input] {
+      return build_stages(model_name, pp, input);
+    };
   }
   const int microbatches = c.microbatches > 0 ? c.microbatches : 2 * c.pp;
   out.pp.pipeline = std::make_shared<pp::Pipeline>(

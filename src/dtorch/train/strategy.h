@@ -38,6 +38,7 @@ struct StrategyConfig {
   double eps = 1e-8;                      ///< adam, adamw: added to the denominator
   int64_t min_unit_params = 0;            ///< zero3 wrap policy (0: one unit per block)
   std::string model;                      ///< the model's registry name (to rebuild saved stages)
+  models::ImageInput input;               ///< what an image model was built for (the same)
   ddp::Options ddp;                       ///< bucket_cap_mb also sizes the zero1/zero2 units
 };
 
@@ -120,7 +121,7 @@ struct PipelineConfig {
 /// tp 1: `world` itself, nothing split. Collective over `world`.
 Layout apply_tensor_parallel(models::Model& model, const std::string& model_name,
                              const std::shared_ptr<comm::Communicator>& world, int tp,
-                             bool sequence_parallel);
+                             bool sequence_parallel, const models::ImageInput& input = {});
 
 /// With pp > 1: lays out a dp x tp x pp mesh over `world`, builds this rank's stage of model
 /// `model_name` only (the whole model is never allocated; its weights are those units' in
@@ -130,7 +131,8 @@ Layout apply_tensor_parallel(models::Model& model, const std::string& model_name
 /// over `world`.
 Layout apply_pipeline(const std::string& model_name,
                       const std::shared_ptr<comm::Communicator>& world, const PipelineConfig& c,
-                      int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model);
+                      int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model,
+                      const models::ImageInput& input = {});
 
 /// Applies the configured strategy to `model` (which must be freshly built from the same
 /// seed on every rank; rank 0's weights win) over `comm`, the data-parallel group; with

@@ -15,9 +15,8 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
-#include "dtorch/data/mnist_dataset.h"
+#include "dtorch/data/prefetch.h"
 #include "dtorch/data/sampler.h"
-#include "dtorch/data/text_dataset.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/autocast.h"
@@ -28,6 +27,7 @@
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
 #include "dtorch/train/tensorboard.h"
+#include "dtorch/train/train_data.h"
 
 namespace dtorch::train {
 namespace {
@@ -74,13 +74,9 @@ class PhaseTimes {
 std::string describe_phases(const std::map<std::string, double>& ms) {
   std::ostringstream os;
   os.precision(3);
-  for (const char* phase : {"data", "forward", "backward", "forward_backward", "step"})
+  for (const char* phase : kStepPhases)
     if (auto it = ms.find(phase); it != ms.end()) os << ", " << phase << " " << it->second << " ms";
   return os.str();
-}
-
-bool is_text(const std::string& data) {
-  return data == "text" || data.rfind("text:", 0) == 0;
 }
 
 // The learning-rate schedule of a run: the configuration, the peak rate and the run's length
@@ -120,41 +116,33 @@ std::optional<Schedule> schedule_of(const std::string& metadata_json, const std:
   }
 }
 
-std::string config_json(const TrainConfig& c, int world, const Schedule& schedule) {
-  nlohmann::json j = {{"model", c.model},
-                      {"data", c.data},
-                      {"batch_size", c.batch_size},
-                      {"lr", c.strategy.lr},
-                      {"optimizer", c.strategy.optimizer},
-                      {"strategy", c.strategy.kind},
-                      {"precision", c.strategy.precision},
-                      {"seed", c.seed},
-                      {"world_size", world},
-                      {"tp", c.tp},
-                      {"sequence_parallel", c.sequence_parallel},
-                      {"pp", c.pp},
-                      {"schedule", c.schedule},
-                      {"lr_schedule", schedule.to_json()}};
+std::string config_json(const TrainConfig& c, int world, const Schedule& schedule,
+                        const models::ImageInput& input) {
+  nlohmann::json j = {
+      {"model", c.model},
+      {"data", c.data},
+      {"input", {{"channels", input.channels}, {"size", input.size}, {"classes", input.classes}}},
+      {"batch_size", c.batch_size},
+      {"lr", c.strategy.lr},
+      {"optimizer", c.strategy.optimizer},
+      {"strategy", c.strategy.kind},
+      {"precision", c.strategy.precision},
+      {"seed", c.seed},
+      {"world_size", world},
+      {"tp", c.tp},
+      {"sequence_parallel", c.sequence_parallel},
+      {"pp", c.pp},
+      {"schedule", c.schedule},
+      {"lr_schedule", schedule.to_json()}};
   return j.dump();
 }
 
-StrategyConfig strategy_config(const TrainConfig& c) {
+StrategyConfig strategy_config(const TrainConfig& c, const models::ImageInput& input = {}) {
   StrategyConfig s = c.strategy;
   s.model = c.model;
+  s.input = input;
   return s;
 }
-
-// One split of the training data, whatever its kind: `size` samples (images, or text
-// windows), and the batch of inputs and targets for any list of sample indices.
-struct Split {
-  int64_t size = 0;
-  std::function<std::pair<torch::Tensor, torch::Tensor>(const std::vector<int64_t>&)> batch;
-};
-
-struct Data {
-  Split train, test;
-  std::string describe;
-};
 
 // Tokens per text window: --seq-len, or the model's longest sequence capped at 64 (a short
 // default keeps CPU steps quick; gpt-debug's block is 32).
@@ -164,38 +152,6 @@ int64_t window_length(const TrainConfig& c, const models::Model& m) {
   DTORCH_CHECK_T(ConfigError, c.seq_len <= longest, "--seq-len ", c.seq_len, " is longer than ",
                  c.model, "'s block size ", longest, "; use --seq-len ", longest, " or less");
   return c.seq_len;
-}
-
-Data load_data(const TrainConfig& c, int64_t seq_len) {
-  Data d;
-  if (is_text(c.data)) {
-    auto text = data::load_text(c.data == "text" ? "" : c.data.substr(5));
-    auto parts = std::make_shared<data::TextSplits>(data::split_text(text));
-    const int64_t T = seq_len;
-    d.train = {data::num_windows(parts->train, T), [parts, T](const std::vector<int64_t>& idx) {
-                 auto b = data::text_batch(parts->train, idx, T);
-                 return std::make_pair(b.inputs, b.targets);
-               }};
-    d.test = {data::num_windows(parts->val, T), [parts, T](const std::vector<int64_t>& idx) {
-                auto b = data::text_batch(parts->val, idx, T);
-                return std::make_pair(b.inputs, b.targets);
-              }};
-    d.describe = str(text.source, " (", text.size(), " byte tokens, windows of ", T, ")");
-    return d;
-  }
-  std::string dir = c.data_dir.empty() ? data::kDefaultMnistDir : c.data_dir;
-  auto train = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "train"));
-  auto test = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "test"));
-  auto batch_of = [](std::shared_ptr<data::MnistSplit> s) {
-    return [s](const std::vector<int64_t>& idx) {
-      auto b = data::gather(*s, idx);
-      return std::make_pair(b.images, b.labels);
-    };
-  };
-  d.train = {train->size(), batch_of(train)};
-  d.test = {test->size(), batch_of(test)};
-  d.describe = str(c.data, " (", dir, ")");
-  return d;
 }
 
 // Sum of loss and correct predictions over this replica's disjoint part of the test split,
@@ -217,7 +173,7 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
     int64_t e = std::min(shard.end, b + step);
     std::vector<int64_t> idx(e - b);
     std::iota(idx.begin(), idx.end(), b);
-    auto [x, y] = test.batch(idx);
+    auto [x, y] = test.batch(idx, 0);
     if (pipeline) {
       parallel::CpuAutocast autocast(strategy.autocast());
       pipeline->forward_only(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
@@ -341,14 +297,7 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
                  c.activation_checkpointing,
                  ": give K >= 1 to recompute every K-th block (1: every block)");
-  DTORCH_CHECK_T(ConfigError, c.data == "fashion-mnist" || c.data == "mnist" || is_text(c.data),
-                 "unknown data '", c.data,
-                 "'; use fashion-mnist or mnist (IDX files, see --data-dir), or text[:PATH] for "
-                 "language models");
-  const bool lm = c.model.rfind("gpt", 0) == 0;
-  DTORCH_CHECK_T(ConfigError, lm == is_text(c.data), "model ", c.model,
-                 lm ? " is a language model: use --data text (Debian's fortunes) or text:PATH"
-                    : " classifies images: use --data fashion-mnist or mnist");
+  validate_data(c.data, c.loader, c.model.rfind("gpt", 0) == 0);
   DTORCH_CHECK_T(ConfigError, c.epochs >= 1, "--epochs must be >= 1 (got ", c.epochs, ")");
   DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ", c.batch_size,
                  ")");
@@ -401,17 +350,20 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   if (c.threads > 0) torch::set_num_threads(c.threads);
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
+  // Image data first: the model is built for its channels, size and classes.
+  TrainData data = open_data(c.data, c.data_dir, c.loader, c.seed);
+  const models::ImageInput& input = data.input;
   torch::manual_seed(c.seed);
   // Under a pipeline each rank builds its own stage only (inside apply_pipeline).
   std::shared_ptr<models::Model> model;
   Layout layout;
   if (c.pp > 1) {
     layout = apply_pipeline(c.model, comm, {c.pp, c.microbatches, c.schedule, c.pp_split}, c.tp,
-                            c.sequence_parallel, &model);
+                            c.sequence_parallel, &model, input);
   } else {
-    model = models::make_model(c.model);
+    model = models::make_model(c.model, {}, input);
   }
-  Data data = load_data(c, model->takes_tokens() ? window_length(c, *model) : 0);
+  if (model->takes_tokens()) add_text_windows(data, c.data, window_length(c, *model));
   if (lead) {
     log::info("training ", c.model, " on ", data.describe, ", ", world, " rank(s) x batch ",
               c.batch_size, ", ", c.epochs, " epoch(s), ", c.strategy.optimizer, " lr ",
@@ -421,7 +373,9 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
 
   // Tensor parallelism first (every rank built the same model from the seed), then the
   // strategy over the data-parallel group (Note [Mesh layout]).
-  if (c.pp == 1) layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel);
+  if (c.pp == 1) {
+    layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel, input);
+  }
   if (c.activation_checkpointing > 0) {
     DTORCH_CHECK_T(ConfigError, !model->block_names().empty(),
                    "--activation-checkpointing: ", c.model,
@@ -452,7 +406,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     for (std::string line; std::getline(stages, line);)
       log::info(line);
   }
-  auto strategy = make_strategy(strategy_config(c), model, dp, layout.tp, layout.pp);
+  auto strategy = make_strategy(strategy_config(c, input), model, dp, layout.tp, layout.pp);
   if (lead) log::info("strategy: ", strategy->describe());
   int64_t n_train =
       c.train_samples > 0 ? std::min(c.train_samples, data.train.size) : data.train.size;
@@ -523,6 +477,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     auto t0 = Clock::now();
     sampler.set_epoch(epoch);
     auto batches = data::make_batches(sampler.indices(), c.batch_size);
+    data::Prefetcher loader(static_cast<int64_t>(batches.size()), c.loader.workers,
+                            [&, epoch](int64_t k) { return data.train.batch(batches[k], epoch); });
     progress.start_epoch(epoch, c.epochs, static_cast<int64_t>(batches.size()));
     model->train();
     double loss_sum = 0;
@@ -538,7 +494,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     for (size_t i = 0; i < batches.size(); ++i) {
       epoch_phases.start();
       window_phases.start();
-      auto [x, y] = data.train.batch(batches[i]);
+      auto [x, y] = loader.next();
       const std::function<void(const char*)> lap = [&](const char* phase) {
         epoch_phases.lap(phase);
         window_phases.lap(phase);
@@ -642,7 +598,7 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
           board->scalar("epoch/" + phase + "_ms", global_step, ms);
       }
     }
-    strategy->save(c.out, {epoch + 1, global_step, config_json(c, world, schedule)},
+    strategy->save(c.out, {epoch + 1, global_step, config_json(c, world, schedule, input)},
                    c.keep_checkpoints);
     if (lead && !pipeline) forget_pipeline_layout(c.out);  // the stage folders are older now
   }

@@ -12,15 +12,18 @@
 #include "dtorch/train/metrics.h"
 #include "dtorch/train/progress.h"
 #include "dtorch/train/strategy.h"
+#include "dtorch/train/train_data.h"
 
 namespace dtorch::train {
 
 struct TrainConfig {
   std::string model = "mnist-cnn";  ///< a name from models::model_names()
-  /// fashion-mnist or mnist (IDX files in data_dir) for image models; text or text:PATH
-  /// (byte tokens; default corpus: Debian's fortunes) for language models (gpt-*).
+  /// fashion-mnist or mnist (IDX files in data_dir), cifar10:DIR or imagefolder:DIR for image
+  /// models (train/train_data.h); text or text:PATH (byte tokens; default corpus: Debian's
+  /// fortunes) for language models (gpt-*).
   std::string data = "fashion-mnist";
   std::string data_dir;  ///< empty: Debian's dataset-fashion-mnist folder
+  LoaderConfig loader;   ///< loader threads, image size, augmentation, unreadable images
   int64_t seq_len = 0;   ///< text: tokens per window (0: the model's maximum, at most 64)
   int epochs = 2;
   int64_t batch_size = 64;  ///< samples per rank per step

@@ -1,0 +1,134 @@
+// Each kind of data as two Splits. Image folders and CIFAR-10 share one path (an
+// ImageSource through image_batch); MNIST keeps its normalised tensors so that runs stay
+// bit-identical to the Python peer's.
+#include "dtorch/train/train_data.h"
+
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+#include "dtorch/data/image_dataset.h"
+#include "dtorch/data/mnist_dataset.h"
+#include "dtorch/data/text_dataset.h"
+
+namespace dtorch::train {
+namespace {
+
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+std::string after_colon(const std::string& s) {
+  return s.substr(s.find(':') + 1);
+}
+
+Split image_split(std::shared_ptr<const data::ImageSource> source,
+                  const data::ImageBatchOptions& options) {
+  return {source->size(), [source, options](const std::vector<int64_t>& idx, int64_t epoch) {
+            auto b = data::image_batch(*source, idx, options, epoch);
+            return std::make_pair(b.images, b.labels);
+          }};
+}
+
+}  // namespace
+
+bool is_text_data(const std::string& data) {
+  return data == "text" || starts_with(data, "text:");
+}
+
+bool is_image_data(const std::string& data) {
+  return starts_with(data, "cifar10:") || starts_with(data, "imagefolder:");
+}
+
+void validate_data(const std::string& data, const LoaderConfig& l, bool language_model) {
+  const bool mnist = data == "fashion-mnist" || data == "mnist";
+  DTORCH_CHECK_T(ConfigError, mnist || is_text_data(data) || is_image_data(data), "unknown data '",
+                 data,
+                 "'; use fashion-mnist or mnist (IDX files, see --data-dir), cifar10:DIR "
+                 "(CIFAR-10's binary files), imagefolder:DIR (one sub-folder per class), or "
+                 "text[:PATH] for language models");
+  DTORCH_CHECK_T(ConfigError, !is_image_data(data) || data.size() > data.find(':') + 1, "--data ",
+                 data, " names no folder: give it after the colon (", data, "/path/to/folder)");
+  DTORCH_CHECK_T(ConfigError, language_model == is_text_data(data), "--data ", data,
+                 language_model
+                     ? " is images and the model is a language model: use --data text or "
+                       "text:PATH"
+                     : " is text and the model classifies images: use --data fashion-mnist, "
+                       "cifar10:DIR or imagefolder:DIR");
+  DTORCH_CHECK_T(ConfigError, l.workers >= 0 && l.workers <= 64, "--data-workers ", l.workers,
+                 ": give 0 (build batches on the training thread) to 64");
+  DTORCH_CHECK_T(ConfigError,
+                 l.augment == "auto" || l.augment == "crop-flip" || l.augment == "none",
+                 "--augment ", l.augment, ": use auto, crop-flip or none");
+  DTORCH_CHECK_T(ConfigError, l.bad_images == "fail" || l.bad_images == "skip", "--bad-images ",
+                 l.bad_images, ": use fail or skip");
+  DTORCH_CHECK_T(ConfigError, l.image_size >= 0 && l.image_size <= 4096, "--image-size ",
+                 l.image_size, ": give a side in pixels (1 to 4096), or 0 for the data's own");
+  if (mnist) {
+    DTORCH_CHECK_T(ConfigError, l.image_size == 0 || l.image_size == 28, "--image-size ",
+                   l.image_size, " with ", data,
+                   ": MNIST images are 28x28 and are not resized; leave --image-size out");
+    DTORCH_CHECK_T(ConfigError, l.augment != "crop-flip", "--augment crop-flip applies to ",
+                   "cifar10:DIR and imagefolder:DIR data; ", data, " trains unaugmented, as the ",
+                   "Python peer does");
+  }
+}
+
+TrainData open_data(const std::string& data, const std::string& mnist_dir,
+                    const LoaderConfig& loader, uint64_t seed) {
+  TrainData d;
+  if (is_text_data(data)) return d;
+  if (!is_image_data(data)) {
+    const std::string dir = mnist_dir.empty() ? data::kDefaultMnistDir : mnist_dir;
+    auto train = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "train"));
+    auto test = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "test"));
+    auto batch_of = [](std::shared_ptr<data::MnistSplit> s) {
+      return [s](const std::vector<int64_t>& idx, int64_t) {
+        auto b = data::gather(*s, idx);
+        return std::make_pair(b.images, b.labels);
+      };
+    };
+    d.train = {train->size(), batch_of(train)};
+    d.test = {test->size(), batch_of(test)};
+    d.describe = str(data, " (", dir, ")");
+    return d;
+  }
+  const data::ImageSplits s = starts_with(data, "cifar10:")
+                                  ? data::load_cifar10(after_colon(data))
+                                  : data::scan_image_folder(after_colon(data));
+  data::ImageBatchOptions o;
+  o.transform.size = loader.image_size > 0 ? loader.image_size
+                     : s.natural_size > 0  ? s.natural_size
+                                           : 32;
+  o.transform.pad = std::max<int64_t>(1, o.transform.size / 8);  // 4 at CIFAR's 32
+  o.transform.mean = s.mean;
+  o.transform.std = s.std;
+  o.seed = seed;
+  o.bad = loader.bad_images == "skip" ? data::BadImages::Skip : data::BadImages::Fail;
+  data::ImageBatchOptions train_options = o;
+  train_options.transform.augment = loader.augment != "none";
+  d.train = image_split(s.train, train_options);
+  d.test = image_split(s.test, o);
+  d.input = {3, o.transform.size, static_cast<int64_t>(s.classes.size())};
+  d.describe =
+      str(s.describe, " (", s.train->size(), " training and ", s.test->size(), " test images, ",
+          s.classes.size(), " classes, ", o.transform.size, "x", o.transform.size,
+          train_options.transform.augment ? ", random crop and flip" : "", ")");
+  return d;
+}
+
+void add_text_windows(TrainData& d, const std::string& data, int64_t seq_len) {
+  auto text = data::load_text(data == "text" ? "" : data.substr(5));
+  auto parts = std::make_shared<data::TextSplits>(data::split_text(text));
+  const int64_t T = seq_len;
+  d.train = {data::num_windows(parts->train, T),
+             [parts, T](const std::vector<int64_t>& idx, int64_t) {
+               auto b = data::text_batch(parts->train, idx, T);
+               return std::make_pair(b.inputs, b.targets);
+             }};
+  d.test = {data::num_windows(parts->val, T), [parts, T](const std::vector<int64_t>& idx, int64_t) {
+              auto b = data::text_batch(parts->val, idx, T);
+              return std::make_pair(b.inputs, b.targets);
+            }};
+  d.describe = str(text.source, " (", text.size(), " byte tokens, windows of ", T, ")");
+}
+
+}  // namespace dtorch::train
