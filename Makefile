@@ -64,7 +64,7 @@ test: deps-test
 # PyTorch 2.x's FSDP, ZeroRedundancyOptimizer and DeepSpeed on the same torch; tensor
 # parallelism against PyTorch 2.x's parallelize_module; pipelines against its pipelining;
 # activation checkpointing against torch.utils.checkpoint; dtorch train against Lightning's
-# Trainer; the image loader against torchvision's DataLoader.
+# Trainer; the image loader against torchvision's DataLoader; gpt-large under ZeRO-3.
 bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
@@ -76,6 +76,7 @@ bench: deps-bench
 	bench/bench_activation_checkpointing.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_lightning.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_data.py --dtorch build/dtorch
+	bench/bench_gpt_large.py --dtorch build-pip/dtorch
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

@@ -12,7 +12,6 @@ import datetime
 import gzip
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -20,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from bench_memory import shown_path, short_version
-from benchlib import ROOT, replace_block, run_json
+from benchlib import ROOT, libtorch_version, replace_block, run_json
 
 START, END = "<!-- data:start -->", "<!-- data:end -->"
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -88,8 +87,7 @@ def main():
                     ours["images_per_s"] / peer["images_per_s"]))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    version = subprocess.run([a.dtorch, "version"], stdout=subprocess.PIPE, text=True).stdout
-    libtorch = next((l.split()[1] for l in version.splitlines() if l.startswith("LibTorch")), "?")
+    libtorch = libtorch_version(a.dtorch)
     lines = [
         START,
         "## Loading images: dtorch's loader against torchvision's DataLoader (same run)",

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from bench_memory import shown_path, short_version
-from benchlib import ROOT, parse_with_peer, replace_block, run_json
+from benchlib import ROOT, libtorch_version, parse_with_peer, replace_block, run_json
 
 START, END = "<!-- lightning:start -->", "<!-- lightning:end -->"
 
@@ -57,8 +57,7 @@ def main():
               file=sys.stderr)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    version = subprocess.run([a.dtorch, "version"], stdout=subprocess.PIPE, text=True).stdout
-    libtorch = next((l.split()[1] for l in version.splitlines() if l.startswith("LibTorch")), "?")
+    libtorch = libtorch_version(a.dtorch)
     cmd = "bench/bench_lightning.py --nproc %d --batch %d" % (a.nproc, a.batch)
     lines = [
         START,

@@ -38,6 +38,12 @@ def run_json(cmd, env=None):
     sys.exit(f"bench: no JSON line from {' '.join(cmd)}:\n{p.stdout[-2000:]}")
 
 
+def libtorch_version(dtorch):
+    """The LibTorch version `dtorch version` reports ("2.15.0"), or "?"."""
+    out = subprocess.run([dtorch, "version"], stdout=subprocess.PIPE, text=True).stdout
+    return next((l.split()[1] for l in out.splitlines() if l.startswith("LibTorch")), "?")
+
+
 def replace_block(path, start, end, block):
     """Puts `block` (which begins with `start` and ends with `end`) in place of the file's block
     between those markers, or appends it when the file has none."""

@@ -20,6 +20,7 @@
 #include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/train/loss.h"
+#include "dtorch/train/out_of_memory.h"
 #include "dtorch/train/strategy.h"
 #include "tools/allocation_meter.h"
 #include "tools/commands.h"
@@ -41,15 +42,6 @@ struct MemoryFlags {
 };
 
 using Clock = std::chrono::steady_clock;
-
-// The ZeRO paper's per-rank model-state bytes for fp32 AdamW (4 bytes of parameters, 4 of
-// gradients, 8 of Adam moments per parameter); ZeRO-3 adds the largest unit gathered whole.
-double formula_bytes(const std::string& s, double P, int N, double largest_unit_bytes) {
-  if (s == "ddp") return 16 * P;
-  if (s == "zero1") return 8 * P + 8 * P / N;
-  if (s == "zero2") return 4 * P + 12 * P / N;
-  return 16 * P / N + largest_unit_bytes;
-}
 
 int memory_worker(MemoryFlags f) {
   torch::set_num_threads(f.threads);
@@ -151,7 +143,7 @@ int memory_worker(MemoryFlags f) {
   const int n = dp->size();
   // The ZeRO formulas over the dp group, for the parameters this rank holds.
   double expected =
-      formula_bytes(f.strategy.kind, double(P_local), n, double(m.largest_unit_bytes));
+      train::model_state_bytes(f.strategy.kind, double(P_local), n, double(m.largest_unit_bytes));
   auto per_step = [&](const comm::Traffic& t) {
     return nlohmann::json{{"allreduce", t.allreduce / f.steps},
                           {"reduce_scatter", t.reduce_scatter / f.steps},

@@ -71,7 +71,7 @@ void add_train_command(CLI::App& app, int& exit_code) {
       "pipeline-parallel (--pp)");
   cmd->add_option("--model", c.model,
                   "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | "
-                  "vit-debug | gpt-small | gpt-debug")
+                  "vit-debug | gpt-small | gpt-large | gpt-debug")
       ->capture_default_str();
   cmd->add_option("--data", c.data,
                   "fashion-mnist | mnist (IDX images), cifar10:DIR (CIFAR-10's binary files), "

@@ -67,6 +67,7 @@ TEST(ModelGPT, SmallHasGpt2SmallsParametersAndNanoGptInit) {
   // nanoGPT prints 123.69M: it leaves out the 786,432 position weights.
   EXPECT_EQ(n, 124475904);
   EXPECT_EQ(gpt_num_parameters(GPTConfig::small()), 124475904);
+  EXPECT_EQ(gpt_num_parameters(GPTConfig::large()), 774090240);  // GPT-2 large, padded vocab
   auto p = m->named_parameters();
   auto std_of = [&](const std::string& k) { return p[k].std().item<double>(); };
   EXPECT_NEAR(std_of("transformer.wte.weight"), 0.02, 0.0005);

@@ -54,9 +54,9 @@ TEST(ModelMnist, MlpHasThePeersParameters) {
 }
 
 TEST(ModelRegistry, MakesModelsByName) {
-  EXPECT_EQ(model_names(), (std::vector<std::string>{"gpt-debug", "gpt-small", "mnist-cnn",
-                                                     "mnist-mlp", "resnet-debug", "resnet18",
-                                                     "resnet50", "vit-debug", "vit-tiny"}));
+  EXPECT_EQ(model_names(), (std::vector<std::string>{
+                               "gpt-debug", "gpt-large", "gpt-small", "mnist-cnn", "mnist-mlp",
+                               "resnet-debug", "resnet18", "resnet50", "vit-debug", "vit-tiny"}));
   EXPECT_NE(std::dynamic_pointer_cast<MnistCnn>(make_model("mnist-cnn")), nullptr);
   EXPECT_NE(std::dynamic_pointer_cast<MnistMlp>(make_model("mnist-mlp")), nullptr);
   try {
@@ -67,6 +67,27 @@ TEST(ModelRegistry, MakesModelsByName) {
     EXPECT_NE(msg.find("resnet-1000"), std::string::npos) << msg;
     EXPECT_NE(msg.find("mnist-cnn, mnist-mlp"), std::string::npos) << msg;
   }
+}
+
+TEST(ModelRegistry, BuildsImageModelsForTheDatasInput) {
+  const ImageInput rgb{3, 32, 5};
+  for (const char* name : {"mnist-cnn", "mnist-mlp", "resnet-debug", "vit-tiny"}) {
+    auto m = make_model(name, {}, rgb);
+    EXPECT_EQ(m->forward(torch::randn({2, 3, 32, 32})).sizes(), (std::vector<int64_t>{2, 5}))
+        << name;
+  }
+  EXPECT_EQ(make_model("mnist-cnn", {}, rgb)->named_parameters()["fc1.weight"].size(1),
+            64 * 14 * 14);
+  try {
+    make_model("vit-debug", {}, rgb);  // 7x7 patches
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use --image-size 28"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_model("mnist-cnn", {}, {3, 32, 1}), ConfigError);  // one class
+  EXPECT_TRUE(python_aliases("mnist-cnn").empty());
+  ASSERT_EQ(python_aliases("gpt-large").size(), 1u);
+  EXPECT_EQ(python_aliases("gpt-large")[0].alias, "lm_head.weight");
 }
 
 // Runs the peer's model class on C++ weights and input; returns Python's JSON verdict.

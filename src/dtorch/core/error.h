@@ -32,6 +32,10 @@ class CommError : public Error {
 class CheckpointError : public Error {
   using Error::Error;
 };
+/// An allocation failed: the message says which rank, what it held, and what would fit.
+class OutOfMemoryError : public Error {
+  using Error::Error;
+};
 
 namespace detail {
 template <typename... Args>

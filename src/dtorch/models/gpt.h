@@ -31,6 +31,10 @@ struct GPTConfig {
   /// GPT-2 small with nanoGPT's vocabulary padded from 50257 to 50304 (a multiple of 64):
   /// 124,475,904 parameters.
   static GPTConfig small() { return {}; }
+  /// GPT-2 large (36 layers, 20 heads, 1280 wide), same vocabulary: 774,090,240 parameters,
+  /// whose fp32 AdamW training state (16 bytes each, 12.4 GB) fits no two ranks of a 24 GiB
+  /// machine unsharded.
+  static GPTConfig large() { return {1024, 50304, 36, 20, 1280}; }
   /// Byte-level (vocab 256), 32 positions, 2 layers, 4 heads of 8, 32 wide (4 heads, so
   /// that tensor parallelism splits it 2 and 4 ways).
   static GPTConfig debug() { return {32, 256, 2, 4, 32}; }

@@ -70,6 +70,9 @@ const std::map<std::string, Entry>& table() {
       {"vit-debug", {[](UnitRange u, const ImageInput& in) {
          return std::make_shared<VisionTransformer>(vit_for(ViTConfig::debug(), in), u);
        }}},
+      {"gpt-large",
+       {[](UnitRange u, const ImageInput&) { return std::make_shared<GPT>(GPTConfig::large(), u); },
+        &GPT::tied_aliases}},
       {"gpt-small",
        {[](UnitRange u, const ImageInput&) { return std::make_shared<GPT>(GPTConfig::small(), u); },
         &GPT::tied_aliases}},

@@ -23,6 +23,7 @@
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/loss.h"
+#include "dtorch/train/out_of_memory.h"
 #include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
@@ -345,8 +346,11 @@ void validate(const TrainConfig& c) {
   validate(strategy_config(c));
 }
 
-std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm) {
-  validate(c);
+namespace {
+
+// The run; `memory` learns what it trains as it goes, for the message should memory run out.
+std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm,
+                                   MemoryContext& memory) {
   if (c.threads > 0) torch::set_num_threads(c.threads);
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
@@ -391,6 +395,9 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     }
   }
   const std::shared_ptr<comm::Communicator>& dp = layout.dp;
+  for (const auto& p : model->parameters())
+    memory.parameters += p.numel();
+  memory.ranks = dp->size();
   const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
   pp::Pipeline* pipeline = layout.pp.pipeline.get();
   if (lead && tensor_parallel && !pipeline) {
@@ -625,6 +632,27 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
     comm->barrier("model file written");
   }
   return records;
+}
+
+}  // namespace
+
+std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm) {
+  validate(c);
+  MemoryContext memory;
+  memory.rank = comm->rank();
+  memory.ranks = comm->size();
+  memory.model = c.model;
+  memory.strategy = c.strategy.kind;
+  memory.optimizer = c.strategy.optimizer;
+  memory.batch_size = c.batch_size;
+  memory.activation_checkpointing = c.activation_checkpointing > 0;
+  try {
+    return train_run(c, std::move(comm), memory);
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    // Note [Out of memory]
+    throw OutOfMemoryError(out_of_memory_message(e.what(), memory, process_memory()));
+  }
 }
 
 }  // namespace dtorch::train
