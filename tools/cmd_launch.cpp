@@ -12,6 +12,7 @@
 #include "dtorch/core/log.h"
 #include "dtorch/launch/job_nodes.h"
 #include "dtorch/launch/launcher.h"
+#include "dtorch/launch/rdzv_options.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -21,6 +22,9 @@ namespace {
 struct LaunchFlags {
   std::string nproc_per_node = "1";
   std::string nnodes = "1";
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_conf;
   std::vector<std::string> command;  // filled only when the program comes after "--"
 };
 
@@ -52,18 +56,6 @@ int parse_nproc(const std::string& v) {
   return parse_int("--nproc-per-node", v);
 }
 
-// torchrun's --nnodes takes "N" or an elastic range "MIN:MAX"; dtorch runs fixed-size jobs.
-int parse_nnodes(const std::string& v) {
-  auto colon = v.find(':');
-  if (colon == std::string::npos) return parse_int("--nnodes", v);
-  int lo = parse_int("--nnodes", v.substr(0, colon));
-  int hi = parse_int("--nnodes", v.substr(colon + 1));
-  DTORCH_CHECK_T(ConfigError, lo == hi, "--nnodes=", v,
-                 ": elastic node ranges are not supported; give one number (e.g. --nnodes=", hi,
-                 ")");
-  return lo;
-}
-
 // See the note in add_launch_command: the program comes either after "--" (flags.command) or,
 // torchrun-style, as the first argument that is not a flag (CLI11's remaining()).
 std::vector<std::string> program_and_args(const LaunchFlags& flags, std::vector<std::string> rest) {
@@ -90,7 +82,10 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("--nproc-per-node,--nproc_per_node", flags->nproc_per_node,
                   "workers on this node: a number, or cpu/auto (one per core), gpu")
       ->capture_default_str();
-  sub->add_option("--nnodes", flags->nnodes, "nodes in the job (N, or N:N)")->capture_default_str();
+  sub->add_option("--nnodes", flags->nnodes,
+                  "nodes in the job: N, or MIN:MAX with --rdzv-backend c10d (goes on while at "
+                  "least MIN are left, takes in nodes that come later up to MAX)")
+      ->capture_default_str();
   sub->add_option("--node-rank,--node_rank", opts->node_rank, "this node's index, 0..nnodes-1")
       ->capture_default_str();
   sub->add_option("--master-addr,--master_addr", opts->master_addr,
@@ -113,6 +108,16 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("--rdzv-timeout,--rdzv_timeout", opts->rdzv_timeout_seconds,
                   "seconds the nodes wait for each other to arrive (and the store for workers)")
       ->capture_default_str();
+  sub->add_option("--rdzv-backend,--rdzv_backend", flags->rdzv_backend,
+                  "static (each node given --node-rank) or c10d (nodes meet at --rdzv-endpoint "
+                  "and are numbered on arrival; elastic with --nnodes MIN:MAX)")
+      ->capture_default_str();
+  sub->add_option("--rdzv-endpoint,--rdzv_endpoint", flags->rdzv_endpoint,
+                  "HOST[:PORT] where the launchers meet (c10d: the launcher on HOST serves the "
+                  "store; port 29400 if none; static: node 0, like --master-addr/--master-port)");
+  sub->add_option("--rdzv-conf,--rdzv_conf", flags->rdzv_conf,
+                  "key=value,... : join_timeout, last_call_timeout, close_timeout, "
+                  "keep_alive_interval (seconds), keep_alive_max_attempt");
   sub->add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", opts->run_id,
                   "job id given to workers as TORCHELASTIC_RUN_ID (default: none, or random "
                   "with --standalone)");
@@ -149,12 +154,28 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->callback([sub, opts, flags, &exit_code] {
     launch::LaunchOptions o = *opts;
     o.nproc_per_node = parse_nproc(flags->nproc_per_node);
-    o.nnodes = parse_nnodes(flags->nnodes);
-    // Inside a Slurm/PBS/MPI job the node flags default to the job's (explicit flags win).
-    std::string filled = launch::fill_nodes_from_job(
-        o, {sub->count("--nnodes") > 0, sub->count("--node-rank") > 0,
-            sub->count("--master-addr") > 0, sub->count("--master-port") > 0});
-    if (!filled.empty()) log::info(filled);
+    launch::NodeRange nodes = launch::parse_node_range(flags->nnodes);
+    o.min_nodes = nodes.min;
+    o.nnodes = nodes.max;
+    o.rdzv_backend = launch::parse_rdzv_backend(flags->rdzv_backend);
+    o.rdzv_conf = launch::parse_rdzv_conf(flags->rdzv_conf);
+    const bool c10d = o.rdzv_backend == launch::RdzvBackend::C10d;
+    if (!flags->rdzv_endpoint.empty()) {
+      o.rdzv_endpoint = launch::parse_endpoint(flags->rdzv_endpoint, c10d ? 29400 : o.master_port);
+      if (!c10d) {  // torchrun's static backend meets at the endpoint: node 0's address and port
+        o.master_addr = o.rdzv_endpoint.host;
+        o.master_port = o.rdzv_endpoint.port;
+      }
+    }
+    if (!c10d) {
+      // Inside a Slurm/PBS/MPI job the node flags default to the job's (explicit flags win).
+      bool endpoint = !flags->rdzv_endpoint.empty();
+      std::string filled =
+          launch::fill_nodes_from_job(o, {sub->count("--nnodes") > 0, sub->count("--node-rank") > 0,
+                                          sub->count("--master-addr") > 0 || endpoint,
+                                          sub->count("--master-port") > 0 || endpoint});
+      if (!filled.empty()) log::info(filled);
+    }
     o.command = program_and_args(*flags, sub->remaining());
     exit_code = launch::run(o);
   });

@@ -20,8 +20,29 @@ struct TrainFlags {
   std::string log_dir;   // with nproc_per_node: the launcher's --log-dir
   int max_restarts = 0;  // with nproc_per_node: the launcher's --max-restarts
   std::string progress = "auto";
-  std::string deepspeed_config;  // a ds_config.json (Note [DeepSpeed configuration])
+  std::string deepspeed_config;   // a ds_config.json (Note [DeepSpeed configuration])
+  int64_t global_batch_size = 0;  // samples per optimizer step over the data-parallel ranks
 };
+
+// --global-batch-size: the per-rank batch (and accumulation steps) follow the job's size, by
+// DeepSpeed's rule, so an elastic job that goes on with fewer nodes takes the same optimizer
+// steps over the same samples (the sampler strides the epoch's order over the ranks).
+void apply_global_batch(TrainFlags& f, const SelfLaunch& how, const std::set<std::string>& given) {
+  auto& c = f.config;
+  const int dp = std::max(1, job_world_size(how) / std::max(1, c.tp * c.pp));
+  auto given_or_none = [&](const char* flag, int64_t v) {
+    return given.count(flag) ? std::optional<int64_t>(v) : std::nullopt;
+  };
+  train::set_batch_sizes(
+      train::resolve_batch_sizes(f.global_batch_size, given_or_none("--batch-size", c.batch_size),
+                                 given_or_none("--accum-steps", c.accum_steps), dp,
+                                 {"--global-batch-size", "--batch-size", "--accum-steps"}),
+      c);
+  if (reports_for_the_job(how)) {
+    log::info("--global-batch-size ", f.global_batch_size, ": batch ", c.batch_size, " per rank x ",
+              c.accum_steps, " accumulation step(s) x ", dp, " data-parallel rank(s)");
+  }
+}
 
 // The DeepSpeed configuration file under the flags given (which win), for a job of the size
 // this process can tell before it starts (DeepSpeed's batch rule needs it).
@@ -53,6 +74,7 @@ int run_train(TrainFlags& f, const std::set<std::string>& given) {
   how.log_dir = f.log_dir;
   how.max_restarts = f.max_restarts;
   if (!f.deepspeed_config.empty()) apply_deepspeed_file(f, how, given);
+  if (f.global_batch_size > 0) apply_global_batch(f, how, given);
   train::validate(c);  // fail before launching anything
   if (auto code = self_launch(how)) return *code;
   auto comm = comm::Communicator::from_env();
@@ -116,6 +138,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
   add_loader_options(cmd, c.loader);
   cmd->add_option("--epochs", c.epochs)->capture_default_str();
   cmd->add_option("--batch-size", c.batch_size, "samples per rank per step")->capture_default_str();
+  cmd->add_option("--global-batch-size", f->global_batch_size,
+                  "samples per optimizer step over all data-parallel ranks (DeepSpeed's "
+                  "train_batch_size): the batch per rank follows the job's size, so an elastic "
+                  "job keeps its steps when nodes come and go")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--lr-schedule", c.lr_schedule.kind,
                   "constant | warmup-linear | warmup-cosine | onecycle (as PyTorch's LinearLR, "
                   "CosineAnnealingLR and OneCycleLR), over the whole run's optimizer steps")

@@ -4,6 +4,8 @@
 #include <torch/version.h>
 
 #include <iostream>
+#include <regex>
+#include <typeinfo>
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
@@ -37,6 +39,16 @@ std::set<std::string> flags_given(const CLI::App& cmd) {
 }
 
 namespace {
+// A user's error (bad flags, data, checkpoints, a lost peer) names the flag or file to fix;
+// the source location DTORCH_CHECK appends only helps with dtorch's own bugs, so it is kept
+// for plain dtorch::Error alone.
+std::string user_message(const Error& e) {
+  if (typeid(e) == typeid(Error)) return e.what();
+  static const std::regex where(
+      R"( \[(src/dtorch|tools|tests|examples)/[A-Za-z0-9_./-]+:[0-9]+\])");
+  return std::regex_replace(e.what(), where, "");
+}
+
 // `dtorch version`: what this build was made against, for bug reports and job logs.
 void add_version_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("version", "The LibTorch and backends this dtorch was built with");
@@ -69,7 +81,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const dtorch::Error& e) {
-    std::cerr << "dtorch: error: " << e.what() << "\n";
+    std::cerr << "dtorch: error: " << dtorch::tools::user_message(e) << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "dtorch: unexpected error: " << e.what() << "\n";

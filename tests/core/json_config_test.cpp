@@ -5,18 +5,10 @@
 #include <gtest/gtest.h>
 
 #include "dtorch/core/error.h"
+#include "support/error_of.h"
 
 namespace dtorch::json_config {
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(JsonConfig, NearestPrefersAKeyHoldingTheWordThenFewestEdits) {
   const Keys known{"warmup_type", "warmup_num_steps", "stage", "zero_optimization"};
@@ -27,13 +19,15 @@ TEST(JsonConfig, NearestPrefersAKeyHoldingTheWordThenFewestEdits) {
 }
 
 TEST(JsonConfig, SyntaxErrorsAndDuplicatesNameLineAndColumn) {
-  EXPECT_NE(error_of([] { parse("{\"a\": 1,\n}", "f.json"); }).find("f.json:2:1: not valid JSON"),
+  EXPECT_NE(testing::error_of([] {
+              parse("{\"a\": 1,\n}", "f.json");
+            }).find("f.json:2:1: not valid JSON"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(testing::error_of([] {
               parse("{\"a\": [1, 2,]}", "f.json");
             }).find("JSON allows no comma before ']': remove the ',' at line 1, column 12"),
             std::string::npos);
-  EXPECT_NE(error_of([] {
+  EXPECT_NE(testing::error_of([] {
               parse("{\"a\": {\"b\": 1, \"b\": 2}}", "f.json");
             }).find("the key 'b' appears twice"),
             std::string::npos);
@@ -53,17 +47,19 @@ TEST(JsonConfig, GettersCheckTypesAndRangesAndAutoIsAbsent) {
   EXPECT_FALSE(top.integer("missing", 0, 1));
   EXPECT_EQ(top.section("o")->boolean("k"), true);
   EXPECT_EQ(top.section("o")->name("k"), "o.k");
-  EXPECT_NE(error_of([&] { top.integer("x", 0, 1); }).find("f.json: x must be a whole number"),
+  EXPECT_NE(
+      testing::error_of([&] { top.integer("x", 0, 1); }).find("f.json: x must be a whole number"),
+      std::string::npos);
+  EXPECT_NE(testing::error_of([&] { top.number("x", 0, 0.25); }).find("from 0 to 0.25 (got 0.5)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { top.number("x", 0, 0.25); }).find("from 0 to 0.25 (got 0.5)"),
+  EXPECT_NE(testing::error_of([&] { top.choice("s", {"sgd"}); }).find("'Adam' is not one of sgd"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { top.choice("s", {"sgd"}); }).find("'Adam' is not one of sgd"),
+  EXPECT_NE(testing::error_of([&] { top.section("s"); }).find("s must be an object"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { top.section("s"); }).find("s must be an object"), std::string::npos);
   top.keys({"n", "x", "s", "auto"}, {"o"});
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_EQ(warnings[0], "f.json: o is ignored: dtorch does not implement it");
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(testing::error_of([&] {
               top.keys({"n", "x", "s"}, {});
             }).find("unknown key 'auto'"),
             std::string::npos);

@@ -19,6 +19,7 @@
 #include "dtorch/data/mnist_dataset.h"
 #include "dtorch/data/sampler.h"
 #include "models/python_peer.h"
+#include "support/error_of.h"
 #include "support/image_files.h"
 #include "support/workers.h"
 
@@ -31,15 +32,6 @@ bool have_fashion() {
 
 #define SKIP_WITHOUT_FASHION() \
   if (!have_fashion()) GTEST_SKIP() << "no Fashion-MNIST (apt-get install dataset-fashion-mnist)"
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 ImageBatchOptions plain(int64_t size) {
   ImageBatchOptions o;
@@ -102,19 +94,26 @@ TEST(ImageFolder, TrainAndValFoldersAreTheSplits) {
   EXPECT_EQ(b.labels[0].item<int64_t>(), 0);
   EXPECT_EQ(b.labels[1].item<int64_t>(), 9);
   std::filesystem::create_directories(dir + "/val/zebra");
-  EXPECT_NE(error_of([&] { scan_image_folder(dir); }).find("val/zebra is a class the training"),
+  EXPECT_NE(testing::error_of<DataError>([&] {
+              scan_image_folder(dir);
+            }).find("val/zebra is a class the training"),
             std::string::npos);
 }
 
 TEST(ImageFolder, BadLayoutsSayWhatToDo) {
   const std::string dir = testing::scratch_dir("imagefolder-bad");
-  EXPECT_NE(error_of([&] { scan_image_folder(dir + "/nope"); }).find("does not exist"),
+  EXPECT_NE(testing::error_of<DataError>([&] {
+              scan_image_folder(dir + "/nope");
+            }).find("does not exist"),
             std::string::npos);
   std::filesystem::create_directories(dir + "/only");
-  EXPECT_NE(error_of([&] { scan_image_folder(dir); }).find("1 class folder(s)"), std::string::npos);
+  EXPECT_NE(testing::error_of<DataError>([&] { scan_image_folder(dir); }).find("1 class folder(s)"),
+            std::string::npos);
   std::filesystem::create_directories(dir + "/other");
   std::ofstream(dir + "/other/readme.txt") << "x";
-  EXPECT_NE(error_of([&] { scan_image_folder(dir); }).find("holds no .jpg, .jpeg or .png"),
+  EXPECT_NE(testing::error_of<DataError>([&] {
+              scan_image_folder(dir);
+            }).find("holds no .jpg, .jpeg or .png"),
             std::string::npos);
 }
 
@@ -163,7 +162,9 @@ TEST(ImageFolder, UnreadableImagesFailOrAreSkippedByName) {
     if (s.train->name(i) == bad) bad_index = i;
   ASSERT_GE(bad_index, 0);
   ImageBatchOptions o = plain(28);
-  const std::string m = error_of([&] { image_batch(*s.train, {0, bad_index}, o, 0); });
+  const std::string m = testing::error_of<DataError>([&] {
+    image_batch(*s.train, {0, bad_index}, o, 0);
+  });
   EXPECT_NE(m.find(bad), std::string::npos) << m;
   EXPECT_NE(m.find("--bad-images skip"), std::string::npos) << m;
   o.bad = BadImages::Skip;
@@ -172,7 +173,9 @@ TEST(ImageFolder, UnreadableImagesFailOrAreSkippedByName) {
   EXPECT_EQ(b.labels.size(0), 2);
   ASSERT_EQ(b.skipped.size(), 1u);
   EXPECT_NE(b.skipped[0].find(bad), std::string::npos);
-  EXPECT_NE(error_of([&] { image_batch(*s.train, {bad_index}, o, 0); }).find("every image"),
+  EXPECT_NE(testing::error_of<DataError>([&] {
+              image_batch(*s.train, {bad_index}, o, 0);
+            }).find("every image"),
             std::string::npos);
 }
 
@@ -211,15 +214,20 @@ TEST(Cifar10, ReadsRecordsChannelMajor) {
 
 TEST(Cifar10, BadFilesAreNamed) {
   const std::string dir = testing::scratch_dir("cifar-bad");
-  EXPECT_NE(error_of([&] { load_cifar10(dir); }).find("data_batch_1.bin is missing"),
-            std::string::npos);
+  EXPECT_NE(
+      testing::error_of<DataError>([&] { load_cifar10(dir); }).find("data_batch_1.bin is missing"),
+      std::string::npos);
   for (int b = 1; b <= 5; ++b)
     write_cifar(dir + "/data_batch_" + std::to_string(b) + ".bin", {1});
   write_cifar(dir + "/test_batch.bin", {12});
-  EXPECT_NE(error_of([&] { load_cifar10(dir); }).find("test_batch.bin record 0 has label 12"),
+  EXPECT_NE(testing::error_of<DataError>([&] {
+              load_cifar10(dir);
+            }).find("test_batch.bin record 0 has label 12"),
             std::string::npos);
   std::ofstream(dir + "/data_batch_3.bin", std::ios::app) << "xyz";
-  EXPECT_NE(error_of([&] { load_cifar10(dir); }).find("not a whole number of 3073-byte"),
+  EXPECT_NE(testing::error_of<DataError>([&] {
+              load_cifar10(dir);
+            }).find("not a whole number of 3073-byte"),
             std::string::npos);
 }
 

@@ -12,6 +12,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/data/sampler.h"
 #include "models/interop.h"
+#include "support/error_of.h"
 
 namespace dtorch::data {
 namespace {
@@ -26,16 +27,6 @@ std::string as_string(const torch::Tensor& ids) {
   for (int64_t i = 0; i < ids.numel(); ++i)
     s += static_cast<char>(ids[i].item<int64_t>());
   return s;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "(no DataError)";
 }
 
 TEST(DataText, FileBytesBecomeIds) {
@@ -80,23 +71,23 @@ TEST(DataText, DefaultCorpusIsFortunes) {
 TEST(DataText, ErrorsNameThePathAndTheFix) {
   dtorch::testing::TempDir tmp("text-errors");
   const std::string& dir = tmp.path();
-  std::string e = error_of([&] { load_text(dir + "/missing.txt"); });
+  std::string e = testing::error_of<DataError>([&] { load_text(dir + "/missing.txt"); });
   EXPECT_NE(e.find("missing.txt"), std::string::npos) << e;
   EXPECT_NE(e.find("does not exist"), std::string::npos) << e;
-  e = error_of([&] { load_text(write(dir + "/empty.txt", "")); });
+  e = testing::error_of<DataError>([&] { load_text(write(dir + "/empty.txt", "")); });
   EXPECT_NE(e.find("empty.txt"), std::string::npos) << e;
   EXPECT_NE(e.find("empty"), std::string::npos) << e;
   std::filesystem::create_directory(dir + "/nothing");
   write(dir + "/nothing/x.dat", "idx");
-  e = error_of([&] { load_text(dir + "/nothing"); });
+  e = testing::error_of<DataError>([&] { load_text(dir + "/nothing"); });
   EXPECT_NE(e.find("holds no text files"), std::string::npos) << e;
   if (!std::filesystem::exists(kDefaultTextDir)) {
-    e = error_of([&] { load_text(""); });
+    e = testing::error_of<DataError>([&] { load_text(""); });
     EXPECT_NE(e.find("apt-get install fortunes"), std::string::npos) << e;
   }
   TextData short_text = load_text(write(dir + "/short.txt", "abcd"));
   EXPECT_EQ(num_windows(short_text, 3), 1);
-  e = error_of([&] { num_windows(short_text, 4); });
+  e = testing::error_of<DataError>([&] { num_windows(short_text, 4); });
   EXPECT_NE(e.find("short.txt"), std::string::npos) << e;
   EXPECT_NE(e.find("shorter sequence"), std::string::npos) << e;
   EXPECT_THROW(num_windows(short_text, 0), ConfigError);

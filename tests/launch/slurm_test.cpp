@@ -131,6 +131,25 @@ TEST_F(SlurmJobs, SbatchOneLauncherPerNode) {
   EXPECT_EQ(metric_lines(out + "/run"), 1u) << log;
 }
 
+// The tutorial's multi-node line, `srun torchrun --nnodes N --nproc_per_node 1 --rdzv_id
+// $RANDOM --rdzv_backend c10d --rdzv_endpoint $head_node_ip:29500 train.py`, with `dtorch
+// launch` for torchrun: two launchers (two tasks on the test's one node) meet at the endpoint,
+// the first to bind it serves the store, and they are numbered on arrival.
+TEST_F(SlurmJobs, TutorialC10dLineUnderSrun) {
+  std::string out = testing::scratch_dir("slurm_sbatch_c10d");
+  std::string end = sbatch("train_c10d.sbatch", {"--ntasks=2", "--cpus-per-task=1"}, out,
+                           {"RDZV_PORT=" + std::to_string(testing::free_port())});
+  std::string log = testing::read_file(out + "/job.out");
+  ASSERT_EQ(end, "COMPLETED 0:0") << log << cluster_->logs();
+  EXPECT_TRUE(contains(log, "Node IP: ")) << log;
+  EXPECT_TRUE(std::regex_search(log, std::regex("round 0: 2 node\\(s\\) .*this node is n0, "
+                                                "ranks 0..0 of 2")))
+      << log;
+  EXPECT_TRUE(contains(log, "this node is n1, ranks 1..1 of 2")) << log;
+  EXPECT_TRUE(contains(log, "2 rank(s)")) << log;
+  EXPECT_EQ(metric_lines(out + "/run"), 1u) << log;
+}
+
 // `export RANK=$SLURM_PROCID` in the job script runs once, so every task gets RANK=0: the rank
 // that Slurm calls 1 must stop with the reason instead of joining as a second rank 0.
 TEST_F(SlurmJobs, RankExportedInTheJobScriptFailsClearly) {

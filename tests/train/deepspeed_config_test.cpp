@@ -243,6 +243,21 @@ TEST(DeepSpeedConfig, TheBatchRuleIsDeepSpeeds) {
       << "integer division, then DeepSpeed's check";
   EXPECT_NE(error(4, 8, O{}, 2).find("is too small"), std::string::npos);
   EXPECT_NE(error(O{}, O{}, 2, 2).find("give train_batch_size or"), std::string::npos);
+  // dtorch train --global-batch-size: the same rule, named by the flags.
+  EXPECT_TRUE(eq(resolve_batch_sizes(192, O{}, O{}, 3), 64, 1));
+  EXPECT_TRUE(eq(resolve_batch_sizes(192, O{}, O{}, 2), 96, 1));
+  try {
+    resolve_batch_sizes(100, O{}, O{}, 3, {"--global-batch-size", "--batch-size", "--accum-steps"});
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--global-batch-size 100 is not --batch-size 33 x "
+                                         "--accum-steps 1 x data-parallel size 3 (= 99)"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("make --global-batch-size a multiple of 3"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(DeepSpeedConfig, FlagsGivenWinOverTheFile) {

@@ -16,16 +16,21 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/torch_compat.h"
+#include "dtorch/launch/elastic_rendezvous.h"
 #include "dtorch/launch/line_prefixer.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/launch/process.h"
@@ -44,6 +49,10 @@ constexpr std::size_t kHiddenTailBytes = 4096;
 // How much a worker may still have in its pipes when it exits; more is a grandchild's.
 constexpr std::size_t kExitDrainBytes = 4 << 20;
 
+int min_nodes(const LaunchOptions& o) {
+  return o.min_nodes > 0 ? o.min_nodes : o.nnodes;
+}
+
 void validate(const LaunchOptions& o) {
   DTORCH_CHECK_T(ConfigError, !o.command.empty() && !o.command[0].empty(),
                  "no program to run; put it after the flags, e.g. "
@@ -54,14 +63,27 @@ void validate(const LaunchOptions& o) {
   DTORCH_CHECK_T(ConfigError, static_cast<long long>(o.nnodes) * o.nproc_per_node <= (1 << 20),
                  "--nnodes=", o.nnodes, " times --nproc-per-node=", o.nproc_per_node,
                  " is more ranks than dtorch supports (2^20)");
-  DTORCH_CHECK_T(ConfigError, o.node_rank >= 0 && o.node_rank < o.nnodes,
+  const bool c10d = o.rdzv_backend == RdzvBackend::C10d;
+  const int lo = min_nodes(o);
+  DTORCH_CHECK_T(ConfigError, c10d || lo == o.nnodes, "--nnodes=", lo, ":", o.nnodes,
+                 " is an elastic range, which needs --rdzv-backend c10d and "
+                 "--rdzv-endpoint HOST[:PORT]; or give one number");
+  DTORCH_CHECK_T(ConfigError, lo >= 1 && lo <= o.nnodes, "--nnodes=", lo, ":", o.nnodes,
+                 " must have 1 <= MIN <= MAX");
+  DTORCH_CHECK_T(ConfigError, c10d || (o.node_rank >= 0 && o.node_rank < o.nnodes),
                  "--node-rank=", o.node_rank, " must be in 0..", o.nnodes - 1,
                  " for --nnodes=", o.nnodes,
                  " (nodes are numbered from 0; node 0 serves the rendezvous)");
   DTORCH_CHECK_T(ConfigError, !o.standalone || o.nnodes == 1, "--standalone runs one node, but ",
                  "--nnodes=", o.nnodes, "; drop --standalone and give every node the same ",
                  "--master-addr and --master-port");
-  if (!o.standalone) {
+  DTORCH_CHECK_T(ConfigError, !o.standalone || !c10d, "--standalone makes its own rendezvous on ",
+                 "this host; drop it to meet other nodes at --rdzv-endpoint");
+  if (c10d) {
+    DTORCH_CHECK_T(ConfigError, !o.rdzv_endpoint.host.empty(),
+                   "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT], the same on every "
+                   "node (the host whose launcher serves the rendezvous store)");
+  } else if (!o.standalone) {
     // Port 0 ("any free port") only works when no other node needs to know the port.
     DTORCH_CHECK_T(
         ConfigError,
@@ -79,7 +101,7 @@ void validate(const LaunchOptions& o) {
                  " must be more than 0 seconds");
   DTORCH_CHECK_T(ConfigError, o.timeout_seconds >= 0, "--timeout=", o.timeout_seconds,
                  " must be 0 (no limit) or more seconds");
-  int world = o.nnodes * o.nproc_per_node;
+  int world = o.nnodes * o.nproc_per_node;  // with c10d: the most it can be
   for (int r : o.show_ranks) {
     DTORCH_CHECK_T(ConfigError, r >= 0 && r < world, "--show-ranks names rank ", r,
                    " but the job has ranks 0..", world - 1);
@@ -158,14 +180,16 @@ class Console {
 // is needed. The console keeps the prefixed stream of the ranks --show-ranks selects.
 class RankLogs {
  public:
-  explicit RankLogs(const LaunchOptions& o) {
+  /// `append`: keep what earlier rounds of an elastic job wrote (Note [Elastic rendezvous]).
+  explicit RankLogs(const LaunchOptions& o, bool append = false) {
     if (o.log_dir.empty()) return;
     std::error_code ec;
     std::filesystem::create_directories(o.log_dir, ec);
     DTORCH_CHECK_T(ConfigError, !ec, "cannot create --log-dir ", o.log_dir, ": ", ec.message());
     for (int lr = 0; lr < o.nproc_per_node; ++lr) {
       std::string path = str(o.log_dir, "/rank", o.node_rank * o.nproc_per_node + lr, ".log");
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+      int fd = ::open(path.c_str(),
+                      O_WRONLY | O_CREAT | (append ? 0 : O_TRUNC) | O_APPEND | O_CLOEXEC, 0644);
       if (fd < 0) {
         int e = errno;
         close_all();
@@ -197,7 +221,7 @@ class RankLogs {
 
 // Everything that is the same for every attempt.
 struct Plan {
-  const LaunchOptions& opts;
+  LaunchOptions opts;  // an elastic job's rounds each set node_rank and nnodes
   std::string program_path;
   std::string master_addr;
   int master_port = 0;
@@ -206,7 +230,45 @@ struct Plan {
   std::map<std::string, std::string> env;  // launcher env + opts.env (+ OMP_NUM_THREADS)
   std::string host;  // in the line prefix of jobs on several nodes; empty on one node
   const RankLogs* logs = nullptr;
+  std::string error_dir;  // TORCHELASTIC_ERROR_FILE lives under it
+  /// TORCHELASTIC_USE_AGENT_STORE: the launcher serves the workers' store (else rank 0 does).
+  bool agent_store = true;
 };
+
+// torchrun's TORCHELASTIC_ERROR_FILE: a program whose entry point PyTorch's @record wraps writes
+// its exception there, and the launcher shows it when the worker fails.
+std::string error_file(const Plan& plan, int attempt, int local_rank) {
+  return str(plan.error_dir, "/attempt_", attempt, "/", local_rank, "/error.json");
+}
+
+// A private folder for the workers' error files, removed when the launcher ends.
+struct ErrorDir {
+  std::string path;
+  ErrorDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = str(tmp && *tmp ? tmp : "/tmp", "/dtorch_launch_XXXXXX");
+    if (::mkdtemp(templ.data())) path = templ;
+  }
+  ~ErrorDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+  ErrorDir(const ErrorDir&) = delete;
+  ErrorDir& operator=(const ErrorDir&) = delete;
+};
+
+// The message a failed worker left in its error file, or "".
+std::string error_file_message(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  try {
+    auto j = nlohmann::json::parse(in);
+    const auto& m = j.at("message");
+    return m.is_string() ? m.get<std::string>() : m.at("message").get<std::string>();
+  } catch (const std::exception&) {
+    return "";
+  }
+}
 
 std::vector<std::string> worker_env(const Plan& plan, int local_rank, int attempt) {
   const LaunchOptions& o = plan.opts;
@@ -227,7 +289,16 @@ std::vector<std::string> worker_env(const Plan& plan, int local_rank, int attemp
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(o.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = plan.run_id;
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["TORCHELASTIC_USE_AGENT_STORE"] = plan.agent_store ? "True" : "False";
+  env["TORCHELASTIC_ERROR_FILE"] = error_file(plan, attempt, local_rank);
+  // Note [Torchrun's environment by version]
+  // Workers see what the torchrun of their PyTorch would give them: 2.x adds the two
+  // variables below, and 1.13's c10d backend has rank 0 serve the workers' store
+  // (TORCHELASTIC_USE_AGENT_STORE=False) where 2.x has node 0's agent serve it.
+  if (compat::kTorch2) {
+    env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+    if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  }
   // Every output line already starts with [n<node> r<rank>]; dtorch's log need not repeat it.
   env["DTORCH_OUTPUT_PREFIXED"] = "1";
   // Rank 0's progress bar draws through a pipe; this tells it a person is watching.
@@ -264,9 +335,11 @@ struct Failure {
   pid_t pid = 0;
   int status = 0;
   std::string hidden_err_tail;
+  std::string error_file;
 };
 
-enum class End { Success, WorkerFailed, Signalled, TimedOut };
+// RoundEnded: the watch (an elastic job's rendezvous) asked the workers to stop.
+enum class End { Success, WorkerFailed, Signalled, TimedOut, RoundEnded };
 
 struct AttemptEnd {
   End how = End::Success;
@@ -277,9 +350,15 @@ struct AttemptEnd {
 // One start of the whole group, watched until every worker has ended.
 class Attempt {
  public:
+  /// `watch`, when given, is asked about twice a second whether to stop the workers.
   Attempt(const Plan& plan, int attempt, Console& console, SignalWatch& signals,
-          std::optional<Clock::time_point> deadline)
-      : plan_(plan), attempt_(attempt), console_(console), signals_(signals), deadline_(deadline) {}
+          std::optional<Clock::time_point> deadline, std::function<bool()> watch = nullptr)
+      : plan_(plan),
+        attempt_(attempt),
+        console_(console),
+        signals_(signals),
+        deadline_(deadline),
+        watch_(std::move(watch)) {}
 
   // Whatever way run() leaves (an exception included), no worker and nothing a worker started
   // is left behind.
@@ -311,6 +390,10 @@ class Attempt {
       std::string prefix = rank_prefix(o.node_rank, w.rank, plan_.host);
       w.out = LinePrefixer(o.prefix_stdout ? prefix : "");
       w.err = LinePrefixer(prefix);
+      std::error_code ec;
+      std::filesystem::create_directories(
+          std::filesystem::path(error_file(plan_, attempt_, lr)).parent_path(), ec);
+      std::filesystem::remove(error_file(plan_, attempt_, lr), ec);
       if (attempt_ > 0) {
         plan_.logs->write(lr, str("dtorch launch: restart ", attempt_, " of ", o.max_restarts,
                                   " (TORCHELASTIC_RESTART_COUNT=", attempt_, ")\n"));
@@ -346,6 +429,13 @@ class Attempt {
       end_.how = End::TimedOut;
       tear_down(SIGTERM);
     }
+    if (watch_ && !tearing_down() && now >= next_watch_) {
+      next_watch_ = now + kWatchEvery;
+      if (watch_()) {
+        end_.how = End::RoundEnded;
+        tear_down(SIGTERM);
+      }
+    }
     if (kill_at_ && now >= *kill_at_) {
       // A stopped (SIGSTOP) or hung worker ignores SIGTERM; say who needed the hard way.
       std::string left;
@@ -372,6 +462,7 @@ class Attempt {
     };
     if (deadline_ && !tearing_down()) until(*deadline_);
     if (kill_at_) until(*kill_at_);
+    if (watch_ && !tearing_down()) until(next_watch_);
     return static_cast<int>(wait.count());
   }
 
@@ -480,7 +571,8 @@ class Attempt {
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (ok || tearing_down()) return;  // deaths from our own teardown are not the cause
     end_.how = End::WorkerFailed;
-    end_.failure = Failure{w.rank, w.local_rank, w.child.pid, status, w.hidden_err_tail};
+    end_.failure = Failure{w.rank, w.local_rank,      w.child.pid,
+                           status, w.hidden_err_tail, error_file(plan_, attempt_, w.local_rank)};
     tear_down(SIGTERM);
   }
 
@@ -489,6 +581,9 @@ class Attempt {
   Console& console_;
   SignalWatch& signals_;
   std::optional<Clock::time_point> deadline_;
+  std::function<bool()> watch_;
+  static constexpr std::chrono::milliseconds kWatchEvery{500};
+  Clock::time_point next_watch_ = Clock::now() + kWatchEvery;
   std::optional<Clock::time_point> kill_at_;
   std::vector<Worker> workers_;
   AttemptEnd end_;
@@ -499,6 +594,8 @@ std::string describe_failure(const Plan& plan, const Failure& f) {
   std::string s =
       str("dtorch launch: rank ", f.rank, " (node ", plan.opts.node_rank, ", local rank ",
           f.local_rank, ", pid ", f.pid, ") ", describe_status(f.status));
+  if (std::string m = error_file_message(f.error_file); !m.empty())
+    s += str("\ndtorch launch: rank ", f.rank, "'s error file (TORCHELASTIC_ERROR_FILE) says: ", m);
   if (WIFSIGNALED(f.status) && WTERMSIG(f.status) == SIGKILL) {
     s += "\n---> HINT: nobody in this launcher sent that SIGKILL; the out-of-memory killer "
          "is the usual sender (see `dmesg`)";
@@ -563,6 +660,17 @@ void meet_other_nodes(Plan& plan, Console& console) {
   }
 }
 
+// The exit code of a group the launcher itself stopped (a signal it got, or --timeout).
+int stopped_by_launcher(const AttemptEnd& end, const LaunchOptions& o, Console& console) {
+  if (end.how == End::Signalled) {
+    console.message(str("dtorch launch: got ", signal_name(end.signal), "; stopped all workers"));
+    return 128 + end.signal;
+  }
+  console.message(str("dtorch launch: the job exceeded its time limit of ", o.timeout_seconds,
+                      " s (--timeout); stopped all workers"));
+  return 124;
+}
+
 int run_plan(const Plan& plan, Console& console) {
   const LaunchOptions& o = plan.opts;
   SignalWatch signals;
@@ -583,14 +691,10 @@ int run_plan(const Plan& plan, Console& console) {
       case End::Success:
         return 0;
       case End::Signalled:
-        console.message(
-            str("dtorch launch: got ", signal_name(end.signal), "; stopped all workers"));
-        return 128 + end.signal;
       case End::TimedOut:
-        console.message(str("dtorch launch: the job exceeded its time limit of ", o.timeout_seconds,
-                            " s (--timeout); stopped all workers"));
-        return 124;
+        return stopped_by_launcher(end, o, console);
       case End::WorkerFailed:
+      case End::RoundEnded:  // only with a watch, which elastic jobs have
         break;
     }
     std::string failure = describe_failure(plan, end.failure);
@@ -608,12 +712,144 @@ int run_plan(const Plan& plan, Console& console) {
   }
 }
 
+// The c10d backend: rounds of Note [Elastic rendezvous]. Each round's node 0 serves a fresh
+// store for the workers on a free port and gives them its host name (torchrun's MASTER_ADDR and
+// MASTER_PORT), so workers of one round never meet keys of another.
+int run_elastic(const Plan& base, Console& console) {
+  const LaunchOptions& o = base.opts;
+  const RdzvConf& conf = o.rdzv_conf;
+  const double join_s = conf.join_timeout_given ? conf.join_timeout : o.rdzv_timeout_seconds;
+  const auto join_ms = std::chrono::milliseconds(static_cast<long long>(join_s * 1000));
+  const Endpoint& at = o.rdzv_endpoint;
+  // The endpoint's host serves the store; with several launchers on that host, the first does.
+  c10::intrusive_ptr<c10d::Store> served;
+  if (is_local_host(at.host)) {
+    try {
+      served = serve_store(at.port, 1, join_ms);
+    } catch (const CommError&) {
+      log::debug("launch: the rendezvous store on port ", at.port,
+                 " is served already (another launcher on this host)");
+    }
+  }
+  auto connect = [&] { return connect_store(at.host, at.port, join_ms); };
+  ElasticConfig cfg;
+  cfg.run_id = base.run_id;
+  cfg.min_nodes = min_nodes(o);
+  cfg.max_nodes = o.nnodes;
+  cfg.conf = conf;
+  cfg.conf.join_timeout = join_s;
+  cfg.max_restarts = o.max_restarts;
+  cfg.host = short_hostname();
+  ElasticRendezvous rdzv(connect(), connect, cfg);
+  std::optional<Clock::time_point> deadline;
+  if (o.timeout_seconds > 0) {
+    deadline =
+        Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.timeout_seconds * 1000));
+  }
+  for (bool first = true;; first = false) {
+    std::optional<Round> round = rdzv.join();
+    if (!round) {
+      console.message("dtorch launch: the job finished while this node waited to join it");
+      return 0;
+    }
+    Plan plan = base;
+    plan.opts.node_rank = round->node_rank;
+    plan.opts.nnodes = round->nnodes;
+    plan.world_size = round->nnodes * o.nproc_per_node;
+    c10::intrusive_ptr<c10d::Store> workers_store;
+    plan.agent_store = compat::kTorch2;  // Note [Torchrun's environment by version]
+    if (round->node_rank == 0) {
+      if (plan.agent_store) {
+        workers_store = serve_store(0, plan.world_size, join_ms);
+        plan.master_port = served_port(workers_store);
+      } else {
+        plan.master_port = free_port();
+      }
+      plan.master_addr = fqdn();
+      rdzv.publish("master", plan.master_addr + " " + std::to_string(plan.master_port));
+    } else {
+      std::string m = rdzv.read("master");
+      plan.master_addr = m.substr(0, m.find(' '));
+      plan.master_port = std::stoi(m.substr(m.find(' ') + 1));
+    }
+    std::string who;
+    for (int i = 0; i < round->nnodes; ++i)
+      who += str(i ? ", " : "", "n", i, " ", round->hosts[static_cast<std::size_t>(i)]);
+    int first_rank = round->node_rank * o.nproc_per_node;
+    console.message(str("dtorch launch: round ", round->number, ": ", round->nnodes, " node(s) (",
+                        who, "); this node is n", round->node_rank, ", ranks ", first_rank, "..",
+                        first_rank + o.nproc_per_node - 1, " of ", plan.world_size));
+    RankLogs logs(plan.opts, !first);
+    // Per round: between rounds a signal ends the launcher at once (its heartbeat stops, and the
+    // others count it lost).
+    SignalWatch signals;
+    plan.logs = &logs;
+    std::optional<RoundEnd> ended;
+    bool store_lost = false;
+    auto watch = [&]() -> bool {
+      if (store_lost) return false;
+      try {
+        ended = rdzv.poll();
+      } catch (const std::exception& e) {
+        store_lost = true;
+        std::string why = e.what();
+        console.message(str("dtorch launch: lost the rendezvous store at ", at.host, ":", at.port,
+                            " (", why.substr(0, why.find('\n')),
+                            "); the workers go on, but "
+                            "this node can no longer restart them"));
+      }
+      return ended.has_value();
+    };
+    AttemptEnd end;
+    try {
+      end = Attempt(plan, round->restarts, console, signals, deadline, watch).run();
+    } catch (const SpawnError& e) {
+      console.message(str("dtorch launch: ", e.what()));
+      return e.exit_code();
+    }
+    int code = 1;
+    switch (end.how) {
+      case End::Success:
+        rdzv.finish();
+        // Whoever serves a store keeps it until the others are done with it.
+        if (served || round->node_rank == 0) rdzv.wait_for_peers(conf.close_timeout);
+        return 0;
+      case End::Signalled:
+      case End::TimedOut:
+        return stopped_by_launcher(end, o, console);
+      case End::WorkerFailed: {
+        std::string failure = describe_failure(plan, end.failure);
+        console.message(failure);
+        logs.write(end.failure.local_rank, failure + "\n");
+        code = exit_code_of(end.failure.status);
+        ended = rdzv.end_round(RoundCause::Failure,
+                               str("rank ", end.failure.rank, " on ",
+                                   round->hosts[static_cast<std::size_t>(round->node_rank)], " ",
+                                   describe_status(end.failure.status)));
+        break;
+      }
+      case End::RoundEnded:
+        break;
+    }
+    if (ended->fail) {
+      console.message(str("dtorch launch: the job fails: ", ended->why));
+      return code;
+    }
+    console.message(str("dtorch launch: round ", round->number, " ends: ", ended->why,
+                        "; stopping this node's workers and meeting again"));
+  }
+}
+
 }  // namespace
 
 int run(const LaunchOptions& opts) {
   validate(opts);
   Console console;
-  Plan plan{opts, "", "", 0, opts.nnodes * opts.nproc_per_node, opts.run_id, launcher_env()};
+  Plan plan;
+  plan.opts = opts;
+  plan.world_size = opts.nnodes * opts.nproc_per_node;
+  plan.run_id = opts.run_id;
+  plan.env = launcher_env();
   try {
     plan.program_path = resolve_program(opts.command[0]);
   } catch (const SpawnError& e) {
@@ -631,6 +867,20 @@ int run(const LaunchOptions& opts) {
                         " workers so they do not oversubscribe the cores; set it to tune"));
   }
   if (plan.run_id.empty()) plan.run_id = opts.standalone ? random_run_id() : "none";
+  ErrorDir error_dir;
+  plan.error_dir = error_dir.path;
+  if (opts.rdzv_backend == RdzvBackend::C10d) {
+    try {
+      return run_elastic(plan, console);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      DTORCH_FAIL(CommError, "the rendezvous store at ", opts.rdzv_endpoint.host, ":",
+                  opts.rdzv_endpoint.port, " failed (", why.substr(0, why.find('\n')),
+                  "): the launcher on that host has probably ended; see its log");
+    }
+  }
   RankLogs logs(opts);
   plan.logs = &logs;
 

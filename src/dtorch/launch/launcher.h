@@ -7,12 +7,20 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/launch/rdzv_options.h"
+
 namespace dtorch::launch {
 
 struct LaunchOptions {
-  int nproc_per_node = 1;                 ///< workers started on this node
-  int nnodes = 1;                         ///< nodes in the job
-  int node_rank = 0;                      ///< this node's index, 0..nnodes-1
+  int nproc_per_node = 1;  ///< workers started on this node
+  int nnodes = 1;          ///< nodes in the job (with c10d: at most)
+  int node_rank = 0;       ///< this node's index, 0..nnodes-1 (static only)
+  /// Static: --node-rank and --master-addr/--master-port. C10d: the launchers meet at
+  /// rdzv_endpoint, are numbered on arrival and go on with min_nodes..nnodes nodes.
+  RdzvBackend rdzv_backend = RdzvBackend::Static;
+  int min_nodes = 0;       ///< c10d: fewer nodes than this end the job (0: nnodes)
+  Endpoint rdzv_endpoint;  ///< c10d: host and port of the store the launchers meet in
+  RdzvConf rdzv_conf;      ///< c10d: timeouts and heartbeats (--rdzv-conf)
   std::string master_addr = "127.0.0.1";  ///< host of node 0, where the store is served
   int master_port = 29500;                ///< store port on master_addr
   bool standalone = false;                ///< single node on a free port (ignores master_addr/port)

@@ -2,7 +2,13 @@
 // polled, so a missing node is named by its rank.
 #include "dtorch/launch/node_rendezvous.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <functional>
 #include <thread>
@@ -48,6 +54,56 @@ std::string short_hostname() {
   if (::gethostname(host, sizeof host - 1) != 0) return "";
   std::string h = host;
   return h.substr(0, h.find('.'));
+}
+
+std::string fqdn() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+  // Python: gethostbyaddr(gethostname()), then the first of its name and aliases with a dot.
+  struct hostent* by_name = ::gethostbyname(name);
+  if (!by_name || by_name->h_addrtype != AF_INET || !by_name->h_addr_list[0]) return name;
+  struct hostent* h = ::gethostbyaddr(by_name->h_addr_list[0], sizeof(in_addr), AF_INET);
+  if (!h) return name;
+  std::string primary = h->h_name;
+  if (primary.find('.') != std::string::npos) return primary;
+  for (char** a = h->h_aliases; a && *a; ++a)
+    if (std::strchr(*a, '.')) return *a;
+  return primary;
+}
+
+bool is_local_host(const std::string& host) {
+  if (host == "localhost" || host == short_hostname()) return true;
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  struct addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  struct addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  struct ifaddrs* ifs = nullptr;
+  bool local = false;
+  if (::getifaddrs(&ifs) == 0) {
+    for (struct addrinfo* a = found; a && !local; a = a->ai_next) {
+      for (struct ifaddrs* i = ifs; i && !local; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != a->ai_family) continue;
+        if (a->ai_family == AF_INET) {
+          local = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
+                  reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr;
+        } else if (a->ai_family == AF_INET6) {
+          local = std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
+                              &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                              sizeof(in6_addr)) == 0;
+        }
+      }
+    }
+    ::freeifaddrs(ifs);
+  }
+  // 127.x answers locally even where no interface lists it.
+  for (struct addrinfo* a = found; a && !local; a = a->ai_next) {
+    if (a->ai_family == AF_INET)
+      local = (ntohl(reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+  }
+  ::freeaddrinfo(found);
+  return local;
 }
 
 // Note [Node rendezvous]

@@ -32,4 +32,13 @@ std::string describe_missing_nodes(const NodeRoll& roll);
 /// This host's name up to the first dot ("" when it has none).
 std::string short_hostname();
 
+/// This host's fully qualified name as Python's socket.getfqdn() gives it (the name its address
+/// resolves back to, preferring one with a dot): what torchrun's c10d backend gives workers as
+/// MASTER_ADDR.
+std::string fqdn();
+
+/// Whether `host` (a name or an address) is this machine: "localhost", this host's name, or an
+/// address that resolves to one of its interfaces.
+bool is_local_host(const std::string& host);
+
 }  // namespace dtorch::launch

@@ -3,7 +3,13 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
@@ -88,6 +94,21 @@ bool served_by_libuv(const c10::intrusive_ptr<c10d::Store>& store) {
   auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
   DTORCH_CHECK(tcp, "served_by_libuv: not a TCPStore");
   return store_uses_libuv(*tcp);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  DTORCH_CHECK_T(CommError, fd >= 0, "cannot open a socket: ", std::strerror(errno));
+  struct sockaddr_in a = {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  int e = errno;
+  ::close(fd);
+  DTORCH_CHECK_T(CommError, ok, "cannot find a free TCP port: ", std::strerror(e));
+  return ntohs(a.sin_port);
 }
 
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,

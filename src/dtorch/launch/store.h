@@ -30,6 +30,10 @@ int served_port(const c10::intrusive_ptr<c10d::Store>& store);
 /// LibTorch 1.13 and where the LibTorch lacks libuv or USE_LIBUV=0.
 bool served_by_libuv(const c10::intrusive_ptr<c10d::Store>& store);
 
+/// A TCP port that was free a moment ago (bound to port 0 and released), as torchrun picks the
+/// workers' MASTER_PORT. Throws CommError when no socket can be bound.
+int free_port();
+
 /// Connects to a store served elsewhere; throws CommError naming addr:port when it cannot be
 /// reached within `timeout`.
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,

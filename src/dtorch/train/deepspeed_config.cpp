@@ -349,10 +349,10 @@ DeepSpeedSettings read_deepspeed_config(const std::string& path) {
 }
 
 BatchSizes resolve_batch_sizes(std::optional<int64_t> train, std::optional<int64_t> micro,
-                               std::optional<int64_t> accum, int dp) {
+                               std::optional<int64_t> accum, int dp, const BatchNames& n) {
   if (!train) {
-    DTORCH_CHECK_T(ConfigError, micro.has_value(),
-                   "give train_batch_size or train_micro_batch_size_per_gpu (or --batch-size)");
+    DTORCH_CHECK_T(ConfigError, micro.has_value(), "give ", n.total, " or ", n.micro,
+                   " (or --batch-size)");
     return {*micro, accum.value_or(1)};
   }
   BatchSizes b;
@@ -365,18 +365,27 @@ BatchSizes resolve_batch_sizes(std::optional<int64_t> train, std::optional<int64
   } else {
     b = {*train / dp, 1};
   }
-  DTORCH_CHECK_T(ConfigError, b.micro >= 1 && b.accum >= 1, "train_batch_size ", *train,
+  DTORCH_CHECK_T(ConfigError, b.micro >= 1 && b.accum >= 1, n.total, " ", *train,
                  " is too small for a data-parallel size of ", dp, " with ",
-                 micro ? str("train_micro_batch_size_per_gpu ", *micro)
-                       : str("gradient_accumulation_steps ", accum.value_or(1)),
+                 micro ? str(n.micro, " ", *micro) : str(n.accum, " ", accum.value_or(1)),
                  "; raise it to at least ", micro ? *micro * dp : dp * accum.value_or(1));
-  DTORCH_CHECK_T(ConfigError, *train == b.micro * b.accum * dp, "train_batch_size ", *train,
-                 " is not train_micro_batch_size_per_gpu ", b.micro,
-                 " x gradient_accumulation_steps ", b.accum, " x data-parallel size ", dp,
-                 " (= ", b.micro * b.accum * dp,
-                 "), which DeepSpeed requires; change one of them, or leave train_batch_size out "
-                 "to have it computed");
+  DTORCH_CHECK_T(ConfigError, *train == b.micro * b.accum * dp, n.total, " ", *train, " is not ",
+                 n.micro, " ", b.micro, " x ", n.accum, " ", b.accum, " x data-parallel size ", dp,
+                 " (= ", b.micro * b.accum * dp, "), which DeepSpeed requires; change one of them",
+                 dp > 1 ? str(", or make ", n.total, " a multiple of ", dp) : std::string(),
+                 ", or leave ", n.total, " out to have it computed");
   return b;
+}
+
+void set_batch_sizes(const BatchSizes& b, TrainConfig& c) {
+  if (c.pp > 1) {  // the accumulation steps are the pipeline's micro-batches
+    c.batch_size = b.micro * b.accum;
+    c.microbatches = static_cast<int>(b.accum);
+    c.accum_steps = 1;
+  } else {
+    c.batch_size = b.micro;
+    c.accum_steps = static_cast<int>(b.accum);
+  }
 }
 
 std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
@@ -428,15 +437,7 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
     auto accum =
         given.count("--accum-steps") ? std::optional<int64_t>(c.accum_steps) : ds.accum_steps;
     if (!micro && !ds.train_batch_size) micro = c.batch_size;  // dtorch's default
-    const BatchSizes b = resolve_batch_sizes(ds.train_batch_size, micro, accum, dp);
-    if (c.pp > 1) {  // the accumulation steps are the pipeline's micro-batches
-      c.batch_size = b.micro * b.accum;
-      c.microbatches = static_cast<int>(b.accum);
-      c.accum_steps = 1;
-    } else {
-      c.batch_size = b.micro;
-      c.accum_steps = static_cast<int>(b.accum);
-    }
+    set_batch_sizes(resolve_batch_sizes(ds.train_batch_size, micro, accum, dp), c);
   }
   return notes;
 }

@@ -88,8 +88,19 @@ struct BatchSizes {
   int64_t micro = 0;
   int64_t accum = 0;
 };
+/// What the three are called where they came from: DeepSpeed's keys, or dtorch's flags.
+struct BatchNames {
+  const char* total = "train_batch_size";
+  const char* micro = "train_micro_batch_size_per_gpu";
+  const char* accum = "gradient_accumulation_steps";
+};
 BatchSizes resolve_batch_sizes(std::optional<int64_t> train_batch_size,
-                               std::optional<int64_t> micro, std::optional<int64_t> accum, int dp);
+                               std::optional<int64_t> micro, std::optional<int64_t> accum, int dp,
+                               const BatchNames& names = {});
+
+/// Sets `c`'s batch size and accumulation steps from `b` (with a pipeline, the accumulation
+/// steps are its micro-batches).
+void set_batch_sizes(const BatchSizes& b, TrainConfig& c);
 
 /// Sets the fields of `c` the file gives, except those whose flags are in `flags_given`
 /// ("--lr", ...). `world_size` is the job's rank count (the data-parallel size is that over
