@@ -18,7 +18,7 @@ import os
 import sys
 
 from bench_memory import gib, run_lines, run_peer, shown_path, short_version
-from benchlib import parse_with_peer, replace_block
+from benchlib import parse_with_peer, publish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- activation-checkpointing:start -->", "<!-- activation-checkpointing:end -->"
@@ -110,9 +110,7 @@ def main():
         + (same_peak % (4 * first["params"] / 2**20) if len(peaks) == 1 else ""),
         END,
     ]
-    block = "\n".join(lines)
-    replace_block(a.out, START, END, block)
-    print(block)
+    publish(a.out, lines)
 
 
 if __name__ == "__main__":

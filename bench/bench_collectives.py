@@ -15,7 +15,7 @@ import os
 import statistics
 import sys
 
-from benchlib import replace_block, run_json
+from benchlib import publish, run_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- collectives:start -->", "<!-- collectives:end -->"
@@ -81,9 +81,7 @@ def main():
               "(below 1: Gloo's is faster): " + ", ".join(
                   "%s %.2f" % (op, statistics.geometric_mean(v)) for op, v in wins.items()) + ".",
               END]
-    block = "\n".join(lines)
-    replace_block(a.out, START, END, block)
-    print(block)
+    publish(a.out, lines)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from bench_memory import shown_path, short_version
-from benchlib import ROOT, libtorch_version, replace_block, run_json
+from benchlib import ROOT, libtorch_version, publish, run_json
 
 START, END = "<!-- data:start -->", "<!-- data:end -->"
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -114,9 +114,7 @@ def main():
         "PIL decodes at full size unless told to (`Image.draft`), which ImageFolder does not.",
         END,
     ]
-    block = "\n".join(lines)
-    replace_block(a.out, START, END, block)
-    print(block)
+    publish(a.out, lines)
 
 
 if __name__ == "__main__":

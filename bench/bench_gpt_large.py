@@ -10,7 +10,7 @@ import datetime
 import os
 
 from bench_memory import gib, run_lines
-from benchlib import ROOT, libtorch_version, replace_block
+from benchlib import ROOT, libtorch_version, publish
 
 START, END = "<!-- gpt-large:start -->", "<!-- gpt-large:end -->"
 
@@ -61,9 +61,7 @@ def main():
         "all ranks GiB | s/step |",
         "|---|---|---|---|---|---|",
     ] + rows + [END]
-    block = "\n".join(lines)
-    replace_block(a.out, START, END, block)
-    print(block)
+    publish(a.out, lines)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from bench_memory import shown_path, short_version
-from benchlib import ROOT, libtorch_version, parse_with_peer, replace_block, run_json
+from benchlib import ROOT, libtorch_version, parse_with_peer, publish, run_json
 
 START, END = "<!-- lightning:start -->", "<!-- lightning:end -->"
 
@@ -88,9 +88,7 @@ def main():
         "epoch.",
         END,
     ]
-    block = "\n".join(lines)
-    replace_block(a.out, START, END, block)
-    print(block)
+    publish(a.out, lines)
 
 
 if __name__ == "__main__":

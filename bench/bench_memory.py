@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from benchlib import parse_with_peer, replace_block
+from benchlib import parse_with_peer, publish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
@@ -196,10 +196,7 @@ def main():
     if peers:
         lines += peer_table(a, results, peers, torch2)
     lines.append(END)
-    block = "\n".join(lines)
-
-    replace_block(a.out, START, END, block)
-    print(block)
+    publish(a.out, lines)
 
 
 def shown_path(path):

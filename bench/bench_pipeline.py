@@ -19,7 +19,7 @@ import os
 import sys
 
 from bench_memory import gib, run_lines, run_peer, shown_path, short_version
-from benchlib import parse_with_peer, replace_block
+from benchlib import parse_with_peer, publish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- pipeline:start -->", "<!-- pipeline:end -->"
@@ -147,9 +147,7 @@ def main():
             "--peer-timeout and its row says so.",
         ]
     lines.append(END)
-    block = "\n".join(lines)
-    replace_block(a.out, START, END, block)
-    print(block)
+    publish(a.out, lines)
 
 
 if __name__ == "__main__":

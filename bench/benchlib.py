@@ -44,6 +44,14 @@ def libtorch_version(dtorch):
     return next((l.split()[1] for l in out.splitlines() if l.startswith("LibTorch")), "?")
 
 
+def publish(path, lines):
+    """Puts the block `lines` (its first line the start marker, its last the end marker) into
+    the file at `path`, in place of the block between the same markers, and prints it."""
+    block = "\n".join(lines)
+    replace_block(path, lines[0], lines[-1], block)
+    print(block)
+
+
 def replace_block(path, start, end, block):
     """Puts `block` (which begins with `start` and ends with `end`) in place of the file's block
     between those markers, or appends it when the file has none."""

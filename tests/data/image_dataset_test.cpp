@@ -26,13 +26,6 @@
 namespace dtorch::data {
 namespace {
 
-bool have_fashion() {
-  return std::filesystem::exists(mnist_file(kDefaultMnistDir, "train", "images"));
-}
-
-#define SKIP_WITHOUT_FASHION() \
-  if (!have_fashion()) GTEST_SKIP() << "no Fashion-MNIST (apt-get install dataset-fashion-mnist)"
-
 ImageBatchOptions plain(int64_t size) {
   ImageBatchOptions o;
   o.transform.size = size;
@@ -42,7 +35,7 @@ ImageBatchOptions plain(int64_t size) {
 }
 
 TEST(ImageFolder, ClassesLabelsAndHeldOutTenth) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("imagefolder-scan");
   auto files = testing::write_fashion_folder(dir, 20, "mixed");
   std::filesystem::create_directories(dir + "/.cache/x");  // hidden: not a class
@@ -60,7 +53,7 @@ TEST(ImageFolder, ClassesLabelsAndHeldOutTenth) {
 }
 
 TEST(ImageFolder, PngPixelsEqualTheDatasetsAndLabelsFollowFolders) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("imagefolder-pixels");
   auto files = testing::write_fashion_folder(dir, 10, "png");
   ImageSplits s = scan_image_folder(dir);
@@ -81,7 +74,7 @@ TEST(ImageFolder, PngPixelsEqualTheDatasetsAndLabelsFollowFolders) {
 }
 
 TEST(ImageFolder, TrainAndValFoldersAreTheSplits) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("imagefolder-trainval");
   testing::write_fashion_folder(dir + "/train", 3, "jpg");
   testing::write_fashion_folder(dir + "/val", 1, "png");
@@ -118,7 +111,7 @@ TEST(ImageFolder, BadLayoutsSayWhatToDo) {
 }
 
 TEST(ImageFolder, AugmentedBatchesAreFixedBySeedAndEpoch) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("imagefolder-seed");
   testing::write_fashion_folder(dir, 10, "mixed");
   ImageSplits s = scan_image_folder(dir);
@@ -136,7 +129,7 @@ TEST(ImageFolder, AugmentedBatchesAreFixedBySeedAndEpoch) {
 }
 
 TEST(ImageFolder, RanksGetDisjointShards) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("imagefolder-shards");
   testing::write_fashion_folder(dir, 10, "png");
   ImageSplits s = scan_image_folder(dir);  // 90 training images: 3 ranks x 30
@@ -151,7 +144,7 @@ TEST(ImageFolder, RanksGetDisjointShards) {
 }
 
 TEST(ImageFolder, UnreadableImagesFailOrAreSkippedByName) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("imagefolder-unreadable");
   testing::write_fashion_folder(dir, 10, "png");
   const std::string bad = dir + "/3-dress/00000-broken.png";
@@ -179,15 +172,11 @@ TEST(ImageFolder, UnreadableImagesFailOrAreSkippedByName) {
             std::string::npos);
 }
 
-// CIFAR-10 records: label, then 1024 red, 1024 green, 1024 blue bytes.
+// CIFAR-10 records whose bytes say where they are.
 void write_cifar(const std::string& path, const std::vector<uint8_t>& labels) {
-  std::ofstream f(path, std::ios::binary);
-  for (size_t r = 0; r < labels.size(); ++r) {
-    f.put(static_cast<char>(labels[r]));
-    for (int c = 0; c < 3; ++c)
-      for (int p = 0; p < 1024; ++p)
-        f.put(static_cast<char>((p + 50 * c + 7 * static_cast<int>(r)) % 256));
-  }
+  testing::write_cifar(path, labels, [](int r, int c, int p) {
+    return static_cast<uint8_t>((p + 50 * c + 7 * r) % 256);
+  });
 }
 
 TEST(Cifar10, ReadsRecordsChannelMajor) {
@@ -240,7 +229,7 @@ namespace {
 // torchvision's ImageFolder on the same folder: the same classes, every file with the same
 // label, and PIL's decoding of each JPEG and PNG within a grey level of ours.
 TEST(ImageFolderTorchvision, SameClassesLabelsAndPixels) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   DTORCH_SKIP_WITHOUT_PYTHON(false);
   const std::string dir = testing::scratch_dir("imagefolder-torchvision");
   testing::write_fashion_folder(dir + "/data", 10, "mixed");

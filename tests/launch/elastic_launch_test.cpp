@@ -148,6 +148,40 @@ TEST(ElasticLaunch, TorchrunFlagsNeedWhatTheyName) {
   EXPECT_FALSE(contains(r.err, "[tools/")) << r.err;
 }
 
+// Three launchers on this host: the first two start a round of two, the third comes later,
+// waits, and joins at the next round, where everyone is renumbered (up to MAX = 3).
+TEST(ElasticLaunch, ALateNodeJoinsAtTheNextRound) {
+  std::string endpoint = "127.0.0.1:" + std::to_string(testing::free_port());
+  auto start = [&](int i) {
+    return testing::start_command(
+        testing::scratch_dir("elastic-late-" + std::to_string(i)),
+        {DTORCH_CLI, "launch", "--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         endpoint, "--rdzv-conf", "last_call_timeout=1,keep_alive_interval=1", "--timeout", "60",
+         "--", "sh", "-c",
+         "echo rank $RANK of $WORLD_SIZE; [ $WORLD_SIZE = 3 ] && sleep 2 || sleep 30"});
+  };
+  std::vector<testing::Command> early = {start(0), start(1)};
+  auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!contains(read_file(early[0].dir + "/stdout"), " of 2") && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  testing::Command late = start(2);
+  std::vector<testing::CommandResult> r = {testing::finish_command(early[0], 60),
+                                           testing::finish_command(early[1], 60),
+                                           testing::finish_command(late, 60)};
+  std::string all;
+  for (const auto& x : r) {
+    EXPECT_EQ(x.exit_code(), 0) << x.out << x.err;
+    all += x.out + x.err;
+  }
+  EXPECT_TRUE(contains(r[0].err, "round 0: 2 node(s)")) << r[0].err;
+  EXPECT_TRUE(contains(r[0].err, "asks to join the 2 running, up to 3")) << r[0].err;
+  EXPECT_FALSE(contains(r[2].err, "round 0:")) << "the late node is in no round 0: " << r[2].err;
+  for (const auto& x : r)
+    EXPECT_TRUE(contains(x.err, "round 1: 3 node(s)")) << x.err;
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_TRUE(contains(all, "rank " + std::to_string(rank) + " of 3")) << all;
+}
+
 // ---- several hosts --------------------------------------------------------------------------
 
 class ElasticHosts : public ::testing::Test {

@@ -49,5 +49,28 @@ dist.destroy_process_group()
   EXPECT_TRUE(contains(r.out, "agent store True")) << r.out;
 }
 
+// A program whose entry point PyTorch's @record wraps writes its exception to
+// TORCHELASTIC_ERROR_FILE, and the launcher's report of the failed rank quotes it.
+TEST(Torchrun, AFailedWorkersErrorFileIsQuoted) {
+  DTORCH_SKIP_WITHOUT_PYTHON(false);
+  const std::string dir = testing::scratch_dir("torchrun_error_file");
+  std::ofstream(dir + "/fails.py") << R"PY(
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("the learning rate is negative")
+
+main()
+)PY";
+  auto r = testing::run_command("torchrun_error_file_cmd",
+                                {DTORCH_CLI, "launch", "--standalone", "--nproc-per-node", "1",
+                                 "--", testing::python(), dir + "/fails.py"},
+                                60);
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0's error file (TORCHELASTIC_ERROR_FILE) says: ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the learning rate is negative")) << r.err;
+}
+
 }  // namespace
 }  // namespace dtorch::launch

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 
@@ -72,6 +73,21 @@ const data::MnistSplit& fashion_train() {
 }
 
 }  // namespace
+
+bool have_fashion_mnist() {
+  return std::filesystem::exists(data::mnist_file(data::kDefaultMnistDir, "train", "images"));
+}
+
+void write_cifar(const std::string& path, const std::vector<uint8_t>& labels,
+                 const std::function<uint8_t(int r, int c, int p)>& pixel) {
+  std::ofstream f(path, std::ios::binary);
+  for (std::size_t r = 0; r < labels.size(); ++r) {
+    f.put(static_cast<char>(labels[r]));
+    for (int c = 0; c < 3; ++c)
+      for (int p = 0; p < 1024; ++p)
+        f.put(static_cast<char>(pixel(static_cast<int>(r), c, p)));
+  }
+}
 
 data::RgbImage fashion_image(int64_t i, int64_t* label) {
   const auto& s = fashion_train();

@@ -19,22 +19,19 @@ namespace {
 using testing::contains;
 using testing::run_command;
 
-#define SKIP_WITHOUT_FASHION()                                                               \
-  if (!std::filesystem::exists(data::mnist_file(data::kDefaultMnistDir, "train", "images"))) \
-  GTEST_SKIP() << "no Fashion-MNIST (apt-get install dataset-fashion-mnist)"
-
 std::vector<std::string> image_args(const std::string& data, const std::string& out) {
   return {DTORCH_CLI, "train",    "--model", "mnist-cnn",  "--data", data,     "--out",
           out,        "--epochs", "2",       "--progress", "off",    "--seed", "3"};
 }
 
 TEST(TrainCli, ImageFolderTrainsOnTwoRanksWithLoaderThreads) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("train_imagefolder");
   testing::write_fashion_folder(dir + "/images", 60, "mixed");
   auto args = image_args("imagefolder:" + dir + "/images", dir + "/run");
+  // (--lr 0.05 lost its first epoch's accuracy in the second on LibTorch 1.13's kernels.)
   args.insert(args.end(), {"--image-size", "28", "--nproc-per-node", "2", "--data-workers", "2",
-                           "--batch-size", "16", "--lr", "0.05"});
+                           "--batch-size", "16", "--lr", "0.02"});
   auto r = run_command("train_imagefolder_cmd", args, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(contains(r.err, "540 training and 60 test images, 10 classes, 28x28")) << r.err;
@@ -47,13 +44,13 @@ TEST(TrainCli, ImageFolderTrainsOnTwoRanksWithLoaderThreads) {
 
 // CIFAR-10 records whose class is the image's brightness, so a model can learn it.
 void write_cifar(const std::string& path, int records, int offset) {
-  std::ofstream f(path, std::ios::binary);
-  for (int r = 0; r < records; ++r) {
-    const int label = (r + offset) % 10;
-    f.put(static_cast<char>(label));
-    for (int p = 0; p < 3 * 1024; ++p)
-      f.put(static_cast<char>(label * 25 + (p * 13 + r) % 7));
-  }
+  std::vector<uint8_t> labels;
+  for (int r = 0; r < records; ++r)
+    labels.push_back(static_cast<uint8_t>((r + offset) % 10));
+  testing::write_cifar(path, labels, [&](int r, int c, int p) {
+    return static_cast<uint8_t>(labels[static_cast<std::size_t>(r)] * 25 +
+                                ((c * 1024 + p) * 13 + r) % 7);
+  });
 }
 
 TEST(TrainCli, Cifar10BuildsTheModelForItsImages) {
@@ -73,7 +70,7 @@ TEST(TrainCli, Cifar10BuildsTheModelForItsImages) {
 }
 
 TEST(TrainCli, UnreadableImageStopsTheRunByNameOrIsSkipped) {
-  SKIP_WITHOUT_FASHION();
+  DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("train_bad_image");
   testing::write_fashion_folder(dir + "/images", 10, "png");
   const std::string bad = dir + "/images/4-coat/00000-cut.jpg";

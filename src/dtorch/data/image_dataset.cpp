@@ -140,20 +140,24 @@ class CifarSource : public ImageSource {
     DTORCH_CHECK_T(DataError, in.good(), file.string(),
                    " is missing or unreadable: --data cifar10:DIR expects CIFAR-10's binary "
                    "version (data_batch_1.bin ... data_batch_5.bin, test_batch.bin) in DIR");
-    std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                               std::istreambuf_iterator<char>());
-    DTORCH_CHECK_T(DataError, !bytes.empty() && bytes.size() % kCifarRecord == 0, file.string(),
-                   " holds ", bytes.size(), " bytes, not a whole number of ", kCifarRecord,
+    // Read straight onto the end of records_: one copy of the data set in memory, not two.
+    std::error_code ec;
+    const auto size = fs::file_size(file, ec);
+    DTORCH_CHECK_T(DataError, !ec && size > 0 && size % kCifarRecord == 0, file.string(), " holds ",
+                   ec ? 0 : size, " bytes, not a whole number of ", kCifarRecord,
                    "-byte CIFAR-10 records (truncated download?)");
-    const int64_t n = static_cast<int64_t>(bytes.size()) / kCifarRecord;
+    const std::size_t at = records_.size();
+    records_.resize(at + size);
+    in.read(reinterpret_cast<char*>(records_.data() + at), static_cast<std::streamsize>(size));
+    DTORCH_CHECK_T(DataError, static_cast<std::size_t>(in.gcount()) == size, file.string(),
+                   ": read ", in.gcount(), " of its ", size, " bytes");
+    const int64_t n = static_cast<int64_t>(size) / kCifarRecord;
     for (int64_t i = 0; i < n; ++i) {
-      DTORCH_CHECK_T(DataError, bytes[static_cast<size_t>(i * kCifarRecord)] < 10, file.string(),
-                     " record ", i, " has label ",
-                     int(bytes[static_cast<size_t>(i * kCifarRecord)]),
+      const uint8_t label = records_[at + static_cast<size_t>(i * kCifarRecord)];
+      DTORCH_CHECK_T(DataError, label < 10, file.string(), " record ", i, " has label ", int(label),
                      " (CIFAR-10 has 0..9): is it CIFAR-100's file?");
       files_.push_back({file.filename().string(), i});
     }
-    records_.insert(records_.end(), bytes.begin(), bytes.end());
   }
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
   int64_t label(int64_t i) const override {

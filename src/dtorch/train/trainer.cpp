@@ -33,6 +33,20 @@
 namespace dtorch::train {
 namespace {
 
+// The training loss over some batches (a step, a --print-every window, an epoch): its mean
+// per batch, and the samples all ranks saw.
+struct LossTally {
+  double loss = 0;
+  int64_t batches = 0;
+  int64_t samples = 0;
+  void add(double batch_loss, int64_t batch_samples) {
+    loss += batch_loss;
+    ++batches;
+    samples += batch_samples;
+  }
+  double mean() const { return loss / static_cast<double>(std::max<int64_t>(1, batches)); }
+};
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
@@ -488,15 +502,13 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
                             [&, epoch](int64_t k) { return data.train.batch(batches[k], epoch); });
     progress.start_epoch(epoch, c.epochs, static_cast<int64_t>(batches.size()));
     model->train();
-    double loss_sum = 0;
-    int64_t samples = 0;
+    LossTally epoch_tally;
     const int64_t epoch_first_step = global_step;
     // The window a --print-every line reports on: the steps since the last line this epoch.
     PhaseTimes window_phases(c.phase_times);
-    double window_loss = 0;
-    int64_t window_batches = 0, window_samples = 0, window_steps = 0;
-    double step_loss = 0;  // the batches of this optimizer step, for TensorBoard
-    int64_t step_batches = 0;
+    LossTally window;
+    int64_t window_steps = 0;
+    LossTally step_tally;  // the batches of this optimizer step, for TensorBoard
     auto window_start = Clock::now();
     for (size_t i = 0; i < batches.size(); ++i) {
       epoch_phases.start();
@@ -529,52 +541,45 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
         }
         l = loss.item<double>();
       }
-      step_loss += l;
-      ++step_batches;
+      const int64_t batch_samples = x.size(0) * dp->size();
+      step_tally.add(l, batch_samples);
+      epoch_tally.add(l, batch_samples);
+      window.add(l, batch_samples);
       if (stepped) {
         ++global_step;
         ++window_steps;
         if (board) {
-          board->scalar("train/loss", global_step, step_loss / static_cast<double>(step_batches));
+          board->scalar("train/loss", global_step, step_tally.mean());
           board->scalar("train/lr", global_step, schedule.at(global_step - 1));
         }
-        step_loss = 0;
-        step_batches = 0;
+        step_tally = {};
       }
-      loss_sum += l;
-      samples += x.size(0) * dp->size();
-      window_loss += l;
-      ++window_batches;
-      window_samples += x.size(0) * dp->size();
-      progress.update(static_cast<int64_t>(i) + 1, l, samples);
+      progress.update(static_cast<int64_t>(i) + 1, l, epoch_tally.samples);
       if (stepped && c.print_every > 0 && global_step % c.print_every == 0) {
         const auto ms = window_phases.take_mean_ms(window_steps);
-        const double rate = static_cast<double>(window_samples) / seconds_since(window_start);
+        const double rate = static_cast<double>(window.samples) / seconds_since(window_start);
         const double lr = schedule.at(global_step - 1);
         if (lead) {
-          log::info("step ", global_step, "/", total_steps, ": loss ",
-                    window_loss / static_cast<double>(window_batches), ", lr ", lr, ", ",
-                    static_cast<int64_t>(rate), " samples/s", describe_phases(ms));
-          std::map<std::string, double> record{
-              {"step", static_cast<double>(global_step)},
-              {"epoch", static_cast<double>(epoch)},
-              {"train_loss", window_loss / static_cast<double>(window_batches)},
-              {"lr", lr},
-              {"samples_per_s", rate}};
+          log::info("step ", global_step, "/", total_steps, ": loss ", window.mean(), ", lr ", lr,
+                    ", ", static_cast<int64_t>(rate), " samples/s", describe_phases(ms));
+          std::map<std::string, double> record{{"step", static_cast<double>(global_step)},
+                                               {"epoch", static_cast<double>(epoch)},
+                                               {"train_loss", window.mean()},
+                                               {"lr", lr},
+                                               {"samples_per_s", rate}};
           for (const auto& [phase, v] : ms)
             record[phase + "_ms"] = v;
           metrics->write("step", record);
         }
-        window_loss = 0;
-        window_batches = window_samples = window_steps = 0;
+        window = {};
+        window_steps = 0;
         window_start = Clock::now();
       }
     }
     double train_seconds = seconds_since(t0);
     progress.finish_epoch();
 
-    auto mean_loss =
-        torch::tensor({loss_sum / std::max<size_t>(1, batches.size())}, torch::kDouble);
+    auto mean_loss = torch::tensor({epoch_tally.mean()}, torch::kDouble);
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
     auto [test_loss, test_acc] = evaluate(*model, data.test, c.test_samples, *strategy, *dp, *comm,
                                           tensor_parallel, pipeline);
@@ -584,7 +589,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     r.train_loss = mean_loss.item<double>();
     r.test_loss = test_loss;
     r.test_accuracy = test_acc;
-    r.samples_per_s = samples / train_seconds;
+    r.samples_per_s = static_cast<double>(epoch_tally.samples) / train_seconds;
     r.seconds = seconds_since(t0);
     r.lr = schedule.at(std::max<int64_t>(0, global_step - 1));
     r.phase_ms = epoch_phases.take_mean_ms(global_step - epoch_first_step);
