@@ -158,7 +158,8 @@ TEST(ElasticLaunch, ALateNodeJoinsAtTheNextRound) {
         {DTORCH_CLI, "launch", "--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
          endpoint, "--rdzv-conf", "last_call_timeout=1,keep_alive_interval=1", "--timeout", "60",
          "--", "sh", "-c",
-         "echo rank $RANK of $WORLD_SIZE; [ $WORLD_SIZE = 3 ] && sleep 2 || sleep 30"});
+         "echo rank $RANK of $WORLD_SIZE in round $DTORCH_ELASTIC_ROUND; "
+         "[ $WORLD_SIZE = 3 ] && sleep 2 || sleep 30"});
   };
   std::vector<testing::Command> early = {start(0), start(1)};
   auto deadline = Clock::now() + std::chrono::seconds(30);
@@ -179,7 +180,7 @@ TEST(ElasticLaunch, ALateNodeJoinsAtTheNextRound) {
   for (const auto& x : r)
     EXPECT_TRUE(contains(x.err, "round 1: 3 node(s)")) << x.err;
   for (int rank = 0; rank < 3; ++rank)
-    EXPECT_TRUE(contains(all, "rank " + std::to_string(rank) + " of 3")) << all;
+    EXPECT_TRUE(contains(all, "rank " + std::to_string(rank) + " of 3 in round 1")) << all;
 }
 
 // ---- several hosts --------------------------------------------------------------------------

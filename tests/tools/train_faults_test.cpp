@@ -103,6 +103,28 @@ TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRu
   EXPECT_TRUE(contains(log1, "restart 1 of 1")) << log1;
 }
 
+// A later round of an elastic job (`dtorch launch --rdzv-backend c10d` after a node joined)
+// restarts the workers with no failure counted: DTORCH_ELASTIC_ROUND makes them resume anyway.
+TEST(TrainFaults, ALaterElasticRoundResumesWithoutBeingAsked) {
+  std::string out = testing::scratch_dir("train-elastic-round") + "/run";
+  std::vector<std::string> args = {DTORCH_CLI,        "train", "--model",        "mnist-mlp",
+                                   "--train-samples", "512",   "--test-samples", "256",
+                                   "--progress",      "off",   "--out",          out,
+                                   "--epochs"};
+  auto first = args, second = args;
+  first.push_back("1");
+  second.push_back("2");
+  auto r = testing::run_command("train-elastic-round-0", first, 60, {"DTORCH_ELASTIC_ROUND=0"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "resuming")) << r.err;
+  r = testing::run_command("train-elastic-round-1", second, 60, {"DTORCH_ELASTIC_ROUND=1"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "elastic round 1: resuming from " + out)) << r.err;
+  EXPECT_TRUE(contains(r.err, "resuming from " + out + "/checkpoint-000001")) << r.err;
+  EXPECT_FALSE(contains(r.err, "epoch 1/2:")) << "epoch 1 was done in round 0: " << r.err;
+  EXPECT_TRUE(contains(r.err, "epoch 2/2:")) << r.err;
+}
+
 TEST(TrainFaults, WorkerWithNothingAtTheMasterFailsWithinTheTimeout) {
   std::string out = testing::scratch_dir("train-no-master") + "/run";
   std::string port = std::to_string(testing::free_port());

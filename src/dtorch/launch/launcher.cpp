@@ -233,6 +233,7 @@ struct Plan {
   std::string error_dir;  // TORCHELASTIC_ERROR_FILE lives under it
   /// TORCHELASTIC_USE_AGENT_STORE: the launcher serves the workers' store (else rank 0 does).
   bool agent_store = true;
+  int round = -1;  // an elastic job's round (DTORCH_ELASTIC_ROUND); -1 for a static job
 };
 
 // torchrun's TORCHELASTIC_ERROR_FILE: a program whose entry point PyTorch's @record wraps writes
@@ -299,6 +300,9 @@ std::vector<std::string> worker_env(const Plan& plan, int local_rank, int attemp
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
     if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
+  // A later round of an elastic job restarts workers also when no failure counted (a node
+  // joined), so TORCHELASTIC_RESTART_COUNT may be 0: this tells dtorch train to resume.
+  if (plan.round >= 0) env["DTORCH_ELASTIC_ROUND"] = std::to_string(plan.round);
   // Every output line already starts with [n<node> r<rank>]; dtorch's log need not repeat it.
   env["DTORCH_OUTPUT_PREFIXED"] = "1";
   // Rank 0's progress bar draws through a pipe; this tells it a person is watching.
@@ -756,6 +760,7 @@ int run_elastic(const Plan& base, Console& console) {
     plan.opts.node_rank = round->node_rank;
     plan.opts.nnodes = round->nnodes;
     plan.world_size = round->nnodes * o.nproc_per_node;
+    plan.round = round->number;
     c10::intrusive_ptr<c10d::Store> workers_store;
     plan.agent_store = compat::kTorch2;  // Note [Torchrun's environment by version]
     if (round->node_rank == 0) {

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/data/prefetch.h"
@@ -438,11 +439,17 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
   Schedule schedule{c.lr_schedule, c.strategy.lr, steps_per_epoch * c.epochs};
   validate(schedule.config, schedule.lr, schedule.total_steps);
   int64_t start_epoch = 0, global_step = 0;
-  // A group the launcher restarted (--max-restarts) resumes by itself, as torchrun scripts
-  // reload their snapshot: the checkpoints in `out` are this job's own.
+  // A group the launcher restarted (--max-restarts), or started again in a later round of an
+  // elastic job (a node came or went, Note [Elastic rendezvous]), resumes by itself, as
+  // torchrun scripts reload their snapshot: the checkpoints in `out` are this job's own.
   const int restart = comm->info().restart_count;
-  const bool resume = c.resume || restart > 0;
-  if (lead && restart > 0) log::info("restart ", restart, " of the group: resuming from ", c.out);
+  const int64_t round = env::get_int("DTORCH_ELASTIC_ROUND").value_or(0);
+  const bool resume = c.resume || restart > 0 || round > 0;
+  if (lead && restart > 0) {
+    log::info("restart ", restart, " of the group: resuming from ", c.out);
+  } else if (lead && round > 0) {
+    log::info("elastic round ", round, ": resuming from ", c.out);
+  }
   if (resume) {
     check_tensor_parallel_layout(c);
     if (auto ck = strategy->load_latest(c.out)) {
