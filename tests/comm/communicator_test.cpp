@@ -10,15 +10,13 @@
 #include <thread>
 
 #include "dtorch/core/error.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::comm {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+using testing::read_file;
 
 TEST(Communicator, WorldOfOneNeedsNoEnvironment) {
   launch::RankInfo info;  // defaults: rank 0 of 1

@@ -8,15 +8,13 @@
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::comm {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+using testing::read_file;
 
 // Three ranks over Gloo (no shared memory): rank 0 sends two messages to rank 1, rank 2 sends
 // none; then every rank reduce-scatters through dtorch's ring.

@@ -10,15 +10,13 @@
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::comm {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+using testing::read_file;
 
 // Four ranks presented as two nodes of two (LOCAL_WORLD_SIZE=2, GROUP_RANK=rank/2), so the job
 // itself cannot use shared memory; "pair" groups {0,1}, {2,3} lie within a node, "cross"

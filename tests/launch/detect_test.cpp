@@ -12,6 +12,7 @@
 #include "dtorch/launch/detect.h"
 #include "dtorch/launch/rank_info.h"
 #include "launch/scoped_env.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::launch {
@@ -111,10 +112,6 @@ std::string config_error_of(void (*fn)()) {
   return "";
 }
 
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 class DetectEnv : public ::testing::Test {
  protected:
   // A PBS node file as PBS writes it for `select=2:ncpus=64:mpiprocs=4`: one line per MPI slot.
@@ -207,28 +204,28 @@ TEST_F(DetectEnv, SlurmPartialStepNamesTheVariables) {
   env_.unset("SLURM_STEP_NUM_TASKS");
   env_.unset("SLURM_NPROCS");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "SLURM_NTASKS=-1")) << msg;
-  EXPECT_TRUE(has(msg, "srun")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "SLURM_NTASKS=-1")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "srun")) << msg;
 }
 
 TEST_F(DetectEnv, SlurmTasksPerNodeDisagreeingWithNtasksIsAnError) {
   env_.load(kSrunLastOf7on4);
   env_.set("SLURM_STEP_NUM_TASKS", "8");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "SLURM_STEP_TASKS_PER_NODE=2(x3),1")) << msg;
-  EXPECT_TRUE(has(msg, "SLURM_STEP_NUM_TASKS=8")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "SLURM_STEP_TASKS_PER_NODE=2(x3),1")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "SLURM_STEP_NUM_TASKS=8")) << msg;
 }
 
 TEST_F(DetectEnv, SlurmIdsOutsideTheirRangeAreErrors) {
   env_.load(kSrunLastOf7on4);
   env_.set("SLURM_LOCALID", "1");  // node 3 has one task
-  EXPECT_TRUE(has(config_error_of([] { rank_info_from_env(); }), "SLURM_LOCALID=1"));
+  EXPECT_TRUE(testing::contains(config_error_of([] { rank_info_from_env(); }), "SLURM_LOCALID=1"));
   env_.set("SLURM_LOCALID", "0");
   env_.set("SLURM_NODEID", "4");
-  EXPECT_TRUE(has(config_error_of([] { rank_info_from_env(); }), "SLURM_NODEID=4"));
+  EXPECT_TRUE(testing::contains(config_error_of([] { rank_info_from_env(); }), "SLURM_NODEID=4"));
   env_.set("SLURM_NODEID", "3");
   env_.set("SLURM_PROCID", "7");
-  EXPECT_TRUE(has(config_error_of([] { rank_info_from_env(); }), "SLURM_PROCID=7"));
+  EXPECT_TRUE(testing::contains(config_error_of([] { rank_info_from_env(); }), "SLURM_PROCID=7"));
 }
 
 TEST_F(DetectEnv, OpenMpiFromARecordedMpirun) {
@@ -248,7 +245,7 @@ TEST_F(DetectEnv, OpenMpiOnManyNodesNeedsMasterAddr) {
   env_.set("OMPI_COMM_WORLD_SIZE", "4");
   env_.set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "export MASTER_ADDR")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "export MASTER_ADDR")) << msg;
   env_.set("MASTER_ADDR", "node7");
   RankInfo r = rank_info_from_env();
   EXPECT_EQ(r.master_addr, "node7");
@@ -277,7 +274,7 @@ TEST_F(DetectEnv, OpenMpiInsideASlurmAllocationUsesItsFirstHost) {
 TEST_F(DetectEnv, OpenMpiPartialSetIsAnError) {
   env_.set("OMPI_COMM_WORLD_RANK", "1");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "OMPI_COMM_WORLD_SIZE")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "OMPI_COMM_WORLD_SIZE")) << msg;
 }
 
 TEST_F(DetectEnv, PmiFromHydraMpiexec) {
@@ -342,14 +339,14 @@ TEST_F(DetectEnv, PalsWithoutPmiSizeIsAnError) {
   env_.load(kPalsRank5of8);
   env_.unset("PMI_SIZE");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "PMI_SIZE")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "PMI_SIZE")) << msg;
 }
 
 TEST_F(DetectEnv, UnreadableNodeFileIsAnError) {
   env_.load(kPalsRank5of8);
   env_.set("PBS_NODEFILE", "/nonexistent/aux/4123456.desched1");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "PBS_NODEFILE=/nonexistent")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "PBS_NODEFILE=/nonexistent")) << msg;
 }
 
 TEST_F(DetectEnv, PbsBatchScriptIsOneProcess) {
@@ -388,7 +385,7 @@ TEST_F(DetectEnv, HandExportedRankMustMatchSlurm) {
   env_.set("WORLD_SIZE", "7");
   env_.set("MASTER_PORT", "29500");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "RANK=0 but SLURM_PROCID=6")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "RANK=0 but SLURM_PROCID=6")) << msg;
   env_.set("RANK", "6");
   RankInfo r = rank_info_from_env();
   EXPECT_EQ(r.rank, 6);
@@ -401,7 +398,7 @@ TEST_F(DetectEnv, HandExportedRankMustMatchOpenMpi) {
   env_.set("WORLD_SIZE", "2");
   env_.set("MASTER_PORT", "29500");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "RANK=0 but OMPI_COMM_WORLD_RANK=1")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "RANK=0 but OMPI_COMM_WORLD_RANK=1")) << msg;
 }
 
 // A hand-written launcher in each Slurm task runs more ranks than Slurm has tasks.
@@ -417,7 +414,7 @@ TEST_F(DetectEnv, WorldSizeAloneMustMatchTheScheduler) {
   env_.load(kSrunLastOf7on4);
   env_.set("WORLD_SIZE", "8");
   std::string msg = config_error_of([] { rank_info_from_env(); });
-  EXPECT_TRUE(has(msg, "WORLD_SIZE=8 but SLURM_STEP_NUM_TASKS=7")) << msg;
+  EXPECT_TRUE(testing::contains(msg, "WORLD_SIZE=8 but SLURM_STEP_NUM_TASKS=7")) << msg;
   env_.set("WORLD_SIZE", "7");
   EXPECT_EQ(rank_info_from_env().rank, 6);
 }

@@ -244,12 +244,7 @@ class ElasticHosts : public ::testing::Test {
 };
 
 // Waits until `path` exists (at most `limit` seconds).
-bool wait_for_file(const std::string& path, double limit) {
-  auto deadline = Clock::now() + std::chrono::duration<double>(limit);
-  while (!std::filesystem::exists(path) && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  return std::filesystem::exists(path);
-}
+using testing::wait_for_file;
 
 TEST_F(ElasticHosts, ThreeHostsLoseOneAndFinishOnTwo) {
   make_hosts(3, 78);
@@ -312,7 +307,7 @@ TEST_F(ElasticHosts, AFixedSizeJobFailsInSecondsNamingTheLostHost) {
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE("host " + std::to_string(i));
     auto r = testing::finish_command(run[static_cast<std::size_t>(i)], 60);
-    double took = std::chrono::duration<double>(Clock::now() - killed_at).count();
+    double took = testing::seconds_since(killed_at);
     EXPECT_NE(r.exit_code(), 0) << r.err;
     EXPECT_LT(took, 30) << r.err;
     EXPECT_TRUE(contains(r.err, hosts_->name(2))) << r.err;

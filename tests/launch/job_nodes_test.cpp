@@ -8,14 +8,11 @@
 #include "dtorch/core/error.h"
 #include "dtorch/launch/job_nodes.h"
 #include "launch/scoped_env.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::launch {
 namespace {
-
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 class JobNodesEnv : public ::testing::Test {
  protected:
@@ -51,8 +48,8 @@ TEST_F(JobNodesEnv, SlurmOneTaskPerNodeFillsTheNodeFlags) {
   EXPECT_EQ(o.node_rank, 2);
   EXPECT_EQ(o.master_addr, "n07");
   EXPECT_EQ(o.master_port, 25150);
-  EXPECT_TRUE(has(line, "Slurm")) << line;
-  EXPECT_TRUE(has(line, "node 2 of 3")) << line;
+  EXPECT_TRUE(testing::contains(line, "Slurm")) << line;
+  EXPECT_TRUE(testing::contains(line, "node 2 of 3")) << line;
 }
 
 TEST_F(JobNodesEnv, ExplicitFlagsWin) {
@@ -90,7 +87,7 @@ SLURM_NODEID=0
     fill(o);
     ADD_FAILURE() << "two launchers on one node were accepted";
   } catch (const ConfigError& e) {
-    EXPECT_TRUE(has(e.what(), "--ntasks-per-node=1")) << e.what();
+    EXPECT_TRUE(testing::contains(e.what(), "--ntasks-per-node=1")) << e.what();
   }
   LaunchOptions p;
   EXPECT_EQ(fill(p, {true, true, false, false}), "");
@@ -119,7 +116,7 @@ TEST_F(JobNodesEnv, BatchScriptOfAMultiNodeJobIsRefused) {
     fill(o);
     ADD_FAILURE() << "a launcher in the batch script of a 4-node job was accepted";
   } catch (const ConfigError& e) {
-    EXPECT_TRUE(has(e.what(), "srun --ntasks-per-node=1 dtorch launch")) << e.what();
+    EXPECT_TRUE(testing::contains(e.what(), "srun --ntasks-per-node=1 dtorch launch")) << e.what();
   }
 }
 
@@ -145,7 +142,7 @@ PMI_LOCAL_SIZE=1
   EXPECT_EQ(o.node_rank, 1);
   EXPECT_EQ(o.master_addr, "x1001c0s0b0n0");
   EXPECT_GE(o.master_port, 20000);
-  EXPECT_TRUE(has(line, "Cray PALS")) << line;
+  EXPECT_TRUE(testing::contains(line, "Cray PALS")) << line;
 }
 
 TEST_F(JobNodesEnv, PbsBatchScriptOfAMultiNodeJobIsRefused) {
@@ -158,7 +155,7 @@ TEST_F(JobNodesEnv, PbsBatchScriptOfAMultiNodeJobIsRefused) {
     fill(o);
     ADD_FAILURE() << "accepted";
   } catch (const ConfigError& e) {
-    EXPECT_TRUE(has(e.what(), "mpiexec -n 2 --ppn 1")) << e.what();
+    EXPECT_TRUE(testing::contains(e.what(), "mpiexec -n 2 --ppn 1")) << e.what();
   }
 }
 

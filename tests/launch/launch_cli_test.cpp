@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,7 @@ namespace dtorch::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using testing::alive;
 using testing::contains;
 using testing::free_port;
 using testing::read_file;
@@ -33,8 +35,7 @@ using Cli = testing::Command;
 using CliResult = testing::CommandResult;
 
 Cli start_cli(const std::string& dir, std::vector<std::string> args) {
-  args.insert(args.begin(), {DTORCH_CLI, "launch"});
-  return testing::start_command(dir, args);
+  return testing::start_launch(dir, std::move(args));
 }
 
 CliResult finish_cli(const Cli& cli, double limit = 20) {
@@ -42,27 +43,17 @@ CliResult finish_cli(const Cli& cli, double limit = 20) {
 }
 
 CliResult run_cli(const std::string& name, const std::vector<std::string>& args) {
-  return finish_cli(start_cli(testing::scratch_dir(name), args));
+  return testing::run_launch(name, args, 20);
 }
 
-// Alive and not a zombie (a zombie is gone for our purpose, whoever has yet to reap it).
-bool alive(pid_t pid) {
-  if (::kill(pid, 0) != 0) return false;
-  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  auto paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
-}
-
+// Waits until every file in `paths` has something in it.
 bool wait_for_files(const std::vector<std::string>& paths, double limit) {
-  auto deadline = Clock::now() + std::chrono::duration<double>(limit);
-  while (Clock::now() < deadline) {
-    bool all = true;
-    for (const auto& p : paths)
-      all = all && !read_file(p).empty();
-    if (all) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
+  return testing::wait_until(
+      [&] {
+        return std::all_of(paths.begin(), paths.end(),
+                           [](const std::string& p) { return !read_file(p).empty(); });
+      },
+      limit);
 }
 
 TEST(LaunchCli, PrefixesLinesAndKeepsStreamsApart) {
@@ -113,7 +104,7 @@ TEST(LaunchCli, NamesTheFailedRankAndStopsTheOthers) {
   auto t0 = Clock::now();
   CliResult r = finish_cli(cli);
   EXPECT_EQ(r.exit_code(), 3) << r.err;
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+  EXPECT_LT(testing::seconds_since(t0), 5.0);
   EXPECT_TRUE(std::regex_search(
       r.err, std::regex(R"(dtorch launch: rank 1 \(node 0, local rank 1, pid \d+\) exited )"
                         R"(with code 3)")))
@@ -163,7 +154,7 @@ TEST(LaunchCli, SigtermToLauncherEndsEveryWorker) {
   auto t0 = Clock::now();
   CliResult r = finish_cli(cli);
   EXPECT_EQ(r.exit_code(), 143) << r.err;
-  EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 4.0);  // no grace wait
+  EXPECT_LT(testing::seconds_since(t0), 4.0);  // no grace wait
   EXPECT_TRUE(contains(r.err, "SIGTERM")) << r.err;
   for (pid_t p : pids)
     EXPECT_FALSE(alive(p)) << "pid " << p << " outlived the launcher";

@@ -29,36 +29,10 @@ using testing::contains;
 using testing::free_port;
 using testing::read_file;
 
-testing::Command start_cli(const std::string& dir, std::vector<std::string> args,
-                           const std::vector<std::string>& env = {}) {
-  args.insert(args.begin(), {DTORCH_CLI, "launch"});
-  return testing::start_command(dir, args, env);
-}
+using testing::alive;
+using testing::seconds_since;
 
-testing::CommandResult run_cli(const std::string& name, const std::vector<std::string>& args,
-                               double limit = 30) {
-  return testing::finish_command(start_cli(testing::scratch_dir(name), args), limit);
-}
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-bool alive(pid_t pid) {
-  if (::kill(pid, 0) != 0) return false;
-  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-  auto paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
-}
-
-bool wait_until(const std::function<bool()>& ready, double limit) {
-  auto deadline = Clock::now() + std::chrono::duration<double>(limit);
-  while (Clock::now() < deadline) {
-    if (ready()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return ready();
-}
+using testing::wait_until;
 
 std::vector<pid_t> wait_for_pids(const std::string& dir, const std::vector<int>& ranks,
                                  double limit) {
@@ -102,12 +76,12 @@ TEST(LaunchFaults, NodeThatNeverArrivesIsNamedAfterTheRdzvTimeout) {
   // node, and starts no worker.
   std::vector<testing::Command> nodes;
   int port_a = free_port(), port_b = free_port();
-  nodes.push_back(
-      start_cli(testing::scratch_dir("faults-rdzv-alone"),
-                {"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(port_a),
-                 "--rdzv-timeout", "3", "--", "sh", "-c", "echo worker started"}));
+  nodes.push_back(testing::start_launch(
+      testing::scratch_dir("faults-rdzv-alone"),
+      {"--nnodes", "2", "--node-rank", "0", "--master-port", std::to_string(port_a),
+       "--rdzv-timeout", "3", "--", "sh", "-c", "echo worker started"}));
   for (int node : {0, 2}) {
-    nodes.push_back(start_cli(
+    nodes.push_back(testing::start_launch(
         testing::scratch_dir("faults-rdzv-" + std::to_string(node)),
         {"--nnodes", "3", "--node-rank", std::to_string(node), "--master-port",
          std::to_string(port_b), "--rdzv-timeout", "3", "--", "sh", "-c", "echo worker started"}));
@@ -145,8 +119,8 @@ TEST(LaunchFaults, MasterPortInUseIsAClearErrorAtOnce) {
   socklen_t len = sizeof a;
   ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
   std::string port = std::to_string(ntohs(a.sin_port));
-  auto r = run_cli("faults-port-in-use",
-                   {"--nproc-per-node", "2", "--master-port", port, "--", "echo", "started"});
+  auto r = testing::run_launch("faults-port-in-use", {"--nproc-per-node", "2", "--master-port",
+                                                      port, "--", "echo", "started"});
   ::close(s);
   EXPECT_EQ(r.exit_code(), 1) << r.err;
   EXPECT_LT(r.seconds, 10.0);
@@ -158,9 +132,9 @@ TEST(LaunchFaults, MasterPortInUseIsAClearErrorAtOnce) {
 TEST(LaunchFaults, SecondNodeWithNothingAtTheMasterFailsAfterTheRdzvTimeout) {
   // Node 1 alone: it must not serve the store itself (node 0 does), so nobody answers.
   std::string port = std::to_string(free_port());
-  auto r = run_cli("faults-no-master",
-                   {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
-                    "--master-port", port, "--rdzv-timeout", "2", "--", "echo", "started"});
+  auto r = testing::run_launch(
+      "faults-no-master", {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                           "--master-port", port, "--rdzv-timeout", "2", "--", "echo", "started"});
   EXPECT_EQ(r.exit_code(), 1) << r.err;
   EXPECT_LT(r.seconds, 15.0);
   EXPECT_TRUE(
@@ -172,10 +146,10 @@ TEST(LaunchFaults, SecondNodeWithNothingAtTheMasterFailsAfterTheRdzvTimeout) {
 TEST(LaunchFaults, MasterAddressThatIsNotThisHostFailsOnNodeZero) {
   // 192.0.2.1 (TEST-NET-1) is never assigned: the store node 0 serves is not reachable there,
   // so neither the workers nor the other nodes would find it.
-  auto r =
-      run_cli("faults-wrong-master",
-              {"--nnodes", "2", "--node-rank", "0", "--master-addr", "192.0.2.1", "--master-port",
-               std::to_string(free_port()), "--rdzv-timeout", "2", "--", "echo", "started"});
+  auto r = testing::run_launch(
+      "faults-wrong-master",
+      {"--nnodes", "2", "--node-rank", "0", "--master-addr", "192.0.2.1", "--master-port",
+       std::to_string(free_port()), "--rdzv-timeout", "2", "--", "echo", "started"});
   EXPECT_EQ(r.exit_code(), 1) << r.err;
   EXPECT_LT(r.seconds, 15.0);
   EXPECT_TRUE(contains(r.err, "cannot reach it through --master-addr 192.0.2.1")) << r.err;
@@ -187,10 +161,11 @@ TEST(LaunchFaults, StoppedWorkerIsNamedByItsPeersAndKilled) {
   // out after DTORCH_TIMEOUT and names rank 1 and the collective; the launcher stops the group,
   // which takes SIGKILL for the stopped process, and reports.
   std::string dir = testing::scratch_dir("faults-sigstop");
-  auto cli = start_cli(dir,
-                       {"--nproc-per-node", "2", "--standalone", "--grace-period", "1", "--timeout",
-                        "60", "--", self_exe(), "--dtorch-worker", "fault_allreduce_loop", dir},
-                       {"DTORCH_TIMEOUT=3"});
+  auto cli = testing::start_launch(
+      dir,
+      {"--nproc-per-node", "2", "--standalone", "--grace-period", "1", "--timeout", "60", "--",
+       self_exe(), "--dtorch-worker", "fault_allreduce_loop", dir},
+      {"DTORCH_TIMEOUT=3"});
   auto pids = wait_for_pids(dir, {0, 1}, 30);
   ASSERT_EQ(pids.size(), 2u) << "workers did not start: " << read_file(dir + "/stderr");
   ASSERT_EQ(::kill(pids[1], SIGSTOP), 0);
@@ -222,7 +197,7 @@ TEST(LaunchFaults, KilledNodeLauncherTakesItsWorkersAndFailsTheOtherNode) {
   int port = free_port();
   std::vector<testing::Command> nodes;
   for (int node = 0; node < 2; ++node) {
-    nodes.push_back(start_cli(
+    nodes.push_back(testing::start_launch(
         testing::scratch_dir("faults-node-killed-" + std::to_string(node)),
         {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
          "--master-port", std::to_string(port), "--rdzv-timeout", "30", "--grace-period", "1",
@@ -257,12 +232,13 @@ TEST(LaunchFaults, KilledNodeLauncherTakesItsWorkersAndFailsTheOtherNode) {
 
 TEST(LaunchFaults, LogDirKeepsEachRanksOutputAcrossRestarts) {
   std::string logs = testing::scratch_dir("faults-logdir") + "/logs";
-  auto r = run_cli("faults-logdir-cli",
-                   {"--standalone", "--nproc-per-node", "2", "--show-ranks", "0", "--max-restarts",
-                    "1", "--log-dir", logs, "--", "sh", "-c",
-                    "echo out $RANK attempt $TORCHELASTIC_RESTART_COUNT; echo err $RANK >&2; "
-                    "printf 'no newline'; "
-                    "if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then exit 2; fi"});
+  auto r = testing::run_launch(
+      "faults-logdir-cli",
+      {"--standalone", "--nproc-per-node", "2", "--show-ranks", "0", "--max-restarts", "1",
+       "--log-dir", logs, "--", "sh", "-c",
+       "echo out $RANK attempt $TORCHELASTIC_RESTART_COUNT; echo err $RANK >&2; "
+       "printf 'no newline'; "
+       "if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ]; then exit 2; fi"});
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_FALSE(contains(r.out, "out 1")) << r.out;  // --show-ranks hides rank 1's console
   std::string r0 = read_file(logs + "/rank0.log"), r1 = read_file(logs + "/rank1.log");

@@ -15,6 +15,7 @@
 #include "dtorch/launch/launcher.h"
 #include "dtorch/launch/rank_info.h"
 #include "dtorch/launch/store.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::launch {
@@ -22,9 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using testing::seconds_since;
 
 LaunchOptions sh_job(int nproc, const std::string& script) {
   LaunchOptions o;

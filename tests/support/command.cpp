@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -33,6 +34,41 @@ std::string read_file(const std::string& path) {
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+Command start_launch(const std::string& dir, std::vector<std::string> args,
+                     const std::vector<std::string>& env) {
+  args.insert(args.begin(), {DTORCH_CLI, "launch"});
+  return start_command(dir, args, env);
+}
+
+CommandResult run_launch(const std::string& name, const std::vector<std::string>& args,
+                         double limit) {
+  return finish_command(start_launch(scratch_dir(name), args), limit);
+}
+
+bool wait_until(const std::function<bool()>& ready, double limit) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(limit);
+  while (Clock::now() < deadline) {
+    if (ready()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return ready();
+}
+
+bool wait_for_file(const std::string& path, double limit) {
+  return wait_until([&] { return std::filesystem::exists(path); }, limit);
+}
+
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 int free_port() {

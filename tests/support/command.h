@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,20 @@ CommandResult run_command(const std::string& name, const std::vector<std::string
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
+
+/// `dtorch launch ARGS`, started like start_command.
+Command start_launch(const std::string& dir, std::vector<std::string> args,
+                     const std::vector<std::string>& env = {});
+/// start_launch + finish_command in a fresh scratch directory named `name`.
+CommandResult run_launch(const std::string& name, const std::vector<std::string>& args,
+                         double limit = 30);
+/// Polls `ready` every 20 ms for at most `limit` seconds; its last answer.
+bool wait_until(const std::function<bool()>& ready, double limit);
+/// wait_until the file at `path` exists.
+bool wait_for_file(const std::string& path, double limit);
+/// Alive and not a zombie (a zombie is gone for our purpose, whoever has yet to reap it).
+bool alive(pid_t pid);
+double seconds_since(std::chrono::steady_clock::time_point t);
 
 std::string read_file(const std::string& path);
 bool contains(const std::string& haystack, const std::string& needle);

@@ -37,9 +37,9 @@ std::vector<std::string> gpt_debug_train_args(const std::string& out, const std:
           "--nproc-per-node",
           std::to_string(nproc),
           "--train-samples",
-          "256",
+          "128",
           "--test-samples",
-          "64"};
+          "32"};
 }
 
 std::vector<nlohmann::json> records_of(const std::string& out, const std::string& kind) {

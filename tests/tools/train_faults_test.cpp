@@ -18,7 +18,6 @@
 namespace dtorch {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using testing::contains;
 using testing::read_file;
 
@@ -68,11 +67,9 @@ TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRu
   auto cli = testing::start_command(testing::scratch_dir("train-killed-cmd"), args);
   // Kill rank 1 as soon as epoch 1's checkpoint exists: it is then inside epoch 2.
   std::string first = dir + "/killed/checkpoint-000001.dtc";
-  auto deadline = Clock::now() + std::chrono::seconds(90);
-  while (!std::filesystem::exists(first) && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (!std::filesystem::exists(first)) ::kill(cli.pid, SIGKILL);
-  ASSERT_TRUE(std::filesystem::exists(first)) << read_file(cli.dir + "/stderr");
+  bool saved = testing::wait_for_file(first, 90);
+  if (!saved) ::kill(cli.pid, SIGKILL);
+  ASSERT_TRUE(saved) << read_file(cli.dir + "/stderr");
   pid_t victim = worker_pid(cli.pid, 1);
   ASSERT_GT(victim, 0);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);

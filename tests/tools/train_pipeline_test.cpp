@@ -23,8 +23,8 @@ namespace {
 using testing::expect_same_run;
 using testing::model_file;
 
-std::vector<std::string> train_args(const std::string& out, const std::string& strategy, int nproc,
-                                    int epochs = 2) {
+std::vector<std::string> pipeline_train_args(const std::string& out, const std::string& strategy,
+                                             int nproc, int epochs = 2) {
   // Clipping: across the stages under a pipeline, of ZeRO's gradient shards too.
   auto a = testing::gpt_debug_train_args(out, strategy, nproc, epochs);
   a.insert(a.end(), {"--clip-grad-norm", "1.0"});
@@ -38,13 +38,14 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
   const std::string base = testing::scratch_dir("pp_train");
-  auto r = testing::run_command("pp_ref1", train_args(base + "/ref1", "ddp", 1), 300);
+  auto r = testing::run_command("pp_ref1", pipeline_train_args(base + "/ref1", "ddp", 1), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
-  r = testing::run_command("pp_ref2", train_args(base + "/ref2", "ddp", 2), 300);
+  r = testing::run_command("pp_ref2", pipeline_train_args(base + "/ref2", "ddp", 2), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   // pp 4: one unit per stage (embedding, two blocks, head), clipping across all four.
   r = testing::run_command(
-      "pp4", with(train_args(base + "/pp4", "ddp", 4), {"--pp", "4", "--schedule", "1f1b"}), 300);
+      "pp4",
+      with(pipeline_train_args(base + "/pp4", "ddp", 4), {"--pp", "4", "--schedule", "1f1b"}), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "mesh: pp 4")) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "stage 3: head")) << r.err;
@@ -57,7 +58,8 @@ TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
                                                         {"zero2", "interleaved"}}) {
     const std::string name = strategy + "_" + schedule, out = base + "/" + name;
     r = testing::run_command(
-        name, with(train_args(out, strategy, 4), {"--pp", "2", "--schedule", schedule}), 300);
+        name, with(pipeline_train_args(out, strategy, 4), {"--pp", "2", "--schedule", schedule}),
+        300);
     ASSERT_EQ(r.exit_code(), 0) << name << "\n" << r.err;
     EXPECT_TRUE(testing::contains(r.err, "mesh: pp 2 x dp 2")) << r.err;
     expect_same_run(out, base + "/ref2", name);
@@ -103,15 +105,17 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
                          {2, "ddp", {}}}) {
     const std::string ref = base + "/ref" + std::to_string(dp);
     if (!std::filesystem::exists(ref + "/model.pt")) {
-      auto r = testing::run_command("pp3d_ref", unclipped(train_args(ref, "ddp", dp)), 300);
+      auto r =
+          testing::run_command("pp3d_ref", unclipped(pipeline_train_args(ref, "ddp", dp)), 300);
       ASSERT_EQ(r.exit_code(), 0) << r.err;
     }
     const std::string out =
         base + "/pp2tp2dp" + std::to_string(dp) + strategy + (flags.empty() ? "" : "_interleaved");
-    auto r = testing::run_command(
-        "pp3d",
-        with(with(unclipped(train_args(out, strategy, 4 * dp)), {"--pp", "2", "--tp", "2"}), flags),
-        600);
+    auto r = testing::run_command("pp3d",
+                                  with(with(unclipped(pipeline_train_args(out, strategy, 4 * dp)),
+                                            {"--pp", "2", "--tp", "2"}),
+                                       flags),
+                                  600);
     ASSERT_EQ(r.exit_code(), 0) << r.err;
     EXPECT_TRUE(
         testing::contains(r.err, dp == 1 ? "mesh: pp 2 x tp 2" : "mesh: pp 2 x dp 2 x tp 2"))
@@ -145,17 +149,19 @@ std::map<std::string, torch::Tensor> expect_resumes_at_other_layouts(
     const std::string& base, const std::string& saved_as, const std::string& resumed_as) {
   namespace fs = std::filesystem;
   const std::vector<std::string> pp2 = {"--pp", "2"};
-  auto r =
-      testing::run_command("pp_whole", with(train_args(base + "/whole", saved_as, 4), pp2), 300);
+  auto r = testing::run_command("pp_whole",
+                                with(pipeline_train_args(base + "/whole", saved_as, 4), pp2), 300);
   EXPECT_EQ(r.exit_code(), 0) << r.err;
-  r = testing::run_command("pp_first", with(train_args(base + "/split", saved_as, 4, 1), pp2), 300);
+  r = testing::run_command("pp_first",
+                           with(pipeline_train_args(base + "/split", saved_as, 4, 1), pp2), 300);
   EXPECT_EQ(r.exit_code(), 0) << r.err;
   for (const char* copy : {"/pp4", "/interleaved", "/same"})
     fs::copy(base + "/split", base + copy, fs::copy_options::recursive);
   auto after_one = model_file(base + "/split/model.pt");
   const std::string name = saved_as + " at pp 2 resumed as " + resumed_as;
   r = testing::run_command("pp_resume_pp1",
-                           with(train_args(base + "/split", resumed_as, 2), {"--resume"}), 300);
+                           with(pipeline_train_args(base + "/split", resumed_as, 2), {"--resume"}),
+                           300);
   EXPECT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
   expect_same_run(base + "/split", base + "/whole", name + " at pp 1");
@@ -165,7 +171,7 @@ std::map<std::string, torch::Tensor> expect_resumes_at_other_layouts(
   for (const auto& [dir, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
            {"/pp4", {"--pp", "4", "--resume"}}, {"/interleaved", interleaved}}) {
     r = testing::run_command("pp_resume" + dir.substr(1),
-                             with(train_args(base + dir, resumed_as, 4, 1), flags), 300);
+                             with(pipeline_train_args(base + dir, resumed_as, 4, 1), flags), 300);
     EXPECT_EQ(r.exit_code(), 0) << r.err;
     for (const auto& [k, t] : model_file(base + dir + "/model.pt"))
       EXPECT_TRUE(t.equal(after_one[k])) << name << dir << " " << k;
@@ -179,17 +185,17 @@ TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
   // An interleaved run's stage checkpoints resume at pp 1: its second epoch is the
   // uninterrupted run's.
   const std::vector<std::string> il = {"--pp", "2", "--schedule", "interleaved"};
-  auto r =
-      testing::run_command("pp_il_first", with(train_args(base + "/il", "ddp", 4, 1), il), 300);
+  auto r = testing::run_command("pp_il_first",
+                                with(pipeline_train_args(base + "/il", "ddp", 4, 1), il), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   r = testing::run_command("pp_il_resume_pp1",
-                           with(train_args(base + "/il", "ddp", 2), {"--resume"}), 300);
+                           with(pipeline_train_args(base + "/il", "ddp", 2), {"--resume"}), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
   expect_same_run(base + "/il", base + "/whole", "interleaved, resumed at pp 1");
   // And at pp 1 on one process, likewise.
-  r = testing::run_command("pp_resume_one",
-                           with(train_args(base + "/same", "ddp", 1, 1), {"--resume"}), 300);
+  r = testing::run_command(
+      "pp_resume_one", with(pipeline_train_args(base + "/same", "ddp", 1, 1), {"--resume"}), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   for (const auto& [k, t] : model_file(base + "/same/model.pt"))
     EXPECT_TRUE(t.equal(after_one[k])) << k;
@@ -203,30 +209,30 @@ TEST(TrainPipeline, ZeroCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
 
 TEST(TrainPipeline, BadPipelineFlagsAndOtherLayoutsAreNamed) {
   const std::string base = testing::scratch_dir("pp_bad");
-  auto zero = with(train_args(base + "/z", "zero1", 4, 1), {"--pp", "2"});
+  auto zero = with(pipeline_train_args(base + "/z", "zero1", 4, 1), {"--pp", "2"});
   auto r = testing::run_command("pp_zero1", zero, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   // DDP cannot read ZeRO's stage shards: named, not a silent fresh start.
-  r = testing::run_command("pp_zero1_as_ddp",
-                           with(train_args(base + "/z", "ddp", 4, 2), {"--pp", "2", "--resume"}),
-                           120);
+  r = testing::run_command(
+      "pp_zero1_as_ddp",
+      with(pipeline_train_args(base + "/z", "ddp", 4, 2), {"--pp", "2", "--resume"}), 120);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(testing::contains(r.err, "ZeRO's shards")) << r.err;
   // Nor ZeRO DDP's whole stage checkpoints.
-  r = testing::run_command("pp_ddp", with(train_args(base + "/d", "ddp", 4, 1), {"--pp", "2"}),
-                           300);
+  r = testing::run_command("pp_ddp",
+                           with(pipeline_train_args(base + "/d", "ddp", 4, 1), {"--pp", "2"}), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
-  r = testing::run_command("pp_ddp_as_zero1",
-                           with(train_args(base + "/d", "zero1", 4, 2), {"--pp", "2", "--resume"}),
-                           120);
+  r = testing::run_command(
+      "pp_ddp_as_zero1",
+      with(pipeline_train_args(base + "/d", "zero1", 4, 2), {"--pp", "2", "--resume"}), 120);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(testing::contains(r.err, "holds ddp's checkpoints")) << r.err;
-  r = testing::run_command("pp_zero3", with(train_args(base + "/y", "zero3", 2, 1), {"--pp", "2"}),
-                           60);
+  r = testing::run_command(
+      "pp_zero3", with(pipeline_train_args(base + "/y", "zero3", 2, 1), {"--pp", "2"}), 60);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(testing::contains(r.err, "--pp with --strategy zero3 is not supported")) << r.err;
   r = testing::run_command("pp_split",
-                           with(train_args(base + "/x", "ddp", 2, 1),
+                           with(pipeline_train_args(base + "/x", "ddp", 2, 1),
                                 {"--pp", "2", "--pp-split", "transformer.h.0,head"}),
                            60);
   EXPECT_NE(r.exit_code(), 0);

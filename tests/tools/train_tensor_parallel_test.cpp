@@ -24,14 +24,14 @@ namespace {
 using testing::epochs_of;
 using testing::model_file;
 
-std::vector<std::string> train_args(const std::string& out, const std::string& strategy,
-                                    int nproc) {
+std::vector<std::string> tp_train_args(const std::string& out, const std::string& strategy,
+                                       int nproc) {
   return testing::gpt_debug_train_args(out, strategy, nproc);
 }
 
 TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
   std::string ref = testing::scratch_dir("tp_ref") + "/run";
-  auto r = testing::run_command("tp_ref", train_args(ref, "ddp", 2), 300);
+  auto r = testing::run_command("tp_ref", tp_train_args(ref, "ddp", 2), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   auto want = epochs_of(ref);
   ASSERT_EQ(want.size(), 2u);
@@ -46,7 +46,7 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
        {Case{"ddp", false}, Case{"zero1", false}, Case{"zero2", false}, Case{"ddp", true}}) {
     const std::string name = c.strategy + (c.sequence_parallel ? "_sp" : "");
     std::string out = testing::scratch_dir("tp_" + name) + "/run";
-    auto args = train_args(out, c.strategy, 4);
+    auto args = tp_train_args(out, c.strategy, 4);
     args.insert(args.end(), {"--tp", "2"});
     if (c.sequence_parallel) args.push_back("--sequence-parallel");
     auto t = testing::run_command("tp_" + name, args, 300);
@@ -99,10 +99,10 @@ TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
     return a;
   };
   // Uninterrupted: dp 1 x tp 2 for two epochs.
-  auto r = testing::run_command("tp_whole", with_tp(train_args(base + "/whole", "ddp", 2)), 300);
+  auto r = testing::run_command("tp_whole", with_tp(tp_train_args(base + "/whole", "ddp", 2)), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   // One epoch at tp 2, then on at tp 1 (one process: dp stays 1, so the data are the same).
-  auto first = with_tp(train_args(base + "/split", "ddp", 2));
+  auto first = with_tp(tp_train_args(base + "/split", "ddp", 2));
   first[std::find(first.begin(), first.end(), "--epochs") - first.begin() + 1] = "1";
   r = testing::run_command("tp_first", first, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
@@ -137,7 +137,7 @@ with torch.no_grad():
     EXPECT_LE(py["max_abs_diff"].get<double>(), 1e-5) << py.dump();
   }
 
-  auto resume = train_args(base + "/split", "ddp", 1);
+  auto resume = tp_train_args(base + "/split", "ddp", 1);
   resume.push_back("--resume");
   r = testing::run_command("tp_resume_tp1", resume, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
@@ -154,7 +154,7 @@ with torch.no_grad():
 
   // At dp 4 (no tensor parallelism), with nothing left to train: the loaded weights are
   // written back unchanged.
-  auto dp4 = train_args(base + "/dp4", "ddp", 4);
+  auto dp4 = tp_train_args(base + "/dp4", "ddp", 4);
   dp4[std::find(dp4.begin(), dp4.end(), "--epochs") - dp4.begin() + 1] = "1";
   dp4.push_back("--resume");
   r = testing::run_command("tp_resume_dp4", dp4, 300);
@@ -163,7 +163,7 @@ with torch.no_grad():
     EXPECT_TRUE(t.equal(after_one[k])) << k;
 
   // And at the tp it was saved with.
-  auto tp2 = with_tp(train_args(base + "/tp2", "ddp", 2));
+  auto tp2 = with_tp(tp_train_args(base + "/tp2", "ddp", 2));
   tp2[std::find(tp2.begin(), tp2.end(), "--epochs") - tp2.begin() + 1] = "1";
   tp2.push_back("--resume");
   r = testing::run_command("tp_resume_tp2", tp2, 300);
@@ -175,12 +175,12 @@ with torch.no_grad():
 
 TEST(TrainTensorParallel, ZeroCheckpointsRefuseAnotherTpByName) {
   std::string out = testing::scratch_dir("tp_resume") + "/run";
-  auto args = train_args(out, "zero1", 2);
+  auto args = tp_train_args(out, "zero1", 2);
   args.insert(args.end(), {"--tp", "2"});
   args[std::find(args.begin(), args.end(), "--epochs") - args.begin() + 1] = "1";
   auto t = testing::run_command("tp_resume", args, 300);
   ASSERT_EQ(t.exit_code(), 0) << t.err;
-  auto again = train_args(out, "ddp", 2);
+  auto again = tp_train_args(out, "ddp", 2);
   again.push_back("--resume");
   auto r = testing::run_command("tp_resume_tp1", again, 300);
   EXPECT_NE(r.exit_code(), 0);
@@ -191,17 +191,17 @@ TEST(TrainTensorParallel, ZeroCheckpointsRefuseAnotherTpByName) {
 
 TEST(TrainTensorParallel, BadCombinationsAreConfigErrors) {
   std::string out = testing::scratch_dir("tp_bad") + "/run";
-  auto args = train_args(out, "zero3", 2);
+  auto args = tp_train_args(out, "zero3", 2);
   args.insert(args.end(), {"--tp", "2"});
   auto r = testing::run_command("tp_bad_zero3", args, 120);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(testing::contains(r.err, "--tp with --strategy zero3 is not supported")) << r.err;
-  auto sp = train_args(out, "ddp", 1);
+  auto sp = tp_train_args(out, "ddp", 1);
   sp.push_back("--sequence-parallel");
   r = testing::run_command("tp_bad_sp", sp, 120);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(testing::contains(r.err, "needs --tp 2 or more")) << r.err;
-  auto three = train_args(out, "ddp", 2);
+  auto three = tp_train_args(out, "ddp", 2);
   three.insert(three.end(), {"--tp", "3"});
   r = testing::run_command("tp_bad_3", three, 120);
   EXPECT_NE(r.exit_code(), 0);

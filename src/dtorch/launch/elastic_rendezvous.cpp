@@ -213,11 +213,7 @@ void ElasticRendezvous::lead(int r, Clock::time_point since) {
     if (count >= lo) {
       if (!reached) min_reached = now;
       reached = true;
-      std::vector<int> came;
-      for (int i = 0; i < count; ++i) {
-        auto id = get_if(*store_, round_key(r, "node/" + std::to_string(i)));
-        came.push_back(id ? std::stoi(*id) : -1);
-      }
+      std::vector<int> came = arrivals(r, count);
       // At the job's start launchers still come (srun starts them a little apart), so the
       // first round waits its last call; a later round knows who is alive.
       bool all_came = r > 0 && std::all_of(live.begin(), live.end(), [&](int l) {
@@ -234,10 +230,8 @@ void ElasticRendezvous::lead(int r, Clock::time_point since) {
     }
     if (secs(now - since) >= cfg_.conf.join_timeout) {
       std::vector<std::string> hosts;
-      for (int i = 0; i < count; ++i) {
-        auto id = get_if(*store_, round_key(r, "node/" + std::to_string(i)));
-        if (id) hosts.push_back(host_of(std::stoi(*id)));
-      }
+      for (int id : arrivals(r, count))
+        if (id >= 0) hosts.push_back(host_of(id));
       fail_round(r, str("rendezvous failed after ", cfg_.conf.join_timeout,
                         " s (--rdzv-conf join_timeout, or --rdzv-timeout): ", count,
                         " of at least ", lo, " node(s) arrived (", joined(hosts), ")",
@@ -255,16 +249,34 @@ void ElasticRendezvous::fail_round(int r, const std::string& why) {
   throw CommError(why);
 }
 
+std::vector<int> ElasticRendezvous::arrivals(int r, int count, bool wait) {
+  std::vector<int> ids;
+  for (int i = 0; i < count; ++i) {
+    const std::string k = round_key(r, "node/" + std::to_string(i));
+    std::optional<std::string> id;
+    if (wait) {
+      auto v = store_->get(k);  // a launcher writes its id just after taking its number
+      id = std::string(v.begin(), v.end());
+    } else {
+      id = get_if(*store_, k);
+    }
+    ids.push_back(id ? std::stoi(*id) : -1);
+  }
+  return ids;
+}
+
 Round ElasticRendezvous::roll(int r, int k, int n) {
   Round round{r, k, n, {}, static_cast<int>(store_->add(key("failures"), 0))};
-  members_.clear();
-  for (int i = 0; i < n; ++i) {
-    auto v = store_->get(round_key(r, "node/" + std::to_string(i)));
-    members_.push_back(std::stoi(std::string(v.begin(), v.end())));
-    round.hosts.push_back(host_of(members_.back()));
-  }
+  members_ = arrivals(r, n, /*wait=*/true);
+  for (int l : members_)
+    round.hosts.push_back(host_of(l));
   current_ = round;
   return round;
+}
+
+bool ElasticRendezvous::finished(int i) {
+  return members_[static_cast<std::size_t>(i)] == id_ ||
+         store_->check({round_key(current_->number, "done/" + std::to_string(i))});
 }
 
 std::optional<RoundEnd> ElasticRendezvous::verdict(int r) {
@@ -285,9 +297,8 @@ std::optional<RoundEnd> ElasticRendezvous::poll() {
   }
   std::vector<std::string> lost;
   for (int i = 0; i < round.nnodes; ++i) {
-    int l = members_[static_cast<std::size_t>(i)];
-    if (l == id_ || store_->check({round_key(round.number, "done/" + std::to_string(i))})) continue;
-    if (is_lost(l))
+    if (finished(i)) continue;
+    if (is_lost(members_[static_cast<std::size_t>(i)]))
       lost.push_back(str("node ", i, " (", round.hosts[static_cast<std::size_t>(i)], ")"));
   }
   if (lost.empty()) return std::nullopt;
@@ -354,11 +365,8 @@ void ElasticRendezvous::wait_for_peers_or_throw(double seconds) {
                                      std::chrono::duration<double>(seconds));
   for (;; std::this_thread::sleep_for(kTick)) {
     bool all = true;
-    for (int i = 0; i < current_->nnodes && all; ++i) {
-      int l = members_[static_cast<std::size_t>(i)];
-      all = l == id_ || store_->check({round_key(current_->number, "done/" + std::to_string(i))}) ||
-            is_lost(l);
-    }
+    for (int i = 0; i < current_->nnodes && all; ++i)
+      all = finished(i) || is_lost(members_[static_cast<std::size_t>(i)]);
     if (all || Clock::now() >= deadline) return;
   }
 }

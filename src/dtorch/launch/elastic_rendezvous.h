@@ -99,6 +99,11 @@ class ElasticRendezvous {
   std::optional<Round> arrive(int round, std::chrono::steady_clock::time_point since);
   Round roll(int round, int node_rank, int nnodes);
   void lead(int round, std::chrono::steady_clock::time_point since);
+  /// The launchers that took arrival numbers 0..count-1 of `round`, in that order; -1 for a
+  /// number whose launcher has yet to write its id, unless `wait` (then it waits for it).
+  std::vector<int> arrivals(int round, int count, bool wait = false);
+  /// Whether node `node_rank` of the current round is this node or reported success.
+  bool finished(int node_rank);
   /// Launchers alive now (beating, not gone), by id; also fills `lost` with the hosts of those
   /// that stopped beating or gave up.
   std::vector<int> live_launchers(std::vector<std::string>* lost = nullptr);

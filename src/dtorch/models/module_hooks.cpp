@@ -10,20 +10,20 @@
 namespace dtorch::models {
 namespace {
 
-struct Entry {
+struct HookEntry {
   std::weak_ptr<const torch::nn::Module> owner;  // tells a live module from a new one at the
                                                  // address of a destroyed one
   std::shared_ptr<const ModuleHooks> hooks;
 };
 
-struct Table {
+struct HookTable {
   std::mutex mu;
-  std::unordered_map<const torch::nn::Module*, Entry> entries;
+  std::unordered_map<const torch::nn::Module*, HookEntry> entries;
   std::atomic<size_t> size{0};  // lets call() skip the lock when no hooks exist at all
 };
 
-Table& table() {
-  static Table t;
+HookTable& hook_table() {
+  static HookTable t;
   return t;
 }
 
@@ -38,21 +38,21 @@ void set_module_hooks(torch::nn::Module& module, ModuleHooks hooks) {
                 "set_module_hooks: the module is not owned by a shared_ptr; hooks "
                 "go on registered submodules");
   }
-  Table& t = table();
+  HookTable& t = hook_table();
   std::lock_guard<std::mutex> lock(t.mu);
   t.entries[&module] = {owner, std::make_shared<const ModuleHooks>(std::move(hooks))};
   t.size = t.entries.size();
 }
 
 void clear_module_hooks(torch::nn::Module& module) {
-  Table& t = table();
+  HookTable& t = hook_table();
   std::lock_guard<std::mutex> lock(t.mu);
   t.entries.erase(&module);
   t.size = t.entries.size();
 }
 
 std::shared_ptr<const ModuleHooks> module_hooks(const torch::nn::Module& module) {
-  Table& t = table();
+  HookTable& t = hook_table();
   if (t.size.load(std::memory_order_relaxed) == 0) return nullptr;
   std::lock_guard<std::mutex> lock(t.mu);
   auto it = t.entries.find(&module);

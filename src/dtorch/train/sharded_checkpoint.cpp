@@ -52,7 +52,7 @@ int64_t step_of(const std::string& name) {
 }
 
 // Python's names, so metadata.json reads the same as torch's dtype attributes.
-const std::vector<std::pair<torch::Dtype, std::string>>& dtype_names() {
+const std::vector<std::pair<torch::Dtype, std::string>>& python_dtype_names() {
   static const std::vector<std::pair<torch::Dtype, std::string>> names = {
       {torch::kFloat, "float32"},     {torch::kDouble, "float64"}, {torch::kHalf, "float16"},
       {torch::kBFloat16, "bfloat16"}, {torch::kLong, "int64"},     {torch::kInt, "int32"},
@@ -62,13 +62,13 @@ const std::vector<std::pair<torch::Dtype, std::string>>& dtype_names() {
 }
 
 std::string dtype_name(torch::Dtype d) {
-  for (const auto& [dtype, name] : dtype_names())
+  for (const auto& [dtype, name] : python_dtype_names())
     if (dtype == d) return name;
   return str(d);
 }
 
 std::optional<torch::Dtype> dtype_from_name(const std::string& s) {
-  for (const auto& [dtype, name] : dtype_names())
+  for (const auto& [dtype, name] : python_dtype_names())
     if (name == s) return dtype;
   return std::nullopt;
 }

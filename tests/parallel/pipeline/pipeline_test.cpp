@@ -22,15 +22,13 @@
 #include "dtorch/parallel/pipeline/split_backward.h"
 #include "dtorch/parallel/pipeline/stage_plan.h"
 #include "dtorch/parallel/zero/zero.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::pp {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+using testing::read_file;
 
 TEST(StagePlan, BalancesParametersAndHonoursExplicitCuts) {
   StagePlan p = balance_stages({10, 1, 1, 1, 1, 10}, 3);

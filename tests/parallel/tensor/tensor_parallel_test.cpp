@@ -15,6 +15,7 @@
 #include "dtorch/models/resnet.h"
 #include "dtorch/models/vit.h"
 #include "dtorch/parallel/tensor/regions.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::tp {
@@ -25,10 +26,7 @@ using models::GPTConfig;
 using models::VisionTransformer;
 using models::ViTConfig;
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
+using testing::read_file;
 
 TEST(TensorParallelPlan, StarMatchesExactlyOneComponent) {
   EXPECT_TRUE(matches("transformer.h.*.attn.c_attn", "transformer.h.11.attn.c_attn"));
