@@ -172,14 +172,12 @@ def main():
     if os.path.exists(notes_path):
         with open(notes_path) as f:
             lines += ["", f.read().strip()]
-    # bench/bench_collectives.py and bench/bench_memory.py own the blocks between their
-    # markers: keep them.
+    # The other benchmarks (bench/bench_collectives.py, bench_memory.py, ...) own the blocks
+    # between their markers, <!-- NAME:start --> and <!-- NAME:end -->: keep every one, in order.
     if os.path.exists(a.out):
         old = open(a.out).read()
-        for block in ("collectives", "memory"):
-            start, end = "<!-- %s:start -->" % block, "<!-- %s:end -->" % block
-            if start in old and end in old:
-                lines += ["", start + old.split(start, 1)[1].split(end, 1)[0] + end]
+        for m in re.finditer(r"<!-- ([\w-]+):start -->.*?<!-- \1:end -->", old, re.S):
+            lines += ["", m.group(0)]
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -10,6 +10,7 @@
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/freed_memory.h"
 #include "dtorch/data/mnist_dataset.h"
 #include "dtorch/launch/launcher.h"
 #include "dtorch/models/registry.h"
@@ -44,6 +45,8 @@ int bench_worker(const BenchFlags& f) {
   auto model = models::make_model(f.model);
   std::shared_ptr<ddp::DistributedDataParallel> d;
   if (comm->size() > 1) d = ddp::wrap(model, comm);
+  // DDP's policy at one rank too, as dtorch train has (Note [Returning released memory]).
+  set_freed_memory(FreedMemory::Reuse);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   auto gen = at::detail::createCPUGenerator(comm->rank());
   double t_data = 0, t_fwd = 0, t_bwd = 0, t_opt = 0, wait0 = 0;

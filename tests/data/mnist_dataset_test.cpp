@@ -10,6 +10,7 @@
 #include "data/idx_writer.h"
 #include "dtorch/core/error.h"
 #include "models/python_peer.h"
+#include "support/error_of.h"
 #include "support/workers.h"
 
 namespace dtorch::data {
@@ -38,12 +39,7 @@ void write_split(const std::string& dir, const std::string& prefix, uint32_t n_i
 }
 
 std::string error_of(const std::string& dir, const std::string& split) {
-  try {
-    load_mnist(dir, split);
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "";
+  return testing::error_of<DataError>([&] { load_mnist(dir, split); });
 }
 
 TEST(DataMnist, LoadsSmallSplitsNormalisedLikeThePeer) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "dtorch/core/error.h"
+#include "support/error_of.h"
 
 namespace dtorch::parallel {
 namespace {
@@ -45,12 +46,7 @@ TEST(ParallelDims, TensorParallelAcrossWholeNodesIsAllowedAndFlagged) {
 }
 
 std::string error_of(const ParallelDims& d, int world, int per_node) {
-  try {
-    plan_mesh(d, world, per_node);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
+  return testing::error_of([&] { plan_mesh(d, world, per_node); });
 }
 
 TEST(ParallelDims, DegreesThatDoNotFitAreNamed) {

@@ -27,9 +27,7 @@ std::vector<std::string> short_run(const std::string& out) {
           "--out",           out,     "--progress",     "lines"};
 }
 
-std::vector<nlohmann::json> metrics(const std::string& out) {
-  return testing::epochs_of(out);
-}
+using testing::epochs_of;
 
 // The worker with RANK=`rank` among the children of `launcher`, or -1.
 pid_t worker_pid(pid_t launcher, int rank) {
@@ -86,7 +84,7 @@ TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRu
   ASSERT_NE(restarted, std::string::npos);
   EXPECT_FALSE(contains(r.err.substr(restarted), "epoch 1/3:")) << r.err;
 
-  auto a = metrics(dir + "/whole"), b = metrics(dir + "/killed");
+  auto a = epochs_of(dir + "/whole"), b = epochs_of(dir + "/killed");
   ASSERT_EQ(a.size(), 3u);
   ASSERT_GE(b.size(), 3u);
   EXPECT_EQ(b.back()["epoch"], 2);

@@ -35,9 +35,7 @@ std::vector<std::string> train_args(const std::string& out, int epochs, int samp
           "--progress",      "lines"};
 }
 
-std::vector<nlohmann::json> metrics(const std::string& out) {
-  return testing::epochs_of(out);
-}
+using testing::epochs_of;
 
 std::vector<torch::Tensor> weights(const std::string& path,
                                    const std::string& model = "mnist-cnn") {
@@ -57,7 +55,7 @@ TEST(TrainCli, TwoRanksWriteMetricsCheckpointAndWeights) {
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(contains(r.err, "[n0 r0]")) << r.err;
   EXPECT_TRUE(contains(r.err, "test accuracy")) << r.err;
-  auto m = metrics(out);
+  auto m = epochs_of(out);
   ASSERT_EQ(m.size(), 1u);
   for (const char* k :
        {"epoch", "train_loss", "test_loss", "test_accuracy", "samples_per_s", "seconds"}) {
@@ -90,7 +88,7 @@ TEST(TrainCli, ResumeReproducesAnUninterruptedRun) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_TRUE(a[i].equal(b[i])) << "parameter " << i;
-  auto ma = metrics(dir + "/whole"), mb = metrics(dir + "/parts");
+  auto ma = epochs_of(dir + "/whole"), mb = epochs_of(dir + "/parts");
   ASSERT_EQ(ma.size(), 2u);
   ASSERT_EQ(mb.size(), 2u);
   EXPECT_EQ(ma[1]["test_accuracy"], mb[1]["test_accuracy"]);
@@ -144,7 +142,7 @@ TEST(TrainCli, ResumeContinuesTheLearningRateScheduleExactly) {
 
   // 2 ranks x 512 samples / 64 per batch = 8 steps per epoch, 24 in all.
   const train::LrScheduleConfig schedule{"warmup-cosine", 5, 0.0001};
-  auto whole = metrics(dir + "/whole"), parts = metrics(dir + "/parts");
+  auto whole = epochs_of(dir + "/whole"), parts = epochs_of(dir + "/parts");
   ASSERT_EQ(whole.size(), 3u);
   ASSERT_EQ(parts.size(), 2u);
   for (int e = 0; e < 3; ++e) {
@@ -172,7 +170,7 @@ TEST(TrainCli, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(contains(r.err, "checkpoint-000002.dtc")) << r.err;
   EXPECT_TRUE(contains(r.err, "checkpoint-000001.dtc")) << r.err;
-  EXPECT_EQ(metrics(out).size(), 4u);  // epochs 1, 2, then 2 again and 3 after the fallback
+  EXPECT_EQ(epochs_of(out).size(), 4u);  // epochs 1, 2, then 2 again and 3 after the fallback
 }
 
 TEST(TrainCli, SaveFormatSafetensorsWritesModelSafetensors) {
@@ -206,7 +204,7 @@ void run_under_torchrun(const std::vector<std::string>& rdzv_flags) {
     args.push_back(a);
   auto r = run_command("train_torchrun_cmd", args, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.out << r.err;
-  auto m = metrics(out);
+  auto m = epochs_of(out);
   ASSERT_EQ(m.size(), 1u);
   EXPECT_GT(m[0]["test_accuracy"].get<double>(), 0.5);
 }
@@ -230,7 +228,7 @@ TEST(TrainCli, PythonScoresTheWeightsLikeDtorchDid) {
   auto args = train_args(out, 1);
   args.insert(args.end(), {"--nproc-per-node", "2"});
   ASSERT_EQ(run_command("train_python_cmd", args, 300).exit_code(), 0);
-  double ours = metrics(out)[0]["test_accuracy"].get<double>();
+  double ours = epochs_of(out)[0]["test_accuracy"].get<double>();
   std::string output;
   int rc = testing::run_python(dir, "score", R"(
 import sys, torch
@@ -276,7 +274,7 @@ TEST(TrainCli, OneEpochOfMnistCnnReaches85Percent) {
                         out},
                        900);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
-  auto m = metrics(out);
+  auto m = epochs_of(out);
   ASSERT_EQ(m.size(), 1u);
   EXPECT_GE(m[0]["test_accuracy"].get<double>(), 0.85);
 }
@@ -420,7 +418,7 @@ print("RESULT " + json.dumps({tag: [[s.step, s.value] for s in acc.Scalars(tag)]
   ASSERT_EQ(tb["train/loss"].size(), 8u) << tb.dump();
   ASSERT_EQ(tb["train/lr"].size(), 8u);
   EXPECT_EQ(tb["train/loss"][7][0], 8) << "the optimizer step";
-  auto epochs = metrics(dir + "/run");
+  auto epochs = epochs_of(dir + "/run");
   ASSERT_EQ(epochs.size(), 2u);
   for (size_t e = 0; e < 2; ++e) {
     for (const char* key : {"train_loss", "test_loss", "test_accuracy", "samples_per_s", "lr"}) {

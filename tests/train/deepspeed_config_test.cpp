@@ -6,6 +6,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/train/trainer.h"
+#include "support/error_of.h"
 
 namespace dtorch::train {
 namespace {
@@ -14,19 +15,14 @@ DeepSpeedSettings parse(const std::string& text) {
   return parse_deepspeed_config(text, "ds.json");
 }
 
-// The message of the ConfigError that parsing `text` throws ("" when none).
+// The message of the ConfigError that parsing `text` throws.
 std::string error_of(const std::string& text) {
-  try {
-    parse(text);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
+  return testing::error_of([&] { parse(text); });
 }
 
 void expect_error(const std::string& text, const std::vector<std::string>& says) {
   const std::string e = error_of(text);
-  ASSERT_FALSE(e.empty()) << "no error for " << text;
+  ASSERT_NE(e, "(no error)") << "no error for " << text;
   for (const auto& s : says)
     EXPECT_NE(e.find(s), std::string::npos) << "'" << s << "' not in: " << e;
 }

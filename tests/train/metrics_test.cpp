@@ -48,8 +48,8 @@ TEST(Metrics, EpochRecordFields) {
   r.train_loss = std::nan("");
   auto j = nlohmann::json::parse(epoch_record_json(r));
   EXPECT_TRUE(j["train_loss"].is_null());
-  EXPECT_EQ(record_json("run", {{"world", 2}, {"batch", 64}}),
-            R"({"kind":"run","batch":64.0,"world":2.0})");
+  EXPECT_EQ(record_json("step", {{"step", 50}, {"lr", 0.5}, {"loss", std::nan("")}}),
+            R"({"kind":"step","loss":null,"lr":0.5,"step":50})");
 }
 
 TEST(Metrics, WritesOneFlushedLinePerRecord) {

@@ -132,8 +132,11 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+}  // namespace
+
 // Runs jobs one at a time in submission order, off the caller's thread, so a shared-memory
 // allreduce started from a gradient hook overlaps with the rest of backward like Gloo's does.
+// Outside the anonymous namespace: Communicator::Impl, declared in the header, holds one.
 class OrderedThread {
  public:
   OrderedThread() : thread_([this] { loop(); }) {}
@@ -176,6 +179,8 @@ class OrderedThread {
   bool stop_ = false;
   std::thread thread_;
 };
+
+namespace {
 
 // Whether every rank of the job is on this node and the shared-memory path may be used
 // (DTORCH_SHM=0 turns it off).

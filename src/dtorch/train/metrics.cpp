@@ -40,8 +40,12 @@ std::string epoch_record_json(const EpochRecord& r) {
 std::string record_json(const std::string& kind, const std::map<std::string, double>& numbers) {
   nlohmann::ordered_json j;
   j["kind"] = kind;
-  for (const auto& [key, value] : numbers)
-    j[key] = number(value);
+  for (const auto& [key, value] : numbers) {
+    // Counts (a step, an epoch, a rank count) arrive as doubles; readers want 50, not 50.0.
+    const bool whole =
+        std::isfinite(value) && value == std::floor(value) && std::fabs(value) < 0x1p53;
+    j[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : number(value);
+  }
   return j.dump();
 }
 

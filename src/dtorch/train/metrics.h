@@ -33,7 +33,8 @@ inline constexpr const char* kStepPhases[] = {"data", "forward", "backward", "fo
 /// {"kind":"epoch","epoch":..,"step":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
 ///  "samples_per_s":..,"seconds":..,"lr":..[,"<phase>_ms":..]}. Non-finite numbers become null.
 std::string epoch_record_json(const EpochRecord& r);
-/// Any record: {"kind":kind, ...numbers...}, keys after "kind" in sorted order.
+/// Any record: {"kind":kind, ...numbers...}, keys after "kind" in sorted order; a whole number
+/// is written as an integer.
 std::string record_json(const std::string& kind, const std::map<std::string, double>& numbers);
 
 /// Appends records to a JSONL file (written by rank 0 only).

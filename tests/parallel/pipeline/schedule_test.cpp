@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "dtorch/core/error.h"
+#include "support/error_of.h"
 
 namespace dtorch::pp {
 namespace {
@@ -114,12 +115,7 @@ TEST(Schedules, CommunicationSitsNextToTheComputeThatNeedsOrMakesIt) {
 }
 
 std::string error_of(const Schedule& s, int m) {
-  try {
-    simulate(s, m);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
+  return testing::error_of([&] { simulate(s, m); });
 }
 
 TEST(Schedules, DeadlocksOrderMismatchesAndMissingWorkAreNamed) {

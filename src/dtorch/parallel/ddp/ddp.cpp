@@ -3,6 +3,7 @@
 #include "dtorch/parallel/ddp/ddp.h"
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/freed_memory.h"
 #include "dtorch/core/log.h"
 #include "dtorch/parallel/ddp/reducer.h"
 #include "dtorch/parallel/model_sync.h"
@@ -23,6 +24,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  Options opts)
     : model_(std::move(model)), comm_(std::move(comm)), opts_(opts) {
   DTORCH_CHECK(model_ && comm_, "ddp::wrap needs a model and a communicator");
+  set_freed_memory(FreedMemory::Reuse);  // Note [Returning released memory]
   torch::NoGradGuard no_grad;
   if (comm_->size() > 1) {
     parallel::check_same_model(*model_, *comm_, "DDP");

@@ -1,6 +1,5 @@
 // ShardedModel: executes a ShardPlan (ZeRO stages 1-3) for one model: flat units, gradient
 // reduce-scatter during backward, sharded optimizer step, and gathers (see zero.h).
-#include <malloc.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -8,6 +7,7 @@
 #include <deque>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/freed_memory.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/grad_ready.h"
@@ -46,23 +46,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// Note [Returning released memory]
-// Sharding allocates and frees the same large buffers every step (gathered units, gradient
-// buckets). glibc serves a large allocation with mmap and unmaps it on free, but after such a
-// free it raises its mmap threshold to that size (up to 32 MiB), so the next ones come from
-// the heap, which keeps freed memory: the process's RSS then grows back to what sharding
-// saved. A fixed threshold keeps buffers of 4 MiB and more in mmap, returned on free. It is
-// set for stage 3 only, whose gathered parameters are the memory it exists to save (gpt-small
-// at 2 ranks: 2.6 GiB peak RSS per rank with it, 3.1 without). Every mmap'd buffer is page-
-// faulted afresh, and for stages 1 and 2, whose buffers are gradient buckets, that cost 13%
-// and 25-30% of a step for 0.1 GiB of RSS, so they keep glibc's adaptive threshold.
-void return_large_buffers_to_the_os() {
-#ifdef M_MMAP_THRESHOLD
-  static const bool once = [] { return mallopt(M_MMAP_THRESHOLD, 4 << 20) == 1; }();
-  (void)once;
-#endif
-}
 
 int64_t bytes_of(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
@@ -155,7 +138,8 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
                  opts.reduce_dtype == torch::kFloat || opts.reduce_dtype == torch::kBFloat16,
                  "gradient reduction dtype must be float32 or bfloat16");
   parallel::check_same_model(*module, *comm, who);
-  if (opts.stage == 3) return_large_buffers_to_the_os();
+  // Note [Returning released memory]
+  if (opts.stage == 3) set_freed_memory(FreedMemory::Return);
 
   std::vector<ParamInfo> infos;
   for (const auto& kv : module->named_parameters()) {
