@@ -13,7 +13,6 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <thread>
 
 #include "launch/namespace_hosts.h"
 #include "models/python_peer.h"
@@ -162,9 +161,7 @@ TEST(ElasticLaunch, ALateNodeJoinsAtTheNextRound) {
          "[ $WORLD_SIZE = 3 ] && sleep 2 || sleep 30"});
   };
   std::vector<testing::Command> early = {start(0), start(1)};
-  auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (!contains(read_file(early[0].dir + "/stdout"), " of 2") && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  testing::wait_until([&] { return contains(read_file(early[0].dir + "/stdout"), " of 2"); }, 30);
   testing::Command late = start(2);
   std::vector<testing::CommandResult> r = {testing::finish_command(early[0], 60),
                                            testing::finish_command(early[1], 60),
@@ -243,7 +240,6 @@ class ElasticHosts : public ::testing::Test {
   std::unique_ptr<testing::NamespaceHosts> hosts_;
 };
 
-// Waits until `path` exists (at most `limit` seconds).
 using testing::wait_for_file;
 
 TEST_F(ElasticHosts, ThreeHostsLoseOneAndFinishOnTwo) {

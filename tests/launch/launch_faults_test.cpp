@@ -25,13 +25,11 @@ namespace dtorch::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using testing::alive;
 using testing::contains;
 using testing::free_port;
 using testing::read_file;
-
-using testing::alive;
 using testing::seconds_since;
-
 using testing::wait_until;
 
 std::vector<pid_t> wait_for_pids(const std::string& dir, const std::vector<int>& ranks,
