@@ -18,7 +18,7 @@ namespace dtorch {
 // a one-rank mnist-cnn step was the kernel clearing and mapping pages, in dtorch as in
 // PyTorch's Python.
 //   Reuse (DDP) fixes both thresholds high (32 MiB, the most glibc takes, and 512 MiB): the
-//   heap keeps what a step freed and the next step reuses it. mnist-cnn at one rank: 450-545
+//   heap keeps what a step freed and the next step reuses it. mnist-cnn at one rank: 453-544
 //   samples/s before, 557-627 after, interleaved runs on one machine (PyTorch 1.13's Python:
 //   463-508). RSS stays at the step's high-water mark, which it reached anyway.
 //   Return (ZeRO-3) sets a fixed 4 MiB mmap threshold: its gathered parameters are the memory
