@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Trains gpt-large (GPT-2 large, 774M parameters) with ZeRO-3 at 2 and 4 ranks on this
 machine, where its DDP training state (16 bytes a parameter with fp32 AdamW: 12.4 GB per
-rank) fits no two ranks, and writes its per-rank model state and peak RSS next to the ZeRO-3
-formula 16P/N to the gpt-large section of BENCHMARKS.md.
-Usage: bench/bench_gpt_large.py [--dtorch build-pip/dtorch] [--nprocs 2 4]
+rank) fits no two ranks, and gpt-small with ZeRO-3 at 1, 2 and 4 ranks, and writes their
+per-rank model state and peak RSS next to the ZeRO-3 formula 16P/N to the gpt-large section
+of BENCHMARKS.md: peak RSS per rank should fall with N as the model state does.
+Usage: bench/bench_gpt_large.py [--dtorch build-pip/dtorch] [--nprocs 2 4] [--small-nprocs 1 2 4]
 """
 import argparse
 import datetime
@@ -22,21 +23,32 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    ap.add_argument("--small-nprocs", type=int, nargs="+", default=[1, 2, 4])
     a = ap.parse_args()
     a.dtorch = os.path.abspath(a.dtorch)
-    rows = []
-    for n in a.nprocs:
-        ranks = run_lines([a.dtorch, "bench", "memory", "--model", "gpt-large", "--strategy",
-                           "zero3", "--optimizer", "adamw", "--nproc-per-node", str(n),
-                           "--batch-size", "1", "--seq-len", str(a.seq_len), "--steps",
-                           str(a.steps)])
-        r0 = ranks[0]
-        P = r0["params"]
-        rows.append("| %d | %.2f | %.2f | %.2f | %.2f | %.1f |" % (
-            n, gib(16 * P / n), gib(max(r["model_state_bytes"] for r in ranks)),
-            gib(max(r["peak_rss_bytes"] for r in ranks)),
-            gib(sum(r["peak_rss_bytes"] for r in ranks)), r0["step_seconds"]))
-        print(rows[-1])
+
+    def zero3_rows(model, nprocs):
+        """(table rows, P): ZeRO-3 training of `model` at each N in nprocs."""
+        rows, P = [], 0
+        for n in nprocs:
+            ranks = run_lines([a.dtorch, "bench", "memory", "--model", model, "--strategy",
+                               "zero3", "--optimizer", "adamw", "--nproc-per-node", str(n),
+                               "--batch-size", "1", "--seq-len", str(a.seq_len), "--steps",
+                               str(a.steps)])
+            r0 = ranks[0]
+            P = r0["params"]
+            rows.append("| %d | %.2f | %.2f | %.2f | %.2f | %.1f |" % (
+                n, gib(16 * P / n), gib(max(r["model_state_bytes"] for r in ranks)),
+                gib(max(r["peak_rss_bytes"] for r in ranks)),
+                gib(sum(r["peak_rss_bytes"] for r in ranks)), r0["step_seconds"]))
+            print(model, rows[-1])
+        return rows, P
+
+    small_rows, P_small = zero3_rows("gpt-small", a.small_nprocs)
+    rows, P = zero3_rows("gpt-large", a.nprocs)
+    header = ["| ranks | 16P/N GiB | model state per rank GiB | peak RSS per rank GiB | peak RSS, "
+              "all ranks GiB | s/step |",
+              "|---|---|---|---|---|---|"]
     libtorch = libtorch_version(a.dtorch)
     lines = [
         START,
@@ -47,20 +59,25 @@ def main():
         "`dtorch bench memory --model gpt-large --strategy zero3 --optimizer adamw "
         "--batch-size 1 --seq-len %d --steps %d` (LibTorch %s, 1 thread per rank). Its DDP "
         "training state, 16P = %.1f GiB per rank, fits no two ranks of this machine; ZeRO-3 "
-        "shards it to 16P/N. Peak RSS is the process's high-water mark, set-up included: "
-        "each rank still builds the whole fp32 model (4P = %.1f GiB) before sharding it, and "
-        "the root unit (embeddings, %.0f%% of the parameters) stays gathered. Backward keeps "
-        "at most two units' gradient buckets alive (Note [Buckets in flight]); it used to "
-        "keep all of them until its end, a whole model's gradient per rank, and 4 ranks did "
-        "not fit this machine (the kernel's out-of-memory killer ended one)."
+        "shards it to 16P/N. Peak RSS is the process's high-water mark, set-up included. No "
+        "rank ever holds the whole model (4P = %.1f GiB in fp32): it is built one unit at a "
+        "time without memory, and each rank initialises its own shards from the units built "
+        "again one at a time (Note [Deferred initialisation]). The root unit (embeddings, "
+        "%.0f%% of the parameters) stays gathered. Backward keeps at most two units' gradient "
+        "buckets alive (Note [Buckets in flight])."
         % (datetime.date.today().isoformat(), os.cpu_count(),
            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, P, a.seq_len,
            a.steps, libtorch, gib(16 * P), gib(4 * P), 100.0 * (50304 + 1024) * 1280 / P),
         "",
-        "| ranks | 16P/N GiB | model state per rank GiB | peak RSS per rank GiB | peak RSS, "
-        "all ranks GiB | s/step |",
-        "|---|---|---|---|---|---|",
-    ] + rows + [END]
+    ] + header + rows + [
+        "",
+        "The same for gpt-small (%d parameters; the same command with --model gpt-small): "
+        "peak RSS per rank against the model state as N grows. What does not shrink with N is "
+        "LibTorch and the process itself, the root unit (the 50304 x 768 token embedding, a "
+        "third of gpt-small, gathered), one block's gathered parameters and activations."
+        % P_small,
+        "",
+    ] + header + small_rows + [END]
     publish(a.out, lines)
 
 

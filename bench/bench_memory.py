@@ -193,6 +193,27 @@ def main():
         r = results[(s, n0)][0]
         lines.append("| %s | %d | %.2f | %.2f |" % (s, n0, r["samples_per_s"],
                                                    r["samples_per_s"] / base))
+    lines += [
+        "",
+        "## Where a step's time goes, N = %d (same run)" % n0,
+        "",
+        "Seconds per step on rank 0: forward, backward and the optimizer step as the bench "
+        "times them, and the time within them spent waiting for communication that "
+        "computation did not hide: gathers of parameters (ZeRO-3's units before their "
+        "blocks, in forward and backward; ZeRO-1/2's updated parameters after the optimizer "
+        "step) and gradient reductions (DDP's allreduce at the end of backward, ZeRO's "
+        "reduce-scatters).",
+        "",
+        "| strategy | s/step | forward | backward | optimizer step | waiting for gathers | "
+        "waiting for reductions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in STRATEGIES:
+        r = results[(s, n0)][0]
+        ph = r["phase_seconds"]
+        lines.append("| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+            s, r["step_seconds"], ph["forward"], ph["backward"], ph["optimizer"],
+            ph["gather_wait"], ph["reduce_wait"]))
     if peers:
         lines += peer_table(a, results, peers, torch2)
     lines.append(END)

@@ -136,9 +136,10 @@ def main():
     lines += [
         "",
         "ZeRO-3 sends less than its formula's 3x because its root unit (the token embedding, a "
-        "third of gpt-small) is gathered once per step. Every rank builds the whole model before "
-        "splitting it, so peak RSS still holds one unsplit copy (a deferred initialisation is "
-        "future work); under a pipeline each rank builds only its own stage. The bytes columns "
+        "third of gpt-small) is gathered once per step. Under ZeRO-3 no rank builds the whole model "
+        "(Note [Deferred initialisation]); under a pipeline each rank builds only its own "
+        "stage; the other layouts build the whole model on every rank before splitting it, so "
+        "their peak RSS holds one unsplit copy. The bytes columns "
         "leave out the pipeline's point-to-point activations and the tied embedding's gradient "
         "sum between the first and last stage.",
     ]

@@ -3,7 +3,9 @@
 // bytes each rank sends per step, and throughput: one JSON line per rank. With --tp (--pp), the
 // strategy runs over the dp group of a dp x tp (x pp) mesh; under a pipeline each line also has
 // the rank's measured and simulated bubble and activations held; with --activation-checkpointing
-// the blocks recompute their forward in backward. Bytes kept from forward to backward, and the
+// the blocks recompute their forward in backward. Without a pipeline each line also says where
+// a step's time went: forward, backward, the optimizer step, and the communication waits
+// within them. Bytes kept from forward to backward, and the
 // peak from forward to the end of backward, are counted at the allocator (Note [Allocation
 // meter]).
 #include <sys/resource.h>
@@ -55,7 +57,7 @@ int memory_worker(MemoryFlags f) {
     P = models::model_parameters(f.model);
     layout = train::apply_pipeline(f.model, world, f.pp, f.tp, false, &model);
   } else {
-    model = models::make_model(f.model);
+    model = train::build_model(f.strategy, f.model);
     for (const auto& p : model->parameters())
       P += p.numel();
     layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false);
@@ -93,12 +95,21 @@ int memory_worker(MemoryFlags f) {
   // to the end of backward, above what the step began with (the optimizer step not included).
   std::optional<AllocationMeter> meter;
   int64_t forward_bytes = 0, step_peak_bytes = 0, step_base = 0;
+  // Where a timed step's time goes (without a pipeline): forward, backward and the optimizer
+  // step, each including the communication waits counted apart (Strategy::comm_waits).
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  train::CommWaits waits0;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   for (int step = 0; step < 1 + f.steps; ++step) {
     if (step == 1) {
       world->barrier("bench start");
       reset();
       meter.emplace();
       t0 = Clock::now();
+      forward_s = backward_s = optimizer_s = 0;
+      waits0 = strategy->comm_waits();
     }
     if (meter) {
       step_base = meter->current();
@@ -123,14 +134,20 @@ int memory_worker(MemoryFlags f) {
       continue;
     }
     torch::Tensor loss;
+    auto t = Clock::now();
     {
       parallel::CpuAutocast autocast(strategy->autocast());
       loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
     }
+    forward_s += since(t);
     if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
+    t = Clock::now();
     strategy->backward(loss, true);
+    backward_s += since(t);
     if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
+    t = Clock::now();
     strategy->step(0);
+    optimizer_s += since(t);
   }
   world->barrier("bench end");
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -182,7 +199,15 @@ int memory_worker(MemoryFlags f) {
       {"tp_bytes_sent_per_step", per_step(tp_traffic)},
       {"sent_per_step_over_param_bytes", double(sent) / f.steps / (4.0 * P)},
   };
-  if (!pipeline) j["forward_kept_bytes"] = forward_bytes;
+  if (!pipeline) {
+    j["forward_kept_bytes"] = forward_bytes;
+    const train::CommWaits waits = strategy->comm_waits();
+    j["phase_seconds"] = {{"forward", forward_s / f.steps},
+                          {"backward", backward_s / f.steps},
+                          {"optimizer", optimizer_s / f.steps},
+                          {"gather_wait", (waits.gather - waits0.gather) / f.steps},
+                          {"reduce_wait", (waits.reduce - waits0.reduce) / f.steps}};
+  }
   if (pipeline) {
     // The bubble as measured (time not spent in forward or backward, over the step) and as
     // the on-paper simulator gives it with equal F, B and W times.

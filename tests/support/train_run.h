@@ -15,6 +15,13 @@ namespace dtorch::testing {
 std::vector<std::string> gpt_debug_train_args(const std::string& out, const std::string& strategy,
                                               int nproc, int epochs = 2);
 
+/// `a` with `more` appended: a run's arguments and a few more flags.
+inline std::vector<std::string> with(std::vector<std::string> a,
+                                     const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
 /// The records of OUT/metrics.jsonl of one kind ("epoch", "step"), parsed, in order.
 std::vector<nlohmann::json> records_of(const std::string& out, const std::string& kind);
 /// The epoch records of OUT/metrics.jsonl.

@@ -12,10 +12,7 @@
 namespace dtorch {
 namespace {
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
-  a.insert(a.end(), more.begin(), more.end());
-  return a;
-}
+using testing::with;
 
 TEST(TrainActivationCheckpointing, EveryStrategyAndLayoutMatchesTheRunWithoutIt) {
   const std::string base = testing::scratch_dir("ac_train");

@@ -22,17 +22,13 @@ namespace {
 
 using testing::expect_same_run;
 using testing::model_file;
+using testing::with;
 
 std::vector<std::string> pipeline_train_args(const std::string& out, const std::string& strategy,
                                              int nproc, int epochs = 2) {
   // Clipping: across the stages under a pipeline, of ZeRO's gradient shards too.
   auto a = testing::gpt_debug_train_args(out, strategy, nproc, epochs);
   a.insert(a.end(), {"--clip-grad-norm", "1.0"});
-  return a;
-}
-
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
-  a.insert(a.end(), more.begin(), more.end());
   return a;
 }
 

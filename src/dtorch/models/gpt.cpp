@@ -93,7 +93,7 @@ GPT::GPT(const GPTConfig& c, UnitRange units) : config_(c) {
                  "GPT needs positive vocab_size, block_size and n_layer");
   set_units(units);
   const int head = static_cast<int>(c.n_layer) + 1;
-  UnitSeeds seeds;
+  UnitSeeds seeds(*this);
   auto transformer = register_module("transformer", std::make_shared<nn::Module>());
   if (holds_unit(0) || holds_unit(head)) {
     // Note [Tied embedding]: the head's wte is built from the embedding's seed, so a stage
@@ -106,15 +106,16 @@ GPT::GPT(const GPTConfig& c, UnitRange units) : config_(c) {
       init_unit(*wpe_, c.n_layer);
     }
   }
-  auto h = std::make_shared<nn::Module>();
   first_block_ = std::max(0, this->units().begin - 1);
+  std::shared_ptr<nn::Module> h;
   for (int64_t i = first_block_; i < c.n_layer && holds_unit(static_cast<int>(i) + 1); ++i) {
+    // Registered before the block is built, so UnitSeeds sees it (Note [Deferred
+    // initialisation]).
+    if (!h) h = transformer->register_module("h", std::make_shared<nn::Module>());
     seeds.enter(static_cast<int>(i) + 1);
-    h_.push_back(GPTBlock(c.n_embd, c.n_head, c.attention));
+    h_.push_back(h->register_module(std::to_string(i), GPTBlock(c.n_embd, c.n_head, c.attention)));
     init_unit(*h_.back(), c.n_layer);
-    h->register_module(std::to_string(i), h_.back());
   }
-  if (!h_.empty()) transformer->register_module("h", h);
   if (holds_unit(head)) {
     seeds.enter(head);
     ln_f_ = transformer->register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.n_embd})));

@@ -94,6 +94,20 @@ class Model : public torch::nn::Module {
   /// state dicts read here may.
   virtual std::vector<PythonAlias> python_aliases() const { return {}; }
 
+  /// How a model built under models::DeferredStorage (its parameters hold no memory) gets
+  /// its values (Note [Deferred initialisation]); models::make_deferred_model sets it.
+  struct DeferredInit {
+    /// The global CPU generator's state the model was built from.
+    at::Tensor generator_state;
+    /// Builds each unit alone, in order, from the generator's current state, and calls its
+    /// argument on it: unit k's parameters are those of this model's unit k, by name.
+    std::function<void(const std::function<void(Model& unit)>&)> for_each_unit;
+  };
+  void set_deferred_init(DeferredInit d) { deferred_ = std::move(d); }
+  /// Whether the parameters hold no memory yet: only ZeRO-3 can train such a model.
+  bool deferred() const { return static_cast<bool>(deferred_.for_each_unit); }
+  const DeferredInit& deferred_init() const { return deferred_; }
+
   /// Called around each block's forward (see run_block and Note [Block hooks]).
   struct BlockHooks {
     /// Runs just before block `block`'s forward; may be empty.
@@ -144,6 +158,7 @@ class Model : public torch::nn::Module {
   BlockHooks hooks_;
   BlockRunner runner_;
   UnitRange units_;
+  DeferredInit deferred_;
 };
 
 }  // namespace dtorch::models

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,18 @@ namespace dtorch::models {
 /// Throws ConfigError listing the known names when `name` is not one of them.
 std::shared_ptr<Model> make_model(const std::string& name, UnitRange units = {},
                                   const ImageInput& input = {});
+
+/// Model `name` with every parameter's name, shape and dtype but no memory, built holding one
+/// unit at a time; its deferred_init() builds the units again to give ZeRO-3 the values
+/// make_model would have given from the same generator state (Note [Deferred
+/// initialisation]). Only zero::shard with stage 3 trains it.
+std::shared_ptr<Model> make_deferred_model(const std::string& name, const ImageInput& input = {});
+
+/// Builds the units of `name` one at a time (the largest allocation is one unit, never the
+/// model), each from the global generator's current state, and calls f(unit index, unit) on
+/// each; leaves the generator as it was.
+void for_each_unit(const std::string& name, const ImageInput& input,
+                   const std::function<void(int, Model&)>& f);
 
 /// A pipeline unit's name and parameter count (a GPT head counts its copy of the tied
 /// embedding).

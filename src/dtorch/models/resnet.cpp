@@ -73,7 +73,7 @@ ResNet::ResNet(const ResNetConfig& config, UnitRange units) : config_(config) {
   DTORCH_CHECK_T(ConfigError, !config.blocks.empty() && config.width > 0,
                  "ResNet needs at least one stage and a positive width");
   set_units(units);
-  UnitSeeds seeds;
+  UnitSeeds seeds(*this);
   if (holds_unit(0)) {
     seeds.enter(0);
     conv1_ = register_module("conv1", conv(config.in_channels, config.width, 3, 1));

@@ -5,6 +5,8 @@
 
 #include <mutex>
 
+#include "dtorch/core/storage.h"
+
 namespace dtorch::models {
 namespace {
 
@@ -16,15 +18,33 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+thread_local bool deferred_storage = false;
+
 }  // namespace
 
-UnitSeeds::UnitSeeds() {
+DeferredStorage::DeferredStorage() : outer_(deferred_storage) {
+  deferred_storage = true;
+}
+
+DeferredStorage::~DeferredStorage() {
+  deferred_storage = outer_;
+}
+
+bool DeferredStorage::active() {
+  return deferred_storage;
+}
+
+UnitSeeds::UnitSeeds(const torch::nn::Module& model) : model_(model) {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   base_ = gen.get<at::CPUGeneratorImpl>()->random64();
 }
 
 void UnitSeeds::enter(int unit) const {
+  if (deferred_storage) {  // Note [Deferred initialisation]
+    for (const auto& p : model_.parameters())
+      if (holds_storage(p)) release_storage(p);
+  }
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_current_seed(mix(base_ ^ mix(static_cast<uint64_t>(unit) + 1)));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
 
 #include <cstdint>
 
@@ -18,15 +19,43 @@ namespace dtorch::models {
 /// same way is reproducible as before.
 class UnitSeeds {
  public:
-  /// Draws the base from the global CPU generator.
-  UnitSeeds();
+  /// Draws the base from the global CPU generator, for the constructor of `model`, which
+  /// registers each unit's modules before it enters the next unit.
+  explicit UnitSeeds(const torch::nn::Module& model);
   /// Reseeds the global CPU generator for unit `unit`: build and initialise it right after.
+  /// Under a DeferredStorage guard, first releases the storage of every parameter of the
+  /// model built so far (Note [Deferred initialisation]).
   void enter(int unit) const;
-  /// Reseeds it past the last of `num_units` units.
+  /// Reseeds it past the last of `num_units` units (releasing as enter() does).
   void finish(int num_units) const { enter(num_units); }
 
  private:
+  const torch::nn::Module& model_;
   uint64_t base_;
+};
+
+/// Note [Deferred initialisation]: ZeRO-3 exists to train a model whose state does not fit
+/// one rank, so no rank may ever hold the whole model, not even while building it. While a
+/// DeferredStorage guard lives on a thread, a model built there releases each unit's
+/// parameter storage as soon as the unit is built and initialised (UnitSeeds::enter does it
+/// as the next unit starts), so building holds one unit at a time and the model comes out
+/// with every parameter's name, shape and dtype but no memory. Its values are not lost: by
+/// Note [Unit seeds] unit k built alone from the same generator state has exactly the values
+/// unit k had in the whole model, so ZeRO-3 builds the units again one at a time
+/// (Model::DeferredInit, models::make_deferred_model) and each rank copies only the elements
+/// it owns into its shard. Building costs the largest unit, twice over (skeleton and
+/// rebuild), instead of the model; the shards equal those of the unsharded initialisation.
+class DeferredStorage {
+ public:
+  DeferredStorage();
+  ~DeferredStorage();
+  DeferredStorage(const DeferredStorage&) = delete;
+  DeferredStorage& operator=(const DeferredStorage&) = delete;
+  /// Whether a guard lives on this thread.
+  static bool active();
+
+ private:
+  bool outer_;
 };
 
 /// Restores the global CPU generator's state when destroyed: for building models whose

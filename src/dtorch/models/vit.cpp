@@ -71,7 +71,7 @@ VisionTransformer::VisionTransformer(const ViTConfig& c, UnitRange units) : conf
   DTORCH_CHECK_T(ConfigError, c.num_heads > 0 && c.hidden_dim % c.num_heads == 0, "ViT hidden_dim ",
                  c.hidden_dim, " must be a multiple of num_heads ", c.num_heads);
   set_units(units);
-  UnitSeeds seeds;
+  UnitSeeds seeds(*this);
   const int64_t patches = (c.image_size / c.patch_size) * (c.image_size / c.patch_size);
   std::shared_ptr<nn::Module> encoder;
   auto get_encoder = [&] {

@@ -181,6 +181,8 @@ class DdpStrategy : public Strategy {
     return loaded;
   }
 
+  CommWaits comm_waits() const override { return {0, ddp_->comm_wait_seconds()}; }
+
   zero::MemoryStats memory() const override {
     zero::MemoryStats m;
     for (const auto& p : model_->parameters())
@@ -376,6 +378,10 @@ class ZeroStrategy : public Strategy {
   }
 
   zero::MemoryStats memory() const override { return sharded_->memory(); }
+  CommWaits comm_waits() const override {
+    auto w = sharded_->wait_seconds();
+    return {w.gather, w.reduce};
+  }
 
   bool autocast() const override { return c_.precision == "bf16"; }
   void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }
@@ -451,6 +457,12 @@ void validate(const StrategyConfig& c) {
                  " must lie between 0 and 1 (PyTorch's default: 1e-8)");
   DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
+}
+
+std::shared_ptr<models::Model> build_model(const StrategyConfig& c, const std::string& model_name,
+                                           const models::ImageInput& input) {
+  if (c.kind == "zero3") return models::make_deferred_model(model_name, input);
+  return models::make_model(model_name, {}, input);
 }
 
 Layout apply_tensor_parallel(models::Model& model, const std::string& model_name,

@@ -45,6 +45,14 @@ struct StrategyConfig {
 /// Throws ConfigError naming the bad field and the choices.
 void validate(const StrategyConfig& c);
 
+/// Seconds a rank has waited for communication that computation did not hide: gathers of
+/// parameters (ZeRO-3's units before their blocks, ZeRO-1/2's updated parameters in step) and
+/// gradient reductions (DDP's allreduces, ZeRO's reduce-scatters).
+struct CommWaits {
+  double gather = 0;
+  double reduce = 0;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -72,6 +80,8 @@ class Strategy {
   virtual void set_lr(double lr) = 0;
   /// Model state this rank holds, in bytes.
   virtual zero::MemoryStats memory() const = 0;
+  /// Communication waits since the strategy was made (for `dtorch bench memory`'s phases).
+  virtual CommWaits comm_waits() const = 0;
   /// Whether forward should run under bf16 autocast.
   virtual bool autocast() const = 0;
   /// One line for the log: "zero3 (5 units), bf16 compute, fp32 reduction".
@@ -115,6 +125,12 @@ struct PipelineConfig {
   std::string schedule = "1f1b";
   std::string split;  ///< --pp-split; empty: balanced by parameter count
 };
+
+/// Model `model_name` as strategy `c.kind` wants it: for zero3 built without memory, so no
+/// rank ever holds the whole model (Note [Deferred initialisation]); for the others
+/// models::make_model's. Either way from the global generator, seeded alike on every rank.
+std::shared_ptr<models::Model> build_model(const StrategyConfig& c, const std::string& model_name,
+                                           const models::ImageInput& input = {});
 
 /// With tp > 1: lays out a dp x tp mesh over `world` and splits `model` (built as
 /// models::make_model(model_name) from the same seed on every rank) across its tp group. With

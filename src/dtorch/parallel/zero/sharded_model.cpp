@@ -1,15 +1,21 @@
 // ShardedModel: executes a ShardPlan (ZeRO stages 1-3) for one model: flat units, gradient
 // reduce-scatter during backward, sharded optimizer step, and gathers (see zero.h).
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <deque>
+#include <map>
+#include <mutex>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/freed_memory.h"
+#include "dtorch/core/storage.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/model.h"
+#include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/grad_ready.h"
 #include "dtorch/parallel/model_sync.h"
 #include "dtorch/parallel/optimizer_state.h"
@@ -41,6 +47,16 @@ namespace dtorch::zero {
 // Releasing keeps each parameter's TensorImpl (autograd has saved it) but gives its storage
 // zero bytes; gathering gives the same storage fresh memory, so the saved tensors see the
 // gathered values again (this is what FSDP does with storage().resize_()).
+// Note [Spare unit memory]: a gathered unit's memory and a unit's gradient bucket are the same
+// sizes every step (every block of a GPT is), and with the allocator returning large buffers
+// to the kernel (Note [Returning released memory]) each gather and each bucket page-faulted
+// its memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a
+// step. The two most recently released of each are kept and handed to the next of the same
+// size instead, which is at most two units above what is held in any case (the prefetched and
+// the in-flight ones).
+// A model built without memory (Note [Deferred initialisation]) has no weights to pack: its
+// units' full buffers are allocated and released untouched, and each rank fills its masters
+// from the model's units built again one at a time (init_deferred).
 
 namespace {
 
@@ -84,6 +100,11 @@ struct ShardedModel::Impl {
   std::unique_ptr<parallel::GradReadiness> readiness;
   bool keep_gathered = false;
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
+  ShardedModel::WaitSeconds waited;
+  // Note [Spare unit memory]: released unit memory (with its size) and reduced buckets.
+  std::deque<std::pair<size_t, at::DataPtr>> spare_memory;
+  std::deque<at::Tensor> spare_buckets;
+  static constexpr size_t kSpares = 2;
 
   int rank() const { return comm->rank(); }
   bool sharded_params() const { return opts.stage == 3; }
@@ -93,6 +114,8 @@ struct ShardedModel::Impl {
   }
 
   void build(const OptimizerFactory& make_optimizer);
+  void init_deferred(const models::Model& m);
+  void publish();
   void install_block_hooks();
   void install_readiness();
   void absorb(size_t i);
@@ -103,6 +126,8 @@ struct ShardedModel::Impl {
   void gather_async(size_t u);
   void ensure_gathered(size_t u);
   void release(size_t u);
+  void wait_for(comm::Work& w, double& seconds);
+  at::Tensor zeroed_bucket(size_t u);
   void before_block(const std::string& block);
   at::Tensor after_block(const std::string& block, at::Tensor out);
   void before_unit_backward(size_t u);
@@ -139,7 +164,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
                  "gradient reduction dtype must be float32 or bfloat16");
   parallel::check_same_model(*module, *comm, who);
   // Note [Returning released memory]
-  if (opts.stage == 3) set_freed_memory(FreedMemory::Return);
+  set_freed_memory(opts.stage == 3 ? FreedMemory::Return : FreedMemory::Reuse);
 
   std::vector<ParamInfo> infos;
   for (const auto& kv : module->named_parameters()) {
@@ -159,6 +184,11 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     buffers.push_back(b);
 
   auto* m = dynamic_cast<models::Model*>(module.get());
+  const bool deferred = m && m->deferred();
+  DTORCH_CHECK_T(ConfigError, !deferred || sharded_params(), who,
+                 ": the model was built without memory (models::make_deferred_model), which only "
+                 "ZeRO-3 initialises; build it with models::make_model for ",
+                 who);
   std::vector<std::string> blocks = m ? m->block_names() : std::vector<std::string>{};
   std::vector<UnitSpec> specs;
   if (sharded_params() && !blocks.empty()) {
@@ -188,14 +218,18 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   units.resize(plan.units.size());
   for (size_t u = 0; u < plan.units.size(); ++u) {
     UnitState& s = units[u];
-    at::Tensor flat = at::zeros({plan.units[u].padded}, at::kFloat);
-    for (const UnitEntry& e : plan.units[u].entries)
-      flat.narrow(0, e.offset, e.numel).copy_(params[e.param].detach().reshape({-1}));
-    comm->broadcast(flat, 0, str(who, " initial weights of ", plan.units[u].name));
-    s.full = mixed ? flat.to(opts.param_dtype) : flat;
-    // Stages 1-2 in fp32 update the parameters' own chunk in place: no separate master.
-    s.master = (mixed || sharded_params()) ? own(flat, u).clone() : own(s.full, u);
-    flat = at::Tensor();
+    if (deferred) {
+      s.full = at::empty({plan.units[u].padded}, opts.param_dtype);  // not touched: no memory
+      s.master = at::zeros({plan.units[u].shard}, at::kFloat);       // init_deferred fills it
+    } else {
+      at::Tensor flat = at::zeros({plan.units[u].padded}, at::kFloat);
+      for (const UnitEntry& e : plan.units[u].entries)
+        flat.narrow(0, e.offset, e.numel).copy_(params[e.param].detach().reshape({-1}));
+      comm->broadcast(flat, 0, str(who, " initial weights of ", plan.units[u].name));
+      s.full = mixed ? flat.to(opts.param_dtype) : flat;
+      // Stages 1-2 in fp32 update the parameters' own chunk in place: no separate master.
+      s.master = (mixed || sharded_params()) ? own(flat, u).clone() : own(s.full, u);
+    }
     if (opts.stage == 1) {
       s.grad_full = at::zeros({plan.units[u].padded}, s.full.options());
       s.grad_shard = mixed ? at::zeros({plan.units[u].shard}, at::kFloat) : own(s.grad_full, u);
@@ -212,6 +246,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     if (model) release(u);
   }
   peak_gathered_bytes = gathered_bytes;  // what training holds, not the set-up
+  if (deferred) init_deferred(*m);
 
   std::vector<at::Tensor> masters;
   for (auto& s : units)
@@ -221,6 +256,50 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
 
   install_readiness();
   if (model) install_block_hooks();
+}
+
+// Note [Deferred initialisation]: builds the model's units again, one at a time from rank 0's
+// generator state, and copies the elements this rank owns into its masters; the units that
+// stay gathered (the root) then gather theirs.
+void ShardedModel::Impl::init_deferred(const models::Model& m) {
+  at::Tensor state = m.deferred_init().generator_state.clone();
+  comm->broadcast(state, 0, "ZeRO-3 initial generator state");
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < names.size(); ++i)
+    index[names[i]] = i;
+  std::vector<bool> filled(names.size(), false);
+  {
+    models::GeneratorStateGuard keep;
+    {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
+    m.deferred_init().for_each_unit([&](models::Model& built) {
+      torch::NoGradGuard no_grad;
+      for (const auto& kv : built.named_parameters()) {
+        auto it = index.find(kv.key());
+        DTORCH_CHECK(it != index.end(), "ZeRO-3: a unit of the deferred model has parameter ",
+                     kv.key(), ", which the model itself does not");
+        filled[it->second] = true;
+        auto [u, k] = plan.where[it->second];
+        const Unit& unit = plan.units[u];
+        const UnitEntry& e = unit.entries[k];
+        DTORCH_CHECK(kv.value().numel() == e.numel, "ZeRO-3: parameter ", kv.key(), " has ",
+                     kv.value().numel(), " elements when built alone, ", e.numel, " in the model");
+        // A parameter two units build (a GPT's tied embedding) gets the same values twice.
+        auto [begin, end] = unit.owned(rank());
+        const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+        if (lo >= hi) continue;
+        units[u]
+            .master.narrow(0, lo - rank() * unit.shard, hi - lo)
+            .copy_(kv.value().detach().reshape({-1}).narrow(0, lo - e.offset, hi - lo));
+      }
+    });
+  }
+  for (size_t i = 0; i < names.size(); ++i)
+    DTORCH_CHECK(filled[i], "ZeRO-3: no unit of the deferred model built parameter ", names[i]);
+  publish();
 }
 
 // Units are reduced strictly in reverse plan order on every rank (Note [Sharding stages]);
@@ -282,10 +361,15 @@ void ShardedModel::Impl::before_unit_backward(size_t u) {
 void ShardedModel::Impl::gather_async(size_t u) {
   UnitState& s = units[u];
   if (s.materialized) return;
-  c10::StorageImpl* st = s.full.storage().unsafeGetStorageImpl();
   const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
-  st->set_data_ptr_noswap(st->allocator()->allocate(nbytes));
-  st->set_nbytes(nbytes);
+  at::DataPtr memory;  // Note [Spare unit memory]
+  for (auto it = spare_memory.begin(); it != spare_memory.end(); ++it) {
+    if (it->first != nbytes) continue;
+    memory = std::move(it->second);
+    spare_memory.erase(it);
+    break;
+  }
+  restore_storage(s.full, nbytes, std::move(memory));
   s.materialized = true;
   gathered_bytes += bytes_of(s.full);
   peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
@@ -297,18 +381,24 @@ void ShardedModel::Impl::gather_async(size_t u) {
 
 void ShardedModel::Impl::ensure_gathered(size_t u) {
   gather_async(u);
-  units[u].gather.wait();
-  units[u].gather = comm::Work();
+  wait_for(units[u].gather, waited.gather);
+}
+
+void ShardedModel::Impl::wait_for(comm::Work& w, double& seconds) {
+  if (!w.valid()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  w.wait();
+  seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  w = comm::Work();
 }
 
 void ShardedModel::Impl::release(size_t u) {
   UnitState& s = units[u];
   if (!sharded_params() || is_root(u) || keep_gathered || !s.materialized) return;
-  s.gather.wait();
-  s.gather = comm::Work();
-  c10::StorageImpl* st = s.full.storage().unsafeGetStorageImpl();
-  st->set_data_ptr_noswap(at::DataPtr(nullptr, st->device()));
-  st->set_nbytes(0);
+  wait_for(s.gather, waited.gather);
+  const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
+  spare_memory.emplace_back(nbytes, release_storage(s.full));  // Note [Spare unit memory]
+  if (spare_memory.size() > kSpares) spare_memory.pop_front();
   s.materialized = false;
   gathered_bytes -= bytes_of(s.full);
 }
@@ -325,7 +415,7 @@ void ShardedModel::Impl::absorb(size_t i) {
     if (g.defined() && !g.is_same(view)) view.copy_(g);
     return;
   }
-  if (!s.bucket.defined()) s.bucket = at::zeros({plan.units[u].padded}, opts.reduce_dtype);
+  if (!s.bucket.defined()) s.bucket = zeroed_bucket(u);
   if (g.defined()) s.bucket.narrow(0, e.offset, e.numel).copy_(g.reshape({-1}));
   g.reset();  // the bucket has it; free it now rather than after backward
 }
@@ -346,7 +436,7 @@ void ShardedModel::Impl::launch(size_t u) {
     }
     return;
   }
-  if (!s.bucket.defined()) s.bucket = at::zeros({unit.padded}, opts.reduce_dtype);
+  if (!s.bucket.defined()) s.bucket = zeroed_bucket(u);
   s.incoming = at::empty({unit.shard}, opts.reduce_dtype);
   s.reduce = comm->reduce_scatter_async(s.bucket, s.incoming, comm::ReduceOp::Avg, what);
   release(u);  // backward is done with this unit's parameters (Note [Sharding stages])
@@ -365,13 +455,27 @@ void ShardedModel::Impl::launch(size_t u) {
 
 void ShardedModel::Impl::finish_reduction(UnitState& s) {
   torch::NoGradGuard no_grad;
-  s.reduce.wait();
-  s.reduce = comm::Work();
+  wait_for(s.reduce, waited.reduce);
   if (s.incoming.defined()) {
     s.grad_shard.add_(s.incoming);
     s.incoming = at::Tensor();
   }
+  // Note [Spare unit memory]; stage 1's bucket is a dtype copy of its whole gradient.
+  if (s.bucket.defined() && opts.stage > 1) spare_buckets.push_back(std::move(s.bucket));
+  if (spare_buckets.size() > kSpares) spare_buckets.pop_front();
   s.bucket = at::Tensor();
+}
+
+// A zeroed gradient bucket for unit u: a spare one of its size when there is one.
+at::Tensor ShardedModel::Impl::zeroed_bucket(size_t u) {
+  const int64_t n = plan.units[u].padded;
+  for (auto it = spare_buckets.begin(); it != spare_buckets.end(); ++it) {
+    if (it->numel() != n) continue;
+    at::Tensor b = std::move(*it);
+    spare_buckets.erase(it);
+    return b.zero_();
+  }
+  return at::zeros({n}, opts.reduce_dtype);
 }
 
 // Every unit was launched (unused parameters are reduced as zeros).
@@ -505,23 +609,24 @@ void ShardedModel::step() {
 }
 
 void ShardedModel::publish_params() {
-  auto& impl = *impl_;
+  impl_->publish();
+}
+
+void ShardedModel::Impl::publish() {
   torch::NoGradGuard no_grad;
   std::vector<size_t> started;
-  for (size_t u = 0; u < impl.units.size(); ++u) {
-    auto& s = impl.units[u];
+  for (size_t u = 0; u < units.size(); ++u) {
+    auto& s = units[u];
     if (!s.materialized) continue;  // stage 3: gathered from the masters when next needed
-    s.gather.wait();
-    at::Tensor mine = impl.own(s.full, u);
+    wait_for(s.gather, waited.gather);
+    at::Tensor mine = own(s.full, u);
     if (!mine.is_same(s.master)) mine.copy_(s.master);
-    s.gather = impl.comm->allgather_into_async(
-        s.full, mine, str("ZeRO-", impl.opts.stage, " parameters of ", impl.plan.units[u].name));
+    s.gather = comm->allgather_into_async(
+        s.full, mine, str("ZeRO-", opts.stage, " parameters of ", plan.units[u].name));
     started.push_back(u);
   }
-  for (size_t u : started) {
-    impl.units[u].gather.wait();
-    impl.units[u].gather = comm::Work();
-  }
+  for (size_t u : started)
+    wait_for(units[u].gather, waited.gather);
 }
 
 void ShardedModel::zero_grad() {
@@ -546,6 +651,10 @@ const std::vector<std::string>& ShardedModel::param_names() const {
 }
 const std::vector<std::vector<int64_t>>& ShardedModel::param_shapes() const {
   return impl_->shapes;
+}
+
+ShardedModel::WaitSeconds ShardedModel::wait_seconds() const {
+  return impl_->waited;
 }
 
 MemoryStats ShardedModel::memory() const {

@@ -142,6 +142,14 @@ class ShardedModel {
   const ShardPlan& plan() const;
   const Options& options() const;
   MemoryStats memory() const;
+  /// Seconds this rank has waited since it was built for communication that computation did
+  /// not hide: gathers (ZeRO-3's units before their blocks run; every stage's updated
+  /// parameters in step()) and gradient reduce-scatters.
+  struct WaitSeconds {
+    double gather = 0;
+    double reduce = 0;
+  };
+  WaitSeconds wait_seconds() const;
   /// Names of the model's parameters, in the order the plan's indices use.
   const std::vector<std::string>& param_names() const;
   /// Shapes of the model's parameters, in the same order.
