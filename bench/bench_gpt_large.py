@@ -28,8 +28,9 @@ def main():
     a.dtorch = os.path.abspath(a.dtorch)
 
     def zero3_rows(model, nprocs):
-        """(table rows, P): ZeRO-3 training of `model` at each N in nprocs."""
-        rows, P = [], 0
+        """(table rows, P, peak RSS above model state per rank in GiB at each N): ZeRO-3
+        training of `model` at each N in nprocs."""
+        rows, P, above = [], 0, []
         for n in nprocs:
             ranks = run_lines([a.dtorch, "bench", "memory", "--model", model, "--strategy",
                                "zero3", "--optimizer", "adamw", "--nproc-per-node", str(n),
@@ -41,11 +42,14 @@ def main():
                 n, gib(16 * P / n), gib(max(r["model_state_bytes"] for r in ranks)),
                 gib(max(r["peak_rss_bytes"] for r in ranks)),
                 gib(sum(r["peak_rss_bytes"] for r in ranks)), r0["step_seconds"]))
+            # The table's two columns as shown, so the text and the table agree.
+            above.append(round(gib(max(r["peak_rss_bytes"] for r in ranks)), 2) -
+                         round(gib(max(r["model_state_bytes"] for r in ranks)), 2))
             print(model, rows[-1])
-        return rows, P
+        return rows, P, above
 
-    small_rows, P_small = zero3_rows("gpt-small", a.small_nprocs)
-    rows, P = zero3_rows("gpt-large", a.nprocs)
+    small_rows, P_small, small_above = zero3_rows("gpt-small", a.small_nprocs)
+    rows, P, above = zero3_rows("gpt-large", a.nprocs)
     header = ["| ranks | 16P/N GiB | model state per rank GiB | peak RSS per rank GiB | peak RSS, "
               "all ranks GiB | s/step |",
               "|---|---|---|---|---|---|"]
@@ -64,17 +68,21 @@ def main():
         "time without memory, and each rank initialises its own shards from the units built "
         "again one at a time (Note [Deferred initialisation]). The root unit (embeddings, "
         "%.0f%% of the parameters) stays gathered. Backward keeps at most two units' gradient "
-        "buckets alive (Note [Buckets in flight])."
+        "buckets alive (Note [Buckets in flight]). Peak RSS per rank is %.2f-%.2f GiB above the "
+        "model state at every N (gpt-small below: %.2f-%.2f GiB), so it falls with N as the "
+        "model state does; that remainder is reached in backward and does not shrink with N: "
+        "LibTorch and the process, the gathered root unit with its gradient (the tied token "
+        "embedding gets one from the head and one from the embedding), and the units and "
+        "gradient buckets in flight or kept spare (Note [Spare unit memory])."
         % (datetime.date.today().isoformat(), os.cpu_count(),
            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, P, a.seq_len,
-           a.steps, libtorch, gib(16 * P), gib(4 * P), 100.0 * (50304 + 1024) * 1280 / P),
+           a.steps, libtorch, gib(16 * P), gib(4 * P), 100.0 * (50304 + 1024) * 1280 / P,
+           min(above), max(above), min(small_above), max(small_above)),
         "",
     ] + header + rows + [
         "",
-        "The same for gpt-small (%d parameters; the same command with --model gpt-small): "
-        "peak RSS per rank against the model state as N grows. What does not shrink with N is "
-        "LibTorch and the process itself, the root unit (the 50304 x 768 token embedding, a "
-        "third of gpt-small, gathered), one block's gathered parameters and activations."
+        "The same for gpt-small (%d parameters; the same command with --model gpt-small), "
+        "whose root unit (the 50304 x 768 token embedding) is a third of the model."
         % P_small,
         "",
     ] + header + small_rows + [END]

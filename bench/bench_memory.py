@@ -132,7 +132,8 @@ def main():
         "its own buffers after a step (parameters, gradients, optimizer state); the formula is "
         "the ZeRO paper's (Rajbhandari et al. 2020, section 5) with 4 + 4 + 8 bytes per "
         "parameter; peak RSS is the largest of the ranks' (`getrusage`), which also holds "
-        "activations, gradients in flight, the fp32 model as built before it is sharded, and "
+        "activations, gradients in flight, the fp32 model as built before it is sharded (not "
+        "under zero3, which never builds it whole: Note [Deferred initialisation]), and "
         "LibTorch itself. The references are the formula and, in the last table, %s"
         % (cmd, datetime.date.today().isoformat(), a.model, P, P / 1e6, a.batch, a.seq_len,
            peer_sentence(a, peers, torch2, deepspeed, fsdp)),
@@ -258,7 +259,8 @@ def peer_table(a, results, peers, torch2):
         "The peers (`bench/peer_sharded.py`) train the same %s (nanoGPT's model.py, the "
         "sharding unit a transformer block) on %d x %d random token ids per rank, fp32 AdamW "
         "(lr 1e-4, weight decay 0.01), one thread per rank, one untimed step then %d timed; "
-        "every rank builds the whole model before it is sharded, as dtorch does. DeepSpeed's "
+        "every rank builds the whole model before it is sharded, as dtorch does for ddp, zero1 "
+        "and zero2 (its zero3 never builds it whole). DeepSpeed's "
         "reduce and allgather buckets are set to 25 MiB like DDP's and dtorch's (its default, "
         "5e8 elements, is 2 GB in fp32). Peak RSS is the largest rank's. dtorch / peer above 1 "
         "means dtorch is faster; RSS dtorch / peer below 1 that it holds less memory."

@@ -53,7 +53,8 @@ namespace dtorch::zero {
 // its memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a
 // step. The two most recently released of each are kept and handed to the next of the same
 // size instead, which is at most two units above what is held in any case (the prefetched and
-// the in-flight ones).
+// the in-flight ones). gpt-small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs): 0.51-
+// 0.53 samples/s without, 0.63-0.70 with; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB.
 // A model built without memory (Note [Deferred initialisation]) has no weights to pack: its
 // units' full buffers are allocated and released untouched, and each rank fills its masters
 // from the model's units built again one at a time (init_deferred).
