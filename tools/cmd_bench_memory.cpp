@@ -5,9 +5,8 @@
 // the rank's measured and simulated bubble and activations held; with --activation-checkpointing
 // the blocks recompute their forward in backward. Without a pipeline each line also says where
 // a step's time went: forward, backward, the optimizer step, and the communication waits
-// within them. Bytes kept from forward to backward, and the
-// peak from forward to the end of backward, are counted at the allocator (Note [Allocation
-// meter]).
+// within them. Bytes kept from forward to backward, and the peak from forward to the end of
+// backward, are counted at the allocator (Note [Allocation meter]).
 #include <sys/resource.h>
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
@@ -98,7 +97,7 @@ int memory_worker(MemoryFlags f) {
   // Where a timed step's time goes (without a pipeline): forward, backward and the optimizer
   // step, each including the communication waits counted apart (Strategy::comm_waits).
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
-  train::CommWaits waits0;
+  zero::WaitSeconds waits0;
   auto since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
@@ -201,7 +200,7 @@ int memory_worker(MemoryFlags f) {
   };
   if (!pipeline) {
     j["forward_kept_bytes"] = forward_bytes;
-    const train::CommWaits waits = strategy->comm_waits();
+    const zero::WaitSeconds waits = strategy->comm_waits();
     j["phase_seconds"] = {{"forward", forward_s / f.steps},
                           {"backward", backward_s / f.steps},
                           {"optimizer", optimizer_s / f.steps},

@@ -6,7 +6,6 @@
 #include <torch/torch.h>
 
 #include <map>
-#include <mutex>
 
 #include "dtorch/core/storage.h"
 #include "dtorch/models/registry.h"
@@ -54,11 +53,7 @@ TEST_P(DeferredModel, UnitsBuiltAgainHoldTheWholeModelsValues) {
   std::map<std::string, int> seen;
   {
     GeneratorStateGuard keep;
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(deferred->deferred_init().generator_state);
-    }
+    set_cpu_generator_state(deferred->deferred_init().generator_state);
     deferred->deferred_init().for_each_unit([&](Model& unit) {
       for (const auto& kv : unit.named_parameters()) {
         ++seen[kv.key()];

@@ -17,18 +17,20 @@ namespace dtorch {
 // kernel all the same. Either way the next step page-faults its buffers in afresh: 15-18% of
 // a one-rank mnist-cnn step was the kernel clearing and mapping pages, in dtorch as in
 // PyTorch's Python.
-//   Reuse (DDP, ZeRO-1/2) fixes both thresholds high (32 MiB, the most glibc takes, and 512 MiB): the
-//   heap keeps what a step freed and the next step reuses it. mnist-cnn at one rank: 453-544
-//   samples/s before, 557-627 after, interleaved runs on one machine (PyTorch 1.13's Python:
-//   463-508). RSS stays at the step's high-water mark, which it reached anyway.
-//   Return (ZeRO-3) sets a fixed 4 MiB mmap threshold: its gathered parameters are the memory
-//   it exists to save (gpt-small at 2 ranks: 2.6 GiB peak RSS per rank with it, 3.1 without),
-//   at the cost of the page faults.
-//   ZeRO-1/2 hold their parameters whole, so what they free each step (gradient buckets,
-//   activations) is what the next step needs again: gpt-small at 2 ranks (LibTorch 1.13, 4
-//   steps), ZeRO-2 1.02 samples/s with glibc's thresholds, 1.07-1.22 with Reuse, DDP
-//   1.09-1.17 in the same runs; ZeRO-1 1.14 and 1.15-1.21; peak RSS per rank 2.15 and
-//   2.16-2.17 GiB (ZeRO-2), 2.21 and 2.22-2.24 GiB (ZeRO-1).
+//
+// Reuse (DDP, ZeRO-1/2) fixes both thresholds high (32 MiB, the most glibc takes, and 512 MiB):
+// the heap keeps what a step freed and the next step reuses it. mnist-cnn at one rank: 453-544
+// samples/s before, 557-627 after, interleaved runs on one machine (PyTorch 1.13's Python:
+// 463-508). RSS stays at the step's high-water mark, which it reached anyway. ZeRO-1/2 hold
+// their parameters whole, so what they free each step (gradient buckets, activations) is what
+// the next step needs again: gpt-small at 2 ranks (LibTorch 1.13, 4 steps), ZeRO-2 1.02
+// samples/s with glibc's thresholds, 1.07-1.22 with Reuse, DDP 1.09-1.17 in the same runs;
+// ZeRO-1 1.14 and 1.15-1.21; peak RSS per rank 2.15 and 2.16-2.17 GiB (ZeRO-2), 2.21 and
+// 2.22-2.24 GiB (ZeRO-1).
+//
+// Return (ZeRO-3) sets a fixed 4 MiB mmap threshold: its gathered parameters are the memory it
+// exists to save (gpt-small at 2 ranks: 2.6 GiB peak RSS per rank with it, 3.1 without), at the
+// cost of the page faults.
 void set_freed_memory(FreedMemory policy) {
 #ifdef M_MMAP_THRESHOLD
   static std::mutex mu;

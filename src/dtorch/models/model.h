@@ -161,4 +161,14 @@ class Model : public torch::nn::Module {
   DeferredInit deferred_;
 };
 
+/// ConfigError when `module` is a Model built without memory (models::make_deferred_model),
+/// which only ZeRO-3 initialises; `who` names what was applied to it ("DDP").
+inline void require_memory(const torch::nn::Module& module, const std::string& who) {
+  auto* m = dynamic_cast<const Model*>(&module);
+  DTORCH_CHECK_T(ConfigError, !m || !m->deferred(), who,
+                 ": the model was built without memory (models::make_deferred_model), which "
+                 "only ZeRO-3 initialises; build it with models::make_model for ",
+                 who);
+}
+
 }  // namespace dtorch::models

@@ -2,16 +2,12 @@
 // The table is a function-local static so lookups work during static initialisation too.
 #include "dtorch/models/registry.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/freed_memory.h"
-#include "dtorch/core/storage.h"
 #include "dtorch/models/gpt.h"
 #include "dtorch/models/mnist.h"
 #include "dtorch/models/resnet.h"
@@ -132,11 +128,7 @@ std::shared_ptr<Model> make_deferred_model(const std::string& name, const ImageI
   // sets the same policy.
   set_freed_memory(FreedMemory::Return);
   Model::DeferredInit d;
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    d.generator_state = gen.get_state();
-  }
+  d.generator_state = cpu_generator_state();
   d.for_each_unit = [name, input](const std::function<void(Model&)>& f) {
     for_each_unit(name, input, [&](int, Model& unit) { f(unit); });
   };
@@ -145,9 +137,7 @@ std::shared_ptr<Model> make_deferred_model(const std::string& name, const ImageI
     DeferredStorage no_memory;
     model = make_model(name, {}, input);
   }
-  // A model without units (mnist-cnn) is one unit, built whole: release it now.
-  for (const auto& p : model->parameters())
-    if (holds_storage(p)) release_storage(p);
+  release_parameters(*model);  // a model without units (mnist-cnn) is built whole
   model->set_deferred_init(std::move(d));
   return model;
 }

@@ -30,10 +30,6 @@ DeferredStorage::~DeferredStorage() {
   deferred_storage = outer_;
 }
 
-bool DeferredStorage::active() {
-  return deferred_storage;
-}
-
 UnitSeeds::UnitSeeds(const torch::nn::Module& model) : model_(model) {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -41,25 +37,33 @@ UnitSeeds::UnitSeeds(const torch::nn::Module& model) : model_(model) {
 }
 
 void UnitSeeds::enter(int unit) const {
-  if (deferred_storage) {  // Note [Deferred initialisation]
-    for (const auto& p : model_.parameters())
-      if (holds_storage(p)) release_storage(p);
-  }
+  if (deferred_storage) release_parameters(model_);  // Note [Deferred initialisation]
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_current_seed(mix(base_ ^ mix(static_cast<uint64_t>(unit) + 1)));
 }
 
-GeneratorStateGuard::GeneratorStateGuard() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  state_ = gen.get_state();
+void release_parameters(const torch::nn::Module& module) {
+  for (const auto& p : module.parameters())
+    if (holds_storage(p)) release_storage(p);
 }
 
-GeneratorStateGuard::~GeneratorStateGuard() {
+at::Tensor cpu_generator_state() {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state_);
+  return gen.get_state();
+}
+
+void set_cpu_generator_state(const at::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+GeneratorStateGuard::GeneratorStateGuard() : state_(cpu_generator_state()) {}
+
+GeneratorStateGuard::~GeneratorStateGuard() {
+  set_cpu_generator_state(state_);
 }
 
 }  // namespace dtorch::models

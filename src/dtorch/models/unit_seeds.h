@@ -51,12 +51,19 @@ class DeferredStorage {
   ~DeferredStorage();
   DeferredStorage(const DeferredStorage&) = delete;
   DeferredStorage& operator=(const DeferredStorage&) = delete;
-  /// Whether a guard lives on this thread.
-  static bool active();
 
  private:
   bool outer_;
 };
+
+/// Releases the storage of every parameter of `module` that still holds memory (Note
+/// [Deferred initialisation]).
+void release_parameters(const torch::nn::Module& module);
+
+/// The global CPU generator's state (a copy), and setting it: what a checkpoint saves and
+/// restores, and what builds a model's units again (Note [Deferred initialisation]).
+at::Tensor cpu_generator_state();
+void set_cpu_generator_state(const at::Tensor& state);
 
 /// Restores the global CPU generator's state when destroyed: for building models whose
 /// weights are about to be overwritten (counting a unit's parameters, loading a checkpoint)

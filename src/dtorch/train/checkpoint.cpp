@@ -2,7 +2,6 @@
 // a torch.save pickle, atomic replacement, pruning, and newest-good-first recovery.
 #include "dtorch/train/checkpoint.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/serialize.h>
 
 #include <cxxabi.h>
@@ -13,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -21,6 +19,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/models/unit_seeds.h"
 #include "dtorch/train/crc32.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/torch_save.h"
@@ -187,9 +186,7 @@ void apply(const Parsed& p, const std::string& path, torch::nn::Module& model,
     log::warn("checkpoint ", path, " holds no optimizer state; the optimizer starts fresh");
   }
   load_state_dict(model, p.model, "checkpoint " + path);
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(p.rng_state);
+  models::set_cpu_generator_state(p.rng_state);
 }
 
 }  // namespace
@@ -246,11 +243,7 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
   }
   dict.insert("epoch", data.epoch);
   dict.insert("global_step", data.global_step);
-  {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    dict.insert("rng_state", gen.get_state());
-  }
+  dict.insert("rng_state", models::cpu_generator_state());
   dict.insert("metadata", data.metadata_json);
   std::vector<char> payload = torch_save_bytes(c10::IValue(dict));
 

@@ -181,7 +181,7 @@ class DdpStrategy : public Strategy {
     return loaded;
   }
 
-  CommWaits comm_waits() const override { return {0, ddp_->comm_wait_seconds()}; }
+  zero::WaitSeconds comm_waits() const override { return {0, ddp_->comm_wait_seconds()}; }
 
   zero::MemoryStats memory() const override {
     zero::MemoryStats m;
@@ -289,11 +289,7 @@ class ZeroStrategy : public Strategy {
     for (const auto& b : model_->named_buffers())
       full.emplace_back("buffer/" + b.key(), b.value());
     full.emplace_back("optim/step", torch::tensor({sharded_->optimizer_steps()}, torch::kLong));
-    {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      full.emplace_back("rng_state", gen.get_state());
-    }
+    full.emplace_back("rng_state", models::cpu_generator_state());
     save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
     if (pp_.pipeline && pp_.stage() == 0 && comm_->rank() == 0)
       write_pipeline_layout(out, c_.model, pp_.plan, zero_stage_folders());
@@ -364,9 +360,7 @@ class ZeroStrategy : public Strategy {
     }
     if (saved->has_full("rng_state")) {
       // The generator of the stage that held this rank's first parameter.
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(saved->read_full("rng_state", sharded_->param_names().at(0)));
+      models::set_cpu_generator_state(saved->read_full("rng_state", sharded_->param_names().at(0)));
     }
     sharded_->publish_params();
     LoadedCheckpoint out;
@@ -378,10 +372,7 @@ class ZeroStrategy : public Strategy {
   }
 
   zero::MemoryStats memory() const override { return sharded_->memory(); }
-  CommWaits comm_waits() const override {
-    auto w = sharded_->wait_seconds();
-    return {w.gather, w.reduce};
-  }
+  zero::WaitSeconds comm_waits() const override { return sharded_->wait_seconds(); }
 
   bool autocast() const override { return c_.precision == "bf16"; }
   void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }

@@ -45,14 +45,6 @@ struct StrategyConfig {
 /// Throws ConfigError naming the bad field and the choices.
 void validate(const StrategyConfig& c);
 
-/// Seconds a rank has waited for communication that computation did not hide: gathers of
-/// parameters (ZeRO-3's units before their blocks, ZeRO-1/2's updated parameters in step) and
-/// gradient reductions (DDP's allreduces, ZeRO's reduce-scatters).
-struct CommWaits {
-  double gather = 0;
-  double reduce = 0;
-};
-
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -81,7 +73,7 @@ class Strategy {
   /// Model state this rank holds, in bytes.
   virtual zero::MemoryStats memory() const = 0;
   /// Communication waits since the strategy was made (for `dtorch bench memory`'s phases).
-  virtual CommWaits comm_waits() const = 0;
+  virtual zero::WaitSeconds comm_waits() const = 0;
   /// Whether forward should run under bf16 autocast.
   virtual bool autocast() const = 0;
   /// One line for the log: "zero3 (5 units), bf16 compute, fp32 reduction".

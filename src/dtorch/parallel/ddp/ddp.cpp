@@ -25,10 +25,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  Options opts)
     : model_(std::move(model)), comm_(std::move(comm)), opts_(opts) {
   DTORCH_CHECK(model_ && comm_, "ddp::wrap needs a model and a communicator");
-  auto* m = dynamic_cast<models::Model*>(model_.get());
-  DTORCH_CHECK_T(ConfigError, !m || !m->deferred(),
-                 "DDP: the model was built without memory (models::make_deferred_model), which "
-                 "only ZeRO-3 initialises; build it with models::make_model for DDP");
+  models::require_memory(*model_, "DDP");
   set_freed_memory(FreedMemory::Reuse);  // Note [Returning released memory]
   torch::NoGradGuard no_grad;
   if (comm_->size() > 1) {

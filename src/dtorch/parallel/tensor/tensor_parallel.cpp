@@ -50,10 +50,7 @@ TensorParallel::~TensorParallel() {
 std::shared_ptr<TensorParallel> parallelize(models::Model& model,
                                             std::shared_ptr<comm::Communicator> tp,
                                             const Plan& plan, Options opts) {
-  DTORCH_CHECK_T(ConfigError, !model.deferred(),
-                 "tensor parallelism splits weights that a model built without memory "
-                 "(models::make_deferred_model) does not have yet; build it with "
-                 "models::make_model");
+  models::require_memory(model, "tensor parallelism");
   auto result = std::make_shared<TensorParallel>(tp, opts);
   TensorParallel& t = *result;
   const int n = tp->size(), r = tp->rank();

@@ -1,6 +1,5 @@
 // ShardedModel: executes a ShardPlan (ZeRO stages 1-3) for one model: flat units, gradient
 // reduce-scatter during backward, sharded optimizer step, and gathers (see zero.h).
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -8,7 +7,6 @@
 #include <cmath>
 #include <deque>
 #include <map>
-#include <mutex>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/freed_memory.h"
@@ -53,8 +51,8 @@ namespace dtorch::zero {
 // its memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a
 // step. The two most recently released of each are kept and handed to the next of the same
 // size instead, which is at most two units above what is held in any case (the prefetched and
-// the in-flight ones). gpt-small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs): 0.51-
-// 0.53 samples/s without, 0.63-0.70 with; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB.
+// the in-flight ones). gpt-small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs):
+// 0.51-0.53 samples/s without, 0.63-0.70 with; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB.
 // A model built without memory (Note [Deferred initialisation]) has no weights to pack: its
 // units' full buffers are allocated and released untouched, and each rank fills its masters
 // from the model's units built again one at a time (init_deferred).
@@ -69,6 +67,30 @@ int64_t bytes_of(const at::Tensor& t) {
 }
 
 }  // namespace
+
+// Note [Spare unit memory]: the two most recently released buffers (unit memory, or gradient
+// buckets), each with its size in bytes. Outside the anonymous namespace: Impl holds two.
+template <class T>
+class Spares {
+ public:
+  void put(size_t nbytes, T buffer) {
+    kept_.emplace_back(nbytes, std::move(buffer));
+    if (kept_.size() > 2) kept_.pop_front();
+  }
+  /// A kept buffer of `nbytes`, or an empty T when there is none.
+  T take(size_t nbytes) {
+    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+      if (it->first != nbytes) continue;
+      T buffer = std::move(it->second);
+      kept_.erase(it);
+      return buffer;
+    }
+    return T();
+  }
+
+ private:
+  std::deque<std::pair<size_t, T>> kept_;
+};
 
 struct ShardedModel::Impl {
   struct UnitState {
@@ -101,11 +123,9 @@ struct ShardedModel::Impl {
   std::unique_ptr<parallel::GradReadiness> readiness;
   bool keep_gathered = false;
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
-  ShardedModel::WaitSeconds waited;
-  // Note [Spare unit memory]: released unit memory (with its size) and reduced buckets.
-  std::deque<std::pair<size_t, at::DataPtr>> spare_memory;
-  std::deque<at::Tensor> spare_buckets;
-  static constexpr size_t kSpares = 2;
+  WaitSeconds waited;
+  Spares<at::DataPtr> spare_memory;  // Note [Spare unit memory]
+  Spares<at::Tensor> spare_buckets;
 
   int rank() const { return comm->rank(); }
   bool sharded_params() const { return opts.stage == 3; }
@@ -186,10 +206,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
 
   auto* m = dynamic_cast<models::Model*>(module.get());
   const bool deferred = m && m->deferred();
-  DTORCH_CHECK_T(ConfigError, !deferred || sharded_params(), who,
-                 ": the model was built without memory (models::make_deferred_model), which only "
-                 "ZeRO-3 initialises; build it with models::make_model for ",
-                 who);
+  if (!sharded_params()) models::require_memory(*module, who);
   std::vector<std::string> blocks = m ? m->block_names() : std::vector<std::string>{};
   std::vector<UnitSpec> specs;
   if (sharded_params() && !blocks.empty()) {
@@ -271,11 +288,7 @@ void ShardedModel::Impl::init_deferred(const models::Model& m) {
   std::vector<bool> filled(names.size(), false);
   {
     models::GeneratorStateGuard keep;
-    {
-      at::Generator gen = at::detail::getDefaultCPUGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(state);
-    }
+    models::set_cpu_generator_state(state);
     m.deferred_init().for_each_unit([&](models::Model& built) {
       torch::NoGradGuard no_grad;
       for (const auto& kv : built.named_parameters()) {
@@ -363,14 +376,7 @@ void ShardedModel::Impl::gather_async(size_t u) {
   UnitState& s = units[u];
   if (s.materialized) return;
   const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
-  at::DataPtr memory;  // Note [Spare unit memory]
-  for (auto it = spare_memory.begin(); it != spare_memory.end(); ++it) {
-    if (it->first != nbytes) continue;
-    memory = std::move(it->second);
-    spare_memory.erase(it);
-    break;
-  }
-  restore_storage(s.full, nbytes, std::move(memory));
+  restore_storage(s.full, nbytes, spare_memory.take(nbytes));  // Note [Spare unit memory]
   s.materialized = true;
   gathered_bytes += bytes_of(s.full);
   peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
@@ -398,10 +404,9 @@ void ShardedModel::Impl::release(size_t u) {
   if (!sharded_params() || is_root(u) || keep_gathered || !s.materialized) return;
   wait_for(s.gather, waited.gather);
   const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
-  spare_memory.emplace_back(nbytes, release_storage(s.full));  // Note [Spare unit memory]
-  if (spare_memory.size() > kSpares) spare_memory.pop_front();
+  spare_memory.put(nbytes, release_storage(s.full));  // Note [Spare unit memory]
   s.materialized = false;
-  gathered_bytes -= bytes_of(s.full);
+  gathered_bytes -= static_cast<int64_t>(nbytes);
 }
 
 // Moves parameter i's gradient into its unit's buffer (a missing gradient counts as zeros).
@@ -462,21 +467,15 @@ void ShardedModel::Impl::finish_reduction(UnitState& s) {
     s.incoming = at::Tensor();
   }
   // Note [Spare unit memory]; stage 1's bucket is a dtype copy of its whole gradient.
-  if (s.bucket.defined() && opts.stage > 1) spare_buckets.push_back(std::move(s.bucket));
-  if (spare_buckets.size() > kSpares) spare_buckets.pop_front();
+  if (s.bucket.defined() && opts.stage > 1) spare_buckets.put(bytes_of(s.bucket), s.bucket);
   s.bucket = at::Tensor();
 }
 
 // A zeroed gradient bucket for unit u: a spare one of its size when there is one.
 at::Tensor ShardedModel::Impl::zeroed_bucket(size_t u) {
   const int64_t n = plan.units[u].padded;
-  for (auto it = spare_buckets.begin(); it != spare_buckets.end(); ++it) {
-    if (it->numel() != n) continue;
-    at::Tensor b = std::move(*it);
-    spare_buckets.erase(it);
-    return b.zero_();
-  }
-  return at::zeros({n}, opts.reduce_dtype);
+  at::Tensor b = spare_buckets.take(n * c10::elementSize(opts.reduce_dtype));
+  return b.defined() ? b.zero_() : at::zeros({n}, opts.reduce_dtype);
 }
 
 // Every unit was launched (unused parameters are reduced as zeros).
@@ -654,7 +653,7 @@ const std::vector<std::vector<int64_t>>& ShardedModel::param_shapes() const {
   return impl_->shapes;
 }
 
-ShardedModel::WaitSeconds ShardedModel::wait_seconds() const {
+WaitSeconds ShardedModel::wait_seconds() const {
   return impl_->waited;
 }
 

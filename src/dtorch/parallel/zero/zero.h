@@ -56,6 +56,15 @@ struct MemoryStats {
   int64_t total() const { return param_bytes + grad_bytes + optim_bytes; }
 };
 
+/// Seconds a rank has waited for communication that computation did not hide: gathers of
+/// parameters (ZeRO-3's units before their blocks run; ZeRO-1/2's updated parameters in
+/// step()) and gradient reductions (ZeRO's reduce-scatters; DDP's allreduces, where a
+/// train::Strategy reports them).
+struct WaitSeconds {
+  double gather = 0;
+  double reduce = 0;
+};
+
 /// Builds the optimizer over the given (flat fp32 master) tensors.
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
@@ -142,13 +151,7 @@ class ShardedModel {
   const ShardPlan& plan() const;
   const Options& options() const;
   MemoryStats memory() const;
-  /// Seconds this rank has waited since it was built for communication that computation did
-  /// not hide: gathers (ZeRO-3's units before their blocks run; every stage's updated
-  /// parameters in step()) and gradient reduce-scatters.
-  struct WaitSeconds {
-    double gather = 0;
-    double reduce = 0;
-  };
+  /// Communication waits since the model was sharded.
   WaitSeconds wait_seconds() const;
   /// Names of the model's parameters, in the order the plan's indices use.
   const std::vector<std::string>& param_names() const;
