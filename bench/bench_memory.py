@@ -3,7 +3,7 @@
 
 Per rank: the model-state bytes dtorch holds (counted from its own buffers) against the ZeRO
 paper's formulas for fp32 AdamW (16P for DDP, 8P + 8P/N for ZeRO-1, 4P + 12P/N for ZeRO-2,
-16P/N + the largest gathered unit for ZeRO-3), the process's peak RSS, the bytes each rank
+16P/N for ZeRO-3, which gathers nothing between steps), the process's peak RSS, the bytes each rank
 sends per step against the paper's communication volume, and samples/s relative to DDP at
 the smallest N, all from one run on one machine. Then the same training under PyTorch 2.x's
 DDP, ZeroRedundancyOptimizer and FSDP and under DeepSpeed's ZeRO-1/2/3 (bench/peer_sharded.py,
@@ -25,6 +25,10 @@ from benchlib import parse_with_peer, publish
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+# ZeRO-3 once more with its root unit released after forward and gathered again for backward:
+# the paper's 3x bytes, for the bytes and throughput tables.
+RESHARD_ROOT = "zero3, root resharded"
+FLAGS = {RESHARD_ROOT: ["--strategy", "zero3", "--reshard-root-after-forward"]}
 # (dtorch strategy, peer strategy, what the peer is): the same ZeRO stage on both sides.
 PAIRS = (("ddp", "ddp", "PyTorch DDP"),
          ("zero1", "zero-redundancy", "PyTorch ZeroRedundancyOptimizer"),
@@ -73,6 +77,18 @@ def gib(b):
     return b / 2**30
 
 
+def median_run(runs):
+    """Of several runs (each its rows by rank), the one of median samples/s, with every rank's
+    peak RSS the largest that rank reached in any of them; and (slowest, fastest) samples/s."""
+    speeds = sorted(r[0]["samples_per_s"] for r in runs)
+    mid = next(r for r in runs if r[0]["samples_per_s"] == speeds[len(speeds) // 2])
+    out = [dict(row) for row in mid]
+    for row in out:
+        row["peak_rss_bytes"] = max(x["peak_rss_bytes"] for r in runs for x in r
+                                    if x["rank"] == row["rank"])
+    return out, (speeds[0], speeds[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtorch", default=os.path.join(ROOT, "build", "dtorch"))
@@ -81,39 +97,58 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved runs of each configuration; tables show the median")
     a = parse_with_peer(ap)
     if a.python2:
         a.python2 = os.path.abspath(a.python2)  # the peers run from /tmp
     if a.python2 and not os.path.exists(a.python2):
         sys.exit(f"bench: no Python at {a.python2} (make deps-bench makes .venv)")
 
-    results = {}
+    # Each configuration runs --repeats times, the configurations interleaved, so that a slow
+    # spell of the machine falls on all of them alike; the tables show each one's median run.
+    runs, spread = {}, {}
     for n in a.nprocs:
-        for s in STRATEGIES:
-            rows = run_lines([a.dtorch, "bench", "memory", "--model", a.model, "--strategy", s,
-                              "--nproc-per-node", str(n), "--steps", str(a.steps),
-                              "--batch-size", str(a.batch), "--seq-len", str(a.seq_len)])
-            results[(s, n)] = rows
-            r = rows[0]
+        for _ in range(a.repeats):
+            for s in STRATEGIES + (RESHARD_ROOT,):
+                rows = run_lines([a.dtorch, "bench", "memory", "--model", a.model]
+                                 + FLAGS.get(s, ["--strategy", s]) + [
+                                  "--nproc-per-node", str(n), "--steps", str(a.steps),
+                                  "--batch-size", str(a.batch), "--seq-len", str(a.seq_len)])
+                runs.setdefault((s, n), []).append(rows)
+                r = rows[0]
             print(f"{s} x{n}: model state {gib(r['model_state_bytes']):.2f} GiB "
                   f"({r['model_state_over_formula']:.3f} of formula), peak RSS "
                   f"{gib(max(x['peak_rss_bytes'] for x in rows)):.2f} GiB, "
                   f"{r['samples_per_s']:.2f} samples/s", file=sys.stderr)
+    results = {}
+    for key, rs in runs.items():
+        results[key], spread[key] = median_run(rs)
 
-    # The peers, after all of dtorch's runs, with the same settings. A peer that cannot run
-    # is recorded with its reason, not fatal: the table says why.
-    peers = {}
+    # The peers, after all of dtorch's runs, with the same settings and repeats. A peer that
+    # cannot run is recorded with its reason, not fatal: the table says why.
+    peer_runs, failed = {}, {}
     for n in a.nprocs if a.python2 else []:
-        for s in PEER_STRATEGIES:
-            rows, err = run_peer([a.python2, os.path.abspath(a.peer), "--strategy", s,
-                                  "--model", a.model, "--nproc", str(n), "--steps",
-                                  str(a.steps), "--batch", str(a.batch), "--seq-len",
-                                  str(a.seq_len)])
-            peers[(s, n)] = (rows, err)
-            print(f"peer {s} x{n}: " + (f"failed: {err}" if err else
-                  f"{rows[0]['impl']}, peak RSS "
-                  f"{gib(max(x['peak_rss_bytes'] for x in rows)):.2f} GiB, "
-                  f"{rows[0]['samples_per_s']:.2f} samples/s"), file=sys.stderr)
+        for _ in range(a.repeats):
+            for s in PEER_STRATEGIES:
+                if (s, n) in failed:
+                    continue
+                rows, err = run_peer([a.python2, os.path.abspath(a.peer), "--strategy", s,
+                                      "--model", a.model, "--nproc", str(n), "--steps",
+                                      str(a.steps), "--batch", str(a.batch), "--seq-len",
+                                      str(a.seq_len)])
+                if err:
+                    failed[(s, n)] = err
+                else:
+                    peer_runs.setdefault((s, n), []).append(rows)
+                print(f"peer {s} x{n}: " + (f"failed: {err}" if err else
+                      f"{rows[0]['impl']}, peak RSS "
+                      f"{gib(max(x['peak_rss_bytes'] for x in rows)):.2f} GiB, "
+                      f"{rows[0]['samples_per_s']:.2f} samples/s"), file=sys.stderr)
+    peers = {key: ([], err) for key, err in failed.items()}
+    for key, rs in peer_runs.items():
+        if key not in failed:
+            peers[key] = (median_run(rs)[0], None)
     ran = [rows[0] for rows, _ in peers.values() if rows]
     torch2 = ran[0]["torch"] if ran else None
     deepspeed = next((r["deepspeed"] for r in ran if "deepspeed" in r), None)
@@ -121,8 +156,9 @@ def main():
 
     P = results[("ddp", a.nprocs[0])][0]["params"]
     n0 = a.nprocs[0]
-    cmd = ("bench/bench_memory.py --model %s --nprocs %s --steps %d --batch %d --seq-len %d"
-           % (a.model, " ".join(map(str, a.nprocs)), a.steps, a.batch, a.seq_len))
+    cmd = ("bench/bench_memory.py --model %s --nprocs %s --steps %d --batch %d --seq-len %d "
+           "--repeats %d" % (a.model, " ".join(map(str, a.nprocs)), a.steps, a.batch, a.seq_len,
+                             a.repeats))
     lines = [
         START,
         "## Memory per rank by strategy (`dtorch bench memory`)",
@@ -153,9 +189,10 @@ def main():
                              gib(max(x["peak_rss_bytes"] for x in results[(s, n)]))))
     lines += [
         "",
-        "ZeRO-3's formula term \"largest gathered unit\" is the root unit here (token and "
-        "position embeddings, final norm), which stays gathered like FSDP's root; each "
-        "transformer block is gathered for its forward and again for its backward.",
+        "ZeRO-3 holds no gathered parameters between steps: each transformer block is "
+        "gathered for its forward and again for its backward, and the root unit (token and "
+        "position embeddings, final norm, the tied head) when forward begins, until its "
+        "gradients are reduced at the end of backward, as FSDP keeps its root.",
         "",
         "## Bytes each rank sends per step",
         "",
@@ -171,29 +208,40 @@ def main():
         "|---|---|---|---|---|---|---|",
     ]
     for n in a.nprocs:
-        for s in STRATEGIES:
+        for s in STRATEGIES + (RESHARD_ROOT,):
             r = results[(s, n)][0]
             b = r["bytes_sent_per_step"]
-            paper = (3.0 if s == "zero3" else 2.0) * (n - 1) / n
+            paper = (3.0 if s.startswith("zero3") else 2.0) * (n - 1) / n
             lines.append("| %s | %d | %.1f MiB | %.1f MiB | %.1f MiB | %.2f | %.2f |" % (
                 s, n, b["allreduce"] / 2**20, b["reduce_scatter"] / 2**20,
                 b["allgather"] / 2**20, r["sent_per_step_over_param_bytes"], paper))
     lines += [
         "",
         "ZeRO-3 sends less than 3x because its root unit (a third of gpt-small's parameters: "
-        "the 50304 x 768 token embedding) is gathered once per step, not once for forward "
-        "and once for backward.",
+        "the 50304 x 768 token embedding, which is also the output layer) is gathered once per "
+        "step, as FSDP gathers its root: the model uses it at both ends of forward, so "
+        "releasing it in between would free it only while the loss is computed. With "
+        "`--reshard-root-after-forward` (\"%s\") it is released when forward ends and "
+        "gathered again for backward like every block, and ZeRO-3 sends the paper's 3x."
+        % RESHARD_ROOT,
         "",
         "## Throughput by strategy, relative to DDP at N = %d (same run)" % n0,
         "",
-        "| strategy | N | samples/s | / DDP |",
-        "|---|---|---|---|",
+        "Each configuration ran %d times, interleaved with the others (`--repeats`); samples/s "
+        "is the median run's, next to the slowest and fastest, and every table here shows the "
+        "median run (peak RSS: the largest of all runs). On this shared machine one run's speed "
+        "varies by up to a third between runs minutes apart, so single runs are not compared."
+        % a.repeats,
+        "",
+        "| strategy | N | samples/s | slowest-fastest | / DDP |",
+        "|---|---|---|---|---|",
     ]
     base = results[("ddp", n0)][0]["samples_per_s"]
-    for s in STRATEGIES:
+    for s in STRATEGIES + (RESHARD_ROOT,):
         r = results[(s, n0)][0]
-        lines.append("| %s | %d | %.2f | %.2f |" % (s, n0, r["samples_per_s"],
-                                                   r["samples_per_s"] / base))
+        lo, hi = spread[(s, n0)]
+        lines.append("| %s | %d | %.2f | %.2f-%.2f | %.2f |" % (
+            s, n0, r["samples_per_s"], lo, hi, r["samples_per_s"] / base))
     lines += [
         "",
         "## Where a step's time goes, N = %d (same run)" % n0,
@@ -258,13 +306,14 @@ def peer_table(a, results, peers, torch2):
         "",
         "The peers (`bench/peer_sharded.py`) train the same %s (nanoGPT's model.py, the "
         "sharding unit a transformer block) on %d x %d random token ids per rank, fp32 AdamW "
-        "(lr 1e-4, weight decay 0.01), one thread per rank, one untimed step then %d timed; "
+        "(lr 1e-4, weight decay 0.01), one thread per rank, one untimed step then %d timed, "
+        "%d runs each interleaved like dtorch's (the median run; peak RSS the largest); "
         "every rank builds the whole model before it is sharded, as dtorch does for ddp, zero1 "
         "and zero2 (its zero3 never builds it whole). DeepSpeed's "
         "reduce and allgather buckets are set to 25 MiB like DDP's and dtorch's (its default, "
         "5e8 elements, is 2 GB in fp32). Peak RSS is the largest rank's. dtorch / peer above 1 "
         "means dtorch is faster; RSS dtorch / peer below 1 that it holds less memory."
-        % (a.model, a.batch, a.seq_len, a.steps),
+        % (a.model, a.batch, a.seq_len, a.steps, a.repeats),
         "",
         "| N | dtorch | samples/s | peak RSS | peer | samples/s | peak RSS | samples/s dtorch "
         "/ peer | RSS dtorch / peer |",

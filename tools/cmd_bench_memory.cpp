@@ -56,7 +56,7 @@ int memory_worker(MemoryFlags f) {
     P = models::model_parameters(f.model);
     layout = train::apply_pipeline(f.model, world, f.pp, f.tp, false, &model);
   } else {
-    model = train::build_model(f.strategy, f.model);
+    model = train::build_model(f.strategy, f.model, {}, f.tp);
     for (const auto& p : model->parameters())
       P += p.numel();
     layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false);
@@ -98,6 +98,14 @@ int memory_worker(MemoryFlags f) {
   // step, each including the communication waits counted apart (Strategy::comm_waits).
   double forward_s = 0, backward_s = 0, optimizer_s = 0;
   zero::WaitSeconds waits0;
+  // Page faults of the timed steps: memory the kernel had to clear and map again (Note
+  // [Returning released memory]).
+  int64_t faults0 = 0;
+  auto minor_faults = [] {
+    struct rusage now {};
+    getrusage(RUSAGE_SELF, &now);
+    return static_cast<int64_t>(now.ru_minflt);
+  };
   auto since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
@@ -109,6 +117,7 @@ int memory_worker(MemoryFlags f) {
       t0 = Clock::now();
       forward_s = backward_s = optimizer_s = 0;
       waits0 = strategy->comm_waits();
+      faults0 = minor_faults();
     }
     if (meter) {
       step_base = meter->current();
@@ -156,10 +165,11 @@ int memory_worker(MemoryFlags f) {
 
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
+  const double faults_per_step = double(ru.ru_minflt - faults0) / f.steps;
   const int n = dp->size();
   // The ZeRO formulas over the dp group, for the parameters this rank holds.
   double expected =
-      train::model_state_bytes(f.strategy.kind, double(P_local), n, double(m.largest_unit_bytes));
+      train::model_state_bytes(f.strategy.kind, double(P_local), n, double(m.resident_unit_bytes));
   auto per_step = [&](const comm::Traffic& t) {
     return nlohmann::json{{"allreduce", t.allreduce / f.steps},
                           {"reduce_scatter", t.reduce_scatter / f.steps},
@@ -186,11 +196,12 @@ int memory_worker(MemoryFlags f) {
       {"optim_bytes", m.optim_bytes},
       {"model_state_bytes", m.total()},
       {"peak_param_bytes", m.peak_param_bytes},
-      {"largest_unit_bytes", m.largest_unit_bytes},
+      {"resident_unit_bytes", m.resident_unit_bytes},
       {"formula_bytes", expected},
       {"model_state_over_formula", m.total() / expected},
       {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024},
       {"samples_per_s", f.steps * f.batch_size * n / seconds},
+      {"page_faults_per_step", faults_per_step},
       {"step_seconds", seconds / f.steps},
       {"activation_checkpointing", f.activation_checkpointing},
       {"forward_backward_peak_bytes", step_peak_bytes},

@@ -38,6 +38,10 @@ void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s) {
                 "zero3 wrap policy: merge consecutive blocks into units of at least this many "
                 "parameters (0: one unit per block)")
       ->capture_default_str();
+  g->add_flag("--reshard-root-after-forward", s.reshard_root_after_forward,
+              "zero3: release the parameters outside blocks (embeddings, head) when forward ends "
+              "and gather them again for backward: the ZeRO paper's 3x parameter bytes (default: "
+              "keep them from forward to the end of their backward, as FSDP keeps its root)");
   g->add_flag("--find-unused-parameters", s.ddp.find_unused_parameters,
               "ddp: allow parameters without gradient in a step");
   g->add_option_function<std::string>(

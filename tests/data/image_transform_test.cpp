@@ -18,7 +18,7 @@ RgbImage filled(int64_t w, int64_t h, uint8_t v) {
 }
 
 // Distinct values per pixel: x + 16 y (for images up to 16 wide).
-RgbImage numbered(int64_t side) {
+RgbImage numbered_image(int64_t side) {
   RgbImage im;
   im.width = im.height = side;
   for (int64_t y = 0; y < side; ++y)
@@ -56,7 +56,7 @@ TEST(ImageTransform, NormalisesWithoutAugmentationExactly) {
   t.size = 4;
   t.mean = {0.1f, 0.2f, 0.3f};
   t.std = {0.5f, 0.25f, 2.0f};
-  const RgbImage im = numbered(4);
+  const RgbImage im = numbered_image(4);
   std::vector<float> out(3 * 16);
   transform_image(im, t, 123, out.data());
   for (int c = 0; c < 3; ++c)
@@ -85,7 +85,7 @@ TEST(ImageTransform, AugmentationIsAFunctionOfTheSeed) {
   t.size = 8;
   t.augment = true;
   t.pad = 2;
-  const RgbImage im = numbered(8);
+  const RgbImage im = numbered_image(8);
   std::vector<float> a(3 * 64), b(3 * 64);
   std::set<std::vector<float>> seen;
   for (int64_t s = 0; s < 64; ++s) {
@@ -105,7 +105,7 @@ TEST(ImageTransform, FlipMirrorsRowsAboutHalfTheTime) {
   t.size = 8;
   t.augment = true;
   t.pad = 0;  // no shift: each output is the image or its mirror
-  const RgbImage im = numbered(8);
+  const RgbImage im = numbered_image(8);
   ImageTransform still = t;
   still.augment = false;
   std::vector<float> plain(3 * 64), a(3 * 64);

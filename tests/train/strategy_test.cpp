@@ -166,6 +166,20 @@ std::vector<double> curve(const std::string& path) {
   return v;
 }
 
+TEST(StrategyConfigCheck, ReshardingTheRootNeedsZero3) {
+  StrategyConfig c;
+  c.reshard_root_after_forward = true;
+  c.kind = "zero3";
+  EXPECT_NO_THROW(validate(c));
+  c.kind = "zero2";
+  try {
+    validate(c);
+    ADD_FAILURE() << "zero2 with --reshard-root-after-forward was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--strategy zero3"), std::string::npos) << e.what();
+  }
+}
+
 TEST(MixedPrecision, Bf16LossCurveStaysCloseToFp32) {
   auto dir = testing::scratch_dir("precision");
   for (const char* strategy : {"ddp", "zero3"}) {

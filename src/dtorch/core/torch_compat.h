@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/version.h>
 
@@ -57,6 +58,26 @@ struct TotalOf<R (C::*)(Ptr, Size, Total, Rest...)> {
 }  // namespace detail
 using AllocatorTotal =
     detail::TotalOf<decltype(&c10::MemoryReportingInfoBase::reportMemoryUsage)>::type;
+
+// Note [Allocator interface]
+// c10::Allocator::allocate is const in 1.13 and 2.0-2.2; 2.3 dropped the const and added
+// copy_data, pure virtual. dtorch's CPU allocator (core/freed_memory.cpp) derives from this
+// class and defines allocate_bytes, which every version's allocate forwards to.
+struct Allocator : c10::Allocator {
+  virtual at::DataPtr allocate_bytes(size_t nbytes) const = 0;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  at::DataPtr allocate(size_t nbytes) override {
+    return allocate_bytes(nbytes);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  at::DataPtr allocate(size_t nbytes) const override {
+    return allocate_bytes(nbytes);
+  }
+#endif
+};
 
 // Note [CPU autocast switches]
 // 1.13 has per-device functions (set_cpu_enabled, set_autocast_cpu_dtype); 2.4+ takes the

@@ -124,6 +124,10 @@ GPT::GPT(const GPTConfig& c, UnitRange units) : config_(c) {
 }
 
 torch::Tensor GPT::forward(torch::Tensor x) {
+  return run_forward(std::move(x), [this](torch::Tensor x) { return run_units(std::move(x)); });
+}
+
+torch::Tensor GPT::run_units(torch::Tensor x) {
   if (holds_unit(0)) {
     DTORCH_CHECK_T(ConfigError, x.dim() == 2 && x.scalar_type() == torch::kLong,
                    "GPT takes int64 token ids of shape B x T, got ", x.scalar_type(), " ",

@@ -99,6 +99,7 @@ class GPT : public Model {
  public:
   explicit GPT(const GPTConfig& config, UnitRange units = {});
   torch::Tensor forward(torch::Tensor x) override;
+  bool scopes_forward() const override { return true; }
   /// The blocks this instance holds: "transformer.h.0", "transformer.h.1", ...
   std::vector<std::string> block_names() const override;
   std::vector<std::string> unit_names() const override;
@@ -118,6 +119,9 @@ class GPT : public Model {
   std::vector<GPTBlock> h_;
   int64_t first_block_ = 0;  // index of h_[0] among the model's blocks
   torch::nn::LayerNorm ln_f_{nullptr};
+
+  // forward() between the forward hooks: this instance's units in order.
+  torch::Tensor run_units(torch::Tensor x);
 };
 
 }  // namespace dtorch::models

@@ -21,10 +21,12 @@ MnistCnn::MnistCnn(const ImageInput& in) {
 }
 
 torch::Tensor MnistCnn::forward(torch::Tensor x) {
-  x = torch::relu(conv1_->forward(x));
-  x = torch::max_pool2d(torch::relu(conv2_->forward(x)), 2);
-  x = torch::flatten(x, 1);
-  return fc2_->forward(torch::relu(fc1_->forward(x)));
+  return run_forward(std::move(x), [this](torch::Tensor x) {
+    x = torch::relu(conv1_->forward(x));
+    x = torch::max_pool2d(torch::relu(conv2_->forward(x)), 2);
+    x = torch::flatten(x, 1);
+    return fc2_->forward(torch::relu(fc1_->forward(x)));
+  });
 }
 
 MnistMlp::MnistMlp(const ImageInput& in) {
@@ -34,8 +36,10 @@ MnistMlp::MnistMlp(const ImageInput& in) {
 }
 
 torch::Tensor MnistMlp::forward(torch::Tensor x) {
-  x = torch::flatten(x, 1);
-  return fc3_->forward(torch::relu(fc2_->forward(torch::relu(fc1_->forward(x)))));
+  return run_forward(std::move(x), [this](torch::Tensor x) {
+    x = torch::flatten(x, 1);
+    return fc3_->forward(torch::relu(fc2_->forward(torch::relu(fc1_->forward(x)))));
+  });
 }
 
 }  // namespace dtorch::models

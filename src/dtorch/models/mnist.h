@@ -17,6 +17,7 @@ class MnistCnn : public Model {
  public:
   explicit MnistCnn(const ImageInput& input = {});
   torch::Tensor forward(torch::Tensor x) override;
+  bool scopes_forward() const override { return true; }
 
  private:
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
@@ -30,6 +31,7 @@ class MnistMlp : public Model {
  public:
   explicit MnistMlp(const ImageInput& input = {});
   torch::Tensor forward(torch::Tensor x) override;
+  bool scopes_forward() const override { return true; }
 
  private:
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr}, fc3_{nullptr};

@@ -51,8 +51,11 @@ struct PythonAlias {
 /// them right after; Python does this with forward pre-hooks and hooks on submodules.
 /// LibTorch modules have no hooks, so a model names its repeating blocks (block_names()) and
 /// runs each of them through run_block(), which calls the hooks installed with
-/// set_block_hooks() around it. The parallel code stays a function applied to the model;
-/// the model only marks where its blocks begin and end.
+/// set_block_hooks() around it. The parameters outside blocks (embeddings, a final norm, a
+/// classifier head) are used at both ends of forward, so a model also runs its whole forward
+/// through run_forward(): sharding gathers them as forward begins and frees them once their
+/// backward is done (FSDP's root). The parallel code stays a function applied to the model;
+/// the model only marks where its blocks, and its forward, begin and end.
 class Model : public torch::nn::Module {
  public:
   /// Maps a batch of inputs to a batch of outputs (logits for classifiers).
@@ -104,18 +107,29 @@ class Model : public torch::nn::Module {
     std::function<void(const std::function<void(Model& unit)>&)> for_each_unit;
   };
   void set_deferred_init(DeferredInit d) { deferred_ = std::move(d); }
-  /// Whether the parameters hold no memory yet: only ZeRO-3 can train such a model.
+  /// Whether the parameters hold no memory yet: only ZeRO-3 and tensor parallelism (which
+  /// then clears it) take such a model.
   bool deferred() const { return static_cast<bool>(deferred_.for_each_unit); }
   const DeferredInit& deferred_init() const { return deferred_; }
 
-  /// Called around each block's forward (see run_block and Note [Block hooks]).
+  /// Called around each block's forward (see run_block and Note [Block hooks]), and around
+  /// the whole forward of a model that scopes_forward() (see run_forward).
   struct BlockHooks {
     /// Runs just before block `block`'s forward; may be empty.
     std::function<void(const std::string& block)> before;
     /// Runs just after it with the block's output; returns the tensor the model continues
     /// with (return `out` to leave it unchanged). May be empty.
     std::function<torch::Tensor(const std::string& block, torch::Tensor out)> after;
+    /// Runs as forward() begins; may be empty.
+    std::function<void()> forward_begin;
+    /// Runs as forward() ends, with its output; returns what forward() returns. May be empty.
+    std::function<torch::Tensor(torch::Tensor out)> forward_end;
   };
+  /// Whether forward() runs its whole body through run_forward(), so the hooks see where a
+  /// forward begins and ends. ZeRO-3 then gathers the parameters outside blocks (its root
+  /// unit) when forward begins and releases them after their backward; for a model that does
+  /// not, they stay gathered all the time (Note [Block hooks]).
+  virtual bool scopes_forward() const { return false; }
   /// Replaces the hooks (an empty BlockHooks removes them). Not thread-safe against a
   /// concurrent forward.
   void set_block_hooks(BlockHooks hooks) { hooks_ = std::move(hooks); }
@@ -145,6 +159,16 @@ class Model : public torch::nn::Module {
   /// in block_names() through this, and nothing else. When f throws, `after` is not called.
   /// `f` captures by value what it needs (the model's `this`, a block index): the runner may
   /// call it again during backward, after this forward has returned.
+  /// Runs the whole forward f(x) between the forward hooks: forward_begin(), out = f(x),
+  /// out = forward_end(out). A model that does this says so with scopes_forward(). When f
+  /// throws, forward_end is not called.
+  template <class F>
+  torch::Tensor run_forward(torch::Tensor x, F&& f) {
+    if (hooks_.forward_begin) hooks_.forward_begin();
+    torch::Tensor out = std::forward<F>(f)(std::move(x));
+    return hooks_.forward_end ? hooks_.forward_end(std::move(out)) : out;
+  }
+
   template <class F>
   torch::Tensor run_block(const std::string& name, torch::Tensor x, F&& f) {
     if (hooks_.before) hooks_.before(name);
@@ -162,13 +186,15 @@ class Model : public torch::nn::Module {
 };
 
 /// ConfigError when `module` is a Model built without memory (models::make_deferred_model),
-/// which only ZeRO-3 initialises; `who` names what was applied to it ("DDP").
+/// which only ZeRO-3 and tensor parallelism initialise; `who` names what was applied to it
+/// ("DDP").
 inline void require_memory(const torch::nn::Module& module, const std::string& who) {
   auto* m = dynamic_cast<const Model*>(&module);
-  DTORCH_CHECK_T(ConfigError, !m || !m->deferred(), who,
-                 ": the model was built without memory (models::make_deferred_model), which "
-                 "only ZeRO-3 initialises; build it with models::make_model for ",
-                 who);
+  DTORCH_CHECK_T(
+      ConfigError, !m || !m->deferred(), who,
+      ": the model was built without memory (models::make_deferred_model), which "
+      "only ZeRO-3 and tensor parallelism initialise; build it with models::make_model for ",
+      who);
 }
 
 }  // namespace dtorch::models

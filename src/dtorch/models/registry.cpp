@@ -124,8 +124,8 @@ void for_each_unit(const std::string& name, const ImageInput& input,
 
 std::shared_ptr<Model> make_deferred_model(const std::string& name, const ImageInput& input) {
   // Note [Returning released memory]: glibc would keep each released unit in its heap, below
-  // the next one's, and the skeleton of gpt-large would hold 1.5 GiB of freed memory; ZeRO-3
-  // sets the same policy.
+  // the next one's, and the skeleton of gpt-large would hold 1.5 GiB of freed memory. ZeRO-3
+  // sets Reuse again when it shards the model.
   set_freed_memory(FreedMemory::Return);
   Model::DeferredInit d;
   d.generator_state = cpu_generator_state();

@@ -20,9 +20,10 @@ std::shared_ptr<Model> make_model(const std::string& name, UnitRange units = {},
                                   const ImageInput& input = {});
 
 /// Model `name` with every parameter's name, shape and dtype but no memory, built holding one
-/// unit at a time; its deferred_init() builds the units again to give ZeRO-3 the values
-/// make_model would have given from the same generator state (Note [Deferred
-/// initialisation]). Only zero::shard with stage 3 trains it.
+/// unit at a time; its deferred_init() builds the units again to give ZeRO-3 or tensor
+/// parallelism the values make_model would have given from the same generator state (Note
+/// [Deferred initialisation]). zero::shard with stage 3 and tp::parallelize initialise it;
+/// DDP and ZeRO-1/2 refuse it (after tp::parallelize they take it).
 std::shared_ptr<Model> make_deferred_model(const std::string& name, const ImageInput& input = {});
 
 /// Builds the units of `name` one at a time (the largest allocation is one unit, never the

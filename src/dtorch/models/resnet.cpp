@@ -110,6 +110,10 @@ ResNet::ResNet(const ResNetConfig& config, UnitRange units) : config_(config) {
 }
 
 torch::Tensor ResNet::forward(torch::Tensor x) {
+  return run_forward(std::move(x), [this](torch::Tensor x) { return run_units(std::move(x)); });
+}
+
+torch::Tensor ResNet::run_units(torch::Tensor x) {
   if (holds_unit(0)) x = torch::relu(bn1_->forward(conv1_->forward(x)));
   const auto names = block_names();
   for (size_t s = 0; s < stages_.size(); ++s)

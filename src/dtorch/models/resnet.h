@@ -68,6 +68,7 @@ class ResNet : public Model {
  public:
   explicit ResNet(const ResNetConfig& config, UnitRange units = {});
   torch::Tensor forward(torch::Tensor x) override;
+  bool scopes_forward() const override { return true; }
   /// The stages this instance holds: "layer1", "layer2", ...
   std::vector<std::string> block_names() const override;
   std::vector<std::string> unit_names() const override;
@@ -80,6 +81,9 @@ class ResNet : public Model {
   std::vector<torch::nn::Sequential> stages_;
   size_t first_stage_ = 0;  // index of stages_[0] among the model's stages
   torch::nn::Linear fc_{nullptr};
+
+  // forward() between the forward hooks: this instance's units in order.
+  torch::Tensor run_units(torch::Tensor x);
 };
 
 }  // namespace dtorch::models

@@ -118,6 +118,10 @@ VisionTransformer::VisionTransformer(const ViTConfig& c, UnitRange units) : conf
 }
 
 torch::Tensor VisionTransformer::forward(torch::Tensor x) {
+  return run_forward(std::move(x), [this](torch::Tensor x) { return run_units(std::move(x)); });
+}
+
+torch::Tensor VisionTransformer::run_units(torch::Tensor x) {
   if (holds_unit(0)) {
     const int64_t B = x.size(0);
     // B x C x H x W -> B x hidden x h x w -> B x (h w) x hidden, patches in row-major order.

@@ -84,6 +84,7 @@ class VisionTransformer : public Model {
  public:
   explicit VisionTransformer(const ViTConfig& config, UnitRange units = {});
   torch::Tensor forward(torch::Tensor x) override;
+  bool scopes_forward() const override { return true; }
   /// The layers this instance holds: "encoder.layers.encoder_layer_0", ...
   std::vector<std::string> block_names() const override;
   std::vector<std::string> unit_names() const override;
@@ -97,6 +98,9 @@ class VisionTransformer : public Model {
   int64_t first_layer_ = 0;  // index of layers_[0] among the model's layers
   torch::nn::LayerNorm ln_{nullptr};
   torch::nn::Linear head_{nullptr};
+
+  // forward() between the forward hooks: this instance's units in order.
+  torch::Tensor run_units(torch::Tensor x);
 };
 
 }  // namespace dtorch::models

@@ -51,13 +51,13 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-double model_state_bytes(const std::string& s, double P, int N, double largest_unit_bytes,
+double model_state_bytes(const std::string& s, double P, int N, double resident_unit_bytes,
                          double optimizer_bytes) {
   const double n = N < 1 ? 1 : N;
   if (s == "ddp") return (8 + optimizer_bytes) * P;
   if (s == "zero1") return 8 * P + optimizer_bytes * P / n;
   if (s == "zero2") return 4 * P + (4 + optimizer_bytes) * P / n;
-  return (8 + optimizer_bytes) * P / n + largest_unit_bytes;
+  return (8 + optimizer_bytes) * P / n + resident_unit_bytes;
 }
 
 ProcessMemory process_memory() {

@@ -12,10 +12,10 @@ namespace dtorch::train {
 /// The ZeRO paper's per-rank model-state bytes for `parameters` fp32 parameters over `ranks`
 /// data-parallel ranks: 4 bytes of weights, 4 of gradients and `optimizer_bytes` of
 /// optimizer state per parameter (AdamW's two moments: 8, SGD's momentum: 4), each sharded
-/// or not by `strategy` (ddp | zero1 | zero2 | zero3); ZeRO-3 adds the largest unit gathered
-/// whole.
+/// or not by `strategy` (ddp | zero1 | zero2 | zero3); ZeRO-3 adds the units that stay
+/// gathered between steps (zero::MemoryStats::resident_unit_bytes).
 double model_state_bytes(const std::string& strategy, double parameters, int ranks,
-                         double largest_unit_bytes = 0, double optimizer_bytes = 8);
+                         double resident_unit_bytes = 0, double optimizer_bytes = 8);
 
 /// This process's memory as Linux reports it (bytes; 0 when unknown).
 struct ProcessMemory {

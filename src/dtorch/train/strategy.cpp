@@ -234,6 +234,7 @@ class ZeroStrategy : public Strategy {
     o.stage = c.kind.back() - '0';
     o.bucket_cap_mb = c.ddp.bucket_cap_mb;
     o.min_unit_params = c.min_unit_params;
+    o.reshard_root_after_forward = c.reshard_root_after_forward;
     o.param_dtype = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
     o.reduce_dtype = c.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
     o.broadcast_buffers = c.ddp.broadcast_buffers;
@@ -448,11 +449,15 @@ void validate(const StrategyConfig& c) {
                  " must lie between 0 and 1 (PyTorch's default: 1e-8)");
   DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
+  DTORCH_CHECK_T(ConfigError, !c.reshard_root_after_forward || c.kind == "zero3",
+                 "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "
+                 "zero3 (got ",
+                 c.kind, ")");
 }
 
 std::shared_ptr<models::Model> build_model(const StrategyConfig& c, const std::string& model_name,
-                                           const models::ImageInput& input) {
-  if (c.kind == "zero3") return models::make_deferred_model(model_name, input);
+                                           const models::ImageInput& input, int tp) {
+  if (c.kind == "zero3" || tp > 1) return models::make_deferred_model(model_name, input);
   return models::make_model(model_name, {}, input);
 }
 

@@ -37,9 +37,11 @@ struct StrategyConfig {
   std::vector<double> betas{0.9, 0.999};  ///< adam, adamw
   double eps = 1e-8;                      ///< adam, adamw: added to the denominator
   int64_t min_unit_params = 0;            ///< zero3 wrap policy (0: one unit per block)
-  std::string model;                      ///< the model's registry name (to rebuild saved stages)
-  models::ImageInput input;               ///< what an image model was built for (the same)
-  ddp::Options ddp;                       ///< bucket_cap_mb also sizes the zero1/zero2 units
+  /// zero3: release the root unit after forward too (zero::Options::reshard_root_after_forward)
+  bool reshard_root_after_forward = false;
+  std::string model;         ///< the model's registry name (to rebuild saved stages)
+  models::ImageInput input;  ///< what an image model was built for (the same)
+  ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units
 };
 
 /// Throws ConfigError naming the bad field and the choices.
@@ -118,11 +120,12 @@ struct PipelineConfig {
   std::string split;  ///< --pp-split; empty: balanced by parameter count
 };
 
-/// Model `model_name` as strategy `c.kind` wants it: for zero3 built without memory, so no
-/// rank ever holds the whole model (Note [Deferred initialisation]); for the others
-/// models::make_model's. Either way from the global generator, seeded alike on every rank.
+/// Model `model_name` as strategy `c.kind` and `tp` want it: for zero3, or to be split by
+/// tensor parallelism (tp > 1), built without memory, so no rank ever holds the whole model
+/// (Note [Deferred initialisation]); otherwise models::make_model's. Either way from the
+/// global generator, seeded alike on every rank.
 std::shared_ptr<models::Model> build_model(const StrategyConfig& c, const std::string& model_name,
-                                           const models::ImageInput& input = {});
+                                           const models::ImageInput& input = {}, int tp = 1);
 
 /// With tp > 1: lays out a dp x tp mesh over `world` and splits `model` (built as
 /// models::make_model(model_name) from the same seed on every rank) across its tp group. With

@@ -380,7 +380,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     layout = apply_pipeline(c.model, comm, {c.pp, c.microbatches, c.schedule, c.pp_split}, c.tp,
                             c.sequence_parallel, &model, input);
   } else {
-    model = build_model(c.strategy, c.model, input);
+    model = build_model(c.strategy, c.model, input, c.tp);
   }
   if (model->takes_tokens()) add_text_windows(data, c.data, window_length(c, *model));
   if (lead) {

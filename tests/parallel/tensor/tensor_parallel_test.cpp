@@ -12,6 +12,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/gpt.h"
 #include "dtorch/models/module_hooks.h"
+#include "dtorch/models/registry.h"
 #include "dtorch/models/resnet.h"
 #include "dtorch/models/vit.h"
 #include "dtorch/parallel/tensor/regions.h"
@@ -213,6 +214,63 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelParity,
                          [](const auto& info) {
                            return info.param.model + "_tp" + std::to_string(info.param.tp) +
                                   (info.param.sequence_parallel ? "_sp" : "");
+                         });
+
+// Note [Deferred initialisation], tensor parallelism's half. args: DIR MODEL (a registry
+// name). A model built without memory and split over the job holds exactly the shards a
+// model built whole and then split holds, leaves the generator as that does, and computes the
+// same output.
+DTORCH_TEST_WORKER(tp_deferred_init) {
+  auto world = comm::Communicator::from_env();
+  const std::string name = args.at(1);
+  torch::manual_seed(7);
+  auto ref = models::make_model(name);
+  auto tp_ref = parallelize(*ref, world, plan_for(*ref, world->size()));
+  const torch::Tensor next_ref = torch::randn({8});
+  torch::manual_seed(7);
+  auto model = models::make_deferred_model(name);
+  auto tp = parallelize(*model, world, plan_for(*model, world->size()));
+  const torch::Tensor next = torch::randn({8});
+  DTORCH_CHECK(!model->deferred(), "the model is still marked deferred after parallelize");
+  DTORCH_CHECK(torch::equal(next, next_ref), "the generator goes on differently");
+  std::string differs;
+  auto got = model->named_parameters();
+  for (const auto& kv : ref->named_parameters()) {
+    if (!torch::equal(got[kv.key()], kv.value())) differs += kv.key() + " ";
+  }
+  torch::manual_seed(99);
+  const torch::Tensor x = model->takes_tokens() ? torch::randint(0, 256, {2, 16}, torch::kLong)
+                                                : torch::randn({2, 1, 28, 28});
+  const double out_diff = (model->forward(x) - ref->forward(x)).abs().max().item<double>();
+  std::ofstream(args.at(0) + "/rank" + std::to_string(world->rank()))
+      << (differs.empty() ? "same" : differs) << "\n"
+      << out_diff << "\n";
+}
+
+class TensorParallelDeferredInit : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TensorParallelDeferredInit, ShardsEqualThoseOfTheModelBuiltWhole) {
+  const std::string model = GetParam();
+  std::string dir = testing::scratch_dir("tp_deferred_init");
+  ASSERT_EQ(testing::run_ranks(2, "tp_deferred_init", {dir, model}, 180), 0);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(dir + "/rank" + std::to_string(r));
+    std::string same;
+    double out_diff = -1;
+    std::getline(in, same);
+    in >> out_diff;
+    EXPECT_EQ(same, "same") << "rank " << r << ": these shards differ";
+    EXPECT_GE(out_diff, 0) << "rank " << r << " wrote no output";
+    EXPECT_EQ(out_diff, 0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TensorParallelDeferredInit,
+                         ::testing::Values("gpt-debug", "vit-debug"), [](const auto& info) {
+                           std::string m = info.param;
+                           for (auto& ch : m)
+                             if (ch == '-') ch = '_';
+                           return m;
                          });
 
 // args: DIR SEQUENCE_PARALLEL. One forward and backward of gpt-debug with 1 and with 2 blocks;

@@ -13,6 +13,7 @@
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss.h"
+#include "support/batches.h"
 #include "support/workers.h"
 
 namespace dtorch::zero {
@@ -20,15 +21,6 @@ namespace {
 
 std::unique_ptr<torch::optim::Optimizer> plain_sgd(std::vector<torch::Tensor> params) {
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
-}
-
-std::pair<torch::Tensor, torch::Tensor> first_batch(const models::Model& m) {
-  torch::manual_seed(99);
-  if (m.takes_tokens()) {
-    return {torch::randint(0, 256, {2, 16}, torch::kLong),
-            torch::randint(0, 256, {2, 16}, torch::kLong)};
-  }
-  return {torch::randn({4, 1, 28, 28}), torch::randint(0, 10, {4}, torch::kLong)};
 }
 
 // args: DIR MODEL DTYPE (fp32 | bf16)
@@ -75,7 +67,7 @@ DTORCH_TEST_WORKER(zero_deferred_init) {
       if (!torch::equal(got[kv.key()], want)) differs += kv.key() + " ";
     }
   }
-  auto [x, y] = first_batch(*ref);
+  auto [x, y] = testing::random_batch(*ref, 99);
   const double ref_loss = train::cross_entropy(ref->forward(x), y).item<double>();
   torch::Tensor loss;
   {

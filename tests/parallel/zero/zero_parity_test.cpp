@@ -13,6 +13,7 @@
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss.h"
+#include "support/batches.h"
 #include "support/workers.h"
 
 namespace dtorch::zero {
@@ -33,12 +34,7 @@ Setup parse(const std::vector<std::string>& a) {
 
 // Rank r's micro-batch `i` of step `step`: different on every rank, known in advance.
 std::pair<torch::Tensor, torch::Tensor> batch(const models::Model& m, int step, int i, int rank) {
-  torch::manual_seed(1000 + step * 97 + i * 13 + rank);
-  if (m.takes_tokens()) {
-    auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
-    return {x, torch::randint(0, 256, {2, 16}, torch::kLong)};
-  }
-  return {torch::randn({4, 1, 28, 28}), torch::randint(0, 10, {4}, torch::kLong)};
+  return testing::random_batch(m, 1000 + step * 97 + i * 13 + rank);
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_opt(const std::string& kind,

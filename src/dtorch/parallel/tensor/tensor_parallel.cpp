@@ -6,8 +6,12 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <set>
+
 #include "dtorch/core/error.h"
+#include "dtorch/core/storage.h"
 #include "dtorch/models/module_hooks.h"
+#include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/tensor/regions.h"
 
 namespace dtorch::tp {
@@ -40,6 +44,40 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
+// Note [Deferred initialisation], tensor parallelism's half: a model built without memory
+// gets its values here, once its split parameters have their shard's shape. Its units are
+// built again one at a time from the generator state the model was built from, and each rank
+// copies its shard of every split parameter and the whole of the others, so no rank holds
+// more than one unit beyond its own parameters. Every tp rank built the model from the same
+// seed, so they agree without a broadcast (DDP or ZeRO then broadcast over the dp group).
+void fill_deferred(models::Model& model, const std::map<std::string, ShardSpec>& sharded, int r,
+                   int n) {
+  auto params = model.named_parameters();
+  std::set<std::string> filled;
+  {
+    models::GeneratorStateGuard keep;
+    models::set_cpu_generator_state(model.deferred_init().generator_state);
+    model.deferred_init().for_each_unit([&](models::Model& unit) {
+      for (const auto& kv : unit.named_parameters()) {
+        torch::Tensor* mine = params.find(kv.key());
+        DTORCH_CHECK(mine, "tensor parallelism: a unit of the deferred model has parameter ",
+                     kv.key(), ", which the model itself does not");
+        auto it = sharded.find(kv.key());
+        torch::Tensor value =
+            it == sharded.end() ? kv.value() : shard_of(kv.value(), it->second, r, n);
+        if (!holds_storage(*mine)) restore_storage(*mine, mine->nbytes());
+        // A parameter two units build (a GPT's tied embedding) gets the same values twice.
+        mine->detach().copy_(value);
+        filled.insert(kv.key());
+      }
+    });
+  }
+  for (const auto& kv : params)
+    DTORCH_CHECK(filled.count(kv.key()), "tensor parallelism: no unit of the deferred model ",
+                 "built parameter ", kv.key());
+  model.set_deferred_init({});
+}
+
 }  // namespace
 
 TensorParallel::~TensorParallel() {
@@ -50,7 +88,7 @@ TensorParallel::~TensorParallel() {
 std::shared_ptr<TensorParallel> parallelize(models::Model& model,
                                             std::shared_ptr<comm::Communicator> tp,
                                             const Plan& plan, Options opts) {
-  models::require_memory(model, "tensor parallelism");
+  const bool deferred = model.deferred();
   auto result = std::make_shared<TensorParallel>(tp, opts);
   TensorParallel& t = *result;
   const int n = tp->size(), r = tp->rank();
@@ -67,7 +105,13 @@ std::shared_ptr<TensorParallel> parallelize(models::Model& model,
                    p.size(spec.dim), " entries along dim ", spec.dim,
                    spec.fused > 1 ? str(" in ", spec.fused, " parts") : std::string(),
                    ": tensor parallelism over ", n, " ranks needs a multiple of ", spec.fused * n);
-    p.set_data(shard_of(p, spec, r, n).clone());
+    if (deferred) {  // only the shard's shape: fill_deferred gives it its values
+      std::vector<int64_t> sizes = p.sizes().vec();
+      sizes[spec.dim] /= n;
+      p.set_data(at::empty(sizes, p.options()));
+    } else {
+      p.set_data(shard_of(p, spec, r, n).clone());
+    }
     t.sharded_[name] = spec;
   };
 
@@ -144,6 +188,7 @@ std::shared_ptr<TensorParallel> parallelize(models::Model& model,
                  "feeding the tied head marked enter-vocab-region, and the other way round");
   t.vocab_output_ = head_enters_region;
   t.vocab_start_ = vocab_start;
+  if (deferred) fill_deferred(model, t.sharded_, r, n);
   for (auto& kv : hooks) {
     if (!kv.second.pre && !kv.second.forward && !kv.second.post) continue;
     models::set_module_hooks(*kv.first, std::move(kv.second));

@@ -39,6 +39,15 @@ namespace dtorch::zero {
 //     prefetched) and its memory released after its last block, then gathered again when
 //     backward reaches it (an identity autograd function on the unit's output triggers
 //     that) and released once its gradients are reduced. 16P/N + the gathered units.
+//     The root unit (parameters outside blocks: a GPT's embeddings, final norm and tied
+//     head) is used at both ends of forward. For a model that scopes its forward
+//     (Model::scopes_forward) it is gathered as forward begins, kept through forward and
+//     backward, and released once its gradients are reduced, as FSDP keeps its root: per
+//     step it is gathered once, not twice, and nothing is gathered between steps or during
+//     the optimizer step. Options::reshard_root_after_forward releases it after forward and
+//     gathers it again as backward begins, which sends the paper's 3x bytes and frees it only
+//     while the loss is computed. A model that does not scope its forward keeps its root
+//     gathered all the time, updated by step().
 // Units are reduced strictly in reverse plan order on every rank (backward produces the
 // last units' gradients first), so collectives match across ranks; a unit whose gradients
 // never all arrive (unused parameters) is reduced with zeros at the end of backward.
@@ -122,6 +131,7 @@ struct ShardedModel::Impl {
   // build(), reset first on destruction.
   std::unique_ptr<parallel::GradReadiness> readiness;
   bool keep_gathered = false;
+  bool root_per_step = false;  // the model scopes its forward: the root is gathered per step
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
   WaitSeconds waited;
   Spares<at::DataPtr> spare_memory;  // Note [Spare unit memory]
@@ -129,7 +139,10 @@ struct ShardedModel::Impl {
 
   int rank() const { return comm->rank(); }
   bool sharded_params() const { return opts.stage == 3; }
-  bool is_root(size_t u) const { return sharded_params() && plan.units[u].name == "root"; }
+  // The root of a model that does not scope its forward (Note [Sharding stages]).
+  bool always_gathered(size_t u) const {
+    return sharded_params() && !root_per_step && plan.units[u].name == "root";
+  }
   at::Tensor own(const at::Tensor& flat, size_t u) const {
     return flat.narrow(0, rank() * plan.units[u].shard, plan.units[u].shard);
   }
@@ -151,6 +164,8 @@ struct ShardedModel::Impl {
   at::Tensor zeroed_bucket(size_t u);
   void before_block(const std::string& block);
   at::Tensor after_block(const std::string& block, at::Tensor out);
+  void before_forward();
+  at::Tensor after_forward(at::Tensor out);
   void before_unit_backward(size_t u);
 };
 
@@ -185,7 +200,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
                  "gradient reduction dtype must be float32 or bfloat16");
   parallel::check_same_model(*module, *comm, who);
   // Note [Returning released memory]
-  set_freed_memory(opts.stage == 3 ? FreedMemory::Return : FreedMemory::Reuse);
+  set_freed_memory(FreedMemory::Reuse);
 
   std::vector<ParamInfo> infos;
   for (const auto& kv : module->named_parameters()) {
@@ -208,14 +223,16 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   const bool deferred = m && m->deferred();
   if (!sharded_params()) models::require_memory(*module, who);
   std::vector<std::string> blocks = m ? m->block_names() : std::vector<std::string>{};
+  root_per_step = sharded_params() && m && m->scopes_forward();
   std::vector<UnitSpec> specs;
   if (sharded_params() && !blocks.empty()) {
     specs = units_by_blocks(infos, blocks, opts.min_unit_params);
     model = m;
   } else if (sharded_params()) {
-    specs = {{"root", {}, {}}};  // no blocks to hook: one unit, always gathered
+    specs = {{"root", {}, {}}};  // no blocks: one unit, gathered per step if forward is scoped
     for (size_t i = 0; i < infos.size(); ++i)
       specs[0].params.push_back(i);
+    if (root_per_step) model = m;
   } else {
     specs = units_by_size(infos, static_cast<int64_t>(opts.bucket_cap_mb * 1024 * 1024 / 4));
   }
@@ -265,6 +282,9 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   }
   peak_gathered_bytes = gathered_bytes;  // what training holds, not the set-up
   if (deferred) init_deferred(*m);
+  // The model as built, now packed into units (and for stage 3 released), is free memory the
+  // heap would keep (Note [Returning released memory]).
+  return_freed_memory();
 
   std::vector<at::Tensor> masters;
   for (auto& s : units)
@@ -278,7 +298,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
 
 // Note [Deferred initialisation]: builds the model's units again, one at a time from rank 0's
 // generator state, and copies the elements this rank owns into its masters; the units that
-// stay gathered (the root) then gather theirs.
+// stay gathered (the root of a model that does not scope its forward) then gather theirs.
 void ShardedModel::Impl::init_deferred(const models::Model& m) {
   at::Tensor state = m.deferred_init().generator_state.clone();
   comm->broadcast(state, 0, "ZeRO-3 initial generator state");
@@ -345,7 +365,27 @@ void ShardedModel::Impl::install_block_hooks() {
   models::Model::BlockHooks hooks;
   hooks.before = [this](const std::string& b) { before_block(b); };
   hooks.after = [this](const std::string& b, at::Tensor out) { return after_block(b, out); };
+  if (root_per_step) {
+    hooks.forward_begin = [this] { before_forward(); };
+    hooks.forward_end = [this](at::Tensor out) { return after_forward(out); };
+  }
   model->set_block_hooks(hooks);
+}
+
+// The root unit is unit 0 (units_by_blocks); Note [Sharding stages].
+void ShardedModel::Impl::before_forward() {
+  ensure_gathered(0);
+  if (opts.prefetch && units.size() > 1) gather_async(1);
+}
+
+at::Tensor ShardedModel::Impl::after_forward(at::Tensor out) {
+  if (!out.requires_grad()) {  // no backward follows (evaluation)
+    release(0);
+    return out;
+  }
+  out = PreBackward::apply(out, reinterpret_cast<int64_t>(this), 0);
+  if (opts.reshard_root_after_forward) release(0);
+  return out;
 }
 
 void ShardedModel::Impl::before_block(const std::string& block) {
@@ -367,16 +407,19 @@ at::Tensor ShardedModel::Impl::after_block(const std::string& block, at::Tensor 
   return out;
 }
 
+// Backward runs the root's last use first (a GPT's head), then the units in reverse.
 void ShardedModel::Impl::before_unit_backward(size_t u) {
   ensure_gathered(u);
-  if (opts.prefetch && u > 0) gather_async(u - 1);
+  const size_t next = u == 0 ? units.size() - 1 : u - 1;
+  if (opts.prefetch && next != u) gather_async(next);
 }
 
 void ShardedModel::Impl::gather_async(size_t u) {
   UnitState& s = units[u];
   if (s.materialized) return;
   const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
-  restore_storage(s.full, nbytes, spare_memory.take(nbytes));  // Note [Spare unit memory]
+  at::DataPtr memory = spare_memory.take(nbytes);  // Note [Spare unit memory]
+  restore_storage(s.full, nbytes, memory ? std::move(memory) : map_memory(nbytes));
   s.materialized = true;
   gathered_bytes += bytes_of(s.full);
   peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
@@ -401,7 +444,7 @@ void ShardedModel::Impl::wait_for(comm::Work& w, double& seconds) {
 
 void ShardedModel::Impl::release(size_t u) {
   UnitState& s = units[u];
-  if (!sharded_params() || is_root(u) || keep_gathered || !s.materialized) return;
+  if (!sharded_params() || always_gathered(u) || keep_gathered || !s.materialized) return;
   wait_for(s.gather, waited.gather);
   const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
   spare_memory.put(nbytes, release_storage(s.full));  // Note [Spare unit memory]
@@ -475,7 +518,7 @@ void ShardedModel::Impl::finish_reduction(UnitState& s) {
 at::Tensor ShardedModel::Impl::zeroed_bucket(size_t u) {
   const int64_t n = plan.units[u].padded;
   at::Tensor b = spare_buckets.take(n * c10::elementSize(opts.reduce_dtype));
-  return b.defined() ? b.zero_() : at::zeros({n}, opts.reduce_dtype);
+  return b.defined() ? b.zero_() : mapped_zeros(n, opts.reduce_dtype);
 }
 
 // Every unit was launched (unused parameters are reduced as zeros).
@@ -667,10 +710,8 @@ MemoryStats ShardedModel::memory() const {
     m.grad_bytes += bytes_of(s.grad_full) + bytes_of(s.bucket) + bytes_of(s.incoming);
   }
   m.optim_bytes = parallel::state_bytes(*impl_->optimizer);
-  if (impl_->sharded_params()) {
-    for (auto& s : impl_->units) {
-      m.largest_unit_bytes = std::max(m.largest_unit_bytes, bytes_of(s.full));
-    }
+  for (size_t u = 0; u < impl_->units.size(); ++u) {
+    if (impl_->always_gathered(u)) m.resident_unit_bytes += bytes_of(impl_->units[u].full);
   }
   m.param_bytes += impl_->gathered_bytes;
   m.peak_param_bytes = m.param_bytes - impl_->gathered_bytes + impl_->peak_gathered_bytes;

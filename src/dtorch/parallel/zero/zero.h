@@ -34,6 +34,13 @@ struct Options {
   int64_t min_unit_params = 0;
   /// Stage 3: start gathering the next unit while the current one computes.
   bool prefetch = true;
+  /// Stage 3, a model that scopes its forward (models::Model::scopes_forward): release the
+  /// root unit (the parameters outside blocks) when forward ends and gather it again when
+  /// backward begins, as every other unit is; the ZeRO paper's 3x parameter bytes. Off, it
+  /// stays gathered from forward to the end of its backward, as FSDP keeps its root: the
+  /// models here use it at both ends of forward, so releasing it in between frees it only
+  /// while the loss is computed (Note [Sharding stages]).
+  bool reshard_root_after_forward = false;
   /// The dtype forward and backward see (and gathers move): kFloat, or kBFloat16 for mixed
   /// precision. The optimizer always updates fp32 master weights.
   torch::Dtype param_dtype = torch::kFloat;
@@ -51,8 +58,9 @@ struct MemoryStats {
   int64_t optim_bytes = 0;  ///< optimizer state (momentum, Adam moments)
   /// Stage 3: the most parameter bytes held at once, including units gathered for a block.
   int64_t peak_param_bytes = 0;
-  /// Stage 3: bytes of the largest unit when gathered (the root unit counts).
-  int64_t largest_unit_bytes = 0;
+  /// Stage 3: bytes of the units that stay gathered between steps: the root unit of a model
+  /// that does not scope its forward (models::Model::scopes_forward); 0 otherwise.
+  int64_t resident_unit_bytes = 0;
   int64_t total() const { return param_bytes + grad_bytes + optim_bytes; }
 };
 
