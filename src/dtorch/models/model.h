@@ -154,11 +154,6 @@ class Model : public torch::nn::Module {
     units_ = {r.begin, end};
   }
 
-  /// Runs f(x) as block `name` with the hooks around it: before(name), out = f(x) (through
-  /// the block runner, if one is set), out = after(name, out). Models run every block listed
-  /// in block_names() through this, and nothing else. When f throws, `after` is not called.
-  /// `f` captures by value what it needs (the model's `this`, a block index): the runner may
-  /// call it again during backward, after this forward has returned.
   /// Runs the whole forward f(x) between the forward hooks: forward_begin(), out = f(x),
   /// out = forward_end(out). A model that does this says so with scopes_forward(). When f
   /// throws, forward_end is not called.
@@ -169,6 +164,11 @@ class Model : public torch::nn::Module {
     return hooks_.forward_end ? hooks_.forward_end(std::move(out)) : out;
   }
 
+  /// Runs f(x) as block `name` with the hooks around it: before(name), out = f(x) (through
+  /// the block runner, if one is set), out = after(name, out). Models run every block listed
+  /// in block_names() through this, and nothing else. When f throws, `after` is not called.
+  /// `f` captures by value what it needs (the model's `this`, a block index): the runner may
+  /// call it again during backward, after this forward has returned.
   template <class F>
   torch::Tensor run_block(const std::string& name, torch::Tensor x, F&& f) {
     if (hooks_.before) hooks_.before(name);
