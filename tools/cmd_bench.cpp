@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/freed_memory.h"
@@ -29,7 +30,8 @@ struct BenchFlags {
   int steps = 200;
   int warmup = 20;
   std::string data_dir = data::kDefaultMnistDir;
-  bool every_rank = false;  ///< every rank prints its line (to see skew between ranks)
+  bool every_rank = false;     ///< every rank prints its line (to see skew between ranks)
+  std::string device = "cpu";  ///< cpu | cuda | auto (Note [One GPU per rank])
 };
 
 using Clock = std::chrono::steady_clock;
@@ -41,8 +43,15 @@ int bench_worker(const BenchFlags& f) {
   torch::set_num_threads(f.threads);
   torch::manual_seed(0);
   auto comm = comm::Communicator::from_env();
+  const bool share = env::get("DTORCH_BACKEND").value_or("auto") == "gloo";
+  const at::Device device = resolve_device(
+      f.device, comm->info().local_rank, comm->info().local_world_size, cuda_availability(), share);
+  use_device(device);
   auto train = data::load_mnist(f.data_dir, "train");
+  train.images = train.images.to(device);
+  train.labels = train.labels.to(device);
   auto model = models::make_model(f.model);
+  model->to(device);
   std::shared_ptr<ddp::DistributedDataParallel> d;
   if (comm->size() > 1) d = ddp::wrap(model, comm);
   // DDP's policy at one rank too, as dtorch train has (Note [Returning released memory]).
@@ -60,19 +69,23 @@ int bench_worker(const BenchFlags& f) {
       wait0 = d ? d->comm_wait_seconds() : 0;
     }
     auto t = Clock::now();
-    auto idx = torch::randint(0, train.size(), {f.batch_size}, gen);
+    auto idx = torch::randint(0, train.size(), {f.batch_size}, gen).to(device);
     auto x = train.images.index_select(0, idx);
     auto y = train.labels.index_select(0, idx);
+    synchronize(device);
     t_data += since(t);
     t = Clock::now();
     auto loss = torch::cross_entropy_loss(model->forward(x), y);
+    synchronize(device);
     t_fwd += since(t);
     t = Clock::now();
     train::zero_grad_to_none(opt);  // the peer's zero_grad(set_to_none=True)
     loss.backward();
+    synchronize(device);
     t_bwd += since(t);
     t = Clock::now();
     opt.step();
+    synchronize(device);
     t_opt += since(t);
     if (step + 1 == f.warmup + f.steps) loss_value = loss.item<double>();
   }
@@ -85,6 +98,7 @@ int bench_worker(const BenchFlags& f) {
       {"impl", "dtorch"},
       {"torch", TORCH_VERSION},
       {"model", f.model},
+      {"device", device.str()},
       {"nproc", comm->size()},
       {"threads", f.threads},
       {"batch_per_rank", f.batch_size},
@@ -166,6 +180,9 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--steps", f->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--data-dir", f->data_dir)->capture_default_str();
+  cmd->add_option("--device", f->device, "cpu | cuda (one GPU per rank) | auto")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
   cmd->add_flag("--every-rank", f->every_rank,
                 "every rank prints its own line (time per phase differs when ranks are skewed)");
   cmd->callback([f, &exit_code] {

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <optional>
 
+#include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
@@ -40,6 +41,8 @@ struct MemoryFlags {
   int tp = 1;                        ///< tensor-parallel degree (dp = world / tp)
   train::PipelineConfig pp;          ///< pipeline stages (dp = world / (tp pp))
   int activation_checkpointing = 0;  ///< recompute every K-th block in backward (0: off)
+  int64_t image_size = 0;            ///< image models: side of the square input (0: 28)
+  int64_t classes = 0;               ///< image models: classes (0: 10)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -47,20 +50,24 @@ using Clock = std::chrono::steady_clock;
 int memory_worker(MemoryFlags f) {
   torch::set_num_threads(f.threads);
   auto world = comm::Communicator::from_env();
+  const at::Device device = train::resolve_run_device(f.strategy, world->info());
   torch::manual_seed(0);
+  models::ImageInput input;
+  if (f.image_size > 0) input = {3, f.image_size, f.classes > 0 ? f.classes : 1000};
   std::shared_ptr<models::Model> model;
   int64_t P = 0;
   train::Layout layout;
   if (f.pp.pp > 1) {
     // Each rank builds its stage only (the whole model is never allocated).
-    P = models::model_parameters(f.model);
-    layout = train::apply_pipeline(f.model, world, f.pp, f.tp, false, &model);
+    P = models::model_parameters(f.model, input);
+    layout = train::apply_pipeline(f.model, world, f.pp, f.tp, false, &model, input);
   } else {
-    model = train::build_model(f.strategy, f.model, {}, f.tp);
+    model = train::build_model(f.strategy, f.model, input, f.tp);
     for (const auto& p : model->parameters())
       P += p.numel();
-    layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false);
+    layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false, input);
   }
+  models::to_device(*model, device);
   if (f.activation_checkpointing > 0)
     parallel::checkpoint_activations(*model, {f.activation_checkpointing});
   pp::Pipeline* pipeline = layout.pp.pipeline.get();
@@ -69,19 +76,30 @@ int memory_worker(MemoryFlags f) {
   int64_t P_local = 0;
   for (const auto& p : model->parameters())
     P_local += p.numel();
-  auto strategy = train::make_strategy(f.strategy, model, dp, layout.tp, layout.pp);
+  train::StrategyConfig sc = f.strategy;
+  sc.model = f.model;
+  sc.input = input;
+  auto strategy = train::make_strategy(sc, model, dp, layout.tp, layout.pp);
   // The ranks of one model replica (its tp and pp ranks) share their batch.
   auto gen = at::detail::createCPUGenerator(layout.plan.dp_index(world->rank()));
   // Capped at the model's block size (gpt-debug's is 32).
   const int64_t T = std::min(f.seq_len, model->max_sequence_length());
-  auto batch = [&] {
+  // Random batches made once, in the rank's device memory: what is timed is the step, not
+  // the making or the copying of data (dtorch train's data path is timed by dtorch train).
+  const int64_t side = f.image_size > 0 ? f.image_size : 28, channels = f.image_size > 0 ? 3 : 1;
+  const int64_t classes = f.image_size > 0 ? input.classes : 10;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int k = 0; k < 2; ++k) {
     if (model->takes_tokens()) {
-      return std::make_pair(torch::randint(0, 256, {f.batch_size, T}, gen),
-                            torch::randint(0, 256, {f.batch_size, T}, gen));
+      batches.emplace_back(torch::randint(0, 256, {f.batch_size, T}, gen).to(device),
+                           torch::randint(0, 256, {f.batch_size, T}, gen).to(device));
+    } else {
+      batches.emplace_back(torch::randn({f.batch_size, channels, side, side}, gen).to(device),
+                           torch::randint(0, classes, {f.batch_size}, gen).to(device));
     }
-    return std::make_pair(torch::randn({f.batch_size, 1, 28, 28}, gen),
-                          torch::randint(0, 10, {f.batch_size}, gen));
-  };
+  }
+  int next_batch = 0;
+  auto batch = [&] { return batches[next_batch++ % batches.size()]; };
   auto reset = [&] {
     dp->reset_traffic();
     if (tensor_parallel) tensor_parallel->group()->reset_traffic();
@@ -111,8 +129,10 @@ int memory_worker(MemoryFlags f) {
   };
   for (int step = 0; step < 1 + f.steps; ++step) {
     if (step == 1) {
+      synchronize(device);
       world->barrier("bench start");
       reset();
+      reset_peak_memory(device);
       meter.emplace();
       t0 = Clock::now();
       forward_s = backward_s = optimizer_s = 0;
@@ -127,7 +147,7 @@ int memory_worker(MemoryFlags f) {
     if (pipeline) {
       pp::PipelineStepResult r;
       strategy->backward_accumulated([&] {
-        parallel::CpuAutocast autocast(strategy->autocast());
+        parallel::Autocast autocast(strategy->autocast());
         r = pipeline->step(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
           return train::cross_entropy(out, t, tensor_parallel);
         });
@@ -142,26 +162,33 @@ int memory_worker(MemoryFlags f) {
       continue;
     }
     torch::Tensor loss;
+    // On a GPU each phase ends with a synchronize, so that its kernels count in it (three host
+    // syncs a step: a few microseconds against a step of milliseconds).
     auto t = Clock::now();
     {
-      parallel::CpuAutocast autocast(strategy->autocast());
+      parallel::Autocast autocast(strategy->autocast());
       loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
     }
+    synchronize(device);
     forward_s += since(t);
     if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
     t = Clock::now();
     strategy->backward(loss, true);
+    synchronize(device);
     backward_s += since(t);
     if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
     t = Clock::now();
     strategy->step(0);
+    synchronize(device);
     optimizer_s += since(t);
   }
+  synchronize(device);
   world->barrier("bench end");
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   comm::Traffic traffic = dp->traffic(), tp_traffic;
   if (tensor_parallel) tp_traffic = tensor_parallel->group()->traffic();
   auto m = strategy->memory();
+  const DeviceMemory gpu = device_memory(device);
 
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -200,6 +227,13 @@ int memory_worker(MemoryFlags f) {
       {"formula_bytes", expected},
       {"model_state_over_formula", m.total() / expected},
       {"peak_rss_bytes", static_cast<int64_t>(ru.ru_maxrss) * 1024},
+      {"device", device.str()},
+      {"gpu", gpu_name(device)},
+      {"cuda_peak_allocated_bytes", gpu.peak_allocated},
+      {"cuda_peak_reserved_bytes", gpu.peak_reserved},
+      {"batch_size", f.batch_size},
+      {"seq_len", model->takes_tokens() ? T : 0},
+      {"image_size", model->takes_tokens() ? 0 : side},
       {"samples_per_s", f.steps * f.batch_size * n / seconds},
       {"page_faults_per_step", faults_per_step},
       {"step_seconds", seconds / f.steps},
@@ -270,13 +304,17 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
                   "recompute every K-th block in backward (given alone: every block)")
       ->expected(0, 1)
       ->default_str("1");
+  cmd->add_option("--image-size", f->image_size,
+                  "image models: random 3-channel images of this side (default: 1 x 28 x 28)");
+  cmd->add_option("--classes", f->classes, "image models with --image-size: classes (1000)");
   cmd->callback([f, &exit_code] {
     DTORCH_CHECK_T(ConfigError,
                    f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
                        f->batch_size >= 1 && f->seq_len >= 1 && f->tp >= 1 && f->pp.pp >= 1 &&
-                       f->activation_checkpointing >= 0,
+                       f->activation_checkpointing >= 0 && f->image_size >= 0 && f->classes >= 0,
                    "bench memory: --nproc-per-node, --threads, --steps, --batch-size, "
-                   "--seq-len, --tp and --pp must be >= 1, --activation-checkpointing >= 0");
+                   "--seq-len, --tp and --pp must be >= 1, --activation-checkpointing, "
+                   "--image-size and --classes >= 0");
     if (f->pp.pp > 1 && f->pp.microbatches == 0) f->pp.microbatches = 2 * f->pp.pp;
     train::validate(f->strategy);
     auto launched = self_launch_bench(f->nproc_per_node, true);

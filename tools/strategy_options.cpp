@@ -12,8 +12,15 @@ void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s) {
                 "parameters: FSDP)")
       ->check(CLI::IsMember({"ddp", "zero1", "zero2", "zero3"}))
       ->capture_default_str();
-  g->add_option("--precision", s.precision, "fp32 | bf16 (bf16 compute, fp32 master weights)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+  g->add_option("--device", s.device,
+                "cpu | cuda (one GPU per rank, by LOCAL_RANK) | auto (cuda when this LibTorch "
+                "has CUDA and a GPU is visible)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  g->add_option("--precision", s.precision,
+                "fp32 | bf16 | fp16 (bf16 or fp16 compute, fp32 master weights; fp16 with "
+                "dynamic loss scaling)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   g->add_option("--reduce-dtype", s.reduce_dtype, "gradient reduction dtype: fp32 | bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))

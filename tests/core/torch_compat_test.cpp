@@ -38,17 +38,26 @@ TEST(TorchCompat, OptimizerStateKeyFindsTheOptimizersOwnState) {
   EXPECT_FLOAT_EQ(w.item<float>(), -(0.9f * 5.0f + 1.0f));
 }
 
-// Note [CPU autocast switches]: the scope turns bf16 compute on and restores what was before.
-TEST(TorchCompat, CpuAutocastScopeRestoresThePreviousState) {
-  ASSERT_FALSE(cpu_autocast_enabled());
+// Note [Autocast switches]: the scope turns bf16 compute on and restores what was before; an
+// exact scope that is not enabled turns an enclosing one off (a recomputation of a forward
+// that ran without autocast).
+TEST(TorchCompat, AutocastScopeRestoresThePreviousState) {
+  ASSERT_FALSE(autocast_enabled(at::kCPU));
   torch::Tensor x = torch::randn({4, 4});
   {
-    parallel::CpuAutocast scope(true);
-    EXPECT_TRUE(cpu_autocast_enabled());
-    EXPECT_EQ(cpu_autocast_dtype(), at::kBFloat16);
+    parallel::Autocast scope({true, at::kCPU, at::kBFloat16});
+    EXPECT_TRUE(autocast_enabled(at::kCPU));
+    EXPECT_EQ(autocast_dtype(at::kCPU), at::kBFloat16);
+    EXPECT_EQ(torch::mm(x, x).scalar_type(), at::kBFloat16);
+    {
+      parallel::Autocast off({false, at::kCPU}, /*exact=*/true);
+      EXPECT_EQ(torch::mm(x, x).scalar_type(), at::kFloat);
+    }
+    EXPECT_EQ(torch::mm(x, x).scalar_type(), at::kBFloat16);
+    parallel::Autocast nothing({false, at::kCPU});  // not exact: leaves the state alone
     EXPECT_EQ(torch::mm(x, x).scalar_type(), at::kBFloat16);
   }
-  EXPECT_FALSE(cpu_autocast_enabled());
+  EXPECT_FALSE(autocast_enabled(at::kCPU));
   EXPECT_EQ(torch::mm(x, x).scalar_type(), at::kFloat);
 }
 

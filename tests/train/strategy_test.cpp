@@ -37,7 +37,7 @@ double train_steps(Strategy& s, models::Model& m, int steps, int rank, int seed_
     auto y = torch::roll(x, 1, 1);  // learnable: predict the previous token
     torch::Tensor loss;
     {
-      parallel::CpuAutocast autocast(s.autocast());
+      parallel::Autocast autocast(s.autocast());
       loss = cross_entropy(m.forward(x), y);
     }
     s.backward(loss, true);
@@ -217,7 +217,7 @@ DTORCH_TEST_WORKER(bf16_resnet) {
       auto y = torch::randint(0, 10, {4});
       torch::Tensor loss;
       {
-        parallel::CpuAutocast autocast(s->autocast());
+        parallel::Autocast autocast(s->autocast());
         loss = cross_entropy(model->forward(x), y);
       }
       s->backward(loss, true);

@@ -60,6 +60,27 @@ bool needs_float_cast(const at::Tensor& t) {
   return t.scalar_type() == at::kBFloat16 && !t.is_cuda() && !kGlooReducesBFloat16;
 }
 
+// Note [Collectives on CUDA streams]
+// NCCL runs each collective on a communication stream of its own (ProcessGroupNCCL's), which at
+// launch waits with an event for the work queued so far on the caller's current stream: a DDP
+// bucket's allreduce, launched from the gradient hook as the bucket fills, starts once the
+// kernels that produced its gradients have run, and overlaps the rest of backward. Work::wait()
+// does not block the host: it makes the current stream wait for the collective's end event, so
+// the optimizer's kernels (and a finish step such as averaging) queue behind it. The tensors a
+// collective reads or writes are recorded as used by the communication stream
+// (record_stream), so the caching allocator hands their memory to nothing else before the
+// collective is done, even when dtorch drops them first (ZeRO's released units and buckets,
+// Note [Spare unit memory]). A collective that never finishes is NCCL's watchdog's to end,
+// after CommOptions::timeout.
+
+// Note [CUDA tensors over Gloo]
+// NCCL carries CUDA tensors, one GPU per rank (Note [One GPU per rank] in core/device.h). Where
+// there is no NCCL (a job that set DTORCH_BACKEND=gloo, so that several ranks can share one GPU,
+// or a CUDA LibTorch without NCCL) a CUDA tensor travels through host memory: copied to the
+// host (which waits for the kernels that produce it), sent by the CPU path (shared memory or
+// Gloo), and copied back once the operation completes. It is slow, and it lets the multi-rank
+// code of every strategy run on CUDA tensors with one GPU.
+
 std::string first_line(const std::string& s) {
   auto p = s.find('\n');
   return p == std::string::npos ? s : s.substr(0, p);
@@ -583,8 +604,29 @@ void Communicator::reset_traffic() {
   impl_->traffic = Traffic();
 }
 
+bool Communicator::through_host(const at::Tensor& t) const {
+  return t.is_cuda() && !impl_->nccl && size() > 1;
+}
+
+// Runs `finish` once `w` has completed (after its own finishing work).
+Work Communicator::then(Work w, std::function<void()> finish) {
+  if (!w.state_ || w.state_->done) {
+    finish();
+    return w;
+  }
+  w.state_->finish = [first = std::move(w.state_->finish), finish = std::move(finish)] {
+    if (first) first();
+    finish();
+  };
+  return w;
+}
+
 Work Communicator::allreduce_async(at::Tensor t, ReduceOp op, const std::string& what) {
   DTORCH_CHECK(t.is_contiguous(), "allreduce needs a contiguous tensor");
+  if (through_host(t)) {  // Note [CUDA tensors over Gloo]
+    at::Tensor host = t.cpu();
+    return then(allreduce_async(host, op, what), [t, host]() mutable { t.copy_(host); });
+  }
   DTORCH_CHECK(op != ReduceOp::Avg || t.is_floating_point(), "ReduceOp::Avg needs a floating ",
                "point tensor, got ", t.scalar_type());
   at::Tensor buf = t;
@@ -620,6 +662,10 @@ void Communicator::allreduce(at::Tensor t, ReduceOp op, const std::string& what)
 Work Communicator::broadcast_async(at::Tensor t, int root, const std::string& what) {
   DTORCH_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
   DTORCH_CHECK(root >= 0 && root < size(), "broadcast root ", root, " is not a rank");
+  if (through_host(t)) {  // Note [CUDA tensors over Gloo]
+    at::Tensor host = t.cpu();
+    return then(broadcast_async(host, root, what), [t, host]() mutable { t.copy_(host); });
+  }
   at::Tensor buf = t;
   bool cast = needs_float_cast(t);
   if (cast) buf = t.to(at::kFloat);
@@ -655,6 +701,11 @@ Work Communicator::reduce_scatter_async(at::Tensor in, at::Tensor out, ReduceOp 
     if (!out.is_same(in)) out.copy_(in);
     if (op == ReduceOp::Avg) out.div_(1);
     return Work();
+  }
+  if (through_host(in) || through_host(out)) {  // Note [CUDA tensors over Gloo]
+    at::Tensor host_in = in.cpu(), host_out = at::empty(out.sizes(), host_in.options());
+    return then(reduce_scatter_async(host_in, host_out, op, what),
+                [out, host_out]() mutable { out.copy_(host_out); });
   }
   at::Tensor buf = needs_float_cast(in) ? in.to(at::kFloat) : in;
   at::Tensor res = needs_float_cast(out) ? at::empty(out.sizes(), buf.options()) : out;
@@ -713,8 +764,13 @@ Work Communicator::allgather_into_async(at::Tensor out, at::Tensor in, const std
     if (!flat_out.is_same(flat_in)) flat_out.copy_(flat_in);
     return Work();
   }
+  if (through_host(flat_in) || through_host(flat_out)) {  // Note [CUDA tensors over Gloo]
+    at::Tensor host_in = flat_in.cpu(), host_out = at::empty(flat_out.sizes(), host_in.options());
+    return then(allgather_into_async(host_out, host_in, what),
+                [flat_out, host_out]() mutable { flat_out.copy_(host_out); });
+  }
   count(&Traffic::allgather, (n - 1) * nbytes(out) / n);
-  if (impl_->shm) {
+  if (impl_->shm && !flat_in.is_cuda()) {
     ShmAllreduce* shm = impl_->shm.get();
     return start_local(
         "allgather", what, in,
@@ -757,6 +813,15 @@ void Communicator::allgather(std::vector<at::Tensor>& out, const at::Tensor& in,
     out[0].copy_(in);
     return;
   }
+  if (through_host(in)) {  // Note [CUDA tensors over Gloo]
+    std::vector<at::Tensor> host;
+    for (const auto& o : out)
+      host.push_back(at::empty(o.sizes(), o.options().device(at::kCPU)));
+    allgather(host, in.cpu(), what);
+    for (size_t r = 0; r < out.size(); ++r)
+      out[r].copy_(host[r]);
+    return;
+  }
   start(
       "allgather", what, in,
       [this, &out](at::Tensor& b) {
@@ -769,10 +834,16 @@ void Communicator::allgather(std::vector<at::Tensor>& out, const at::Tensor& in,
 }
 
 Work Communicator::isend(at::Tensor t, int dst, int tag) {
+  if (through_host(t))
+    return start_p2p("send", t.cpu(), dst, tag);  // Note [CUDA tensors over Gloo]
   return start_p2p("send", std::move(t), dst, tag);
 }
 
 Work Communicator::irecv(at::Tensor t, int src, int tag) {
+  if (through_host(t)) {  // Note [CUDA tensors over Gloo]
+    at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
+    return then(start_p2p("recv", host, src, tag), [t, host]() mutable { t.copy_(host); });
+  }
   return start_p2p("recv", std::move(t), src, tag);
 }
 

@@ -171,6 +171,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Work start(const std::string& op, const std::string& what, at::Tensor t,
              const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
              std::function<void()> finish, const char* path = "", int peer = -1);
+  /// Whether `t` is a CUDA tensor that must travel through host memory (Note [CUDA tensors
+  /// over Gloo] in communicator.cpp).
+  bool through_host(const at::Tensor& t) const;
+  /// `w`, which also runs `finish` once it has completed.
+  static Work then(Work w, std::function<void()> finish);
   /// Whether a reduce-scatter or flat allgather of `t` goes through the backend's own
   /// collective rather than dtorch's (Note [Gloo on 2.x]).
   bool native_collective(const at::Tensor& t) const;

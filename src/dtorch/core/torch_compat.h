@@ -79,30 +79,37 @@ struct Allocator : c10::Allocator {
 #endif
 };
 
-// Note [CPU autocast switches]
-// 1.13 has per-device functions (set_cpu_enabled, set_autocast_cpu_dtype); 2.4+ takes the
-// device type as an argument and deprecates the old names.
-inline bool cpu_autocast_enabled() {
+// Note [Autocast switches]
+// 1.13 has a function per device (CPU: set_cpu_enabled, set_autocast_cpu_dtype; CUDA:
+// set_enabled, set_autocast_gpu_dtype); 2.4+ takes the device type as an argument and
+// deprecates the old names. dtorch autocasts on the CPU and on CUDA only.
+inline bool autocast_enabled(at::DeviceType device) {
 #if TORCH_VERSION_MAJOR >= 2
-  return at::autocast::is_autocast_enabled(at::kCPU);
+  return at::autocast::is_autocast_enabled(device);
 #else
-  return at::autocast::is_cpu_enabled();
+  return device == at::kCUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
 #endif
 }
-inline at::ScalarType cpu_autocast_dtype() {
+inline at::ScalarType autocast_dtype(at::DeviceType device) {
 #if TORCH_VERSION_MAJOR >= 2
-  return at::autocast::get_autocast_dtype(at::kCPU);
+  return at::autocast::get_autocast_dtype(device);
 #else
-  return at::autocast::get_autocast_cpu_dtype();
+  return device == at::kCUDA ? at::autocast::get_autocast_gpu_dtype()
+                             : at::autocast::get_autocast_cpu_dtype();
 #endif
 }
-inline void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
+inline void set_autocast(at::DeviceType device, bool enabled, at::ScalarType dtype) {
 #if TORCH_VERSION_MAJOR >= 2
-  at::autocast::set_autocast_enabled(at::kCPU, enabled);
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
 #else
-  at::autocast::set_cpu_enabled(enabled);
-  at::autocast::set_autocast_cpu_dtype(dtype);
+  if (device == at::kCUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
 #endif
 }
 

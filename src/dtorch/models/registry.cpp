@@ -8,6 +8,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/freed_memory.h"
+#include "dtorch/core/storage.h"
 #include "dtorch/models/gpt.h"
 #include "dtorch/models/mnist.h"
 #include "dtorch/models/resnet.h"
@@ -140,6 +141,22 @@ std::shared_ptr<Model> make_deferred_model(const std::string& name, const ImageI
   release_parameters(*model);  // a model without units (mnist-cnn) is built whole
   model->set_deferred_init(std::move(d));
   return model;
+}
+
+void to_device(Model& model, at::Device device) {
+  if (!model.deferred()) {
+    model.to(device);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters()) {
+    if (p.device() == device) continue;
+    at::Tensor moved = at::empty(p.sizes(), p.options().device(device));
+    release_storage(moved);  // one parameter's bytes at a time, then none
+    p.set_data(moved);
+  }
+  for (auto& b : model.buffers())
+    if (b.device() != device) b.set_data(b.to(device));
 }
 
 std::vector<PythonAlias> python_aliases(const std::string& name) {

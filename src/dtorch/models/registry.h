@@ -26,6 +26,11 @@ std::shared_ptr<Model> make_model(const std::string& name, UnitRange units = {},
 /// DDP and ZeRO-1/2 refuse it (after tp::parallelize they take it).
 std::shared_ptr<Model> make_deferred_model(const std::string& name, const ImageInput& input = {});
 
+/// Moves `model`'s parameters and buffers to `device`, each parameter keeping its TensorImpl
+/// (as Module::to does). A model built without memory stays without: its parameters become
+/// tensors of `device` holding no bytes, which ZeRO-3 fills (Note [Deferred initialisation]).
+void to_device(Model& model, at::Device device);
+
 /// Builds the units of `name` one at a time (the largest allocation is one unit, never the
 /// model), each from the global generator's current state, and calls f(unit index, unit) on
 /// each; leaves the generator as it was.

@@ -26,31 +26,8 @@ struct Recompute : torch::CustomClassHolder {
   std::shared_ptr<torch::nn::Module> block;
   std::vector<at::Tensor> params;
   at::Device device = at::kCPU;
-  at::Tensor rng_state;  // of device's default generator when the forward began
-  bool autocast = false;
-  at::ScalarType autocast_dtype = at::kBFloat16;
-};
-
-// Sets the CPU autocast state a forward ran with, and back at the end of the scope.
-class SameAutocast {
- public:
-  SameAutocast(bool enabled, at::ScalarType dtype)
-      : was_(compat::cpu_autocast_enabled()), was_dtype_(compat::cpu_autocast_dtype()) {
-    if (enabled) {
-      on_.emplace(true, dtype);
-    } else if (was_) {
-      compat::set_cpu_autocast(false, was_dtype_);
-    }
-  }
-  ~SameAutocast() {
-    on_.reset();
-    compat::set_cpu_autocast(was_, was_dtype_);
-  }
-
- private:
-  bool was_;
-  at::ScalarType was_dtype_;
-  std::optional<CpuAutocast> on_;
+  at::Tensor rng_state;   // of device's default generator when the forward began
+  AutocastMode autocast;  // the device's autocast when the forward began
 };
 
 struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
@@ -104,7 +81,7 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
           gen.set_state(state);
         }
       } restore{gen, now};
-      SameAutocast same(r->autocast, r->autocast_dtype);
+      Autocast same(r->autocast, /*exact=*/true);
       y = r->f(input);
     }
     if (!y.requires_grad()) return out;
@@ -140,8 +117,7 @@ at::Tensor run_checkpointed(const std::shared_ptr<torch::nn::Module>& block, at:
     std::lock_guard<std::mutex> lock(gen.mutex());
     r->rng_state = gen.get_state();
   }
-  r->autocast = compat::cpu_autocast_enabled();
-  r->autocast_dtype = compat::cpu_autocast_dtype();
+  r->autocast = current_autocast(r->device.type());
   const std::vector<at::Tensor> params = r->params;
   return CheckpointedBlock::apply(x, at::TensorList(params), r);
 }

@@ -1,6 +1,7 @@
-// Mixed-precision compute on the CPU: a scope in which matmuls and convolutions run in
-// bfloat16 while precision-sensitive ops (softmax, norms, losses) stay in float32. LibTorch
-// 1.13 and 2.x name the switches differently (Note [CPU autocast switches]).
+// Mixed-precision compute: a scope in which matmuls and convolutions run in bfloat16 or float16
+// while precision-sensitive ops (softmax, norms, losses) stay in float32, on the CPU or on CUDA
+// (torch.autocast). LibTorch 1.13 and 2.x name the switches differently (Note [Autocast
+// switches] in core/torch_compat.h).
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -9,30 +10,41 @@
 
 namespace dtorch::parallel {
 
-/// Turns CPU autocast on with `dtype` for its lifetime (when `enabled`), restoring the
-/// previous state after; the cast cache is cleared when the outermost scope ends, as
-/// torch.autocast does.
-class CpuAutocast {
+/// What forward runs under: autocast to `dtype` on `device`, or nothing (enabled false).
+struct AutocastMode {
+  bool enabled = false;
+  at::DeviceType device = at::kCPU;
+  at::ScalarType dtype = at::kBFloat16;
+};
+
+/// The mode autocast is in now on `device`.
+inline AutocastMode current_autocast(at::DeviceType device) {
+  return {compat::autocast_enabled(device), device, compat::autocast_dtype(device)};
+}
+
+/// Puts `mode.device` into `mode` for its lifetime (turning autocast off there when the mode
+/// is not enabled and `exact`), restoring the previous state after; the cast cache is cleared
+/// when the outermost enabled scope ends, as torch.autocast does.
+class Autocast {
  public:
-  explicit CpuAutocast(bool enabled, at::ScalarType dtype = at::kBFloat16) : enabled_(enabled) {
-    if (!enabled_) return;
-    was_enabled_ = compat::cpu_autocast_enabled();
-    was_dtype_ = compat::cpu_autocast_dtype();
-    compat::set_cpu_autocast(true, dtype);
-    at::autocast::increment_nesting();
+  explicit Autocast(const AutocastMode& mode, bool exact = false)
+      : mode_(mode), was_(current_autocast(mode.device)), touched_(mode.enabled || exact) {
+    if (!touched_) return;
+    compat::set_autocast(mode.device, mode.enabled, mode.dtype);
+    if (mode.enabled) at::autocast::increment_nesting();
   }
-  ~CpuAutocast() {
-    if (!enabled_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    compat::set_cpu_autocast(was_enabled_, was_dtype_);
+  ~Autocast() {
+    if (!touched_) return;
+    if (mode_.enabled && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    compat::set_autocast(was_.device, was_.enabled, was_.dtype);
   }
-  CpuAutocast(const CpuAutocast&) = delete;
-  CpuAutocast& operator=(const CpuAutocast&) = delete;
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
 
  private:
-  bool enabled_;
-  bool was_enabled_ = false;
-  at::ScalarType was_dtype_ = at::kBFloat16;
+  AutocastMode mode_;
+  AutocastMode was_;
+  bool touched_;
 };
 
 }  // namespace dtorch::parallel

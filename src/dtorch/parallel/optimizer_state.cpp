@@ -7,6 +7,7 @@
 #include <torch/optim/sgd.h>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/torch_compat.h"
 
 namespace dtorch::parallel {
 namespace {
@@ -95,6 +96,21 @@ std::unique_ptr<OptimizerParamState> fresh_state(torch::optim::Optimizer& opt,
   auto st = std::make_unique<torch::optim::SGDParamState>();
   st->momentum_buffer(at::zeros_like(p));
   return st;
+}
+
+void move_state_to_parameters(torch::optim::Optimizer& opt) {
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) {
+      auto it = opt.state().find(compat::optimizer_state_key(p));
+      if (it == opt.state().end()) continue;
+      bool elsewhere = false;
+      for (auto& [name, t] : state_tensors(*it->second))
+        elsewhere = elsewhere || t.device() != p.device();
+      if (elsewhere) {
+        it->second = map_state(*it->second, [&](const at::Tensor& t) { return t.to(p.device()); });
+      }
+    }
+  }
 }
 
 int64_t state_bytes(torch::optim::Optimizer& opt) {

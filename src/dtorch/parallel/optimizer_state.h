@@ -32,6 +32,10 @@ std::unique_ptr<torch::optim::OptimizerParamState> map_state(
 std::unique_ptr<torch::optim::OptimizerParamState> fresh_state(torch::optim::Optimizer& opt,
                                                                const at::Tensor& p);
 
+/// Moves every state tensor of `opt` to its parameter's device (after loading a checkpoint
+/// written on another device).
+void move_state_to_parameters(torch::optim::Optimizer& opt);
+
 /// Bytes of every state tensor `opt` holds.
 int64_t state_bytes(torch::optim::Optimizer& opt);
 

@@ -20,6 +20,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/train/crc32.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/torch_save.h"
@@ -173,9 +174,12 @@ void apply(const Parsed& p, const std::string& path, torch::nn::Module& model,
                    "directory");
     try {
       std::istringstream in(*p.optimizer);
+      // Saved on whatever device it trained on: read on the CPU, then moved to where each
+      // parameter is now (checkpoints written on GPUs load on CPUs and the other way).
       torch::serialize::InputArchive archive;
-      archive.load_from(in);
+      archive.load_from(in, torch::Device(torch::kCPU));
       optimizer->load(archive);
+      parallel::move_state_to_parameters(*optimizer);
     } catch (const std::exception& e) {
       DTORCH_FAIL(CheckpointError, "checkpoint ", path,
                   ": its optimizer state does not fit this optimizer (different parameter "
@@ -228,7 +232,7 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
 
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   c10::Dict<std::string, torch::Tensor> params;
-  for (const auto& [name, tensor] : state_dict(model))
+  for (const auto& [name, tensor] : host_copy(state_dict(model)))
     params.insert(name, tensor);
   dict.insert("model", params);
   if (optimizer) {

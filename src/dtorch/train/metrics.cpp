@@ -18,6 +18,12 @@ nlohmann::json number(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
 }
 
+// A count (a step, a byte total) arrives as a double; readers want 50, not 50.0.
+nlohmann::json count_or_number(double v) {
+  const bool whole = std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 0x1p53;
+  return whole ? nlohmann::json(static_cast<int64_t>(v)) : number(v);
+}
+
 }  // namespace
 
 std::string epoch_record_json(const EpochRecord& r) {
@@ -34,6 +40,8 @@ std::string epoch_record_json(const EpochRecord& r) {
   j["lr"] = number(r.lr);
   for (const auto& [phase, ms] : r.phase_ms)
     j[phase + "_ms"] = number(ms);
+  for (const auto& [key, value] : r.more)
+    j[key] = count_or_number(value);
   return j.dump();
 }
 
@@ -41,10 +49,7 @@ std::string record_json(const std::string& kind, const std::map<std::string, dou
   nlohmann::ordered_json j;
   j["kind"] = kind;
   for (const auto& [key, value] : numbers) {
-    // Counts (a step, an epoch, a rank count) arrive as doubles; readers want 50, not 50.0.
-    const bool whole =
-        std::isfinite(value) && value == std::floor(value) && std::fabs(value) < 0x1p53;
-    j[key] = whole ? nlohmann::json(static_cast<int64_t>(value)) : number(value);
+    j[key] = count_or_number(value);
   }
   return j.dump();
 }

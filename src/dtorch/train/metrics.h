@@ -22,6 +22,11 @@ struct EpochRecord {
   /// With --phase-times: mean milliseconds per optimizer step of each phase (data, forward,
   /// backward, step; under a pipeline forward_backward), written as "<phase>_ms".
   std::map<std::string, double> phase_ms;
+  /// What only some runs have, written under these keys: on a GPU the caching allocator's
+  /// peaks over the epoch (gpu_peak_allocated_bytes, gpu_peak_reserved_bytes), under fp16 the
+  /// loss scale at the epoch's end and the optimizer steps skipped so far (loss_scale,
+  /// skipped_steps).
+  std::map<std::string, double> more;
 };
 
 /// The phases a step is timed in (--phase-times), in the order a step runs them; a pipeline
@@ -31,7 +36,8 @@ inline constexpr const char* kStepPhases[] = {"data", "forward", "backward", "fo
 
 /// The record as one line of JSON (no newline):
 /// {"kind":"epoch","epoch":..,"step":..,"train_loss":..,"test_loss":..,"test_accuracy":..,
-///  "samples_per_s":..,"seconds":..,"lr":..[,"<phase>_ms":..]}. Non-finite numbers become null.
+///  "samples_per_s":..,"seconds":..,"lr":..[,"<phase>_ms":..][, more..]}. Non-finite numbers
+///  become null.
 std::string epoch_record_json(const EpochRecord& r);
 /// Any record: {"kind":kind, ...numbers...}, keys after "kind" in sorted order; a whole number
 /// is written as an integer.

@@ -81,19 +81,26 @@ bool is_out_of_memory(const std::exception& e) {
 }
 
 std::string out_of_memory_message(const std::string& allocator_says, const MemoryContext& c,
-                                  const ProcessMemory& m) {
+                                  const ProcessMemory& m, const DeviceMemory& gpu) {
   std::ostringstream os;
   // LibTorch's allocator message goes on with a stack trace: its first line says it all.
   const std::string says = allocator_says.substr(0, allocator_says.find('\n'));
-  os << "rank " << c.rank << " ran out of memory (" << says.substr(0, 300) << ") holding "
-     << gib(double(m.rss)) << " resident, " << gib(double(m.peak_rss))
-     << " at most, of the machine's " << gib(double(m.total));
-  if (m.cgroup_limit > 0) os << " (this job's cgroup allows " << gib(double(m.cgroup_limit)) << ")";
-  if (m.address_limit > 0) {
-    os << " (this process may map " << gib(double(m.address_limit))
-       << ": its address space is limited, ulimit -v)";
+  os << "rank " << c.rank << " ran out of memory (" << says.substr(0, 300) << ") holding ";
+  if (c.device.is_cuda()) {
+    os << gib(double(gpu.allocated)) << " in tensors on " << c.device << " ("
+       << gib(double(gpu.peak_allocated)) << " at most, " << gib(double(gpu.reserved))
+       << " reserved by the caching allocator), of the GPU's " << gib(double(gpu.total)) << ".";
+  } else {
+    os << gib(double(m.rss)) << " resident, " << gib(double(m.peak_rss))
+       << " at most, of the machine's " << gib(double(m.total));
+    if (m.cgroup_limit > 0)
+      os << " (this job's cgroup allows " << gib(double(m.cgroup_limit)) << ")";
+    if (m.address_limit > 0) {
+      os << " (this process may map " << gib(double(m.address_limit))
+         << ": its address space is limited, ulimit -v)";
+    }
+    os << ", shared by every rank on the node.";
   }
-  os << ", shared by every rank on the node.";
   if (c.parameters > 0) {
     const double opt = c.optimizer == "sgd" ? 4 : 8;
     const double P = double(c.parameters);

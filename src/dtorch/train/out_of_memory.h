@@ -7,6 +7,8 @@
 #include <exception>
 #include <string>
 
+#include "dtorch/core/device.h"
+
 namespace dtorch::train {
 
 /// The ZeRO paper's per-rank model-state bytes for `parameters` fp32 parameters over `ranks`
@@ -42,11 +44,13 @@ struct MemoryContext {
   std::string optimizer = "adamw";
   int64_t batch_size = 0;
   bool activation_checkpointing = false;
+  at::Device device = at::kCPU;  ///< where it ran out: the machine's memory, or a GPU's
 };
 
-/// The message: the allocator's words, the rank's memory, the model state per rank under
-/// each strategy at this rank count, and the flags that lower it.
+/// The message: the allocator's words, the rank's memory (`gpu`'s counts when c.device is a
+/// GPU, else the process's), the model state per rank under each strategy at this rank count,
+/// and the flags that lower it.
 std::string out_of_memory_message(const std::string& allocator_says, const MemoryContext& c,
-                                  const ProcessMemory& m);
+                                  const ProcessMemory& m, const DeviceMemory& gpu = {});
 
 }  // namespace dtorch::train

@@ -42,6 +42,21 @@ StateDict state_dict(const torch::nn::Module& module) {
   return out;
 }
 
+StateDict host_copy(const StateDict& state) {
+  std::map<const c10::TensorImpl*, torch::Tensor> copied;
+  StateDict out;
+  for (const auto& [name, t] : state) {
+    if (!t.defined() || t.device().is_cpu()) {
+      out.emplace_back(name, t);
+      continue;
+    }
+    auto it = copied.find(t.unsafeGetTensorImpl());
+    if (it == copied.end()) it = copied.emplace(t.unsafeGetTensorImpl(), t.cpu()).first;
+    out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
 StateDict with_python_aliases(StateDict state, const std::vector<models::PythonAlias>& aliases) {
   for (const auto& a : aliases) {
     auto has = [&](const std::string& key) {
@@ -88,7 +103,7 @@ StateDict without_python_aliases(const torch::nn::Module& module, const StateDic
 
 std::vector<char> pickle_state_dict(const StateDict& state) {
   c10::Dict<std::string, torch::Tensor> dict;
-  for (const auto& [name, tensor] : state)
+  for (const auto& [name, tensor] : host_copy(state))
     dict.insert(name, tensor);
   return torch_save_bytes(c10::IValue(dict));
 }

@@ -20,6 +20,11 @@ using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
 /// The module's state (detached tensors sharing storage with the module).
 StateDict state_dict(const torch::nn::Module& module);
 
+/// `state` in host memory, as files hold it: a tensor on another device is copied to the CPU,
+/// once per tensor, so two keys that share a tensor (tied weights) still share its copy. CPU
+/// tensors are kept as they are.
+StateDict host_copy(const StateDict& state);
+
 /// `state` with each alias whose parameter it holds added right after that parameter, as the
 /// same tensor: what Python's state_dict() of a model with tied weights lists, and what
 /// torch.save writes as one storage under two keys. Unchanged when no alias applies.

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "dtorch/core/device.h"
+#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/torch_compat.h"
@@ -15,6 +17,7 @@
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/parallel/tensor/optimizer_state.h"
+#include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/sharded_join.h"
@@ -49,6 +52,88 @@ void set_lr_of(torch::optim::Optimizer& opt, double lr) {
     group.options().set_lr(lr);
 }
 
+at::ScalarType compute_dtype(const StrategyConfig& c) {
+  return c.precision == "bf16" ? at::kBFloat16 : c.precision == "fp16" ? at::kHalf : at::kFloat;
+}
+
+parallel::AutocastMode autocast_of(const StrategyConfig& c, at::Device device) {
+  return {c.precision != "fp32", device.type(), compute_dtype(c)};
+}
+
+// The device of a model's parameters (the CPU for a model without any).
+at::Device device_of(const torch::nn::Module& model) {
+  for (const auto& p : model.parameters())
+    return p.device();
+  return at::kCPU;
+}
+
+// Note [Loss scaling] (train/loss_scaler.h): under --precision fp16 backward runs on the loss
+// times the scale, and before each optimizer step every rank checks its gradients (whole, or
+// its shards) for inf and nan; the flag is reduced with MAX over each group the strategy spans
+// (dp, then tp, then pp: every rank of the job), so an overflow anywhere skips the step
+// everywhere. Otherwise the gradients are divided by the scale that produced them (before
+// the scaler may raise it), then clipped and applied. The scaler's state rides in each
+// checkpoint's metadata ("loss_scaler"), so a resumed run goes on with its scale.
+class LossScaling {
+ public:
+  LossScaling(const StrategyConfig& c, std::vector<comm::Communicator*> groups)
+      : groups_(std::move(groups)) {
+    if (c.precision == "fp16") scaler_.emplace(c.loss_scale);
+  }
+  double scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  int64_t skipped() const { return scaler_ ? scaler_->skipped() : 0; }
+  torch::Tensor scaled(const torch::Tensor& loss) const {
+    return scaler_ ? loss * scaler_->scale() : loss;
+  }
+  /// Whether to take the optimizer step with `grads`, which it unscales when so. Collective
+  /// over every group.
+  bool ready(std::vector<at::Tensor> grads) {
+    if (!scaler_) return true;
+    torch::NoGradGuard no_grad;
+    auto flag = torch::full({1}, has_inf_or_nan(grads) ? 1.0f : 0.0f);
+    for (comm::Communicator* g : groups_)
+      if (g) g->allreduce(flag, comm::ReduceOp::Max, "fp16 overflow check");
+    const bool overflow = flag.item<float>() > 0;
+    const double used = scaler_->scale();
+    if (!scaler_->update(overflow)) return false;
+    unscale(grads, 1.0 / used);
+    return true;
+  }
+  /// `metadata_json` with the scaler's state added (unchanged without a scaler).
+  std::string with_state(const std::string& metadata_json) const {
+    if (!scaler_) return metadata_json;
+    auto j = nlohmann::json::parse(metadata_json);
+    j["loss_scaler"] = scaler_->to_json();
+    return j.dump();
+  }
+  /// Takes the state a checkpoint's metadata holds, when both have one.
+  void restore(const StrategyConfig& c, const std::string& metadata_json) {
+    if (!scaler_) return;
+    auto j = nlohmann::json::parse(metadata_json, nullptr, false);
+    if (!j.is_object() || !j.contains("loss_scaler")) return;
+    scaler_ = LossScaler::from_json(c.loss_scale, j.at("loss_scaler"));
+  }
+
+ private:
+  std::vector<comm::Communicator*> groups_;
+  std::optional<LossScaler> scaler_;
+};
+
+// The groups a strategy's step spans: its dp group, and the tp and pp groups beside it.
+std::vector<comm::Communicator*> step_groups(comm::Communicator& dp,
+                                             const std::shared_ptr<tp::TensorParallel>& tp,
+                                             const std::shared_ptr<pp::Pipeline>& pipeline) {
+  return {&dp, tp ? tp->group().get() : nullptr, pipeline ? &pipeline->group() : nullptr};
+}
+
+// The gradients an optimizer step reads (undefined ones left out).
+std::vector<at::Tensor> gradients_of(const torch::nn::Module& model) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : model.parameters())
+    if (p.grad().defined()) out.push_back(p.grad());
+  return out;
+}
+
 // Note [Tensor-parallel checkpoints]
 // Under DDP a tensor-parallel run writes the checkpoint a run without tensor parallelism
 // would: the unsplit model and its optimizer state, gathered over the tp group of world rank
@@ -77,7 +162,9 @@ class DdpStrategy : public Strategy {
         model_(std::move(model)),
         comm_(std::move(comm)),
         tp_(std::move(tp)),
-        pp_(std::move(pp)) {
+        pp_(std::move(pp)),
+        device_(device_of(*model_)),
+        scaling_(c, step_groups(*comm_, tp_.handle, pp_.pipeline)) {
     ddp::Options o = c.ddp;
     if (c.reduce_dtype == "bf16") o.compression = ddp::Compression::BF16;
     ddp_ = ddp::wrap(model_, comm_, o);
@@ -87,7 +174,7 @@ class DdpStrategy : public Strategy {
   void backward(const torch::Tensor& loss, bool sync) override {
     std::optional<ddp::DistributedDataParallel::NoSync> guard;
     if (!sync) guard.emplace(ddp_->no_sync());
-    loss.backward();
+    scaling_.scaled(loss).backward();
   }
 
   void backward_accumulated(const std::function<void()>& work) override {
@@ -99,6 +186,10 @@ class DdpStrategy : public Strategy {
   }
 
   double step(double max_norm) override {
+    if (!scaling_.ready(gradients_of(*model_))) {
+      zero_grad_to_none(*opt_);
+      return 0;
+    }
     double norm = 0;
     if (max_norm > 0 && pp_.pipeline) {
       norm = pp_.pipeline->clip_grad_norm(max_norm);  // across every stage
@@ -128,9 +219,11 @@ class DdpStrategy : public Strategy {
       model = full.get();
       opt = full_opt.get();
     }
-    if (writer && !pp_.pipeline) save_checkpoint(dir, data, *model, opt, keep);
+    CheckpointData with_scaler = data;
+    with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
+    if (writer && !pp_.pipeline) save_checkpoint(dir, with_scaler, *model, opt, keep);
     if (writer && pp_.pipeline) {
-      save_stages(dir, data, keep, *model, *opt);
+      save_stages(dir, with_scaler, keep, *model, *opt);
       if (pp_.stage() == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
     }
     comm_->barrier("checkpoint written");
@@ -165,10 +258,13 @@ class DdpStrategy : public Strategy {
     std::vector<SavedStage> saved = read_pipeline_layout(dir);
     if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
     auto load = [&](models::Model& m, torch::optim::Optimizer& o) {
-      if (saved.empty()) return load_latest_checkpoint(dir, m, &o);
-      return load_from_stages(
-          saved, c_.model, c_.input, m, o,
-          [this](std::vector<torch::Tensor> p) { return make_optimizer(c_, std::move(p)); });
+      auto loaded = saved.empty() ? load_latest_checkpoint(dir, m, &o)
+                                  : load_from_stages(saved, c_.model, c_.input, m, o,
+                                                     [this](std::vector<torch::Tensor> p) {
+                                                       return make_optimizer(c_, std::move(p));
+                                                     });
+      if (loaded) scaling_.restore(c_, loaded->data.metadata_json);
+      return loaded;
     };
     if (!tp_.handle) return load(*model_, *opt_);
     // Note [Tensor-parallel checkpoints]: into the unsplit model, then keep this rank's shards.
@@ -178,6 +274,7 @@ class DdpStrategy : public Strategy {
     if (!loaded) return loaded;
     tp_.handle->load_from(*model_, *full);
     tp::shard_optimizer_state(*tp_.handle, *full, *full_opt, *model_, *opt_);
+    parallel::move_state_to_parameters(*opt_);
     return loaded;
   }
 
@@ -194,12 +291,15 @@ class DdpStrategy : public Strategy {
     return m;
   }
 
-  bool autocast() const override { return c_.precision == "bf16"; }
+  parallel::AutocastMode autocast() const override { return autocast_of(c_, device_); }
+  double loss_scale() const override { return scaling_.scale(); }
+  int64_t skipped_steps() const override { return scaling_.skipped(); }
+  at::Device device() const override { return device_; }
   void set_lr(double lr) override { set_lr_of(*opt_, lr); }
 
   std::string describe() const override {
     return str("ddp (", ddp_->plan().buckets.size(), " buckets), ", c_.precision, " compute, ",
-               c_.reduce_dtype, " gradient reduction");
+               c_.reduce_dtype, " gradient reduction, on ", device_);
   }
 
  private:
@@ -208,6 +308,8 @@ class DdpStrategy : public Strategy {
   std::shared_ptr<comm::Communicator> comm_;
   TensorParallelism tp_;
   PipelineParallelism pp_;
+  at::Device device_;
+  LossScaling scaling_;
   std::shared_ptr<ddp::DistributedDataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
 };
@@ -219,7 +321,12 @@ class ZeroStrategy : public Strategy {
   ZeroStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
                std::shared_ptr<comm::Communicator> comm, const TensorParallelism& tp,
                PipelineParallelism pp)
-      : c_(c), model_(std::move(model)), comm_(std::move(comm)), pp_(std::move(pp)) {
+      : c_(c),
+        model_(std::move(model)),
+        comm_(std::move(comm)),
+        pp_(std::move(pp)),
+        device_(device_of(*model_)),
+        scaling_(c, step_groups(*comm_, tp.handle, pp_.pipeline)) {
     if (pp_.pipeline) {
       // Note [Pipeline checkpoints]
       stage_folder_ = pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()));
@@ -235,7 +342,7 @@ class ZeroStrategy : public Strategy {
     o.bucket_cap_mb = c.ddp.bucket_cap_mb;
     o.min_unit_params = c.min_unit_params;
     o.reshard_root_after_forward = c.reshard_root_after_forward;
-    o.param_dtype = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+    o.param_dtype = compute_dtype(c);
     o.reduce_dtype = c.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
     o.broadcast_buffers = c.ddp.broadcast_buffers;
     sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
@@ -246,7 +353,7 @@ class ZeroStrategy : public Strategy {
   void backward(const torch::Tensor& loss, bool sync) override {
     std::optional<zero::ShardedModel::NoSync> guard;
     if (!sync) guard.emplace(sharded_->no_sync());
-    loss.backward();
+    scaling_.scaled(loss).backward();
   }
 
   void backward_accumulated(const std::function<void()>& work) override {
@@ -261,6 +368,10 @@ class ZeroStrategy : public Strategy {
   }
 
   double step(double max_norm) override {
+    if (!scaling_.ready(sharded_->gradient_shards())) {
+      sharded_->zero_grad();
+      return 0;
+    }
     zero::NormScope scope;
     if (pp_.pipeline) {  // the norm of every stage's shards, a tied parameter counted once
       scope.across = &pp_.pipeline->group();
@@ -281,7 +392,7 @@ class ZeroStrategy : public Strategy {
     ShardedCheckpointData d;
     d.epoch = data.epoch;
     d.global_step = data.global_step;
-    d.metadata_json = data.metadata_json;
+    d.metadata_json = scaling_.with_state(data.metadata_json);
     d.layouts = unit_layouts();
     std::vector<ShardPiece> mine;
     for (auto& s : sharded_->checkpoint_slices())
@@ -369,18 +480,22 @@ class ZeroStrategy : public Strategy {
     out.data.epoch = saved->data().epoch;
     out.data.global_step = saved->data().global_step;
     out.data.metadata_json = saved->data().metadata_json;
+    scaling_.restore(c_, out.data.metadata_json);
     return out;
   }
 
   zero::MemoryStats memory() const override { return sharded_->memory(); }
   zero::WaitSeconds comm_waits() const override { return sharded_->wait_seconds(); }
 
-  bool autocast() const override { return c_.precision == "bf16"; }
+  parallel::AutocastMode autocast() const override { return autocast_of(c_, device_); }
+  double loss_scale() const override { return scaling_.scale(); }
+  int64_t skipped_steps() const override { return scaling_.skipped(); }
+  at::Device device() const override { return device_; }
   void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }
 
   std::string describe() const override {
     return str(c_.kind, " (", sharded_->plan().units.size(), " units), ", c_.precision,
-               " compute, ", c_.reduce_dtype, " gradient reduction");
+               " compute, ", c_.reduce_dtype, " gradient reduction, on ", device_);
   }
 
  private:
@@ -414,8 +529,10 @@ class ZeroStrategy : public Strategy {
   StrategyConfig c_;
   std::shared_ptr<models::Model> model_;
   std::shared_ptr<comm::Communicator> comm_;
-  std::shared_ptr<zero::ShardedModel> sharded_;
   PipelineParallelism pp_;
+  at::Device device_;
+  LossScaling scaling_;
+  std::shared_ptr<zero::ShardedModel> sharded_;
   // "/pp<s>-of-<n>" under a pipeline, else empty
   std::string stage_folder_;
   // "/tp<i>-of-<n>" under tensor parallelism, inside the stage folder; else empty
@@ -429,8 +546,12 @@ void validate(const StrategyConfig& c) {
   DTORCH_CHECK_T(ConfigError,
                  c.kind == "ddp" || c.kind == "zero1" || c.kind == "zero2" || c.kind == "zero3",
                  "unknown strategy '", c.kind, "'; use ddp, zero1, zero2 or zero3");
-  DTORCH_CHECK_T(ConfigError, c.precision == "fp32" || c.precision == "bf16", "unknown precision '",
-                 c.precision, "'; use fp32 or bf16");
+  DTORCH_CHECK_T(ConfigError,
+                 c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
+                 "unknown precision '", c.precision, "'; use fp32, bf16 or fp16");
+  DTORCH_CHECK_T(ConfigError, c.device == "cpu" || c.device == "cuda" || c.device == "auto",
+                 "--device '", c.device, "' is not a device: use cpu, cuda or auto");
+  validate(c.loss_scale);
   DTORCH_CHECK_T(ConfigError, c.reduce_dtype == "fp32" || c.reduce_dtype == "bf16",
                  "unknown gradient reduction dtype '", c.reduce_dtype, "'; use fp32 or bf16");
   DTORCH_CHECK_T(ConfigError,
@@ -453,6 +574,14 @@ void validate(const StrategyConfig& c) {
                  "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "
                  "zero3 (got ",
                  c.kind, ")");
+}
+
+at::Device resolve_run_device(const StrategyConfig& c, const launch::RankInfo& job) {
+  const bool share = env::get("DTORCH_BACKEND").value_or("auto") == "gloo";
+  const at::Device d =
+      resolve_device(c.device, job.local_rank, job.local_world_size, cuda_availability(), share);
+  use_device(d);
+  return d;
 }
 
 std::shared_ptr<models::Model> build_model(const StrategyConfig& c, const std::string& model_name,
@@ -546,6 +675,11 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                  "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
                  "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
                  "zero1 or zero2 over the dp group");
+  DTORCH_CHECK_T(
+      ConfigError, c.precision != "fp16" || device_of(*model).is_cuda() || compat::kTorch2,
+      "--precision fp16 on the CPU needs LibTorch 2.x's CPU autocast (this is ", TORCH_VERSION,
+      ", whose CPU autocast has bfloat16 only): use --precision bf16, or "
+      "--device cuda");
   if (c.kind == "ddp")
     return std::make_unique<DdpStrategy>(c, model, comm, std::move(tp), std::move(pp));
   return std::make_unique<ZeroStrategy>(c, model, comm, std::move(tp), std::move(pp));

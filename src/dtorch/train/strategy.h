@@ -11,6 +11,7 @@
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
+#include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/pipeline/pipeline.h"
@@ -18,6 +19,7 @@
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
+#include "dtorch/train/loss_scaler.h"
 
 namespace dtorch::train {
 
@@ -25,8 +27,14 @@ namespace dtorch::train {
 /// train` and `dtorch bench memory`, whose flags are one option group (tools/
 /// strategy_options.cpp).
 struct StrategyConfig {
-  std::string kind = "ddp";           ///< ddp | zero1 | zero2 | zero3
-  std::string precision = "fp32";     ///< fp32 | bf16 (compute; master weights stay fp32)
+  std::string kind = "ddp";  ///< ddp | zero1 | zero2 | zero3
+  /// cpu | cuda | auto: where each rank computes (Note [One GPU per rank] in core/device.h;
+  /// resolved by resolve_run_device).
+  std::string device = "cpu";
+  /// fp32 | bf16 | fp16 (compute; master weights stay fp32; fp16 scales the loss: Note [Loss
+  /// scaling] in train/loss_scaler.h)
+  std::string precision = "fp32";
+  LossScaleConfig loss_scale;         ///< fp16's loss scaling (DeepSpeed's fp16 block)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
   std::string optimizer = "sgd";      ///< sgd (with momentum) | adam | adamw
   double lr = 0.01;                   ///< a schedule's peak (train/lr_schedule.h)
@@ -46,6 +54,11 @@ struct StrategyConfig {
 
 /// Throws ConfigError naming the bad field and the choices.
 void validate(const StrategyConfig& c);
+
+/// The device this process trains on: c.device for the job's rank `job` (its LOCAL_RANK and
+/// LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA device. Ranks may share a
+/// GPU when DTORCH_BACKEND=gloo. ConfigError as resolve_device says.
+at::Device resolve_run_device(const StrategyConfig& c, const launch::RankInfo& job);
 
 class Strategy {
  public:
@@ -76,8 +89,14 @@ class Strategy {
   virtual zero::MemoryStats memory() const = 0;
   /// Communication waits since the strategy was made (for `dtorch bench memory`'s phases).
   virtual zero::WaitSeconds comm_waits() const = 0;
-  /// Whether forward should run under bf16 autocast.
-  virtual bool autocast() const = 0;
+  /// What forward runs under: autocast to bf16 or fp16 on the model's device, or nothing.
+  virtual parallel::AutocastMode autocast() const = 0;
+  /// The factor backward scales the loss by (fp16's dynamic loss scale; 1 otherwise), and how
+  /// many optimizer steps were skipped because a gradient overflowed at that scale.
+  virtual double loss_scale() const = 0;
+  virtual int64_t skipped_steps() const = 0;
+  /// Where the model's parameters (and the strategy's buffers) are.
+  virtual at::Device device() const = 0;
   /// One line for the log: "zero3 (5 units), bf16 compute, fp32 reduction".
   virtual std::string describe() const = 0;
 };

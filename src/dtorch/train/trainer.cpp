@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
@@ -54,24 +55,27 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Wall time per phase of the training step (--phase-times, DeepSpeed's wall_clock_breakdown),
+// Time per phase of the training step (--phase-times, DeepSpeed's wall_clock_breakdown),
 // summed over a window of optimizer steps: lap(phase) charges the time since the previous lap.
-// The trainer runs on CPU, where every operation has finished when it returns; CUDA would
-// need a synchronize before each lap.
+// On a GPU the laps are CUDA events on the compute stream, so a phase is the device's time for
+// its kernels, not the host's time to queue them; they are read when the window closes (or
+// once they have passed, every few hundred laps), never in the middle of a step.
 class PhaseTimes {
  public:
-  explicit PhaseTimes(bool on) : on_(on) {}
+  PhaseTimes(bool on, at::Device device) : on_(on), clock_(device) {}
   void start() {
-    if (on_) mark_ = Clock::now();
+    if (on_) mark_ = clock_.mark();
   }
   void lap(const char* phase) {
     if (!on_) return;
-    const auto now = Clock::now();
-    seconds_[phase] += std::chrono::duration<double>(now - mark_).count();
+    const int64_t now = clock_.mark();
+    laps_.push_back({phase, mark_, now});
     mark_ = now;
+    if (laps_.size() >= 256) settle();
   }
   // Mean milliseconds per optimizer step over `steps`, and a fresh window.
   std::map<std::string, double> take_mean_ms(int64_t steps) {
+    settle();
     std::map<std::string, double> ms;
     for (const auto& [phase, s] : seconds_)
       ms[phase] = 1e3 * s / static_cast<double>(std::max<int64_t>(1, steps));
@@ -80,8 +84,21 @@ class PhaseTimes {
   }
 
  private:
+  struct Lap {
+    const char* phase;
+    int64_t from, to;
+  };
+  // Adds up the laps so far (waiting for the device to reach the last) and forgets their marks.
+  void settle() {
+    for (const Lap& l : laps_)
+      seconds_[l.phase] += clock_.seconds(l.from, l.to);
+    laps_.clear();
+    clock_.forget_before(mark_);
+  }
   bool on_;
-  Clock::time_point mark_;
+  DeviceClock clock_;
+  int64_t mark_ = 0;
+  std::vector<Lap> laps_;
   std::map<std::string, double> seconds_;
 };
 
@@ -93,6 +110,38 @@ std::string describe_phases(const std::map<std::string, double>& ms) {
   for (const char* phase : kStepPhases)
     if (auto it = ms.find(phase); it != ms.end()) os << ", " << phase << " " << it->second << " ms";
   return os.str();
+}
+
+// ", GPU peak 3.2 GiB allocated (4 GiB reserved), loss scale 65536 (2 steps skipped)": what
+// only some runs record (EpochRecord::more); empty for the others.
+std::string describe_more(const std::map<std::string, double>& more) {
+  std::ostringstream os;
+  os.precision(3);
+  auto at = [&](const char* key) { return more.count(key) ? more.at(key) : -1.0; };
+  if (at("gpu_peak_allocated_bytes") >= 0) {
+    os << ", GPU peak " << at("gpu_peak_allocated_bytes") / double(1 << 30) << " GiB allocated ("
+       << at("gpu_peak_reserved_bytes") / double(1 << 30) << " GiB reserved)";
+  }
+  if (at("loss_scale") >= 0) {
+    os << ", loss scale " << at("loss_scale") << " (" << static_cast<int64_t>(at("skipped_steps"))
+       << " step(s) skipped)";
+  }
+  return os.str();
+}
+
+// "device: cuda:0 (NVIDIA H100 80GB HBM3, 79.2 GiB)", or the CPU with a word when a GPU was
+// there to use.
+std::string describe_device(at::Device device, const std::string& asked) {
+  if (device.is_cuda()) {
+    return str("device: ", device, " per rank (", gpu_name(device), ", ",
+               device_memory(device).total / double(1 << 30), " GiB)");
+  }
+  const CudaAvailability cuda = cuda_availability();
+  if (asked == "cpu" && cuda.visible > 0) {
+    return str("device: cpu, though ", cuda.visible,
+               " GPU(s) are visible: add --device cuda to train on them");
+  }
+  return "device: cpu";
 }
 
 // The learning-rate schedule of a run: the configuration, the peak rate and the run's length
@@ -183,15 +232,17 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
   model.eval();
   int64_t n = limit > 0 ? std::min(limit, test.size) : test.size;
   auto shard = data::eval_shard(n, comm.rank(), comm.size());
-  auto sums = torch::zeros({3}, torch::kDouble);  // loss, correct, count
+  auto sums = torch::zeros({3}, torch::kDouble);  // loss, correct, count (in host memory)
   const int64_t step = model.takes_tokens() ? 16 : 1000;
   for (int64_t b = shard.begin; b < shard.end; b += step) {
     int64_t e = std::min(shard.end, b + step);
     std::vector<int64_t> idx(e - b);
     std::iota(idx.begin(), idx.end(), b);
     auto [x, y] = test.batch(idx, 0);
+    x = x.to(strategy.device());
+    y = y.to(strategy.device());
     if (pipeline) {
-      parallel::CpuAutocast autocast(strategy.autocast());
+      parallel::Autocast autocast(strategy.autocast());
       pipeline->forward_only(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
         double loss = 0, correct = 0;
         if (tp && tp->vocab_parallel_output()) {  // collective over tp: every tp rank runs it
@@ -210,7 +261,7 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
     }
     torch::Tensor out;
     {
-      parallel::CpuAutocast autocast(strategy.autocast());
+      parallel::Autocast autocast(strategy.autocast());
       out = model.forward(x);
     }
     if (tp && tp->vocab_parallel_output()) {
@@ -240,12 +291,15 @@ double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Te
                      const tp::TensorParallel* tensor_parallel,
                      const std::function<void(const char*)>& lap) {
   pp::PipelineStepResult r;
+  // The pipeline runs backward itself, so the loss it differentiates carries fp16's scale.
+  const double scale = strategy.loss_scale();
   strategy.backward_accumulated([&] {
-    parallel::CpuAutocast autocast(strategy.autocast());
+    parallel::Autocast autocast(strategy.autocast());
     r = pipeline.step(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
-      return cross_entropy(out, t, tensor_parallel);
+      return cross_entropy(out, t, tensor_parallel) * scale;
     });
   });
+  r.loss /= scale;
   lap("forward_backward");
   strategy.step(clip_grad_norm);  // the norm spans every stage
   lap("step");
@@ -369,6 +423,9 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
   if (c.threads > 0) torch::set_num_threads(c.threads);
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
+  const at::Device device = resolve_run_device(c.strategy, comm->info());
+  memory.device = device;
+  if (lead) log::info(describe_device(device, c.strategy.device));
   // Image data first: the model is built for its channels, size and classes.
   TrainData data = open_data(c.data, c.data_dir, c.loader, c.seed);
   const models::ImageInput& input = data.input;
@@ -395,6 +452,9 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
   if (c.pp == 1) {
     layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel, input);
   }
+  // Then onto the rank's device: the model was built (and split) in host memory, from the
+  // same generator on every device.
+  models::to_device(*model, device);
   if (c.activation_checkpointing > 0) {
     DTORCH_CHECK_T(ConfigError, !model->block_names().empty(),
                    "--activation-checkpointing: ", c.model,
@@ -497,22 +557,36 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     shown.every_seconds = 0;
   }
   ProgressReporter progress(lead ? shown : ProgressConfig{ProgressConfig::Mode::Off});
-  PhaseTimes epoch_phases(c.phase_times);
+  PhaseTimes epoch_phases(c.phase_times, device);
+  // Note [Batches to the GPU]: the loader's threads pin each batch, the copier moves the next
+  // one while the current one trains.
+  const bool to_gpu = device.is_cuda();
+  DeviceCopier copier(device);
   const int64_t total_steps = steps_per_epoch * c.epochs;
 
   std::vector<EpochRecord> records;
   for (int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
     auto t0 = Clock::now();
+    reset_peak_memory(device);
     sampler.set_epoch(epoch);
     auto batches = data::make_batches(sampler.indices(), c.batch_size);
     data::Prefetcher loader(static_cast<int64_t>(batches.size()), c.loader.workers,
-                            [&, epoch](int64_t k) { return data.train.batch(batches[k], epoch); });
+                            [&, epoch, to_gpu](int64_t k) {
+                              auto [x, y] = data.train.batch(batches[k], epoch);
+                              if (!to_gpu) return std::make_pair(x, y);
+                              auto both = pinned({x, y});
+                              return std::make_pair(both[0], both[1]);
+                            });
+    if (!batches.empty()) {
+      auto [x, y] = loader.next();
+      copier.start({x, y});
+    }
     progress.start_epoch(epoch, c.epochs, static_cast<int64_t>(batches.size()));
     model->train();
     LossTally epoch_tally;
     const int64_t epoch_first_step = global_step;
     // The window a --print-every line reports on: the steps since the last line this epoch.
-    PhaseTimes window_phases(c.phase_times);
+    PhaseTimes window_phases(c.phase_times, device);
     LossTally window;
     int64_t window_steps = 0;
     LossTally step_tally;  // the batches of this optimizer step, for TensorBoard
@@ -520,7 +594,12 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     for (size_t i = 0; i < batches.size(); ++i) {
       epoch_phases.start();
       window_phases.start();
-      auto [x, y] = loader.next();
+      const std::vector<torch::Tensor> batch = copier.ready();
+      const torch::Tensor &x = batch[0], &y = batch[1];
+      if (i + 1 < batches.size()) {
+        auto [next_x, next_y] = loader.next();
+        copier.start({next_x, next_y});
+      }
       const std::function<void(const char*)> lap = [&](const char* phase) {
         epoch_phases.lap(phase);
         window_phases.lap(phase);
@@ -536,7 +615,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
       } else {
         torch::Tensor loss;
         {
-          parallel::CpuAutocast autocast(strategy->autocast());
+          parallel::Autocast autocast(strategy->autocast());
           loss = cross_entropy(model->forward(x), y, tensor_parallel);
         }
         lap("forward");
@@ -576,6 +655,10 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
                                                {"samples_per_s", rate}};
           for (const auto& [phase, v] : ms)
             record[phase + "_ms"] = v;
+          if (c.strategy.precision == "fp16") {
+            record["loss_scale"] = strategy->loss_scale();
+            record["skipped_steps"] = static_cast<double>(strategy->skipped_steps());
+          }
           metrics->write("step", record);
         }
         window = {};
@@ -600,12 +683,21 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     r.seconds = seconds_since(t0);
     r.lr = schedule.at(std::max<int64_t>(0, global_step - 1));
     r.phase_ms = epoch_phases.take_mean_ms(global_step - epoch_first_step);
+    if (device.is_cuda()) {
+      const DeviceMemory m = device_memory(device);
+      r.more["gpu_peak_allocated_bytes"] = static_cast<double>(m.peak_allocated);
+      r.more["gpu_peak_reserved_bytes"] = static_cast<double>(m.peak_reserved);
+    }
+    if (c.strategy.precision == "fp16") {
+      r.more["loss_scale"] = strategy->loss_scale();
+      r.more["skipped_steps"] = static_cast<double>(strategy->skipped_steps());
+    }
     records.push_back(r);
     if (lead) {
       log::info("epoch ", epoch + 1, "/", c.epochs, ": train loss ", r.train_loss, ", test loss ",
                 r.test_loss, ", test accuracy ", 100.0 * r.test_accuracy, "%, ",
                 static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s",
-                describe_phases(r.phase_ms));
+                describe_phases(r.phase_ms), describe_more(r.more));
       metrics->write_epoch(r);
       if (board) {
         board->scalar("epoch/train_loss", global_step, r.train_loss);
@@ -663,7 +755,8 @@ std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Commu
   } catch (const std::exception& e) {
     if (!is_out_of_memory(e)) throw;
     // Note [Out of memory]
-    throw OutOfMemoryError(out_of_memory_message(e.what(), memory, process_memory()));
+    throw OutOfMemoryError(
+        out_of_memory_message(e.what(), memory, process_memory(), device_memory(memory.device)));
   }
 }
 

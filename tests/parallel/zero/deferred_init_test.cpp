@@ -71,7 +71,7 @@ DTORCH_TEST_WORKER(zero_deferred_init) {
   const double ref_loss = train::cross_entropy(ref->forward(x), y).item<double>();
   torch::Tensor loss;
   {
-    parallel::CpuAutocast autocast(dtype == torch::kBFloat16);  // as the trainer runs bf16
+    parallel::Autocast autocast({dtype == torch::kBFloat16});  // as the trainer runs bf16
     loss = train::cross_entropy(model->forward(x), y);
   }
   loss.backward();

@@ -69,7 +69,7 @@ struct Pipeline::Impl {
     sends.clear();
   }
   /// Stage s's input for micro-batch mb (of input shape `key`) from stage s - 1.
-  at::Tensor recv_activation(int s, int mb, const std::vector<int64_t>& key) {
+  at::Tensor recv_activation(int s, int mb, const std::vector<int64_t>& key, at::Device device) {
     const int from = rank_of_stage(s - 1, pp->size());
     auto known = shapes.find({s, key});
     if (known == shapes.end()) {
@@ -82,7 +82,8 @@ struct Pipeline::Impl {
                            std::make_pair(dims, static_cast<at::ScalarType>(h[1])))
                   .first;
     }
-    at::Tensor buf = at::empty(known->second.first, at::TensorOptions(known->second.second));
+    at::Tensor buf =
+        at::empty(known->second.first, at::TensorOptions(known->second.second).device(device));
     pp->recv(buf, from, tag(s - 1, kActivation, mb));
     return buf;
   }
@@ -170,7 +171,7 @@ void Pipeline::forward_only(const at::Tensor& inputs, const at::Tensor& targets,
     const std::vector<int64_t> key = key_of(mb_inputs[mb]);
     for (size_t k = 0; k < stages_.size(); ++k) {
       const int s = rank + static_cast<int>(k) * ranks, m = static_cast<int>(mb);
-      at::Tensor x = s == 0 ? mb_inputs[mb] : im.recv_activation(s, m, key);
+      at::Tensor x = s == 0 ? mb_inputs[mb] : im.recv_activation(s, m, key, device());
       at::Tensor out = stages_[k]->forward(x);
       if (s == num_stages_ - 1) {
         if (observe) observe(out, mb_targets[mb]);
@@ -183,7 +184,7 @@ void Pipeline::forward_only(const at::Tensor& inputs, const at::Tensor& targets,
 }
 
 double Pipeline::clip_grad_norm(double max_norm) {
-  at::Tensor sq = at::zeros({1}, at::kDouble);
+  at::Tensor sq = at::zeros({1}, at::TensorOptions(at::kDouble).device(device()));
   for (const auto& p : impl_->norm_params)
     if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum();
   pp_->allreduce(sq, comm::ReduceOp::Sum, "pipeline gradient norm");
@@ -202,6 +203,13 @@ const std::set<std::string>& Pipeline::counted_elsewhere() const {
 }
 
 Pipeline::~Pipeline() = default;
+
+at::Device Pipeline::device() const {
+  for (const auto& s : stages_)
+    for (const auto& p : s->parameters())
+      return p.device();
+  return at::kCPU;
+}
 
 bool Pipeline::holds_last_stage() const {
   return rank_of_stage(num_stages_ - 1, pp_->size()) == pp_->rank();
@@ -238,7 +246,7 @@ PipelineStepResult Pipeline::step(const at::Tensor& inputs, const at::Tensor& ta
     const std::vector<int64_t> key = key_of(mb_inputs[mb]);
     switch (a.kind) {
       case ActionKind::RecvActivation: {
-        at::Tensor buf = im.recv_activation(s, mb, key);
+        at::Tensor buf = im.recv_activation(s, mb, key, device());
         slot.input = buf.is_floating_point() ? buf.requires_grad_(true) : buf;
         break;
       }

@@ -89,6 +89,8 @@ class Pipeline {
   /// Whether this rank runs the last stage (the one that sees outputs and losses).
   bool holds_last_stage() const;
   const std::vector<std::shared_ptr<models::Model>>& stages() const { return stages_; }
+  /// Where the stages' parameters are, and so where received activations and gradients go.
+  at::Device device() const;
 
  private:
   struct Impl;

@@ -121,6 +121,7 @@ struct ShardedModel::Impl {
   std::vector<std::string> names;
   std::vector<std::vector<int64_t>> shapes;
   std::vector<at::Tensor> params, buffers;
+  at::Device device = at::kCPU;  // where the parameters are, and every buffer made for them
   std::vector<UnitState> units;
   // Stages 2-3: units whose reduce-scatter is launched and not yet added to the shard, oldest
   // first (Note [Buckets in flight]).
@@ -138,6 +139,9 @@ struct ShardedModel::Impl {
   Spares<at::Tensor> spare_buckets;
 
   int rank() const { return comm->rank(); }
+  at::TensorOptions on(at::ScalarType dtype) const {
+    return at::TensorOptions().dtype(dtype).device(device);
+  }
   bool sharded_params() const { return opts.stage == 3; }
   // The root of a model that does not scope its forward (Note [Sharding stages]).
   bool always_gathered(size_t u) const {
@@ -193,11 +197,13 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   DTORCH_CHECK_T(ConfigError, opts.stage >= 1 && opts.stage <= 3,
                  "ZeRO stage must be 1, 2 or 3 (got ", opts.stage, ")");
   DTORCH_CHECK_T(ConfigError,
-                 opts.param_dtype == torch::kFloat || opts.param_dtype == torch::kBFloat16,
-                 "parameter dtype must be float32 or bfloat16");
+                 opts.param_dtype == torch::kFloat || opts.param_dtype == torch::kBFloat16 ||
+                     opts.param_dtype == torch::kHalf,
+                 "parameter dtype must be float32, bfloat16 or float16");
   DTORCH_CHECK_T(ConfigError,
-                 opts.reduce_dtype == torch::kFloat || opts.reduce_dtype == torch::kBFloat16,
-                 "gradient reduction dtype must be float32 or bfloat16");
+                 opts.reduce_dtype == torch::kFloat || opts.reduce_dtype == torch::kBFloat16 ||
+                     opts.reduce_dtype == torch::kHalf,
+                 "gradient reduction dtype must be float32, bfloat16 or float16");
   parallel::check_same_model(*module, *comm, who);
   // Note [Returning released memory]
   set_freed_memory(FreedMemory::Reuse);
@@ -208,9 +214,11 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     DTORCH_CHECK_T(ConfigError, p.requires_grad(), who, ": parameter ", kv.key(),
                    " is frozen (requires_grad false); sharded training trains every parameter, "
                    "so register frozen weights as buffers instead");
-    DTORCH_CHECK_T(ConfigError, p.scalar_type() == torch::kFloat && p.device().is_cpu(), who,
+    if (names.empty()) device = p.device();
+    DTORCH_CHECK_T(ConfigError, p.scalar_type() == torch::kFloat && p.device() == device, who,
                    ": parameter ", kv.key(), " is ", p.scalar_type(), " on ", p.device(),
-                   "; build the model in float32 (set Options::param_dtype for bfloat16)");
+                   "; build the model in float32 on one device (set Options::param_dtype for "
+                   "mixed precision)");
     names.push_back(kv.key());
     shapes.push_back(p.sizes().vec());
     params.push_back(p);
@@ -254,10 +262,11 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   for (size_t u = 0; u < plan.units.size(); ++u) {
     UnitState& s = units[u];
     if (deferred) {
-      s.full = at::empty({plan.units[u].padded}, opts.param_dtype);  // not touched: no memory
-      s.master = at::zeros({plan.units[u].shard}, at::kFloat);       // init_deferred fills it
+      // Not touched: no memory on the CPU; released below, or as the next unit needs it.
+      s.full = at::empty({plan.units[u].padded}, on(opts.param_dtype));
+      s.master = at::zeros({plan.units[u].shard}, on(at::kFloat));  // init_deferred fills it
     } else {
-      at::Tensor flat = at::zeros({plan.units[u].padded}, at::kFloat);
+      at::Tensor flat = at::zeros({plan.units[u].padded}, on(at::kFloat));
       for (const UnitEntry& e : plan.units[u].entries)
         flat.narrow(0, e.offset, e.numel).copy_(params[e.param].detach().reshape({-1}));
       comm->broadcast(flat, 0, str(who, " initial weights of ", plan.units[u].name));
@@ -267,9 +276,9 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     }
     if (opts.stage == 1) {
       s.grad_full = at::zeros({plan.units[u].padded}, s.full.options());
-      s.grad_shard = mixed ? at::zeros({plan.units[u].shard}, at::kFloat) : own(s.grad_full, u);
+      s.grad_shard = mixed ? at::zeros({plan.units[u].shard}, on(at::kFloat)) : own(s.grad_full, u);
     } else {
-      s.grad_shard = at::zeros({plan.units[u].shard}, at::kFloat);
+      s.grad_shard = at::zeros({plan.units[u].shard}, on(at::kFloat));
     }
     s.master.mutable_grad() = s.grad_shard;
     for (const UnitEntry& e : plan.units[u].entries) {
@@ -419,7 +428,9 @@ void ShardedModel::Impl::gather_async(size_t u) {
   if (s.materialized) return;
   const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
   at::DataPtr memory = spare_memory.take(nbytes);  // Note [Spare unit memory]
-  restore_storage(s.full, nbytes, memory ? std::move(memory) : map_memory(nbytes));
+  // A GPU's caching allocator already keeps freed memory (Note [Returning released memory]).
+  if (!memory && device.is_cpu()) memory = map_memory(nbytes);
+  restore_storage(s.full, nbytes, std::move(memory));
   s.materialized = true;
   gathered_bytes += bytes_of(s.full);
   peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
@@ -480,13 +491,13 @@ void ShardedModel::Impl::launch(size_t u) {
       s.reduce = comm->reduce_scatter_async(in, s.grad_shard, comm::ReduceOp::Avg, what);
     } else {
       s.bucket = in;
-      s.incoming = at::empty({unit.shard}, opts.reduce_dtype);
+      s.incoming = at::empty({unit.shard}, on(opts.reduce_dtype));
       s.reduce = comm->reduce_scatter_async(in, s.incoming, comm::ReduceOp::Avg, what);
     }
     return;
   }
   if (!s.bucket.defined()) s.bucket = zeroed_bucket(u);
-  s.incoming = at::empty({unit.shard}, opts.reduce_dtype);
+  s.incoming = at::empty({unit.shard}, on(opts.reduce_dtype));
   s.reduce = comm->reduce_scatter_async(s.bucket, s.incoming, comm::ReduceOp::Avg, what);
   release(u);  // backward is done with this unit's parameters (Note [Sharding stages])
   // Note [Buckets in flight]: a launched unit's bucket (the whole unit's gradient) lives until
@@ -518,7 +529,9 @@ void ShardedModel::Impl::finish_reduction(UnitState& s) {
 at::Tensor ShardedModel::Impl::zeroed_bucket(size_t u) {
   const int64_t n = plan.units[u].padded;
   at::Tensor b = spare_buckets.take(n * c10::elementSize(opts.reduce_dtype));
-  return b.defined() ? b.zero_() : mapped_zeros(n, opts.reduce_dtype);
+  if (b.defined()) return b.zero_();
+  return device.is_cpu() ? mapped_zeros(n, opts.reduce_dtype)
+                         : at::zeros({n}, on(opts.reduce_dtype));
 }
 
 // Every unit was launched (unused parameters are reduced as zeros).
@@ -619,7 +632,7 @@ ShardedModel::FullParams ShardedModel::full_params() {
 double ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
   DTORCH_CHECK_T(ConfigError, max_norm > 0, "clip-grad-norm must be positive (got ", max_norm, ")");
   auto& impl = *impl_;
-  at::Tensor sq = at::zeros({1}, at::kDouble);
+  at::Tensor sq = at::zeros({1}, impl.on(at::kDouble));
   for (size_t u = 0; u < impl.units.size(); ++u) {
     const at::Tensor& g = impl.units[u].grad_shard;
     sq += g.to(at::kDouble).pow(2).sum();
@@ -643,6 +656,13 @@ double ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
       s.grad_shard.mul_(coef);
   }
   return norm;
+}
+
+std::vector<torch::Tensor> ShardedModel::gradient_shards() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& s : impl_->units)
+    out.push_back(s.grad_shard);
+  return out;
 }
 
 void ShardedModel::step() {

@@ -149,6 +149,9 @@ class ShardedModel {
   /// most max_norm, as torch::nn::utils::clip_grad_norm_ would on the full gradient; returns
   /// that norm before clipping. Collective (and over scope.across).
   double clip_grad_norm(double max_norm, const NormScope& scope = {});
+  /// This rank's fp32 gradient shards, one per unit (what step() applies; scaling them
+  /// scales the step).
+  std::vector<torch::Tensor> gradient_shards() const;
   /// Updates this rank's shards with the optimizer, then makes the parameters whole again
   /// (stages 1-2) or leaves them sharded until the next forward (stage 3). Collective.
   void step();
