@@ -187,7 +187,8 @@ def dtorch_run(cmd):
     try:
         return run_json(cmd)
     except SystemExit as e:  # run_json's message: "bench: CMD failed (RC):", then stderr's tail
-        lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+        lines = [l.strip() for l in str(e).splitlines()
+                 if l.strip() and not l.startswith("Run with --help")]  # CLI11's last line
         if len(lines) > 1:
             return {"error": lines[-1][:300]}
         rc = re.search(r"failed \((-?\d+)\)", lines[0]) if lines else None
@@ -206,13 +207,16 @@ def nvidia_smi(query):
 
 
 def dtorch_commit():
-    try:
-        c = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        if c.returncode == 0:
-            return c.stdout.strip()
-    except OSError:
-        pass
+    """As scripts/gpu-check finds it: git where the sources are a checkout, else DTORCH_COMMIT,
+    else the file .dtorch-commit."""
+    if os.path.exists(os.path.join(ROOT, ".git")):
+        try:
+            c = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            if c.returncode == 0:
+                return c.stdout.strip()
+        except OSError:
+            pass
     if os.environ.get("DTORCH_COMMIT"):
         return os.environ["DTORCH_COMMIT"]
     path = os.path.join(ROOT, ".dtorch-commit")
@@ -280,7 +284,9 @@ def main():
                 phases=j.get("phase_seconds"))
 
     def eager_rows(model_name, unit, items, flops, make_model, batch, optimizer):
-        kinds = [("PyTorch eager", False)] + ([("PyTorch torch.compile", True)] if a.compile else [])
+        kinds = [("PyTorch eager", False)]
+        if a.compile:
+            kinds.append(("PyTorch torch.compile", True))
         for impl, comp in kinds:
             if optimizer.__name__ == "adamw" and dev.type == "cuda":
                 impl += " (fused AdamW)"
@@ -376,7 +382,8 @@ def main():
         "- %s: nanoGPT's GPT (bench/peer_sharded.py: bias, tied lm_head, "
         "F.scaled_dot_product_attention) in dtorch's configuration (vocab %d, block %d, %d "
         "layers, %d heads, %d wide), %d x %d random tokens, bf16 autocast, AdamW lr %g, weight "
-        "decay %g, betas %g/%g, eps %g on both sides%s. MFU = tokens/s x (6N + 12 L H Q T) / matmul rate (nanoGPT's "
+        "decay %g, betas %g/%g, eps %g on both sides%s. MFU = tokens/s x (6N + 12 L H Q T) / "
+        "matmul rate (nanoGPT's "
         "estimate_mfu), N = %s (parameters less the position embedding), L %d, H %d, Q %d, "
         "T %d: %.3g GFLOP per token." % (
             gpt["model"], V, BS, L, H, C, gpt["batch"], T, ADAMW["lr"], ADAMW["weight_decay"],
@@ -389,7 +396,8 @@ def main():
             "%.3g GFLOP per image (forward + backward, torch.utils.flop_counter)" % (
                 res_flops / 1e9) if res_flops else "flops not counted"),
         "- PyTorch: batches made once on the device, %d warm-up step(s) untimed, %d timed "
-        "between two synchronizes. dtorch: `dtorch bench memory`, 1 untimed step, %d timed, its batches "
+        "between two synchronizes. dtorch: `dtorch bench memory`, 1 untimed step, %d timed, its "
+        "batches "
         "made by its own generator." % (warmup, steps, steps),
         "",
         "| model | impl | step ms | throughput | MFU | peak GPU memory | vs eager |",
