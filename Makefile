@@ -64,7 +64,8 @@ test: deps-test
 # PyTorch 2.x's FSDP, ZeroRedundancyOptimizer and DeepSpeed on the same torch; tensor
 # parallelism against PyTorch 2.x's parallelize_module; pipelines against its pipelining;
 # activation checkpointing against torch.utils.checkpoint; dtorch train against Lightning's
-# Trainer; the image loader against torchvision's DataLoader; gpt-large under ZeRO-3.
+# Trainer; the image loader against torchvision's DataLoader; gpt-large under ZeRO-3; on a machine
+# with a GPU, one GPU's training step against PyTorch eager's.
 bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
@@ -77,6 +78,9 @@ bench: deps-bench
 	bench/bench_lightning.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_data.py --dtorch build/dtorch
 	bench/bench_gpt_large.py --dtorch build-pip/dtorch
+	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+	  $(VENV_PYTHON) bench/bench_gpu.py --dtorch build-pip/dtorch --publish BENCHMARKS.md; \
+	else echo "make bench: nvidia-smi finds no GPU here: bench/bench_gpu.py skipped"; fi
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

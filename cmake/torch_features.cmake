@@ -50,6 +50,16 @@ foreach(_dir IN LISTS _wheel_cuda_libdirs)
   list(APPEND DTORCH_TORCH_LINK_OPTIONS "LINKER:-rpath-link,${_dir}")
 endforeach()
 
+# ProcessGroupGloo.hpp includes Gloo's headers, which a pip wheel's LibTorch (Gloo compiled in)
+# does not ship: they come from the system (Debian: libgloo-dev) or from a folder made by
+# scripts/bundle-deps, named in CMAKE_PREFIX_PATH.
+find_path(DTORCH_GLOO_INCLUDE_DIR gloo/config.h HINTS ${TORCH_INCLUDE_DIRS})
+if(NOT DTORCH_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "dtorch: Gloo's headers (gloo/config.h) were not found: apt-get install "
+    "libgloo-dev, or add a folder made by scripts/bundle-deps to CMAKE_PREFIX_PATH")
+endif()
+include_directories(${DTORCH_GLOO_INCLUDE_DIR})
+
 set(DTORCH_TORCH_DEFINITIONS "")
 # The 2.x headers guard the Gloo/NCCL process groups behind these macros, which only
 # PyTorch's own build defines; Debian's 1.13 headers need none.
