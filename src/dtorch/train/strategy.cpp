@@ -429,8 +429,9 @@ void validate(const StrategyConfig& c) {
   DTORCH_CHECK_T(ConfigError,
                  c.kind == "ddp" || c.kind == "zero1" || c.kind == "zero2" || c.kind == "zero3",
                  "unknown strategy '", c.kind, "'; use ddp, zero1, zero2 or zero3");
-  DTORCH_CHECK_T(ConfigError, c.precision == "fp32" || c.precision == "bf16", "unknown precision '",
-                 c.precision, "'; use fp32 or bf16");
+  DTORCH_CHECK_T(ConfigError,
+                 c.precision == "fp32" || c.precision == "bf16" || c.precision == "fp16",
+                 "unknown precision '", c.precision, "'; use fp32, bf16 or fp16");
   DTORCH_CHECK_T(ConfigError, c.reduce_dtype == "fp32" || c.reduce_dtype == "bf16",
                  "unknown gradient reduction dtype '", c.reduce_dtype, "'; use fp32 or bf16");
   DTORCH_CHECK_T(ConfigError,
@@ -453,6 +454,7 @@ void validate(const StrategyConfig& c) {
                  "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "
                  "zero3 (got ",
                  c.kind, ")");
+  validate(c.loss_scale);
 }
 
 std::shared_ptr<models::Model> build_model(const StrategyConfig& c, const std::string& model_name,

@@ -18,6 +18,7 @@
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
+#include "dtorch/train/loss_scaler.h"
 
 namespace dtorch::train {
 
@@ -26,7 +27,7 @@ namespace dtorch::train {
 /// strategy_options.cpp).
 struct StrategyConfig {
   std::string kind = "ddp";           ///< ddp | zero1 | zero2 | zero3
-  std::string precision = "fp32";     ///< fp32 | bf16 (compute; master weights stay fp32)
+  std::string precision = "fp32";     ///< fp32 | bf16 | fp16 (compute; master weights fp32)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
   std::string optimizer = "sgd";      ///< sgd (with momentum) | adam | adamw
   double lr = 0.01;                   ///< a schedule's peak (train/lr_schedule.h)
@@ -42,6 +43,8 @@ struct StrategyConfig {
   std::string model;         ///< the model's registry name (to rebuild saved stages)
   models::ImageInput input;  ///< what an image model was built for (the same)
   ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units
+  /// fp16's loss scaling (Note [Loss scaling]); the flags of DeepSpeed's "fp16" block
+  LossScaleConfig loss_scale;
 };
 
 /// Throws ConfigError naming the bad field and the choices.
