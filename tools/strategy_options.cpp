@@ -18,9 +18,30 @@ void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   g->add_option("--precision", s.precision,
-                "fp32 | bf16 | fp16 (bf16 or fp16 compute, fp32 master weights; fp16 with "
-                "dynamic loss scaling)")
+                "fp32 | bf16 (bf16 compute, fp32 master weights) | fp16 (fp16 compute, fp32 "
+                "master weights; on the CPU with LibTorch 2.x; dynamic loss scaling, --loss-scale)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  // DeepSpeed's "fp16" block, key for key (Note [Loss scaling]).
+  auto& ls = s.loss_scale;
+  g->add_option("--loss-scale", ls.loss_scale,
+                "fp16: 0 scales the loss dynamically; a value > 0 is a static scale")
+      ->capture_default_str();
+  g->add_option("--initial-scale-power", ls.initial_scale_power,
+                "fp16: the dynamic loss scale starts at 2^this")
+      ->capture_default_str();
+  g->add_option("--loss-scale-window", ls.loss_scale_window,
+                "fp16: steps without overflow before the dynamic loss scale doubles")
+      ->capture_default_str();
+  g->add_option("--hysteresis", ls.hysteresis,
+                "fp16: overflows absorbed (steps skipped) before the dynamic loss scale halves")
+      ->capture_default_str();
+  g->add_flag("--consecutive-hysteresis", ls.consecutive_hysteresis,
+              "fp16: every step without overflow refills --hysteresis (default: only a doubling "
+              "of the scale does)");
+  g->add_option("--min-loss-scale", ls.min_loss_scale,
+                "fp16: the dynamic loss scale never halves below this; an overflow there stops "
+                "the run")
       ->capture_default_str();
   g->add_option("--reduce-dtype", s.reduce_dtype, "gradient reduction dtype: fp32 | bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))

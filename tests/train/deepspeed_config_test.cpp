@@ -136,6 +136,68 @@ TEST(DeepSpeedConfig, SchedulersMapWithDeepSpeedsDefaults) {
       << "DeepSpeed cycles momentum by default; dtorch says it does not";
 }
 
+TEST(DeepSpeedConfig, TheFp16BlockSetsPrecisionAndLossScaling) {
+  auto s = parse(R"({"fp16": {"enabled": true, "auto_cast": false, "loss_scale": 0,
+      "initial_scale_power": 12, "loss_scale_window": 500, "hysteresis": 3,
+      "consecutive_hysteresis": true, "min_loss_scale": 2}, "bf16": {"enabled": false}})");
+  EXPECT_EQ(s.precision, "fp16");
+  EXPECT_EQ(s.loss_scale, 0);
+  EXPECT_EQ(s.initial_scale_power, 12);
+  EXPECT_EQ(s.loss_scale_window, 500);
+  EXPECT_EQ(s.hysteresis, 3);
+  EXPECT_EQ(s.consecutive_hysteresis, true);
+  EXPECT_EQ(s.min_loss_scale, 2);
+  EXPECT_TRUE(s.warnings.empty());
+  TrainConfig c;
+  EXPECT_TRUE(apply_deepspeed_config(s, {}, 1, c).empty());
+  EXPECT_EQ(c.strategy.precision, "fp16");
+  const auto& ls = c.strategy.loss_scale;
+  EXPECT_TRUE(ls.dynamic());
+  EXPECT_EQ(ls.initial_scale_power, 12);
+  EXPECT_EQ(ls.loss_scale_window, 500);
+  EXPECT_EQ(ls.hysteresis, 3);
+  EXPECT_TRUE(ls.consecutive_hysteresis);
+  EXPECT_EQ(ls.min_loss_scale, 2);
+  EXPECT_NO_THROW(validate(c.strategy));
+
+  // Hugging Face's template: "auto" counts as absent, so a disabled block that sets nothing.
+  auto hf = parse(R"({"fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000,
+      "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1}})");
+  EXPECT_FALSE(hf.precision.has_value());
+  EXPECT_FALSE(hf.loss_scale_window.has_value()) << "DeepSpeed uses none of a disabled block";
+  auto defaults = parse(R"({"fp16": {"enabled": true, "loss_scale_window": "auto"}})");
+  EXPECT_EQ(defaults.precision, "fp16");
+  EXPECT_FALSE(defaults.loss_scale_window.has_value());
+  TrainConfig d;
+  apply_deepspeed_config(defaults, {}, 1, d);
+  EXPECT_EQ(d.strategy.loss_scale.loss_scale_window, 1000) << "DeepSpeed's default";
+
+  // A static scale: the dynamic keys are unused, and DeepSpeed checks only their types.
+  auto fixed = parse(R"({"fp16": {"enabled": true, "loss_scale": 128, "loss_scale_window": 0,
+      "fp16_master_weights_and_grads": true}})");
+  EXPECT_EQ(fixed.loss_scale, 128);
+  EXPECT_TRUE(mentions(fixed.warnings, "fp16.fp16_master_weights_and_grads is ignored"));
+  EXPECT_EQ(fixed.warnings.size(), 1u);
+}
+
+TEST(DeepSpeedConfig, LossScalingFlagsGivenWinOverTheFp16Block) {
+  auto s = parse(R"({"fp16": {"enabled": true, "loss_scale_window": 500, "hysteresis": 4,
+      "min_loss_scale": 2}})");
+  TrainConfig c;
+  c.strategy.precision = "bf16";
+  c.strategy.loss_scale.loss_scale_window = 20;
+  auto notes = apply_deepspeed_config(s, {"--precision", "--loss-scale-window"}, 1, c);
+  EXPECT_EQ(c.strategy.precision, "bf16");
+  EXPECT_EQ(c.strategy.loss_scale.loss_scale_window, 20);
+  EXPECT_EQ(c.strategy.loss_scale.hysteresis, 4);
+  EXPECT_EQ(c.strategy.loss_scale.min_loss_scale, 2);
+  EXPECT_TRUE(mentions(notes, "--precision on the command line replaces the file's fp16.enabled"));
+  EXPECT_TRUE(mentions(notes,
+                       "--loss-scale-window on the command line replaces the file's "
+                       "fp16.loss_scale_window"));
+  EXPECT_EQ(notes.size(), 2u);
+}
+
 TEST(DeepSpeedConfig, KnownKeysDtorchIgnoresAreWarningsAndAutoIsAbsent) {
   auto s = parse(R"({"train_batch_size": "auto", "gradient_clipping": "auto",
       "flops_profiler": {"enabled": true},
@@ -162,6 +224,8 @@ TEST(DeepSpeedConfig, UnknownKeysNameTheNearestKnownOne) {
   expect_error(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 5}}})",
                {"did you mean 'warmup_num_steps'"});
   expect_error(R"({"fp16": {"enabled": false, "loss_scal": 0}})", {"'loss_scale'"});
+  expect_error(R"({"fp16": {"enabled": true, "loss_scale_windows": 10}})",
+               {"unknown key 'loss_scale_windows' in fp16", "did you mean 'loss_scale_window'"});
   expect_error(R"({"optimizer": {"type": "Adamm"}})", {"did you mean 'Adam'"});
   expect_error(R"({"scheduler": {"type": "CosineLR"}})", {"'WarmupCosineLR'"});
 }
@@ -182,8 +246,20 @@ TEST(DeepSpeedConfig, BadTypesAndValuesNameTheKeyAndWhatItTakes) {
   expect_error(R"({"optimizer": {"params": {"lr": 1}}})", {"optimizer needs a \"type\""});
   expect_error(R"({"optimizer": {"type": "Lamb"}})",
                {"optimizer.type Lamb is not implemented in dtorch", "use Adam, AdamW or SGD"});
-  expect_error(R"({"fp16": {"enabled": true}})",
-               {"fp16 training needs CUDA and dynamic loss scaling", "\"bf16\""});
+  expect_error(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})",
+               {"bf16.enabled and fp16.enabled are both true", "enable one of them"});
+  expect_error(R"({"bfloat16": {"enabled": true}, "fp16": {"enabled": true}})", {"both true"});
+  expect_error(R"({"fp16": {"enabled": true, "loss_scale": -1}})",
+               {"fp16.loss_scale must be a number"});
+  expect_error(R"({"fp16": {"enabled": true, "loss_scale_window": 0}})",
+               {"fp16.loss_scale_window must be a whole number", "(got 0)"});
+  expect_error(R"({"fp16": {"enabled": true, "hysteresis": 1.5}})", {"fp16.hysteresis"});
+  expect_error(R"({"fp16": {"enabled": true, "min_loss_scale": 0}})",
+               {"fp16.min_loss_scale must be a number above 0"});
+  expect_error(R"({"fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8}})",
+               {"fp16.min_loss_scale 8 is above the initial scale 2^2"});
+  expect_error(R"({"fp16": {"enabled": true, "consecutive_hysteresis": 1}})",
+               {"fp16.consecutive_hysteresis must be true or false"});
   expect_error(R"({"communication_data_type": "fp16"})", {"use fp32 or bf16"});
   expect_error(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})", {"not both"});
   expect_error(R"({"scheduler": {"type": "WarmupDecayLR"}})",

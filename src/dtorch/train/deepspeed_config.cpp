@@ -12,6 +12,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/json_config.h"
+#include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/trainer.h"
 
 namespace dtorch::train {
@@ -155,6 +156,54 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
   }
 }
 
+// DeepSpeed's "fp16" block: precision fp16 and its loss scaling (Note [Loss scaling]).
+void read_fp16(const Section& top, const Section& f, DeepSpeedSettings& s) {
+  const Keys known{"enabled",
+                   "auto_cast",
+                   "loss_scale",
+                   "initial_scale_power",
+                   "loss_scale_window",
+                   "hysteresis",
+                   "consecutive_hysteresis",
+                   "min_loss_scale",
+                   "fp16_master_weights_and_grads"};
+  for (const auto& [key, value] : f.value().items()) {
+    DTORCH_CHECK_T(ConfigError, std::find(known.begin(), known.end(), key) != known.end(),
+                   top.file(), ": unknown key '", key, "' in fp16; did you mean '",
+                   nearest(key, known), "'?");
+  }
+  // A disabled block's other keys change nothing, in DeepSpeed too: read for typos only.
+  if (!f.boolean("enabled").value_or(false)) return;
+  DTORCH_CHECK_T(ConfigError, s.precision != "bf16", top.file(),
+                 ": bf16.enabled and fp16.enabled are both true, which DeepSpeed refuses too; "
+                 "enable one of them");
+  s.precision = "fp16";
+  s.loss_scale = f.number("loss_scale", 0, kHuge);
+  // The other keys steer a dynamic scale only; under a static one DeepSpeed checks their
+  // types, not their values, and so does this (validate() checks them if a flag makes the
+  // scale dynamic).
+  const bool dynamic = s.loss_scale.value_or(0) == 0;
+  constexpr int64_t kInt = std::numeric_limits<int>::max();
+  auto whole = [&](const char* key, int64_t lo, int64_t hi) -> std::optional<int> {
+    auto v = f.integer(key, dynamic ? lo : -kInt, dynamic ? hi : kInt);
+    return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
+  };
+  s.initial_scale_power = whole("initial_scale_power", 0, 64);
+  s.loss_scale_window = whole("loss_scale_window", 1, kInt);
+  s.hysteresis = whole("hysteresis", 1, kInt);
+  s.consecutive_hysteresis = f.boolean("consecutive_hysteresis");
+  s.min_loss_scale = f.number("min_loss_scale", dynamic ? 0 : -kHuge, kHuge, /*open_low=*/dynamic);
+  const int power = s.initial_scale_power.value_or(LossScaleConfig{}.initial_scale_power);
+  const double floor = s.min_loss_scale.value_or(LossScaleConfig{}.min_loss_scale);
+  DTORCH_CHECK_T(ConfigError, !dynamic || floor <= std::ldexp(1.0, power), top.file(),
+                 ": fp16.min_loss_scale ", floor, " is above the initial scale 2^", power,
+                 " (fp16.initial_scale_power); lower the one or raise the other");
+  f.boolean("auto_cast");  // dtorch runs forward under fp16 autocast either way
+  if (f.boolean("fp16_master_weights_and_grads").value_or(false)) {
+    f.ignore("fp16_master_weights_and_grads", "dtorch keeps master weights and gradients in fp32");
+  }
+}
+
 void read_precision(const Section& top, DeepSpeedSettings& s) {
   DTORCH_CHECK_T(ConfigError, !(top.has("bf16") && top.has("bfloat16")), top.file(),
                  ": give bf16 or bfloat16 (the same setting), not both");
@@ -166,29 +215,7 @@ void read_precision(const Section& top, DeepSpeedSettings& s) {
       if (auto on = b->boolean("enabled")) s.precision = *on ? "bf16" : "fp32";
     }
   }
-  if (auto f = top.section("fp16")) {
-    const bool on = f->boolean("enabled").value_or(false);
-    DTORCH_CHECK_T(ConfigError, !on, top.file(),
-                   ": fp16.enabled true: fp16 training needs CUDA and dynamic loss scaling, "
-                   "which dtorch does not have yet; use \"bf16\": {\"enabled\": true} (the same "
-                   "memory, no loss scaling) or set fp16.enabled to false");
-    // A disabled section's other keys change nothing: read them for typos only.
-    Keys fp16_keys{"enabled",
-                   "auto_cast",
-                   "loss_scale",
-                   "initial_scale_power",
-                   "loss_scale_window",
-                   "hysteresis",
-                   "consecutive_hysteresis",
-                   "min_loss_scale",
-                   "fp16_master_weights_and_grads"};
-    for (const auto& [key, value] : f->value().items()) {
-      DTORCH_CHECK_T(ConfigError,
-                     std::find(fp16_keys.begin(), fp16_keys.end(), key) != fp16_keys.end(),
-                     top.file(), ": unknown key '", key, "' in fp16; did you mean '",
-                     nearest(key, fp16_keys), "'?");
-    }
-  }
+  if (auto f = top.section("fp16")) read_fp16(top, *f, s);
   if (auto d = top.choice("communication_data_type", {"fp32", "bf16", "fp16"})) {
     DTORCH_CHECK_T(ConfigError, *d != "fp16", top.file(),
                    ": communication_data_type fp16 needs CUDA; use fp32 or bf16");
@@ -404,7 +431,17 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
   take(ds.strategy, c.strategy.kind, "--strategy", "zero_optimization.stage");
   take(ds.bucket_cap_mb, c.strategy.ddp.bucket_cap_mb, "--bucket-cap-mb",
        "zero_optimization.reduce_bucket_size");
-  take(ds.precision, c.strategy.precision, "--precision", "bf16.enabled");
+  take(ds.precision, c.strategy.precision, "--precision",
+       ds.precision == "fp16" ? "fp16.enabled" : "bf16.enabled");
+  auto& ls = c.strategy.loss_scale;
+  take(ds.loss_scale, ls.loss_scale, "--loss-scale", "fp16.loss_scale");
+  take(ds.initial_scale_power, ls.initial_scale_power, "--initial-scale-power",
+       "fp16.initial_scale_power");
+  take(ds.loss_scale_window, ls.loss_scale_window, "--loss-scale-window", "fp16.loss_scale_window");
+  take(ds.hysteresis, ls.hysteresis, "--hysteresis", "fp16.hysteresis");
+  take(ds.consecutive_hysteresis, ls.consecutive_hysteresis, "--consecutive-hysteresis",
+       "fp16.consecutive_hysteresis");
+  take(ds.min_loss_scale, ls.min_loss_scale, "--min-loss-scale", "fp16.min_loss_scale");
   take(ds.reduce_dtype, c.strategy.reduce_dtype, "--reduce-dtype", "communication_data_type");
   take(ds.clip_grad_norm, c.clip_grad_norm, "--clip-grad-norm", "gradient_clipping");
   take(ds.optimizer, c.strategy.optimizer, "--optimizer", "optimizer.type");

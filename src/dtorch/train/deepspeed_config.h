@@ -28,7 +28,12 @@ struct TrainConfig;
 //   zero_optimization.overlap_comm, contiguous_gradients, reduce_scatter,
 //       allgather_partitions: what dtorch always does; false is a warning
 //   bf16.enabled (or bfloat16)       --precision bf16
-//   fp16.enabled true                an error: fp16 needs CUDA and loss scaling
+//   fp16.enabled true                --precision fp16 (needs CUDA); with bf16 too, an error as
+//       in DeepSpeed. Its loss scaling (Note [Loss scaling]): loss_scale --loss-scale,
+//       initial_scale_power --initial-scale-power, loss_scale_window --loss-scale-window,
+//       hysteresis --hysteresis, consecutive_hysteresis --consecutive-hysteresis,
+//       min_loss_scale --min-loss-scale; auto_cast changes nothing (forward runs under
+//       autocast); a disabled block is read for typos only, as DeepSpeed uses none of it.
 //   communication_data_type          --reduce-dtype (fp32 | bf16)
 //   gradient_clipping                --clip-grad-norm
 //   optimizer {type, params}         --optimizer, --lr, --betas, --eps, --weight-decay,
@@ -54,7 +59,7 @@ struct DeepSpeedSettings {
   std::optional<int64_t> accum_steps;       ///< gradient_accumulation_steps
   std::optional<std::string> strategy;      ///< ddp | zero1 | zero2 | zero3
   std::optional<double> bucket_cap_mb;
-  std::optional<std::string> precision;     ///< fp32 | bf16
+  std::optional<std::string> precision;     ///< fp32 | bf16 | fp16
   std::optional<std::string> reduce_dtype;  ///< fp32 | bf16
   std::optional<double> clip_grad_norm;
   std::optional<std::string> optimizer;  ///< sgd | adam | adamw
@@ -68,6 +73,13 @@ struct DeepSpeedSettings {
   std::optional<int64_t> print_every;      ///< steps_per_print
   std::optional<bool> phase_times;         ///< wall_clock_breakdown
   std::optional<std::string> tensorboard;  ///< the folder, when tensorboard.enabled
+  /// fp16's loss scaling (fp16.enabled true), each LossScaleConfig's field of that name.
+  std::optional<double> loss_scale;
+  std::optional<int> initial_scale_power;
+  std::optional<int> loss_scale_window;
+  std::optional<int> hysteresis;
+  std::optional<bool> consecutive_hysteresis;
+  std::optional<double> min_loss_scale;
   /// Keys dtorch reads but ignores, each with the reason, for the log.
   std::vector<std::string> warnings;
 };

@@ -551,7 +551,6 @@ void validate(const StrategyConfig& c) {
                  "unknown precision '", c.precision, "'; use fp32, bf16 or fp16");
   DTORCH_CHECK_T(ConfigError, c.device == "cpu" || c.device == "cuda" || c.device == "auto",
                  "--device '", c.device, "' is not a device: use cpu, cuda or auto");
-  validate(c.loss_scale);
   DTORCH_CHECK_T(ConfigError, c.reduce_dtype == "fp32" || c.reduce_dtype == "bf16",
                  "unknown gradient reduction dtype '", c.reduce_dtype, "'; use fp32 or bf16");
   DTORCH_CHECK_T(ConfigError,
@@ -574,6 +573,7 @@ void validate(const StrategyConfig& c) {
                  "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "
                  "zero3 (got ",
                  c.kind, ")");
+  validate(c.loss_scale);
 }
 
 at::Device resolve_run_device(const StrategyConfig& c, const launch::RankInfo& job) {

@@ -34,7 +34,6 @@ struct StrategyConfig {
   /// fp32 | bf16 | fp16 (compute; master weights stay fp32; fp16 scales the loss: Note [Loss
   /// scaling] in train/loss_scaler.h)
   std::string precision = "fp32";
-  LossScaleConfig loss_scale;         ///< fp16's loss scaling (DeepSpeed's fp16 block)
   std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
   std::string optimizer = "sgd";      ///< sgd (with momentum) | adam | adamw
   double lr = 0.01;                   ///< a schedule's peak (train/lr_schedule.h)
@@ -50,6 +49,8 @@ struct StrategyConfig {
   std::string model;         ///< the model's registry name (to rebuild saved stages)
   models::ImageInput input;  ///< what an image model was built for (the same)
   ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units
+  /// fp16's loss scaling (Note [Loss scaling]); the flags of DeepSpeed's "fp16" block
+  LossScaleConfig loss_scale;
 };
 
 /// Throws ConfigError naming the bad field and the choices.

@@ -1,0 +1,169 @@
+// Loss scaling for fp16 (Note [Loss scaling] in loss_scaler.h): DeepSpeed's dynamic rule, its
+// checkpoint state, and the overflow check and unscaling of the gradients.
+#include "dtorch/train/loss_scaler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::train {
+
+void validate(const LossScaleConfig& c) {
+  DTORCH_CHECK_T(ConfigError, std::isfinite(c.loss_scale) && c.loss_scale >= 0, "--loss-scale ",
+                 c.loss_scale,
+                 ": give 0 for dynamic loss scaling (DeepSpeed's default) or a static scale > 0, "
+                 "such as 1024");
+  if (!c.dynamic()) return;  // the rest only steers a dynamic scale, as in DeepSpeed
+  DTORCH_CHECK_T(ConfigError, c.initial_scale_power >= 0 && c.initial_scale_power <= 64,
+                 "--initial-scale-power ", c.initial_scale_power,
+                 ": the dynamic scale starts at 2^this; give a power from 0 to 64 (DeepSpeed's "
+                 "default: 16)");
+  DTORCH_CHECK_T(ConfigError, c.loss_scale_window >= 1, "--loss-scale-window ", c.loss_scale_window,
+                 ": the steps without overflow before the scale doubles; give 1 or more "
+                 "(DeepSpeed's default: 1000)");
+  DTORCH_CHECK_T(ConfigError, c.hysteresis >= 1, "--hysteresis ", c.hysteresis,
+                 ": the overflows absorbed before the scale halves; give 1 or more (1 halves it "
+                 "at every overflow; DeepSpeed's default: 2)");
+  DTORCH_CHECK_T(ConfigError, std::isfinite(c.min_loss_scale) && c.min_loss_scale > 0,
+                 "--min-loss-scale ", c.min_loss_scale,
+                 ": the floor of the dynamic scale must be above 0 (DeepSpeed's default: 1)");
+  const double initial = std::ldexp(1.0, c.initial_scale_power);
+  DTORCH_CHECK_T(ConfigError, c.min_loss_scale <= initial, "--min-loss-scale ", c.min_loss_scale,
+                 " is above the initial scale 2^", c.initial_scale_power, " = ", initial,
+                 "; lower --min-loss-scale or raise --initial-scale-power");
+}
+
+LossScaler::LossScaler(const LossScaleConfig& c)
+    : config_(c),
+      scale_(c.dynamic() ? std::ldexp(1.0, c.initial_scale_power) : c.loss_scale),
+      cur_hysteresis_(c.hysteresis) {
+  validate(c);
+}
+
+// DeepSpeed's DynamicLossScaler.update_scale, statement for statement (Note [Loss scaling]).
+bool LossScaler::update(bool overflow) {
+  const auto& c = config_;
+  if (overflow) {
+    if (c.dynamic()) {
+      if (c.hysteresis == 1 || cur_hysteresis_ == 1) {
+        // DeepSpeed raises when the scale equals the floor; below it (a run resumed with a
+        // higher --min-loss-scale) is the same case.
+        DTORCH_CHECK(scale_ > c.min_loss_scale, "fp16 gradients overflowed at step ", cur_iter_,
+                     " with the loss scale already at its minimum (--min-loss-scale ",
+                     c.min_loss_scale,
+                     "): they are inf or nan whatever the scale. Likely causes: 1) the run "
+                     "diverged (lower --lr, set --clip-grad-norm); 2) inf or nan in the data; "
+                     "3) a model that overflows fp16 in forward (train with --precision bf16). "
+                     "A lower --min-loss-scale only helps when the gradients are merely large");
+        scale_ = std::max(scale_ / 2, c.min_loss_scale);
+      } else {
+        --cur_hysteresis_;
+      }
+    }
+    last_overflow_iter_ = cur_iter_;
+    ++skipped_;
+  } else if (c.dynamic()) {
+    if (c.consecutive_hysteresis) cur_hysteresis_ = c.hysteresis;
+    const int64_t stable_interval = cur_iter_ - last_overflow_iter_ - 1;
+    if (stable_interval > 0 && stable_interval % c.loss_scale_window == 0) {
+      if (!c.consecutive_hysteresis) cur_hysteresis_ = c.hysteresis;
+      scale_ *= 2;
+    }
+  }
+  ++cur_iter_;
+  return !overflow;
+}
+
+nlohmann::json LossScaler::to_json() const {
+  return {{"scale", scale_},
+          {"cur_iter", cur_iter_},
+          {"last_overflow_iter", last_overflow_iter_},
+          {"cur_hysteresis", cur_hysteresis_},
+          {"skipped", skipped_}};
+}
+
+namespace {
+
+// The whole number `state[key]` in [lo, hi]; CheckpointError naming the field otherwise.
+int64_t loss_scaler_field(const nlohmann::json& state, const char* key, int64_t lo, int64_t hi) {
+  auto it = state.find(key);
+  DTORCH_CHECK_T(CheckpointError, it != state.end(), "the checkpoint's loss scaler state has no '",
+                 key, "' (got ", state.dump(),
+                 "); the file is damaged or was not written by dtorch: resume from another "
+                 "checkpoint");
+  DTORCH_CHECK_T(CheckpointError,
+                 it->is_number_integer() && it->get<int64_t>() >= lo && it->get<int64_t>() <= hi,
+                 "the checkpoint's loss scaler state has '", key, "' ", it->dump(),
+                 ", which must be a whole number from ", lo, " to ", hi,
+                 "; the file is damaged: resume from another checkpoint");
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+LossScaler LossScaler::from_json(const LossScaleConfig& c, const nlohmann::json& state) {
+  LossScaler s(c);
+  DTORCH_CHECK_T(CheckpointError, state.is_object(),
+                 "the checkpoint's loss scaler state must be a JSON object (got ", state.dump(),
+                 "); the file is damaged: resume from another checkpoint");
+  auto scale = state.find("scale");
+  DTORCH_CHECK_T(CheckpointError, scale != state.end(),
+                 "the checkpoint's loss scaler state has no 'scale' (got ", state.dump(),
+                 "); the file is damaged or was not written by dtorch: resume from another "
+                 "checkpoint");
+  DTORCH_CHECK_T(
+      CheckpointError,
+      scale->is_number() && std::isfinite(scale->get<double>()) && scale->get<double>() > 0,
+      "the checkpoint's loss scaler state has 'scale' ", scale->dump(),
+      ", which must be a number above 0; the file is damaged: resume from another "
+      "checkpoint");
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  s.cur_iter_ = loss_scaler_field(state, "cur_iter", 0, kMax);
+  s.last_overflow_iter_ = loss_scaler_field(state, "last_overflow_iter", -1, s.cur_iter_ - 1);
+  s.cur_hysteresis_ = static_cast<int>(
+      loss_scaler_field(state, "cur_hysteresis", 1, std::numeric_limits<int>::max()));
+  s.skipped_ = loss_scaler_field(state, "skipped", 0, s.cur_iter_);
+  if (c.dynamic()) s.scale_ = scale->get<double>();
+  return s;
+}
+
+bool has_inf_or_nan(const std::vector<at::Tensor>& tensors) {
+  // Per device and dtype, the largest and smallest element of each tensor: max is nan when
+  // any element is and +inf when one is, min is -inf when one is. Reductions leave nothing the
+  // size of a tensor behind (isinf | isnan would make two masks per tensor, DeepSpeed's reason
+  // too), and the flags stay on the device until the one read at the end.
+  // (at::_amp_foreach_non_finite_check_and_unscale_ would fuse this on CUDA, but LibTorch 1.13
+  // has no CPU kernel for it, and it writes every gradient.)
+  std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> extremes;
+  for (at::Tensor t : tensors) {
+    if (!t.defined()) continue;
+    if (t.is_sparse()) t = t._values();  // the implicit zeros are finite
+    if (t.is_complex()) t = at::view_as_real(t);
+    if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) continue;  // integers are finite
+    auto& v = extremes[{t.device().str(), t.scalar_type()}];
+    v.push_back(t.max());
+    v.push_back(t.min());
+  }
+  std::map<std::string, std::vector<at::Tensor>> finite_by_device;
+  for (auto& [key, v] : extremes)
+    finite_by_device[key.first].push_back(at::isfinite(at::stack(v)).all());
+  for (auto& [device, flags] : finite_by_device) {
+    if (!at::stack(flags).all().item<bool>()) return true;
+  }
+  return false;
+}
+
+void unscale(std::vector<at::Tensor>& tensors, double inv_scale) {
+  std::vector<at::Tensor> defined;
+  defined.reserve(tensors.size());
+  for (const auto& t : tensors)
+    if (t.defined()) defined.push_back(t);
+  // One multi-tensor kernel per device and dtype on CUDA; a loop of mul_ elsewhere.
+  if (!defined.empty()) at::_foreach_mul_(defined, inv_scale);
+}
+
+}  // namespace dtorch::train
