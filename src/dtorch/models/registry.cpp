@@ -39,6 +39,7 @@ std::shared_ptr<Model> whole_only(const char* name, UnitRange u, const ImageInpu
 ResNetConfig resnet_for(ResNetConfig c, const ImageInput& in) {
   c.in_channels = in.channels;
   c.num_classes = in.classes;
+  c.imagenet_stem = in.size >= ResNetConfig::kImageNetStemFrom;
   return c;
 }
 

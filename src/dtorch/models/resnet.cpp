@@ -76,7 +76,9 @@ ResNet::ResNet(const ResNetConfig& config, UnitRange units) : config_(config) {
   UnitSeeds seeds(*this);
   if (holds_unit(0)) {
     seeds.enter(0);
-    conv1_ = register_module("conv1", conv(config.in_channels, config.width, 3, 1));
+    conv1_ = register_module("conv1", config.imagenet_stem
+                                          ? conv(config.in_channels, config.width, 7, 2)
+                                          : conv(config.in_channels, config.width, 3, 1));
     bn1_ = register_module("bn1", nn::BatchNorm2d(config.width));
     init_unit(*conv1_);
     init_unit(*bn1_);
@@ -114,7 +116,10 @@ torch::Tensor ResNet::forward(torch::Tensor x) {
 }
 
 torch::Tensor ResNet::run_units(torch::Tensor x) {
-  if (holds_unit(0)) x = torch::relu(bn1_->forward(conv1_->forward(x)));
+  if (holds_unit(0)) {
+    x = torch::relu(bn1_->forward(conv1_->forward(x)));
+    if (config_.imagenet_stem) x = torch::max_pool2d(x, 3, 2, 1);
+  }
   const auto names = block_names();
   for (size_t s = 0; s < stages_.size(); ++s)
     x = run_block(names[s], x, [this, s](torch::Tensor t) { return stages_[s]->forward(t); });

@@ -29,6 +29,11 @@ struct ResNetConfig {
   /// Input image channels (1: Fashion-MNIST).
   int64_t in_channels = 1;
   int64_t num_classes = 10;
+  /// torchvision's own stem (conv1 7x7 stride 2, then a 3x3 stride-2 max-pool) instead of the
+  /// small-image one: what ImageNet-sized inputs take (the registry picks it for images of at
+  /// least kImageNetStemFrom pixels).
+  bool imagenet_stem = false;
+  static constexpr int64_t kImageNetStemFrom = 64;
 
   static ResNetConfig resnet18() { return {}; }
   static ResNetConfig resnet50() { return {true, {3, 4, 6, 3}, 64, 1, 10}; }
@@ -54,11 +59,12 @@ class ResidualBlockImpl : public torch::nn::Module {
 TORCH_MODULE(ResidualBlock);
 
 /// "resnet18", "resnet50", "resnet-debug": torchvision's ResNet (names conv1, bn1,
-/// layer1.0.conv1, layer2.0.downsample.0, ..., fc) with the small-image stem that CIFAR
-/// ResNets use: conv1 is 3x3 stride 1 (not 7x7 stride 2) and there is no max-pool, so a 28x28
-/// input still has 4x4 pixels left in the last stage. The torchvision equivalent is
-/// resnet18(num_classes=10) with conv1 = Conv2d(1, 64, 3, 1, 1, bias=False) and
-/// maxpool = Identity(). Input B x in_channels x H x W, output B x num_classes logits.
+/// layer1.0.conv1, layer2.0.downsample.0, ..., fc) with, for images under 64 pixels, the
+/// small-image stem that CIFAR ResNets use: conv1 is 3x3 stride 1 (not 7x7 stride 2) and there
+/// is no max-pool, so a 28x28 input still has 4x4 pixels left in the last stage. The torchvision
+/// equivalent is resnet18(num_classes=10) with conv1 = Conv2d(1, 64, 3, 1, 1, bias=False) and
+/// maxpool = Identity(). With ResNetConfig::imagenet_stem (images of 64 pixels and more) it is
+/// torchvision's resnet itself. Input B x in_channels x H x W, output B x num_classes logits.
 /// Initialised as torchvision does (Kaiming-normal fan-out convs, BN weight 1 and bias 0),
 /// each unit from its own seed (Note [Unit seeds]).
 ///
