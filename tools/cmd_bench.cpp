@@ -5,7 +5,6 @@
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <iostream>
 
 #include "dtorch/core/device.h"

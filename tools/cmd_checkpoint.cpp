@@ -1,7 +1,6 @@
 // `dtorch checkpoint inspect|consolidate`: what a sharded checkpoint holds and whether its files
 // are intact, and the whole model as one state dict that Python's torch.load reads.
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -10,6 +9,7 @@
 #include <set>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/checkpoint.h"
@@ -79,7 +79,7 @@ int run_inspect(const CheckpointFlags& f) {
   int bad = 0;
   std::string bad_names;
   for (const auto& s : reader.check_files()) {
-    const std::string name = std::filesystem::path(s.path).filename().string();
+    const std::string name = paths::file_name(s.path);
     const std::string size =
         s.actual_bytes < 0 ? "missing" : std::to_string(s.actual_bytes) + " bytes";
     row(name, size, s.ok ? "ok" : "BAD: " + s.problem);
@@ -155,7 +155,7 @@ train::StateDict consolidate_pipeline(const std::vector<train::SavedStage>& stag
     train::CheckpointData d;
     auto files = train::list_checkpoints(stages[s].folder);
     std::string unused;
-    if (std::filesystem::exists(stages[s].folder + "/tensor_parallel.json")) {
+    if (paths::exists(stages[s].folder + "/tensor_parallel.json")) {
       part = consolidate_tensor_parallel(stages[s].folder, &d, &unused);
     } else if (!files.empty()) {
       std::tie(part, d) = train::read_checkpoint_model(files.front());
@@ -192,7 +192,7 @@ int run_consolidate(const CheckpointFlags& f) {
   train::StateDict state;
   std::string source;
   train::CheckpointData data;
-  if (std::filesystem::exists(f.dir + "/tensor_parallel.json")) {
+  if (paths::exists(f.dir + "/tensor_parallel.json")) {
     state = consolidate_tensor_parallel(f.dir, &data, &source);
   } else if (auto stages = train::read_pipeline_layout(f.dir); !stages.empty()) {
     state = consolidate_pipeline(stages, &data, &source);

@@ -1,9 +1,9 @@
 // `dtorch plot RUN_DIR [RUN_DIR...] --out FILE.png|svg`: the training curves of one or more
 // `dtorch train` runs from their metrics.jsonl, overlaid in one picture (train/curves.h).
-#include <filesystem>
 #include <iostream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/train/curves.h"
 #include "tools/commands.h"
 
@@ -23,9 +23,7 @@ int run_plot(const PlotFlags& f) {
                  " run folder(s): give one per run, in the same order, or none");
   std::vector<train::RunCurves> curves;
   for (size_t i = 0; i < f.runs.size(); ++i) {
-    const std::string label = f.labels.empty()
-                                  ? std::filesystem::path(f.runs[i]).lexically_normal().string()
-                                  : f.labels[i];
+    const std::string label = f.labels.empty() ? paths::lexically_normal(f.runs[i]) : f.labels[i];
     curves.push_back(train::read_run_curves(f.runs[i], label));
   }
   write_picture(train::draw_curves(curves, f.title), f.out);

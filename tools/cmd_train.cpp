@@ -1,6 +1,5 @@
 // `dtorch train`: the training job from the command line. Runs alone, under `dtorch launch`
 // or torchrun, or (with --nproc-per-node N) launches N copies of itself.
-#include <filesystem>
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"

@@ -3,10 +3,10 @@
 // rank of a job instead (torchrun, dtorch launch, srun, mpirun, qsub: whatever
 // launch::rank_info_from_env recognises), they run as that rank, and --nproc-per-node is
 // ignored with a warning: under srun a task must not start N workers of its own.
-#include <filesystem>
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/launch/launcher.h"
 #include "dtorch/launch/rank_info.h"
 #include "tools/commands.h"
@@ -50,7 +50,7 @@ std::optional<int> self_launch(const SelfLaunch& how) {
   if (!how.every_rank) lo.show_ranks = {0};
   lo.prefix_stdout = !how.data_stdout;
   // The same command line without --nproc-per-node: each worker runs as one rank.
-  lo.command = {std::filesystem::read_symlink("/proc/self/exe").string()};
+  lo.command = {paths::executable_path()};
   const auto& args = command_line();
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];

@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -16,6 +15,7 @@
 #include <sstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/data/mnist_dataset.h"
 #include "dtorch/data/sampler.h"
 #include "models/python_peer.h"
@@ -38,7 +38,7 @@ TEST(ImageFolder, ClassesLabelsAndHeldOutTenth) {
   DTORCH_SKIP_WITHOUT_FASHION();
   const std::string dir = testing::scratch_dir("imagefolder-scan");
   auto files = testing::write_fashion_folder(dir, 20, "mixed");
-  std::filesystem::create_directories(dir + "/.cache/x");  // hidden: not a class
+  paths::create_directories(dir + "/.cache/x");  // hidden: not a class
   ImageSplits s = scan_image_folder(dir);
   ASSERT_EQ(s.classes.size(), 10u);
   EXPECT_EQ(s.classes[0], "0-tshirt");
@@ -47,7 +47,7 @@ TEST(ImageFolder, ClassesLabelsAndHeldOutTenth) {
   EXPECT_EQ(s.test->size(), 20);
   for (int64_t i = 0; i < s.train->size(); ++i) {
     const std::string name = s.train->name(i);
-    const auto folder = std::filesystem::path(name).parent_path().filename().string();
+    const auto folder = paths::file_name(paths::parent_path(name));
     ASSERT_EQ(s.train->label(i), std::stoi(folder)) << name;
   }
 }
@@ -86,7 +86,7 @@ TEST(ImageFolder, TrainAndValFoldersAreTheSplits) {
   EXPECT_EQ(b.images.sizes(), (std::vector<int64_t>{2, 3, 16, 16}));
   EXPECT_EQ(b.labels[0].item<int64_t>(), 0);
   EXPECT_EQ(b.labels[1].item<int64_t>(), 9);
-  std::filesystem::create_directories(dir + "/val/zebra");
+  paths::create_directories(dir + "/val/zebra");
   EXPECT_NE(testing::error_of<DataError>([&] {
               scan_image_folder(dir);
             }).find("val/zebra is a class the training"),
@@ -99,10 +99,10 @@ TEST(ImageFolder, BadLayoutsSayWhatToDo) {
               scan_image_folder(dir + "/nope");
             }).find("does not exist"),
             std::string::npos);
-  std::filesystem::create_directories(dir + "/only");
+  paths::create_directories(dir + "/only");
   EXPECT_NE(testing::error_of<DataError>([&] { scan_image_folder(dir); }).find("1 class folder(s)"),
             std::string::npos);
-  std::filesystem::create_directories(dir + "/other");
+  paths::create_directories(dir + "/other");
   std::ofstream(dir + "/other/readme.txt") << "x";
   EXPECT_NE(testing::error_of<DataError>([&] {
               scan_image_folder(dir);
@@ -181,11 +181,11 @@ void write_cifar(const std::string& path, const std::vector<uint8_t>& labels) {
 
 TEST(Cifar10, ReadsRecordsChannelMajor) {
   const std::string dir = testing::scratch_dir("cifar") + "/cifar-10-batches-bin";
-  std::filesystem::create_directories(dir);
+  paths::create_directories(dir);
   for (int b = 1; b <= 5; ++b)
     write_cifar(dir + "/data_batch_" + std::to_string(b) + ".bin", {uint8_t(b), uint8_t(9)});
   write_cifar(dir + "/test_batch.bin", {0, 1, 2});
-  ImageSplits s = load_cifar10(std::filesystem::path(dir).parent_path().string());
+  ImageSplits s = load_cifar10(paths::parent_path(dir));
   EXPECT_EQ(s.train->size(), 10);
   EXPECT_EQ(s.test->size(), 3);
   EXPECT_EQ(s.classes[3], "cat");

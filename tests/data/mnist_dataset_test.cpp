@@ -5,10 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
-
 #include "data/idx_writer.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "models/python_peer.h"
 #include "support/error_of.h"
 #include "support/workers.h"
@@ -90,7 +89,7 @@ TEST(DataMnist, MissingDataSaysHowToGetIt) {
   }
   // Images present, labels missing: the message names the labels file.
   write_split(dir, "train", 2, 2, true);
-  std::filesystem::remove(dir + "/train-labels-idx1-ubyte");
+  paths::remove(dir + "/train-labels-idx1-ubyte");
   std::string msg = error_of(dir, "train");
   EXPECT_NE(msg.find("train-labels-idx1-ubyte.gz"), std::string::npos) << msg;
 }
@@ -116,7 +115,7 @@ TEST(DataMnist, GatherPicksSamples) {
 }
 
 TEST(DataMnist, RealDebianTestSplit) {
-  if (!std::filesystem::exists(std::string(kDefaultMnistDir) + "/t10k-images-idx3-ubyte.gz"))
+  if (!paths::exists(std::string(kDefaultMnistDir) + "/t10k-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "no Fashion-MNIST (apt-get install dataset-fashion-mnist)";
   MnistSplit test = load_mnist(kDefaultMnistDir, "test");
   ASSERT_EQ(test.size(), 10000);
@@ -132,7 +131,7 @@ TEST(DataMnist, RealDebianTestSplit) {
 
 TEST(DataMnist, BitIdenticalToPeerLoader) {
   DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/true);
-  if (!std::filesystem::exists(std::string(kDefaultMnistDir) + "/t10k-images-idx3-ubyte.gz"))
+  if (!paths::exists(std::string(kDefaultMnistDir) + "/t10k-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "no Fashion-MNIST (apt-get install dataset-fashion-mnist)";
   auto dir = dtorch::testing::scratch_dir("mnist-peer");
   std::string out;

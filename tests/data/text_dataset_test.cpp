@@ -5,11 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/data/sampler.h"
 #include "models/interop.h"
 #include "support/error_of.h"
@@ -49,13 +49,13 @@ TEST(DataText, FolderConcatenatesTextFilesInNameOrder) {
   write(dir + "/a", "AA");
   write(dir + "/a.dat", "index");
   write(dir + "/.hidden", "no");
-  std::filesystem::create_symlink("a", dir + "/a.u8");
-  std::filesystem::create_directory(dir + "/sub");
+  paths::create_symlink("a", dir + "/a.u8");
+  paths::create_directory(dir + "/sub");
   EXPECT_EQ(as_string(load_text(dir).tokens), "AABB");
 }
 
 TEST(DataText, DefaultCorpusIsFortunes) {
-  if (!std::filesystem::exists(std::string(kDefaultTextDir) + "/fortunes"))
+  if (!paths::exists(std::string(kDefaultTextDir) + "/fortunes"))
     GTEST_SKIP() << "no fortunes corpus (apt-get install fortunes)";
   auto t = load_text("");
   EXPECT_EQ(t.source, kDefaultTextDir);
@@ -77,11 +77,11 @@ TEST(DataText, ErrorsNameThePathAndTheFix) {
   e = testing::error_of<DataError>([&] { load_text(write(dir + "/empty.txt", "")); });
   EXPECT_NE(e.find("empty.txt"), std::string::npos) << e;
   EXPECT_NE(e.find("empty"), std::string::npos) << e;
-  std::filesystem::create_directory(dir + "/nothing");
+  paths::create_directory(dir + "/nothing");
   write(dir + "/nothing/x.dat", "idx");
   e = testing::error_of<DataError>([&] { load_text(dir + "/nothing"); });
   EXPECT_NE(e.find("holds no text files"), std::string::npos) << e;
-  if (!std::filesystem::exists(kDefaultTextDir)) {
+  if (!paths::exists(kDefaultTextDir)) {
     e = testing::error_of<DataError>([&] { load_text(""); });
     EXPECT_NE(e.find("apt-get install fortunes"), std::string::npos) << e;
   }

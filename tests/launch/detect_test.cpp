@@ -4,7 +4,6 @@
 // precedence].
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <string>
 

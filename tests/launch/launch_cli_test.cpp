@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -19,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtorch/core/paths.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "support/command.h"
 #include "support/workers.h"
@@ -247,7 +247,7 @@ TEST(LaunchCli, TwoNodesMeetAtTheStoreOfNodeZero) {
   // Two launchers as on two hosts; the workers (this test binary, see launch_store_meet in
   // launcher_test.cpp) join node 0's store from both nodes and wait for all four ranks.
   int port = free_port();
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::string self = paths::executable_path();
   std::vector<Cli> nodes;
   for (int node = 0; node < 2; ++node) {
     nodes.push_back(

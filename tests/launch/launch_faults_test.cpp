@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "support/command.h"
 #include "support/workers.h"
@@ -58,14 +58,14 @@ DTORCH_TEST_WORKER(fault_allreduce_loop) {
     if (i == 0) {
       std::string tmp = args.at(0) + "/pid.tmp" + std::to_string(comm->rank());
       std::ofstream(tmp) << ::getpid();
-      std::filesystem::rename(tmp, args.at(0) + "/pid." + std::to_string(comm->rank()));
+      paths::rename(tmp, args.at(0) + "/pid." + std::to_string(comm->rank()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 
 std::string self_exe() {
-  return std::filesystem::read_symlink("/proc/self/exe").string();
+  return paths::executable_path();
 }
 
 TEST(LaunchFaults, NodeThatNeverArrivesIsNamedAfterTheRdzvTimeout) {
@@ -257,7 +257,7 @@ TEST(LaunchFaults, LogDirKeepsEachRanksOutputAcrossRestarts) {
   EXPECT_LT(verdict, restart);
   EXPECT_LT(restart, second);
   EXPECT_TRUE(contains(r1, "exited with code 2")) << r1;
-  EXPECT_FALSE(std::filesystem::exists(logs + "/rank2.log"));
+  EXPECT_FALSE(paths::exists(logs + "/rank2.log"));
 }
 
 }  // namespace

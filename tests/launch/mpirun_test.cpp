@@ -2,11 +2,11 @@
 // `dtorch launch` started once per node by mpirun fills its node flags from Open MPI.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "dtorch/core/paths.h"
 #include "launch/scoped_env.h"
 #include "support/command.h"
 #include "support/train_run.h"
@@ -23,7 +23,7 @@ const std::vector<std::string> kTinyTrain = {"--train-samples", "512", "--test-s
 class Mpirun : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!std::filesystem::exists("/usr/bin/mpirun")) {
+    if (!paths::exists("/usr/bin/mpirun")) {
       GTEST_SKIP() << "/usr/bin/mpirun is not installed (Debian: openmpi-bin)";
     }
   }

@@ -10,14 +10,14 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <thread>
+
+#include "dtorch/core/paths.h"
 
 namespace dtorch::testing {
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 bool port_free(int port) {
@@ -69,7 +69,7 @@ std::string tail_of(const std::string& path, size_t n = 3000) {
 std::string SlurmCluster::unavailable() {
   for (const char* tool : {"/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/slurmstepd",
                            "/usr/bin/sbatch", "/usr/bin/srun", "/usr/bin/sinfo"}) {
-    if (!fs::exists(tool)) return std::string(tool) + " is not installed (Debian: slurm-wlm)";
+    if (!paths::exists(tool)) return std::string(tool) + " is not installed (Debian: slurm-wlm)";
   }
   if (::geteuid() != 0) return "slurmd must run as root to start job steps";
   return "";
@@ -80,8 +80,8 @@ SlurmCluster::SlurmCluster(int cpus) {
   // their paths must stay under 108 bytes.
   char tmpl[] = "/tmp/dtorch-slurm-XXXXXX";
   dir_ = ::mkdtemp(tmpl);
-  fs::create_directories(dir_ + "/state");
-  fs::create_directories(dir_ + "/spool");
+  paths::create_directories(dir_ + "/state");
+  paths::create_directories(dir_ + "/spool");
   first_job_id_ = pick_first_job_id();
   const passwd* pw = ::getpwuid(::geteuid());
   std::string user = pw ? pw->pw_name : "root";
@@ -110,8 +110,8 @@ SlurmCluster::SlurmCluster(int cpus) {
                         << "PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE "
                         << "State=UP\n";
   std::vector<std::string> env{"SLURM_CONF=" + conf()};
-  fs::create_directories(dir_ + "/ctld-out");
-  fs::create_directories(dir_ + "/slurmd-out");
+  paths::create_directories(dir_ + "/ctld-out");
+  paths::create_directories(dir_ + "/slurmd-out");
   // -D: stay in the foreground, so these pids are the daemons'; -i: no saved state.
   ctld_ = start_command(dir_ + "/ctld-out", {"/usr/sbin/slurmctld", "-D", "-i"}, env);
   slurmd_ = start_command(dir_ + "/slurmd-out", {"/usr/sbin/slurmd", "-D", "-N", "localhost"}, env);
@@ -136,7 +136,7 @@ CommandResult SlurmCluster::run(const std::string& name, std::vector<std::string
   argv[0] = "/usr/bin/" + argv[0];
   env.push_back("SLURM_CONF=" + conf());
   std::string out = dir_ + "/cmd-" + name;
-  fs::create_directories(out);
+  paths::create_directories(out);
   return finish_command(start_command(out, argv, env), limit);
 }
 
@@ -160,7 +160,7 @@ SlurmCluster::~SlurmCluster() {
   stop(slurmd_);
   stop(ctld_);
   std::error_code ec;
-  fs::remove_all(dir_, ec);
+  paths::remove_all(dir_, ec);
 }
 
 }  // namespace dtorch::testing

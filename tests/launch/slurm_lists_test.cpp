@@ -2,13 +2,13 @@
 // where Slurm's own scontrol is installed, against `scontrol show hostnames`.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/launch/slurm_lists.h"
 #include "support/command.h"
 #include "support/workers.h"
@@ -52,7 +52,7 @@ TEST(SlurmLists, RejectsMalformedListsNamingThem) {
 }
 
 TEST(SlurmLists, MatchesScontrolShowHostnames) {
-  if (!std::filesystem::exists("/usr/bin/scontrol")) {
+  if (!paths::exists("/usr/bin/scontrol")) {
     GTEST_SKIP() << "scontrol is not installed (Debian package slurm-client)";
   }
   // scontrol expands host lists itself, without a controller, but wants a config to read.

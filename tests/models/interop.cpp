@@ -5,8 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
-
+#include "dtorch/core/paths.h"
 #include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
@@ -17,7 +16,7 @@ TempDir::TempDir(const std::string& name) : path_(scratch_dir(name)) {}
 
 TempDir::~TempDir() {
   std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  paths::remove_all(path_, ec);
 }
 
 void save_tensors(const std::string& path,

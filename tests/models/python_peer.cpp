@@ -5,9 +5,9 @@
 #include <sys/wait.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 
+#include "dtorch/core/paths.h"
 #include "dtorch/core/torch_compat.h"
 
 namespace dtorch::testing {
@@ -36,12 +36,11 @@ int run_shell(const std::string& cmd, std::string* output) {
 }  // namespace
 
 std::string peer_script() {
-  namespace fs = std::filesystem;
   for (const char* rel :
        {"/../shared/peers/torch_ddp_mnist.py", "/shared/peers/torch_ddp_mnist.py"}) {
-    fs::path p = fs::path(std::string(DTORCH_SOURCE_DIR) + rel);
+    const std::string p = std::string(DTORCH_SOURCE_DIR) + rel;
     std::error_code ec;
-    if (fs::is_regular_file(p, ec)) return fs::weakly_canonical(p, ec).string();
+    if (paths::is_regular_file(p)) return paths::canonical(p, ec);
   }
   return "";
 }
@@ -52,7 +51,7 @@ std::string python() {
 
 std::vector<std::string> torchrun_command() {
   if (compat::kTorch2) return {kPython, "-m", "torch.distributed.run"};
-  return {kPython, (std::filesystem::path(peer_script()).parent_path() / "torchrun").string()};
+  return {kPython, paths::join(paths::parent_path(peer_script()), "torchrun")};
 }
 
 std::string python_unavailable_reason(bool need_peer) {

@@ -10,11 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "dtorch/core/paths.h"
 #include "support/workers.h"
 
 namespace dtorch::testing {
@@ -57,7 +57,7 @@ bool wait_until(const std::function<bool()>& ready, double limit) {
 }
 
 bool wait_for_file(const std::string& path, double limit) {
-  return wait_until([&] { return std::filesystem::exists(path); }, limit);
+  return wait_until([&] { return paths::exists(path); }, limit);
 }
 
 bool alive(pid_t pid) {

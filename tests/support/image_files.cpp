@@ -6,11 +6,11 @@
 #include <cstddef>
 #include <cstdio>
 
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <stdexcept>
 
+#include "dtorch/core/paths.h"
 #include "dtorch/data/mnist_dataset.h"
 
 namespace dtorch::testing {
@@ -75,7 +75,7 @@ const data::MnistSplit& fashion_train() {
 }  // namespace
 
 bool have_fashion_mnist() {
-  return std::filesystem::exists(data::mnist_file(data::kDefaultMnistDir, "train", "images"));
+  return paths::exists(data::mnist_file(data::kDefaultMnistDir, "train", "images"));
 }
 
 void write_cifar(const std::string& path, const std::vector<uint8_t>& labels,
@@ -113,7 +113,7 @@ std::vector<std::pair<std::string, int64_t>> write_fashion_folder(const std::str
     data::RgbImage image = fashion_image(i, &label);
     if (written[label] >= per_class) continue;
     const std::string folder = dir + "/" + std::to_string(label) + "-" + kNames[label];
-    std::filesystem::create_directories(folder);
+    paths::create_directories(folder);
     const bool png = ext == "png" || (ext == "mixed" && written[label] % 2 == 0);
     char name[32];
     std::snprintf(name, sizeof name, "/%05lld.%s", static_cast<long long>(i), png ? "png" : "jpg");

@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <map>
 
+#include "dtorch/core/paths.h"
 #include "dtorch/launch/launcher.h"
 
 namespace dtorch::testing {
@@ -19,7 +19,7 @@ std::map<std::string, WorkerFn>& registry() {
 }
 
 std::string self_exe() {
-  return std::filesystem::read_symlink("/proc/self/exe").string();
+  return paths::executable_path();
 }
 
 }  // namespace
@@ -58,12 +58,11 @@ int run_ranks(int n, const std::string& name, const std::vector<std::string>& ar
 }
 
 std::string scratch_dir(const std::string& name) {
-  namespace fs = std::filesystem;
-  fs::path p =
-      fs::path(DTORCH_BINARY_DIR) / "test-scratch" / (name + "-" + std::to_string(getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+  const std::string p =
+      paths::join(DTORCH_BINARY_DIR, "test-scratch", name + "-" + std::to_string(getpid()));
+  paths::remove_all(p);
+  paths::create_directories(p);
+  return p;
 }
 
 }  // namespace dtorch::testing

@@ -3,8 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
-
+#include "dtorch/core/paths.h"
 #include "dtorch/train/safetensors.h"
 #include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
@@ -121,7 +120,7 @@ TEST(CheckpointCli, InspectShowsContentsAndVerifiesFiles) {
   // A corrupt shard of the step inspected directly: listed as bad, exit code 1.
   const std::string step = dir + "/step-000020";
   const std::string shard = step + "/shard-00002-of-00004.pt";
-  std::filesystem::resize_file(shard, 100);
+  paths::resize_file(shard, 100);
   r = run_command("ckpt-cli-inspect-bad", {DTORCH_CLI, "checkpoint", "inspect", step});
   EXPECT_EQ(r.exit_code(), 1);
   EXPECT_TRUE(contains(r.out, "shard-00002-of-00004.pt")) << r.out;
@@ -143,7 +142,7 @@ TEST(CheckpointCli, NotACheckpointIsAClearError) {
   r = run_command("ckpt-cli-not-cmd2",
                   {DTORCH_CLI, "checkpoint", "consolidate", dir, dir + "/model.pt"});
   EXPECT_EQ(r.exit_code(), 1);
-  EXPECT_FALSE(std::filesystem::exists(dir + "/model.pt"));
+  EXPECT_FALSE(paths::exists(dir + "/model.pt"));
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 // the few flags of other programs (srun, mpirun) that the launcher's hints name.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/core/paths.h"
 #include "support/command.h"
 
 namespace dtorch {
@@ -52,12 +52,15 @@ TEST(CliFlags, EveryFlagAMessageNamesExists) {
   const std::regex literal("\"((?:[^\"\\\\\\n]|\\\\.)*)\"");
   std::map<std::string, std::string> unknown;  // flag -> where
   int named = 0;
-  namespace fs = std::filesystem;
   for (const char* top : {"src", "tools"}) {
-    for (const auto& e : fs::recursive_directory_iterator(fs::path(DTORCH_SOURCE_DIR) / top)) {
-      const std::string ext = e.path().extension().string();
+    std::error_code ec;
+    const std::string dir = paths::join(DTORCH_SOURCE_DIR, top);
+    const std::vector<std::string> files = paths::list_files_recursively(dir, ec);
+    ASSERT_FALSE(ec) << "cannot list " << dir << ": " << ec.message();
+    for (const std::string& path : files) {
+      const std::string ext = paths::extension(path);
       if (ext != ".cpp" && ext != ".h") continue;
-      std::ifstream in(e.path());
+      std::ifstream in(path);
       int number = 0;
       for (std::string line; std::getline(in, line);) {
         ++number;
@@ -66,8 +69,7 @@ TEST(CliFlags, EveryFlagAMessageNamesExists) {
           for (std::sregex_iterator f(text.begin(), text.end(), kFlag); f != end; ++f) {
             ++named;
             if (!flags.count(f->str()) && !foreign.count(f->str()))
-              unknown.emplace(f->str(),
-                              e.path().filename().string() + ":" + std::to_string(number));
+              unknown.emplace(f->str(), paths::file_name(path) + ":" + std::to_string(number));
           }
         }
       }

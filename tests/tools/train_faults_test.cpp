@@ -5,12 +5,12 @@
 #include <signal.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
+#include "dtorch/core/paths.h"
 #include "support/command.h"
 #include "support/train_run.h"
 #include "support/workers.h"
@@ -31,10 +31,10 @@ using testing::epochs_of;
 
 // The worker with RANK=`rank` among the children of `launcher`, or -1.
 pid_t worker_pid(pid_t launcher, int rank) {
-  namespace fs = std::filesystem;
   std::string want = "RANK=" + std::to_string(rank);
-  for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(launcher) + "/task")) {
-    std::istringstream children(read_file(task.path().string() + "/children"));
+  const std::string tasks = "/proc/" + std::to_string(launcher) + "/task";
+  for (const std::string& task : paths::list_directory(tasks)) {
+    std::istringstream children(read_file(tasks + "/" + task + "/children"));
     for (pid_t pid; children >> pid;) {
       std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
       for (std::size_t at = 0; at < env.size(); at = env.find('\0', at) + 1) {
@@ -55,7 +55,7 @@ TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRu
   ASSERT_EQ(whole.exit_code(), 0) << whole.err;
   std::string whole_log = read_file(dir + "/whole-logs/rank0.log");
   EXPECT_TRUE(contains(whole_log, "epoch 3/3: train loss")) << whole_log;
-  EXPECT_TRUE(std::filesystem::exists(dir + "/whole-logs/rank1.log"));
+  EXPECT_TRUE(paths::exists(dir + "/whole-logs/rank1.log"));
 
   std::vector<std::string> args = {
       DTORCH_CLI, "launch",    "--standalone", "--nproc-per-node", "2", "--max-restarts",

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include "dtorch/data/mnist_dataset.h"

@@ -8,10 +8,10 @@
 // [Resharding by name]).
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/core/paths.h"
 #include "dtorch/train/state_dict.h"
 #include "support/command.h"
 #include "support/train_run.h"
@@ -63,8 +63,7 @@ TEST(TrainPipeline, StagesMatchTheRunWithoutAPipeline) {
     const int stages = schedule == "interleaved" ? 4 : 2;
     const int folders = schedule == "interleaved" && strategy == "ddp" ? 4 : 2;
     for (int s = 0; s < folders; ++s) {
-      EXPECT_TRUE(std::filesystem::exists(out + "/pp" + std::to_string(s) + "-of-" +
-                                          std::to_string(stages)))
+      EXPECT_TRUE(paths::exists(out + "/pp" + std::to_string(s) + "-of-" + std::to_string(stages)))
           << name << " stage " << s;
     }
     auto k =
@@ -100,7 +99,7 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
                          {1, "zero1", interleaved},
                          {2, "ddp", {}}}) {
     const std::string ref = base + "/ref" + std::to_string(dp);
-    if (!std::filesystem::exists(ref + "/model.pt")) {
+    if (!paths::exists(ref + "/model.pt")) {
       auto r =
           testing::run_command("pp3d_ref", unclipped(pipeline_train_args(ref, "ddp", dp)), 300);
       ASSERT_EQ(r.exit_code(), 0) << r.err;
@@ -121,8 +120,8 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
                         (flags.empty() ? "" : " interleaved"));
     const std::string last_folder = flags.empty() ? "/pp1-of-2" : "/pp1-of-4";
     if (strategy != "ddp") {
-      EXPECT_TRUE(std::filesystem::exists(out + last_folder + "/tp1-of-2")) << out;
-      EXPECT_TRUE(std::filesystem::exists(out + last_folder + "/tensor_parallel.json")) << out;
+      EXPECT_TRUE(paths::exists(out + last_folder + "/tp1-of-2")) << out;
+      EXPECT_TRUE(paths::exists(out + last_folder + "/tensor_parallel.json")) << out;
     }
     // DDP's stage checkpoints hold whole (unsplit) stages, ZeRO's their shards per tp index:
     // consolidate gives the final model from either.
@@ -143,7 +142,6 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
 // weights; leaves a copy of the saved run in base/same.
 std::map<std::string, torch::Tensor> expect_resumes_at_other_layouts(
     const std::string& base, const std::string& saved_as, const std::string& resumed_as) {
-  namespace fs = std::filesystem;
   const std::vector<std::string> pp2 = {"--pp", "2"};
   auto r = testing::run_command("pp_whole",
                                 with(pipeline_train_args(base + "/whole", saved_as, 4), pp2), 300);
@@ -152,7 +150,7 @@ std::map<std::string, torch::Tensor> expect_resumes_at_other_layouts(
                            with(pipeline_train_args(base + "/split", saved_as, 4, 1), pp2), 300);
   EXPECT_EQ(r.exit_code(), 0) << r.err;
   for (const char* copy : {"/pp4", "/interleaved", "/same"})
-    fs::copy(base + "/split", base + copy, fs::copy_options::recursive);
+    paths::copy_tree(base + "/split", base + copy);
   auto after_one = model_file(base + "/split/model.pt");
   const std::string name = saved_as + " at pp 2 resumed as " + resumed_as;
   r = testing::run_command("pp_resume_pp1",
@@ -161,7 +159,7 @@ std::map<std::string, torch::Tensor> expect_resumes_at_other_layouts(
   EXPECT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
   expect_same_run(base + "/split", base + "/whole", name + " at pp 1");
-  EXPECT_FALSE(fs::exists(base + "/split/pipeline.json"));  // its stage folders are older now
+  EXPECT_FALSE(paths::exists(base + "/split/pipeline.json"));  // its stage folders are older now
   const std::vector<std::string> interleaved = {"--pp",           "2", "--schedule", "interleaved",
                                                 "--microbatches", "4", "--resume"};
   for (const auto& [dir, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{

@@ -2,10 +2,10 @@
 // each finishes, writes metrics and the strategy's checkpoint, and learns something.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/train/state_dict.h"
 #include "support/command.h"
 #include "support/train_run.h"
@@ -44,14 +44,13 @@ TEST_P(TrainStrategies, TwoRanksTrainAndCheckpoint) {
   const auto& m = epochs[0];
   // Better than chance: 10 classes, or 256 byte values (English text is far from uniform).
   EXPECT_GT(m["test_accuracy"].get<double>(), text ? 0.08 : 0.2) << m.dump();
-  EXPECT_TRUE(std::filesystem::exists(out + "/model.pt"));
+  EXPECT_TRUE(paths::exists(out + "/model.pt"));
   if (std::string(strategy) == "ddp") {
-    EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-000001.dtc"));
+    EXPECT_TRUE(paths::exists(out + "/checkpoint-000001.dtc"));
   } else {
     bool found = false;
-    for (auto& e : std::filesystem::directory_iterator(out))
-      found |= e.path().filename().string().rfind("step-", 0) == 0 &&
-               std::filesystem::exists(e.path() / "metadata.json");
+    for (const std::string& name : paths::list_directory(out))
+      found |= name.rfind("step-", 0) == 0 && paths::exists(out + "/" + name + "/metadata.json");
     EXPECT_TRUE(found) << "no sharded checkpoint in " << out;
     // The consolidated checkpoint holds the weights model.pt was written from.
     auto c =

@@ -5,11 +5,11 @@
 // [Tensor-parallel checkpoints]); ZeRO's per-tp checkpoints refuse another --tp by name.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/train/state_dict.h"
 #include "models/interop.h"
@@ -73,10 +73,10 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
           << name << " " << key;
     }
     if (c.strategy == "ddp") {
-      EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-000002.dtc")) << name;
+      EXPECT_TRUE(paths::exists(out + "/checkpoint-000002.dtc")) << name;
     } else {
-      EXPECT_TRUE(std::filesystem::exists(out + "/tp0-of-2")) << name;
-      EXPECT_TRUE(std::filesystem::exists(out + "/tp1-of-2")) << name;
+      EXPECT_TRUE(paths::exists(out + "/tp0-of-2")) << name;
+      EXPECT_TRUE(paths::exists(out + "/tp1-of-2")) << name;
       // consolidate joins the tp folders into the whole model the final file holds.
       auto k = testing::run_command(
           "tp_consolidate_" + name,
@@ -92,7 +92,6 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
 }
 
 TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
-  namespace fs = std::filesystem;
   const std::string base = testing::scratch_dir("tp_any_layout");
   auto with_tp = [](std::vector<std::string> a) {
     a.insert(a.end(), {"--tp", "2"});
@@ -106,8 +105,8 @@ TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
   first[std::find(first.begin(), first.end(), "--epochs") - first.begin() + 1] = "1";
   r = testing::run_command("tp_first", first, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
-  fs::copy(base + "/split", base + "/dp4", fs::copy_options::recursive);
-  fs::copy(base + "/split", base + "/tp2", fs::copy_options::recursive);
+  paths::copy_tree(base + "/split", base + "/dp4");
+  paths::copy_tree(base + "/split", base + "/tp2");
   auto after_one = model_file(base + "/split/model.pt");
   // The checkpoint is the whole model: consolidate gives the weights model.pt was written from.
   r = testing::run_command("tp_consolidate",

@@ -4,10 +4,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/state_dict.h"
@@ -63,8 +63,8 @@ TEST(TrainCli, TwoRanksWriteMetricsCheckpointAndWeights) {
   }
   EXPECT_GT(m[0]["test_accuracy"].get<double>(), 0.5);
   EXPECT_LE(m[0]["test_accuracy"].get<double>(), 1.0);
-  EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-000001.dtc"));
-  EXPECT_TRUE(std::filesystem::exists(out + "/model.pt"));
+  EXPECT_TRUE(paths::exists(out + "/checkpoint-000001.dtc"));
+  EXPECT_TRUE(paths::exists(out + "/model.pt"));
 }
 
 // Two ranks for 2 epochs, against 1 epoch then --resume for the second: same weights.
@@ -98,7 +98,6 @@ TEST(TrainCli, ResumeReproducesAnUninterruptedRun) {
 // checkpoint of that run with no schedule flags: the checkpoint's schedule goes on (Note
 // [Learning-rate schedules]), so every epoch's rate and the final weights are the same.
 TEST(TrainCli, ResumeContinuesTheLearningRateScheduleExactly) {
-  namespace fs = std::filesystem;
   const std::string dir = testing::scratch_dir("train_lr_schedule");
   auto args = [](const std::string& out, const std::vector<std::string>& more) {
     std::vector<std::string> a{DTORCH_CLI,
@@ -134,8 +133,8 @@ TEST(TrainCli, ResumeContinuesTheLearningRateScheduleExactly) {
                        300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(contains(r.err, "8 step(s) per epoch")) << r.err;
-  fs::create_directories(dir + "/parts");
-  fs::copy_file(dir + "/whole/checkpoint-000001.dtc", dir + "/parts/checkpoint-000001.dtc");
+  paths::create_directories(dir + "/parts");
+  paths::copy_file(dir + "/whole/checkpoint-000001.dtc", dir + "/parts/checkpoint-000001.dtc");
   r = run_command("train_lr_resumed", args(dir + "/parts", {"--resume"}), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(contains(r.err, "the checkpoint's learning-rate schedule continues")) << r.err;
@@ -163,7 +162,7 @@ TEST(TrainCli, ResumeContinuesTheLearningRateScheduleExactly) {
 TEST(TrainCli, CorruptNewestCheckpointFallsBackToThePreviousOne) {
   std::string out = testing::scratch_dir("train_corrupt") + "/run";
   ASSERT_EQ(run_command("train_corrupt_a", train_args(out, 2, 1000), 300).exit_code(), 0);
-  std::filesystem::resize_file(out + "/checkpoint-000002.dtc", 100);  // a torn write
+  paths::resize_file(out + "/checkpoint-000002.dtc", 100);  // a torn write
   auto args = train_args(out, 3, 1000);
   args.push_back("--resume");
   auto r = run_command("train_corrupt_b", args, 300);
@@ -182,7 +181,7 @@ TEST(TrainCli, SaveFormatSafetensorsWritesModelSafetensors) {
   auto r = run_command("train_safetensors_cmd", args, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(contains(r.err, "model.safetensors")) << r.err;
-  EXPECT_FALSE(std::filesystem::exists(out + "/model.pt"));
+  EXPECT_FALSE(paths::exists(out + "/model.pt"));
   auto w = weights(out + "/model.safetensors");
   EXPECT_EQ(w.size(), 8u);
 
@@ -361,7 +360,7 @@ TEST(TrainCli, DeepSpeedConfigTrainsAsTheFlagsItStandsFor) {
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(contains(r.err, "zero_optimization.stage must be a whole number from 0 to 3"))
       << r.err;
-  EXPECT_FALSE(std::filesystem::exists(dir + "/bad")) << "nothing started";
+  EXPECT_FALSE(paths::exists(dir + "/bad")) << "nothing started";
 }
 
 // --tensorboard: TensorBoard's own event reader (PyPI tensorboard) finds every optimizer

@@ -7,10 +7,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
@@ -18,8 +18,6 @@
 
 namespace dtorch::train {
 namespace {
-
-namespace fs = std::filesystem;
 
 // A few optimizer steps on fixed random data, so momentum / Adam moments are non-trivial.
 void train_steps(models::Model& m, torch::optim::Optimizer& opt, int steps, int seed) {
@@ -43,7 +41,7 @@ void expect_same_params(const torch::nn::Module& a, const torch::nn::Module& b) 
 std::string names(const std::vector<std::string>& paths) {
   std::string s;
   for (const auto& p : paths)
-    s += fs::path(p).filename().string() + " ";
+    s += paths::file_name(p) + " ";
   return s;
 }
 
@@ -161,7 +159,7 @@ TEST(Checkpoint, TruncatedNewestFallsBackWithWarning) {
   auto m = models::make_model("mnist-mlp");
   torch::Tensor first = save_two(dir, *m);
   const std::string newest = checkpoint_path(dir, 2);
-  truncate_file(newest, fs::file_size(newest) / 2);
+  truncate_file(newest, paths::file_size(newest) / 2);
 
   auto fresh = models::make_model("mnist-mlp");
   ::testing::internal::CaptureStderr();
@@ -179,7 +177,7 @@ TEST(Checkpoint, CorruptByteIsCaughtByCrc) {
   auto m = models::make_model("mnist-mlp");
   save_two(dir, *m);
   const std::string newest = checkpoint_path(dir, 2);
-  flip_byte(newest, fs::file_size(newest) - 100);
+  flip_byte(newest, paths::file_size(newest) - 100);
   ::testing::internal::CaptureStderr();
   auto loaded = load_latest_checkpoint(dir, *m, nullptr);
   std::string err = ::testing::internal::GetCapturedStderr();
@@ -275,7 +273,7 @@ TEST(Checkpoint, FailedSaveLeavesExistingCheckpointsIntact) {
   }
   // Block the temporary's name so the write of epoch 1 (same file) and 2 fail midway.
   for (int e : {1, 2})
-    fs::create_directory(checkpoint_path(dir, e) + "." + std::to_string(::getpid()) + ".tmp");
+    paths::create_directory(checkpoint_path(dir, e) + "." + std::to_string(::getpid()) + ".tmp");
   EXPECT_THROW(save_checkpoint(dir, {1, 1, "{}"}, *m, nullptr), CheckpointError);
   EXPECT_THROW(save_checkpoint(dir, {2, 2, "{}"}, *m, nullptr), CheckpointError);
   auto fresh = models::make_model("mnist-mlp");

@@ -4,10 +4,10 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "support/command.h"
 #include "support/workers.h"
 
@@ -101,7 +101,7 @@ TEST(Curves, PanelsAndLegendAreDrawn) {
 TEST(Curves, PlotWritesAPictureOfSeveralRuns) {
   const std::string dir = testing::scratch_dir("plot_cli");
   for (const char* run : {"a", "b"}) {
-    std::filesystem::create_directories(dir + "/" + run);
+    paths::create_directories(dir + "/" + run);
     std::ofstream(dir + "/" + run + "/metrics.jsonl") << kRun;
   }
   auto r = testing::run_command("plot",
@@ -126,7 +126,7 @@ TEST(Curves, PlotWritesAPictureOfSeveralRuns) {
                            {DTORCH_CLI, "plot", dir + "/none", "--out", dir + "/x.png"}, 60);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(contains(r.err, dir + "/none/metrics.jsonl")) << r.err;
-  EXPECT_FALSE(std::filesystem::exists(dir + "/x.png"));
+  EXPECT_FALSE(paths::exists(dir + "/x.png"));
 }
 
 }  // namespace

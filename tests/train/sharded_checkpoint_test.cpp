@@ -5,11 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <fstream>
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "support/command.h"
 #include "support/workers.h"
 #include "train/sharded_fixture.h"
@@ -17,7 +17,6 @@
 namespace dtorch::train {
 namespace {
 
-namespace fs = std::filesystem;
 using testing::even_split;
 using testing::toy_checkpoint_copy;
 using testing::toy_flat;
@@ -51,7 +50,7 @@ TEST(ShardedCheckpoint, SavedAtFourReadsBackAtTwoAndOne) {
   EXPECT_EQ(list_sharded_checkpoints(dir),
             (std::vector<std::string>{sharded_step_dir(dir, 20), sharded_step_dir(dir, 10)}));
   for (int w = 0; w < 4; ++w)
-    EXPECT_TRUE(fs::exists(str(dir, "/step-000020/shard-0000", w, "-of-00004.pt"))) << w;
+    EXPECT_TRUE(paths::exists(str(dir, "/step-000020/shard-0000", w, "-of-00004.pt"))) << w;
   ASSERT_EQ(testing::run_ranks(2, "sharded_load", {dir, "20"}, 120), 0);
   ASSERT_EQ(testing::run_ranks(1, "sharded_load", {dir, "20"}, 120), 0);
   // Together the ranks of each world size read every element once (10+7+3 per unit key).
@@ -141,7 +140,7 @@ void flip_byte(const std::string& path, size_t at) {
 TEST(ShardedCheckpoint, MissingShardIsNamedAndOnlyOverlappingFilesAreRead) {
   std::string dir = toy_checkpoint_copy("sharded-missing");
   const std::string shard = dir + "/step-000020/shard-00003-of-00004.pt";
-  fs::remove(shard);
+  paths::remove(shard);
   ShardedCheckpointReader reader(dir + "/step-000020");
   // param/0's [0, 9) lies on ranks 0-2: rank 3's file is not needed.
   EXPECT_TRUE(torch::equal(reader.read_range("param/0", 0, 9),
@@ -159,7 +158,7 @@ TEST(ShardedCheckpoint, MissingShardIsNamedAndOnlyOverlappingFilesAreRead) {
 TEST(ShardedCheckpoint, TruncatedShardIsCaught) {
   std::string dir = toy_checkpoint_copy("sharded-truncated");
   const std::string shard = dir + "/step-000020/shard-00001-of-00004.pt";
-  fs::resize_file(shard, fs::file_size(shard) / 2);
+  paths::resize_file(shard, paths::file_size(shard) / 2);
   ShardedCheckpointReader reader(dir + "/step-000020");
   expect_error([&] { reader.read_flat("param/1"); }, {shard, "truncated"});
   expect_fallback(dir, shard, "truncated");
@@ -168,7 +167,7 @@ TEST(ShardedCheckpoint, TruncatedShardIsCaught) {
 TEST(ShardedCheckpoint, CorruptShardIsCaughtByCrc) {
   std::string dir = toy_checkpoint_copy("sharded-corrupt");
   const std::string shard = dir + "/step-000020/full.pt";
-  flip_byte(shard, fs::file_size(shard) / 2);
+  flip_byte(shard, paths::file_size(shard) / 2);
   ShardedCheckpointReader reader(dir + "/step-000020");
   expect_error([&] { reader.read_full("optim/step"); }, {shard, "CRC32 mismatch"});
   auto files = reader.check_files();
@@ -181,7 +180,7 @@ TEST(ShardedCheckpoint, CorruptShardIsCaughtByCrc) {
 
 TEST(ShardedCheckpoint, MissingMetadataMeansIncomplete) {
   std::string dir = toy_checkpoint_copy("sharded-no-meta");
-  fs::remove(dir + "/step-000020/metadata.json");
+  paths::remove(dir + "/step-000020/metadata.json");
   expect_error([&] { ShardedCheckpointReader r(dir + "/step-000020"); },
                {dir + "/step-000020/metadata.json", "incomplete", "older step"});
   EXPECT_EQ(list_sharded_checkpoints(dir), std::vector<std::string>{sharded_step_dir(dir, 10)});
@@ -202,8 +201,8 @@ TEST(ShardedCheckpoint, GarbledMetadataIsNamed) {
 
 TEST(ShardedCheckpoint, AllDamagedIsAnErrorNamingEach) {
   std::string dir = toy_checkpoint_copy("sharded-all-bad");
-  fs::remove(dir + "/step-000020/shard-00000-of-00004.pt");
-  fs::resize_file(dir + "/step-000010/full.pt", 3);
+  paths::remove(dir + "/step-000020/shard-00000-of-00004.pt");
+  paths::resize_file(dir + "/step-000010/full.pt", 3);
   ::testing::internal::CaptureStderr();
   expect_error([&] { latest_complete(dir); },
                {"step-000020", "shard-00000-of-00004.pt", "step-000010", "full.pt", "truncated",
@@ -218,7 +217,7 @@ TEST(ShardedCheckpoint, NotACheckpointSaysWhatToPass) {
                {dir, "not a sharded checkpoint", "step-NNNNNN"});
   expect_error([&] { ShardedCheckpointReader r(dir + "/absent"); }, {"does not exist"});
   EXPECT_FALSE(latest_complete(dir).has_value());
-  fs::create_directory(dir + "/step-000005");  // an unfinished save only
+  paths::create_directory(dir + "/step-000005");  // an unfinished save only
   expect_error([&] { ShardedCheckpointReader r(dir); }, {"only unfinished saves"});
 }
 
@@ -252,7 +251,7 @@ TEST(ShardedCheckpoint, KeepsTheNewestK) {
             (std::vector<std::string>{sharded_step_dir(dir, 4), sharded_step_dir(dir, 3)}));
   save_sharded_checkpoint(dir, toy_data(5), whole_pieces(5), toy_full(5), *comm, /*keep=*/1);
   EXPECT_EQ(list_sharded_checkpoints(dir), std::vector<std::string>{sharded_step_dir(dir, 5)});
-  EXPECT_FALSE(fs::exists(sharded_step_dir(dir, 4)));
+  EXPECT_FALSE(paths::exists(sharded_step_dir(dir, 4)));
   EXPECT_THROW(save_sharded_checkpoint(dir, toy_data(6), whole_pieces(6), {}, *comm, 0),
                ConfigError);
   // Re-saving a step replaces it whole.
@@ -261,8 +260,8 @@ TEST(ShardedCheckpoint, KeepsTheNewestK) {
   ShardedCheckpointReader r(dir);
   EXPECT_TRUE(torch::equal(r.read_flat("param/1"), toy_flat(7, "param/1", 7, torch::kFloat)));
   EXPECT_NO_THROW(r.verify());
-  for (const auto& e : fs::directory_iterator(dir))
-    EXPECT_EQ(e.path().filename().string().find('.'), std::string::npos) << e.path();
+  for (const std::string& name : paths::list_directory(dir))
+    EXPECT_EQ(name.find('.'), std::string::npos) << name;
 }
 
 TEST(ShardedCheckpoint, ViewsSaveOnlyTheirElements) {
@@ -273,7 +272,7 @@ TEST(ShardedCheckpoint, ViewsSaveOnlyTheirElements) {
   ShardedCheckpointData d;
   d.global_step = 3;
   save_sharded_checkpoint(dir, d, {{"param/x", 10, 0, big.narrow(0, 500, 10)}}, {}, *solo());
-  EXPECT_LT(fs::file_size(sharded_step_dir(dir, 3) + "/shard-00000-of-00001.pt"), 20000u);
+  EXPECT_LT(paths::file_size(sharded_step_dir(dir, 3) + "/shard-00000-of-00001.pt"), 20000u);
   ShardedCheckpointReader r(dir);
   EXPECT_TRUE(torch::equal(r.read_flat("param/x"), big.narrow(0, 500, 10)));
   EXPECT_TRUE(torch::equal(r.read_range("param/x", 3, 3), torch::empty({0})));
@@ -307,8 +306,8 @@ TEST(ShardedCheckpoint, BadInputWritesNothingAndKeepsTheOld) {
                {"both a flat and a full tensor"});
   // Nothing new on disk, and the old checkpoint is intact.
   EXPECT_EQ(list_sharded_checkpoints(dir), std::vector<std::string>{sharded_step_dir(dir, 1)});
-  EXPECT_FALSE(fs::exists(sharded_step_dir(dir, 2)));
-  EXPECT_FALSE(fs::exists(sharded_step_dir(dir, 2) + ".partial"));
+  EXPECT_FALSE(paths::exists(sharded_step_dir(dir, 2)));
+  EXPECT_FALSE(paths::exists(sharded_step_dir(dir, 2) + ".partial"));
   EXPECT_EQ(latest_complete(dir), sharded_step_dir(dir, 1));
 }
 

@@ -4,9 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include "dtorch/comm/communicator.h"
+#include "dtorch/core/paths.h"
 #include "support/workers.h"
 
 namespace dtorch::testing {
@@ -74,7 +73,6 @@ DTORCH_TEST_WORKER(sharded_save) {
 }
 
 std::string toy_checkpoint_copy(const std::string& name) {
-  namespace fs = std::filesystem;
   static std::string saved;
   if (saved.empty()) {
     std::string dir = scratch_dir("sharded-toy");
@@ -82,7 +80,7 @@ std::string toy_checkpoint_copy(const std::string& name) {
     saved = dir;
   }
   std::string copy = scratch_dir(name);
-  fs::copy(saved, copy, fs::copy_options::recursive);
+  paths::copy_tree(saved, copy);
   return copy;
 }
 

@@ -5,11 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/train/safetensors.h"
 #include "models/python_peer.h"
@@ -28,10 +28,7 @@ void expect_same_state(const torch::nn::Module& a, const torch::nn::Module& b) {
 }
 
 std::vector<std::string> files_in(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    out.push_back(e.path().filename().string());
-  return out;
+  return paths::list_directory(dir);
 }
 
 TEST(StateDict, RoundTrip) {
@@ -96,7 +93,7 @@ TEST(StateDict, FailedWriteKeepsThePreviousFile) {
   auto dir = dtorch::testing::scratch_dir("state-dict-atomic");
   write_file_atomically(dir + "/f", {'o', 'l', 'd'});
   // A directory where the temporary would go makes the write fail.
-  std::filesystem::create_directory(dir + "/f." + std::to_string(::getpid()) + ".tmp");
+  paths::create_directory(dir + "/f." + std::to_string(::getpid()) + ".tmp");
   EXPECT_THROW(write_file_atomically(dir + "/f", {'n', 'e', 'w'}), CheckpointError);
   EXPECT_EQ(read_file(dir + "/f"), (std::vector<char>{'o', 'l', 'd'}));
   EXPECT_THROW(write_file_atomically(dir + "/no/such/dir/f", {'x'}), CheckpointError);

@@ -6,9 +6,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch {
 namespace {
@@ -35,9 +35,8 @@ bool write_all(int fd, const char* data, size_t n) {
 
 std::optional<std::string> write_file_atomically(const std::string& path, const char* data,
                                                  size_t n) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string parent = paths::parent_path(path);
+  const std::string dir = parent.empty() ? "." : parent;
   const std::string tmp = str(path, ".", ::getpid(), ".tmp");
   const std::string hint = "; the previous file at that path, if any, is untouched";
 

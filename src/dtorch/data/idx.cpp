@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <vector>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::data {
 namespace {
@@ -82,10 +82,8 @@ uint32_t big_endian_u32(const unsigned char* b) {
 }  // namespace
 
 torch::Tensor read_idx(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  DTORCH_CHECK_T(DataError, fs::exists(path, ec), "IDX file ", path, ": no such file");
-  DTORCH_CHECK_T(DataError, !fs::is_directory(path, ec), "IDX file ", path,
+  DTORCH_CHECK_T(DataError, paths::exists(path), "IDX file ", path, ": no such file");
+  DTORCH_CHECK_T(DataError, !paths::is_directory(path), "IDX file ", path,
                  ": is a directory, expected an IDX file");
   GzFile f(path);
 

@@ -3,16 +3,15 @@
 #include "dtorch/data/image_dataset.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::data {
-namespace fs = std::filesystem;
 namespace {
 
 class FileSource : public ImageSource {
@@ -33,50 +32,42 @@ class FileSource : public ImageSource {
   std::vector<int64_t> labels_;
 };
 
-bool hidden(const fs::path& p) {
-  return p.filename().string().rfind('.', 0) == 0;
+bool hidden(const std::string& name) {
+  return name.rfind('.', 0) == 0;
 }
 
 // Sorted visible sub-folders of `dir`.
-std::vector<std::string> class_folders(const fs::path& dir) {
+std::vector<std::string> class_folders(const std::string& dir) {
   std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_directory(ec) && !hidden(e.path())) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
+  for (std::string& name : paths::list_directory(dir, ec))  // sorted
+    if (!hidden(name) && paths::is_directory(paths::join(dir, name))) names.push_back(name);
   return names;
 }
 
-// Image files under `folder` (recursively, as ImageFolder does), in path order.
-std::vector<std::string> image_files(const fs::path& folder) {
+// Image files under `folder` (recursively, as ImageFolder does, skipping hidden files and
+// folders and not following symlinked folders), in path order.
+std::vector<std::string> image_files(const std::string& folder) {
   std::vector<std::string> files;
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(folder, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (hidden(it->path())) {
-      if (it->is_directory(ec)) it.disable_recursion_pending();
-      continue;
-    }
-    if (it->is_regular_file(ec) && is_image_file(it->path().string()))
-      files.push_back(it->path().string());
-  }
-  DTORCH_CHECK_T(DataError, !ec, "cannot list ", folder.string(), ": ", ec.message());
-  std::sort(files.begin(), files.end());
+  for (std::string& f : paths::list_files_recursively(folder, ec, hidden))  // sorted
+    if (is_image_file(f)) files.push_back(std::move(f));
+  DTORCH_CHECK_T(DataError, !ec, "cannot list ", folder, ": ", ec.message());
   return files;
 }
 
-std::vector<std::string> checked_classes(const fs::path& dir) {
+std::vector<std::string> checked_classes(const std::string& dir) {
   auto classes = class_folders(dir);
-  DTORCH_CHECK_T(DataError, classes.size() >= 2, dir.string(), " has ", classes.size(),
+  DTORCH_CHECK_T(DataError, classes.size() >= 2, dir, " has ", classes.size(),
                  " class folder(s): an image folder needs one sub-folder per class, at least "
                  "two (DIR/cat/1.jpg, DIR/dog/2.png, ...), or DIR/train and DIR/val holding "
                  "such folders");
   return classes;
 }
 
-std::vector<std::string> files_of_class(const fs::path& dir, const std::string& cls) {
-  auto files = image_files(dir / cls);
-  DTORCH_CHECK_T(DataError, !files.empty(), (dir / cls).string(),
+std::vector<std::string> files_of_class(const std::string& dir, const std::string& cls) {
+  auto files = image_files(paths::join(dir, cls));
+  DTORCH_CHECK_T(DataError, !files.empty(), paths::join(dir, cls),
                  " holds no .jpg, .jpeg or .png file: add images, or remove the folder so it "
                  "is not a class");
   return files;
@@ -85,36 +76,36 @@ std::vector<std::string> files_of_class(const fs::path& dir, const std::string& 
 }  // namespace
 
 ImageSplits scan_image_folder(const std::string& dir) {
-  std::error_code ec;
-  DTORCH_CHECK_T(DataError, fs::is_directory(dir, ec), "image folder ", dir,
+  DTORCH_CHECK_T(DataError, paths::is_directory(dir), "image folder ", dir,
                  " does not exist or is not a directory (--data imagefolder:DIR)");
   ImageSplits s;
   s.mean = kImageNetMean;
   s.std = kImageNetStd;
   auto train = std::make_shared<FileSource>();
   auto test = std::make_shared<FileSource>();
-  const fs::path root(dir);
-  fs::path held_out;
+  const std::string train_dir = paths::join(dir, "train");
+  std::string held_out;
   for (const char* name : {"val", "test"})
-    if (held_out.empty() && fs::is_directory(root / name, ec)) held_out = root / name;
-  if (fs::is_directory(root / "train", ec) && !held_out.empty()) {
-    s.classes = checked_classes(root / "train");
+    if (held_out.empty() && paths::is_directory(paths::join(dir, name)))
+      held_out = paths::join(dir, name);
+  if (paths::is_directory(train_dir) && !held_out.empty()) {
+    s.classes = checked_classes(train_dir);
     for (size_t c = 0; c < s.classes.size(); ++c)
-      for (auto& f : files_of_class(root / "train", s.classes[c]))
+      for (auto& f : files_of_class(train_dir, s.classes[c]))
         train->add(std::move(f), static_cast<int64_t>(c));
     for (const auto& cls : class_folders(held_out)) {
       auto it = std::find(s.classes.begin(), s.classes.end(), cls);
-      DTORCH_CHECK_T(DataError, it != s.classes.end(), (held_out / cls).string(),
-                     " is a class the training split ", (root / "train").string(),
+      DTORCH_CHECK_T(DataError, it != s.classes.end(), paths::join(held_out, cls),
+                     " is a class the training split ", train_dir,
                      " lacks: the two must name the same classes");
-      for (auto& f : image_files(held_out / cls))
+      for (auto& f : image_files(paths::join(held_out, cls)))
         test->add(std::move(f), it - s.classes.begin());
     }
-    s.describe = str((root / "train").string(), " and ", held_out.string());
+    s.describe = str(train_dir, " and ", held_out);
   } else {
-    s.classes = checked_classes(root);
+    s.classes = checked_classes(dir);
     for (size_t c = 0; c < s.classes.size(); ++c) {
-      auto files = files_of_class(root, s.classes[c]);
+      auto files = files_of_class(dir, s.classes[c]);
       for (size_t i = 0; i < files.size(); ++i)
         (i % 10 == 9 ? test : train)->add(std::move(files[i]), static_cast<int64_t>(c));
     }
@@ -135,28 +126,28 @@ constexpr int64_t kCifarRecord = 1 + 3 * kCifarSide * kCifarSide;
 
 class CifarSource : public ImageSource {
  public:
-  void read(const fs::path& file) {
+  void read(const std::string& file) {
     std::ifstream in(file, std::ios::binary);
-    DTORCH_CHECK_T(DataError, in.good(), file.string(),
+    DTORCH_CHECK_T(DataError, in.good(), file,
                    " is missing or unreadable: --data cifar10:DIR expects CIFAR-10's binary "
                    "version (data_batch_1.bin ... data_batch_5.bin, test_batch.bin) in DIR");
     // Read straight onto the end of records_: one copy of the data set in memory, not two.
     std::error_code ec;
-    const auto size = fs::file_size(file, ec);
-    DTORCH_CHECK_T(DataError, !ec && size > 0 && size % kCifarRecord == 0, file.string(), " holds ",
-                   ec ? 0 : size, " bytes, not a whole number of ", kCifarRecord,
+    const uint64_t size = paths::file_size(file, ec);  // 0 when unreadable
+    DTORCH_CHECK_T(DataError, !ec && size > 0 && size % kCifarRecord == 0, file, " holds ", size,
+                   " bytes, not a whole number of ", kCifarRecord,
                    "-byte CIFAR-10 records (truncated download?)");
     const std::size_t at = records_.size();
     records_.resize(at + size);
     in.read(reinterpret_cast<char*>(records_.data() + at), static_cast<std::streamsize>(size));
-    DTORCH_CHECK_T(DataError, static_cast<std::size_t>(in.gcount()) == size, file.string(),
-                   ": read ", in.gcount(), " of its ", size, " bytes");
+    DTORCH_CHECK_T(DataError, static_cast<std::size_t>(in.gcount()) == size, file, ": read ",
+                   in.gcount(), " of its ", size, " bytes");
     const int64_t n = static_cast<int64_t>(size) / kCifarRecord;
     for (int64_t i = 0; i < n; ++i) {
       const uint8_t label = records_[at + static_cast<size_t>(i * kCifarRecord)];
-      DTORCH_CHECK_T(DataError, label < 10, file.string(), " record ", i, " has label ", int(label),
+      DTORCH_CHECK_T(DataError, label < 10, file, " record ", i, " has label ", int(label),
                      " (CIFAR-10 has 0..9): is it CIFAR-100's file?");
-      files_.push_back({file.filename().string(), i});
+      files_.push_back({paths::file_name(file), i});
     }
   }
   int64_t size() const override { return static_cast<int64_t>(files_.size()); }
@@ -187,16 +178,16 @@ class CifarSource : public ImageSource {
 }  // namespace
 
 ImageSplits load_cifar10(const std::string& dir) {
-  std::error_code ec;
-  fs::path root(dir);
-  if (fs::is_directory(root / "cifar-10-batches-bin", ec)) root /= "cifar-10-batches-bin";
-  DTORCH_CHECK_T(DataError, fs::is_directory(root, ec), "CIFAR-10 folder ", dir,
+  std::string root = dir;
+  if (paths::is_directory(paths::join(root, "cifar-10-batches-bin")))
+    root = paths::join(root, "cifar-10-batches-bin");
+  DTORCH_CHECK_T(DataError, paths::is_directory(root), "CIFAR-10 folder ", dir,
                  " does not exist (--data cifar10:DIR, DIR holding data_batch_1.bin ...)");
   auto train = std::make_shared<CifarSource>();
   for (int b = 1; b <= 5; ++b)
-    train->read(root / str("data_batch_", b, ".bin"));
+    train->read(paths::join(root, str("data_batch_", b, ".bin")));
   auto test = std::make_shared<CifarSource>();
-  test->read(root / "test_batch.bin");
+  test->read(paths::join(root, "test_batch.bin"));
   ImageSplits s;
   s.classes = {"airplane", "automobile", "bird",  "cat",  "deer",
                "dog",      "frog",       "horse", "ship", "truck"};
@@ -205,7 +196,7 @@ ImageSplits load_cifar10(const std::string& dir) {
   s.mean = kCifar10Mean;
   s.std = kCifar10Std;
   s.natural_size = kCifarSide;
-  s.describe = root.string();
+  s.describe = root;
   return s;
 }
 

@@ -11,11 +11,11 @@
 #include <algorithm>
 #include <cctype>
 #include <csetjmp>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::data {
 namespace {
@@ -120,7 +120,7 @@ RgbImage decode_image_file(const std::string& path, int64_t min_side) {
 }
 
 bool is_image_file(const std::string& path) {
-  std::string ext = std::filesystem::path(path).extension().string();
+  std::string ext = paths::extension(path);
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";

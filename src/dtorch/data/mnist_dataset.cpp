@@ -2,9 +2,8 @@
 // does (same float32 operations in the same order), so C++ and Python see identical inputs.
 #include "dtorch/data/mnist_dataset.h"
 
-#include <filesystem>
-
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/data/idx.h"
 
 namespace dtorch::data {
@@ -31,24 +30,19 @@ std::string prefix_of(const std::string& split) {
 std::string mnist_file(const std::string& dir, const std::string& split, const std::string& kind) {
   DTORCH_CHECK_T(ConfigError, kind == "images" || kind == "labels", "unknown MNIST file kind '",
                  kind, "': use \"images\" or \"labels\"");
-  const std::string base =
-      (std::filesystem::path(dir) /
-       (prefix_of(split) + "-" + kind + "-idx" + (kind == "images" ? "3" : "1") + "-ubyte"))
-          .string();
-  std::error_code ec;
-  if (!std::filesystem::exists(base + ".gz", ec) && std::filesystem::exists(base, ec)) return base;
+  const std::string base = paths::join(
+      dir, prefix_of(split) + "-" + kind + "-idx" + (kind == "images" ? "3" : "1") + "-ubyte");
+  if (!paths::exists(base + ".gz") && paths::exists(base)) return base;
   return base + ".gz";
 }
 
 MnistSplit load_mnist(const std::string& dir, const std::string& split) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  DTORCH_CHECK_T(DataError, fs::is_directory(dir, ec), "dataset directory ", dir,
+  DTORCH_CHECK_T(DataError, paths::is_directory(dir), "dataset directory ", dir,
                  " does not exist: ", install_hint());
   const std::string images_path = mnist_file(dir, split, "images");
   const std::string labels_path = mnist_file(dir, split, "labels");
   for (const auto& p : {images_path, labels_path}) {
-    DTORCH_CHECK_T(DataError, fs::exists(p, ec), "dataset file ", p, " (or the same without .gz)",
+    DTORCH_CHECK_T(DataError, paths::exists(p), "dataset file ", p, " (or the same without .gz)",
                    " not found: ", install_hint());
   }
 

@@ -3,14 +3,13 @@
 #include "dtorch/data/text_dataset.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::data {
-namespace fs = std::filesystem;
 namespace {
 
 std::string fix_hint(bool is_default) {
@@ -28,51 +27,47 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // The files a folder contributes, sorted by name so every rank reads the same text.
-std::vector<fs::path> text_files(const fs::path& dir) {
-  std::vector<fs::path> files;
+std::vector<std::string> text_files(const std::string& dir) {
+  std::vector<std::string> files;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  for (const std::string& name : paths::list_directory(dir, ec)) {  // sorted
     // fortune's strfile writes NAME.dat (binary index); NAME.u8 is a symlink to NAME.
-    if (name.empty() || name[0] == '.' || ends_with(name, ".dat") || ends_with(name, ".u8"))
-      continue;
-    if (entry.is_symlink(ec) || !entry.is_regular_file(ec)) continue;
-    files.push_back(entry.path());
+    if (name[0] == '.' || ends_with(name, ".dat") || ends_with(name, ".u8")) continue;
+    const std::string path = paths::join(dir, name);
+    if (paths::is_symlink(path) || !paths::is_regular_file(path)) continue;
+    files.push_back(path);
   }
-  std::sort(files.begin(), files.end());
   return files;
 }
 
-void append_file(const fs::path& path, std::string* bytes, const std::string& hint) {
+void append_file(const std::string& path, std::string* bytes, const std::string& hint) {
   std::ifstream in(path, std::ios::binary);
-  DTORCH_CHECK_T(DataError, in.good(), "cannot read text file ", path.string(), ": ", hint);
+  DTORCH_CHECK_T(DataError, in.good(), "cannot read text file ", path, ": ", hint);
   bytes->append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  DTORCH_CHECK_T(DataError, !in.bad(), "error while reading text file ", path.string());
+  DTORCH_CHECK_T(DataError, !in.bad(), "error while reading text file ", path);
 }
 
 }  // namespace
 
 TextData load_text(const std::string& spec) {
   const bool is_default = spec.empty();
-  const fs::path path = is_default ? fs::path(kDefaultTextDir) : fs::path(spec);
+  const std::string path = is_default ? std::string(kDefaultTextDir) : spec;
   const std::string hint = fix_hint(is_default);
-  std::error_code ec;
-  DTORCH_CHECK_T(DataError, fs::exists(path, ec), "text corpus ", path.string(),
-                 " does not exist: ", hint);
+  DTORCH_CHECK_T(DataError, paths::exists(path), "text corpus ", path, " does not exist: ", hint);
   std::string bytes;
-  if (fs::is_directory(path, ec)) {
+  if (paths::is_directory(path)) {
     const auto files = text_files(path);
-    DTORCH_CHECK_T(DataError, !files.empty(), "text folder ", path.string(),
+    DTORCH_CHECK_T(DataError, !files.empty(), "text folder ", path,
                    " holds no text files (hidden, *.dat and *.u8 files are skipped): ", hint);
     for (const auto& f : files)
       append_file(f, &bytes, hint);
   } else {
     append_file(path, &bytes, hint);
   }
-  DTORCH_CHECK_T(DataError, !bytes.empty(), "text corpus ", path.string(), " is empty: ", hint);
+  DTORCH_CHECK_T(DataError, !bytes.empty(), "text corpus ", path, " is empty: ", hint);
 
   TextData out;
-  out.source = path.string();
+  out.source = path;
   out.tokens = torch::from_blob(bytes.data(), {int64_t(bytes.size())}, torch::kUInt8)
                    .to(torch::kLong);  // a copy: `bytes` dies here
   return out;

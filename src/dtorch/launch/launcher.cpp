@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -29,6 +28,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/launch/elastic_rendezvous.h"
 #include "dtorch/launch/line_prefixer.h"
@@ -184,7 +184,7 @@ class RankLogs {
   explicit RankLogs(const LaunchOptions& o, bool append = false) {
     if (o.log_dir.empty()) return;
     std::error_code ec;
-    std::filesystem::create_directories(o.log_dir, ec);
+    paths::create_directories(o.log_dir, ec);
     DTORCH_CHECK_T(ConfigError, !ec, "cannot create --log-dir ", o.log_dir, ": ", ec.message());
     for (int lr = 0; lr < o.nproc_per_node; ++lr) {
       std::string path = str(o.log_dir, "/rank", o.node_rank * o.nproc_per_node + lr, ".log");
@@ -252,7 +252,7 @@ struct ErrorDir {
   }
   ~ErrorDir() {
     std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);
+    if (!path.empty()) paths::remove_all(path, ec);
   }
   ErrorDir(const ErrorDir&) = delete;
   ErrorDir& operator=(const ErrorDir&) = delete;
@@ -395,9 +395,8 @@ class Attempt {
       w.out = LinePrefixer(o.prefix_stdout ? prefix : "");
       w.err = LinePrefixer(prefix);
       std::error_code ec;
-      std::filesystem::create_directories(
-          std::filesystem::path(error_file(plan_, attempt_, lr)).parent_path(), ec);
-      std::filesystem::remove(error_file(plan_, attempt_, lr), ec);
+      paths::create_directories(paths::parent_path(error_file(plan_, attempt_, lr)), ec);
+      paths::remove(error_file(plan_, attempt_, lr), ec);
       if (attempt_ > 0) {
         plan_.logs->write(lr, str("dtorch launch: restart ", attempt_, " of ", o.max_restarts,
                                   " (TORCHELASTIC_RESTART_COUNT=", attempt_, ")\n"));

@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -19,6 +18,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/train/crc32.h"
@@ -27,8 +27,6 @@
 
 namespace dtorch::train {
 namespace {
-
-namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'D', 'T', 'O', 'R', 'C', 'H', 'C', 'K'};
 constexpr size_t kHeaderSize = 8 + 4 + 8 + 4;
@@ -199,16 +197,16 @@ std::string checkpoint_path(const std::string& dir, int64_t epoch) {
   char name[64];
   std::snprintf(name, sizeof name, "%s%06lld%s", kPrefix.c_str(), static_cast<long long>(epoch),
                 kSuffix.c_str());
-  return (fs::path(dir) / name).string();
+  return paths::join(dir, name);
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return {};
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    int64_t epoch = epoch_of(entry.path().filename().string());
-    if (epoch >= 0 && entry.is_regular_file(ec)) found.emplace_back(epoch, entry.path().string());
+  std::error_code ec;  // no folder, or an unreadable one: no checkpoints
+  for (const std::string& name : paths::list_directory(dir, ec)) {
+    const std::string path = paths::join(dir, name);
+    int64_t epoch = epoch_of(name);
+    if (epoch >= 0 && paths::is_regular_file(path)) found.emplace_back(epoch, path);
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
   std::vector<std::string> out;
@@ -226,9 +224,10 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
   DTORCH_CHECK_T(CheckpointError, !meta.is_discarded() && meta.is_object(),
                  "checkpoint metadata must be a JSON object, got: ", data.metadata_json);
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  DTORCH_CHECK_T(CheckpointError, fs::is_directory(dir), "cannot create checkpoint directory ", dir,
-                 ": ", ec.message(), " (save into a writable directory: `dtorch train --out DIR`)");
+  paths::create_directories(dir, ec);
+  DTORCH_CHECK_T(CheckpointError, paths::is_directory(dir), "cannot create checkpoint directory ",
+                 dir, ": ", ec.message(),
+                 " (save into a writable directory: `dtorch train --out DIR`)");
 
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   c10::Dict<std::string, torch::Tensor> params;
@@ -275,7 +274,7 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
       ++others_kept;
       continue;
     }
-    if (!fs::remove(f, ec)) log::warn("could not delete old checkpoint ", f, ": ", ec.message());
+    if (!paths::remove(f, ec)) log::warn("could not delete old checkpoint ", f, ": ", ec.message());
   }
 }
 

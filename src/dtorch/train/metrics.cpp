@@ -5,10 +5,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::train {
 namespace {
@@ -55,9 +55,9 @@ std::string record_json(const std::string& kind, const std::map<std::string, dou
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
-  std::filesystem::path p(path);
+  const std::string parent = paths::parent_path(path);
   std::error_code ec;
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+  if (!parent.empty()) paths::create_directories(parent, ec);
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   DTORCH_CHECK_T(ConfigError, f_ != nullptr, "cannot open metrics file ", path, ": ",
                  std::strerror(errno),

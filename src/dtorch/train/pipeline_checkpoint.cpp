@@ -5,11 +5,11 @@
 #include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/registry.h"
 
@@ -26,18 +26,18 @@ void write_pipeline_layout(const std::string& out, const std::string& model,
     j["stages"].push_back({r.begin, r.end});
   if (!folders.empty()) j["folders"] = folders;
   const std::string text = j.dump() + "\n";
-  std::filesystem::create_directories(out);
+  paths::create_directories(out);
   write_file_atomically(out + "/pipeline.json", std::vector<char>(text.begin(), text.end()));
 }
 
 void forget_pipeline_layout(const std::string& out) {
   std::error_code ec;
-  std::filesystem::remove(out + "/pipeline.json", ec);
+  paths::remove(out + "/pipeline.json", ec);
 }
 
 std::vector<SavedStage> read_pipeline_layout(const std::string& out) {
   const std::string path = out + "/pipeline.json";
-  if (!std::filesystem::exists(path)) return {};
+  if (!paths::exists(path)) return {};
   std::vector<SavedStage> stages;
   try {
     std::ifstream in(path);
@@ -72,12 +72,9 @@ std::optional<LoadedCheckpoint> load_from_stages(
   for (const SavedStage& s : saved) {
     if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
     if (list_checkpoints(s.folder).empty()) {
-      std::error_code ec;
-      DTORCH_CHECK_T(
-          CheckpointError,
-          !std::filesystem::exists(s.folder, ec) || std::filesystem::is_empty(s.folder, ec),
-          s.folder, " holds no whole-stage checkpoint but other files (ZeRO's ",
-          "shards?): resume with the --strategy, --pp and --pp-split that wrote it");
+      DTORCH_CHECK_T(CheckpointError, !paths::exists(s.folder) || paths::is_empty(s.folder),
+                     s.folder, " holds no whole-stage checkpoint but other files (ZeRO's ",
+                     "shards?): resume with the --strategy, --pp and --pp-split that wrote it");
       DTORCH_CHECK_T(CheckpointError, !result, s.folder, " has no checkpoint but ", result->path,
                      " does: the run stopped while saving; remove the newer stage checkpoints ",
                      "or start a new --out");
@@ -107,8 +104,8 @@ std::optional<LoadedCheckpoint> load_from_stages(
   if (!result) return result;
   for (const auto& kv : params) {
     DTORCH_CHECK_T(CheckpointError, filled.count(kv.key()), "no stage checkpoint under ",
-                   std::filesystem::path(result->path).parent_path().parent_path().string(),
-                   " holds ", kv.key(), ": it was written for another model");
+                   paths::parent_path(paths::parent_path(result->path)), " holds ", kv.key(),
+                   ": it was written for another model");
   }
   return result;
 }

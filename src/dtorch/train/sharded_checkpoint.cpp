@@ -9,19 +9,18 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/train/crc32.h"
 
 namespace dtorch::train {
 namespace {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 const std::string kFormat = "dtorch-sharded-checkpoint";
@@ -84,7 +83,7 @@ torch::Tensor compact(const torch::Tensor& t) {
   return c;
 }
 
-void fsync_dir(const fs::path& dir) {
+void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     ::fsync(fd);
@@ -277,41 +276,40 @@ std::pair<int64_t, int64_t> write_tensors(const std::string& path, const StateDi
 
 // Rank 0's last act: metadata.json into the staging folder, the folder renamed into place,
 // old checkpoints pruned. Returns what went wrong, "" on success.
-std::string publish(const std::string& dir, const fs::path& staging, const json& meta, int64_t step,
-                    int keep) {
-  const fs::path final_dir = sharded_step_dir(dir, step);
+std::string publish(const std::string& dir, const std::string& staging, const json& meta,
+                    int64_t step, int keep) {
+  const std::string final_dir = sharded_step_dir(dir, step);
   try {
     const std::string text = meta.dump(1);
-    write_file_atomically((staging / kMetadata).string(),
+    write_file_atomically(paths::join(staging, kMetadata),
                           std::vector<char>(text.begin(), text.end()));
     std::error_code ec;
-    if (fs::exists(final_dir)) {
+    if (paths::exists(final_dir)) {
       // Re-saving a step: the old copy moves aside first, as rename cannot replace a folder.
-      const fs::path old = final_dir.string() + kReplaced;
-      fs::remove_all(old, ec);
-      fs::rename(final_dir, old);
-      fs::rename(staging, final_dir);
-      fs::remove_all(old, ec);
+      const std::string old = final_dir + kReplaced;
+      paths::remove_all(old, ec);
+      paths::rename(final_dir, old);
+      paths::rename(staging, final_dir);
+      paths::remove_all(old, ec);
     } else {
-      fs::rename(staging, final_dir);
+      paths::rename(staging, final_dir);
     }
     fsync_dir(dir);
   } catch (const std::exception& e) {
-    return str("cannot publish ", final_dir.string(), ": ", e.what());
+    return str("cannot publish ", final_dir, ": ", e.what());
   }
   // Prune only once the new checkpoint is in place; never the one just written.
   std::vector<std::string> all = list_sharded_checkpoints(dir);
-  if (!all.empty() && all.front() != final_dir.string())
-    log::warn("checkpoint directory ", dir, " holds ", all.front(), ", newer than ",
-              final_dir.string(),
+  if (!all.empty() && all.front() != final_dir)
+    log::warn("checkpoint directory ", dir, " holds ", all.front(), ", newer than ", final_dir,
               " just written; resuming will pick the newer one (use a fresh "
               "checkpoint directory per run)");
   int others_kept = 0;
   for (const auto& d : all) {
-    if (d == final_dir.string()) continue;
+    if (d == final_dir) continue;
     if (others_kept++ < keep - 1) continue;
     std::error_code ec;
-    fs::remove_all(d, ec);
+    paths::remove_all(d, ec);
     if (ec) log::warn("could not delete old checkpoint ", d, ": ", ec.message());
   }
   return "";
@@ -323,9 +321,8 @@ std::string publish(const std::string& dir, const fs::path& staging, const json&
 // to *bytes when asked for.
 std::string file_problem(const std::string& path, int64_t expect_bytes, uint32_t expect_crc,
                          int64_t* actual, std::vector<char>* bytes) {
-  std::error_code ec;
   *actual = -1;
-  if (!fs::is_regular_file(path, ec)) return "missing";
+  if (!paths::is_regular_file(path)) return "missing";
   std::vector<char> b;
   try {
     b = read_file(path);
@@ -353,7 +350,7 @@ std::string sharded_step_dir(const std::string& dir, int64_t global_step) {
   char name[64];
   std::snprintf(name, sizeof name, "%s%06lld", kStepPrefix.c_str(),
                 static_cast<long long>(global_step));
-  return (fs::path(dir) / name).string();
+  return paths::join(dir, name);
 }
 
 void save_sharded_checkpoint(
@@ -375,14 +372,14 @@ void save_sharded_checkpoint(
                  "\nEvery rank must pass the same layouts and pieces that tile each key exactly.");
 
   // 2. Rank 0 prepares the staging folder (an earlier, interrupted save may have left one).
-  const fs::path staging = sharded_step_dir(dir, data.global_step) + kPartial;
+  const std::string staging = sharded_step_dir(dir, data.global_step) + kPartial;
   std::string problem;
   if (rank == 0) {
     std::error_code ec;
-    fs::create_directories(dir, ec);
-    fs::remove_all(staging, ec);
-    if (!fs::create_directory(staging, ec) && !fs::is_directory(staging))
-      problem = str("cannot create ", staging.string(), ": ", ec.message(),
+    paths::create_directories(dir, ec);
+    paths::remove_all(staging, ec);
+    if (!paths::create_directory(staging, ec) && !paths::is_directory(staging))
+      problem = str("cannot create ", staging, ": ", ec.message(),
                     " (pass a writable checkpoint directory)");
   }
   problem = comm.broadcast_string(problem, 0, "sharded checkpoint: staging folder");
@@ -396,14 +393,14 @@ void save_sharded_checkpoint(
     StateDict pieces;
     for (const auto& p : mine)
       pieces.emplace_back(p.key, compact(p.data));
-    auto [bytes, crc] = write_tensors((staging / shard_file(rank, world)).string(), pieces);
+    auto [bytes, crc] = write_tensors(paths::join(staging, shard_file(rank, world)), pieces);
     info[1] = bytes;
     info[2] = crc;
     if (rank == 0) {
       StateDict full;
       for (const auto& [key, t] : full_on_rank0)
         full.emplace_back(key, compact(t));
-      auto [fbytes, fcrc] = write_tensors((staging / kFullFile).string(), full);
+      auto [fbytes, fcrc] = write_tensors(paths::join(staging, kFullFile), full);
       info[3] = fbytes;
       info[4] = fcrc;
     }
@@ -423,7 +420,7 @@ void save_sharded_checkpoint(
   if (!failed.empty()) {
     if (rank == 0) {
       std::error_code ec;
-      fs::remove_all(staging, ec);
+      paths::remove_all(staging, ec);
     }
     DTORCH_FAIL(CheckpointError, "sharded checkpoint for step ", data.global_step,
                 " not saved: rank(s) ", failed,
@@ -438,7 +435,7 @@ void save_sharded_checkpoint(
                       data.global_step, keep);
     if (!problem.empty()) {
       std::error_code ec;
-      fs::remove_all(staging, ec);
+      paths::remove_all(staging, ec);
     }
   }
   problem = comm.broadcast_string(problem, 0, "sharded checkpoint: publish");
@@ -448,12 +445,12 @@ void save_sharded_checkpoint(
 
 std::vector<std::string> list_sharded_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return {};
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    int64_t step = step_of(entry.path().filename().string());
-    if (step >= 0 && entry.is_directory(ec) && fs::exists(entry.path() / kMetadata, ec))
-      found.emplace_back(step, entry.path().string());
+  std::error_code ec;  // no folder, or an unreadable one: no checkpoints
+  for (const std::string& name : paths::list_directory(dir, ec)) {
+    const std::string path = paths::join(dir, name);
+    int64_t step = step_of(name);
+    if (step >= 0 && paths::is_directory(path) && paths::exists(paths::join(path, kMetadata)))
+      found.emplace_back(step, path);
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
   std::vector<std::string> out;
@@ -493,7 +490,7 @@ struct ShardedCheckpointReader::Impl {
   std::map<std::string, std::pair<int64_t, uint32_t>> files;  // name -> bytes, crc32
   std::map<std::string, std::map<std::string, torch::Tensor>> loaded;
 
-  std::string path_of(const std::string& file) const { return (fs::path(dir) / file).string(); }
+  std::string path_of(const std::string& file) const { return paths::join(dir, file); }
 
   void parse_metadata();
   const std::map<std::string, torch::Tensor>& load(const std::string& file);
@@ -501,7 +498,7 @@ struct ShardedCheckpointReader::Impl {
 
 void ShardedCheckpointReader::Impl::parse_metadata() {
   const std::string path = path_of(kMetadata);
-  DTORCH_CHECK_T(CheckpointError, fs::exists(path), "checkpoint ", dir, " is incomplete: ", path,
+  DTORCH_CHECK_T(CheckpointError, paths::exists(path), "checkpoint ", dir, " is incomplete: ", path,
                  " is missing, so the save that wrote it did not finish; ", kDamaged);
   std::vector<char> bytes = read_file(path);
   json m = json::parse(bytes.begin(), bytes.end(), nullptr, false);
@@ -578,19 +575,18 @@ const std::map<std::string, torch::Tensor>& ShardedCheckpointReader::Impl::load(
 
 ShardedCheckpointReader::ShardedCheckpointReader(const std::string& path)
     : impl_(std::make_unique<Impl>()) {
-  std::error_code ec;
-  const fs::path p(path);
-  const std::string name = p.filename().string();
+  const std::string name = paths::file_name(path);
   std::string step_dir = path;
-  if (!fs::exists(p / kMetadata, ec) && step_of(name) < 0 &&
+  if (!paths::exists(paths::join(path, kMetadata)) && step_of(name) < 0 &&
       name.find(kPartial) == std::string::npos) {
-    DTORCH_CHECK_T(CheckpointError, fs::is_directory(p, ec), "checkpoint directory ", path,
+    DTORCH_CHECK_T(CheckpointError, paths::is_directory(path), "checkpoint directory ", path,
                    " does not exist or is not a directory");
     std::optional<std::string> latest = latest_complete(path);
     if (!latest) {
       bool unfinished = false;
-      for (const auto& e : fs::directory_iterator(p, ec))
-        unfinished |= e.path().filename().string().rfind(kStepPrefix, 0) == 0;
+      std::error_code ec;
+      for (const std::string& e : paths::list_directory(path, ec))
+        unfinished |= e.rfind(kStepPrefix, 0) == 0;
       DTORCH_FAIL(CheckpointError, path,
                   unfinished ? " holds only unfinished saves (step folders without metadata.json)"
                              : " is not a sharded checkpoint: it has neither metadata.json nor "

@@ -2,9 +2,9 @@
 #include "dtorch/train/sharded_join.h"
 
 #include <algorithm>
-#include <filesystem>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::train {
 
@@ -28,7 +28,7 @@ std::optional<ShardedJoin> ShardedJoin::open(const std::vector<std::string>& fol
   for (size_t i = 0; i < folders.size(); ++i) {
     const std::string dir = sharded_step_dir(folders[i], step);
     if (dir != *newest[i]) {
-      DTORCH_CHECK_T(CheckpointError, std::filesystem::exists(dir), *newest[i], " is newer than ",
+      DTORCH_CHECK_T(CheckpointError, paths::exists(dir), *newest[i], " is newer than ",
                      sharded_step_dir(folders[0], step), " and ", folders[i], " has no step ", step,
                      ": the checkpoints are not from one save; ",
                      "delete the newer ones to resume from the older step");

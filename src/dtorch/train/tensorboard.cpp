@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::train {
 namespace {
@@ -95,7 +95,7 @@ uint32_t crc32c(const void* data, size_t n) {
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  paths::create_directories(dir, ec);
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
   path_ = str(dir, "/events.out.tfevents.", static_cast<int64_t>(now_seconds()), ".", host, ".",

@@ -5,7 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -17,6 +16,7 @@
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/data/prefetch.h"
 #include "dtorch/data/sampler.h"
 #include "dtorch/models/registry.h"
@@ -328,16 +328,14 @@ StateDict join_pipeline_stages(pp::Pipeline& pipeline, const StateDict& stage) {
 }
 
 void check_tensor_parallel_layout(const TrainConfig& c) {
-  namespace fs = std::filesystem;
   int saved_tp = 1;
   std::error_code ec;
   // In the run's folder, or in its pipeline stage folders (Note [Pipeline checkpoints]).
-  std::vector<fs::path> folders{c.out};
-  for (const auto& e : fs::directory_iterator(c.out, ec))
-    if (e.path().filename().string().rfind("pp", 0) == 0) folders.push_back(e.path());
+  std::vector<std::string> folders{c.out};
+  for (const std::string& name : paths::list_directory(c.out, ec))
+    if (name.rfind("pp", 0) == 0) folders.push_back(paths::join(c.out, name));
   for (const auto& folder : folders) {
-    for (const auto& e : fs::directory_iterator(folder, ec)) {
-      const std::string name = e.path().filename().string();
+    for (const std::string& name : paths::list_directory(folder, ec)) {
       auto of = name.find("-of-");
       if (name.rfind("tp", 0) == 0 && of != std::string::npos) {
         saved_tp = std::atoi(name.c_str() + of + 4);
@@ -534,7 +532,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     comm->allreduce(e, comm::ReduceOp::Max, "resume epoch check");
     DTORCH_CHECK_T(CheckpointError, e[0].item<double>() == -e[1].item<double>(),
                    "ranks found different checkpoints in ", c.out,
-                   " (is --out on a filesystem every node shares?)");
+                   " (is --out on a file system every node shares?)");
   }
 
   if (lead) {
