@@ -27,7 +27,7 @@ DTORCH_TEST_WORKER(comm_cuda_collectives) {
   c->broadcast(b, n - 1, "cuda broadcast");
   DTORCH_CHECK(b.cpu().equal(torch::full({7}, double(n - 1), torch::kDouble)),
                "broadcast on CUDA is wrong");
-  auto in = torch::arange(4 * n, on_gpu) + r;
+  auto in = torch::arange(4 * n, on_gpu.dtype(torch::kFloat)) + r;
   auto out = torch::empty({4}, on_gpu);
   c->reduce_scatter(in, out, ReduceOp::Sum, "cuda reduce-scatter");
   auto want = torch::arange(4 * r, 4 * r + 4).to(torch::kFloat) * n + n * (n - 1) / 2;

@@ -45,8 +45,10 @@ testing::CommandResult train_on(const std::string& device, const std::string& ou
                                 const std::string& strategy, int nproc, int epochs,
                                 const std::vector<std::string>& more = {},
                                 const std::vector<std::string>& env = {}) {
+  // Few threads: gpu-check runs these tests side by side, and a CPU run with a thread per core
+  // each slows them all down tenfold.
   auto args = testing::with(testing::gpt_debug_train_args(out, strategy, nproc, epochs),
-                            {"--device", device});
+                            {"--device", device, "--threads", "2"});
   args = testing::with(args, more);
   return testing::run_command(str("train_", device, "_", strategy, nproc), args, 300, env);
 }
@@ -78,7 +80,9 @@ INSTANTIATE_TEST_SUITE_P(
     Strategies, CudaTrainOneRank,
     ::testing::Values(Layout{"ddp", "ddp", {}}, Layout{"zero1", "zero1", {}},
                       Layout{"zero2", "zero2", {}}, Layout{"zero3", "zero3", {}},
-                      Layout{"ddp_checkpointed", "ddp", {"--activation-checkpointing"}},
+                      Layout{"ddp_checkpointed",
+                             "ddp",
+                             {"--activation-checkpointing", "--phase-times", "--print-every", "4"}},
                       Layout{"zero3_clipped", "zero3", {"--clip-grad-norm", "0.5"}},
                       Layout{"ddp_accumulated", "ddp", {"--accum-steps", "2"}}),
     [](const auto& info) { return std::string(info.param.name); });

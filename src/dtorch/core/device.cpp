@@ -73,7 +73,12 @@ at::Device resolve_device(const std::string& spec, int local_rank, int local_wor
 
 void use_device(at::Device d) {
 #ifdef DTORCH_WITH_CUDA
-  if (d.is_cuda()) c10::cuda::set_device(d.index());
+  if (!d.is_cuda()) return;
+  c10::cuda::set_device(d.index());
+  // CUDA starts lazily: the context and the caching allocator exist from the first tensor on
+  // the device, and reading the allocator's counts before that fails ("Invalid device
+  // argument ... did you call init?").
+  at::empty({1}, at::TensorOptions().device(d));
 #endif
 }
 

@@ -43,7 +43,7 @@ at::Device resolve_device(const std::string& spec, int local_rank, int local_wor
                           bool share_gpus = false, const std::string& flag = "--device");
 
 /// Makes `d` the current CUDA device of this process (torch.cuda.set_device), so that new CUDA
-/// tensors, streams and NCCL's communicators use it. Nothing for the CPU.
+/// tensors, streams and NCCL's communicators use it, and starts CUDA on it. Nothing for the CPU.
 void use_device(at::Device d);
 
 /// The GPU's name ("NVIDIA H100 80GB HBM3"); "cpu" for the CPU.
