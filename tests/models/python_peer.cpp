@@ -89,4 +89,12 @@ if sys.argv[1]:
   return run_shell(cmd + " 2>&1", output);
 }
 
+nlohmann::json printed_result(const std::string& output) {
+  const auto at = output.rfind("RESULT ");
+  if (at == std::string::npos) return nlohmann::json::value_t::discarded;
+  const auto end = output.find('\n', at);
+  return nlohmann::json::parse(output.substr(at + 7, end == std::string::npos ? end : end - at - 7),
+                               nullptr, false);
+}
+
 }  // namespace dtorch::testing

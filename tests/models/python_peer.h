@@ -4,6 +4,8 @@
 // results are checked against PyTorch.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <vector>
 
@@ -30,6 +32,10 @@ std::string python_unavailable_reason(bool need_peer);
 /// the script exists (else None). Returns the exit code; stdout+stderr go to *output.
 int run_python(const std::string& dir, const std::string& name, const std::string& code,
                const std::vector<std::string>& args, std::string* output);
+
+/// What a snippet printed as its result: the JSON after "RESULT " on the last line that has
+/// it; a discarded json (is_discarded()) when there is none or it does not parse.
+nlohmann::json printed_result(const std::string& output);
 
 }  // namespace dtorch::testing
 

@@ -17,20 +17,6 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-// Writes all of `n` bytes to fd, retrying short writes and EINTR.
-bool write_all(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 }  // namespace
 
 std::optional<std::string> write_file_atomically(const std::string& path, const char* data,
@@ -45,7 +31,7 @@ std::optional<std::string> write_file_atomically(const std::string& path, const 
     return str("cannot create ", tmp, ": ", errno_text(),
                " (does the directory exist and is it writable?)", hint);
   }
-  bool ok = write_all(fd, data, n);
+  bool ok = paths::write_fully(fd, data, n);
   std::string why = ok ? "" : "write: " + errno_text();
   // fsync before rename: otherwise a power loss can leave the new name on an empty file.
   if (ok && ::fsync(fd) != 0) {

@@ -68,7 +68,8 @@ void collect_files(const std::string& dir, std::vector<std::string>* files, std:
   }
 }
 
-// write(2) all of `n` bytes, retrying short writes and EINTR.
+}  // namespace
+
 bool write_fully(int fd, const char* data, size_t n) {
   while (n > 0) {
     const ssize_t w = ::write(fd, data, n);
@@ -81,8 +82,6 @@ bool write_fully(int fd, const char* data, size_t n) {
   }
   return true;
 }
-
-}  // namespace
 
 // ---- names -----------------------------------------------------------------------------------
 

@@ -120,6 +120,9 @@ void copy_file(const std::string& from, const std::string& to);
 /// Copies directory `from` into `to` (created when missing) with all its files and folders;
 /// symlinks are copied as the files they point to. Fails on a file `to` already has.
 void copy_tree(const std::string& from, const std::string& to);
+/// write(2)s all of `n` bytes to `fd`, retrying short writes and EINTR; false (errno set) on
+/// an error.
+bool write_fully(int fd, const char* data, size_t n);
 /// Makes `p` `size` bytes long, cutting or extending with zero bytes.
 void resize_file(const std::string& p, uint64_t size);
 /// Creates a symbolic link at `link` that points to `target` (stored as given).
