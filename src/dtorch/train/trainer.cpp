@@ -561,6 +561,10 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
   const bool to_gpu = device.is_cuda();
   DeviceCopier copier(device);
   const int64_t total_steps = steps_per_epoch * c.epochs;
+  // The rate of the last optimizer step taken.
+  auto last_lr = [&] {
+    return schedule.at(std::max<int64_t>(0, global_step - strategy->skipped_steps() - 1));
+  };
 
   std::vector<EpochRecord> records;
   for (int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
@@ -603,7 +607,8 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
         window_phases.lap(phase);
       };
       lap("data");
-      strategy->set_lr(schedule.at(global_step));
+      // A step fp16 skipped does not advance the schedule (Note [Loss scaling]).
+      strategy->set_lr(schedule.at(global_step - strategy->skipped_steps()));
       bool last_micro = (i + 1) % c.accum_steps == 0 || i + 1 == batches.size();
       double l = 0;
       bool stepped = last_micro;
@@ -634,7 +639,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
         ++window_steps;
         if (board) {
           board->scalar("train/loss", global_step, step_tally.mean());
-          board->scalar("train/lr", global_step, schedule.at(global_step - 1));
+          board->scalar("train/lr", global_step, last_lr());
         }
         step_tally = {};
       }
@@ -642,7 +647,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
       if (stepped && c.print_every > 0 && global_step % c.print_every == 0) {
         const auto ms = window_phases.take_mean_ms(window_steps);
         const double rate = static_cast<double>(window.samples) / seconds_since(window_start);
-        const double lr = schedule.at(global_step - 1);
+        const double lr = last_lr();
         if (lead) {
           log::info("step ", global_step, "/", total_steps, ": loss ", window.mean(), ", lr ", lr,
                     ", ", static_cast<int64_t>(rate), " samples/s", describe_phases(ms));
@@ -679,7 +684,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     r.test_accuracy = test_acc;
     r.samples_per_s = static_cast<double>(epoch_tally.samples) / train_seconds;
     r.seconds = seconds_since(t0);
-    r.lr = schedule.at(std::max<int64_t>(0, global_step - 1));
+    r.lr = last_lr();
     r.phase_ms = epoch_phases.take_mean_ms(global_step - epoch_first_step);
     if (device.is_cuda()) {
       const DeviceMemory m = device_memory(device);
