@@ -207,20 +207,26 @@ def nvidia_smi(query):
 
 
 def dtorch_commit():
-    """As scripts/gpu-check finds it: git where the sources are a checkout, else DTORCH_COMMIT,
-    else the file .dtorch-commit."""
+    """As scripts/gpu-check finds it: DTORCH_COMMIT, else the file .dtorch-commit (either is
+    written on purpose by whoever copied the sources, whose .git may be an older one), else git
+    where the sources are a checkout."""
+    if os.environ.get("DTORCH_COMMIT"):
+        return os.environ["DTORCH_COMMIT"]
+    path = os.path.join(ROOT, ".dtorch-commit")
+    if os.path.exists(path):
+        return open(path).readline().strip()
     if os.path.exists(os.path.join(ROOT, ".git")):
         try:
             c = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             if c.returncode == 0:
-                return c.stdout.strip()
+                out = c.stdout.strip()
+                d = subprocess.run(["git", "-C", ROOT, "diff", "--quiet", "HEAD"],
+                                   stderr=subprocess.DEVNULL)
+                return out + (" + local changes" if d.returncode != 0 else "")
         except OSError:
             pass
-    if os.environ.get("DTORCH_COMMIT"):
-        return os.environ["DTORCH_COMMIT"]
-    path = os.path.join(ROOT, ".dtorch-commit")
-    return open(path).readline().strip() if os.path.exists(path) else "?"
+    return "?"
 
 
 def gib(b):
