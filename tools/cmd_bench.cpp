@@ -15,6 +15,7 @@
 #include "dtorch/launch/launcher.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/ddp/ddp.h"
+#include "dtorch/train/strategy.h"
 #include "dtorch/train/zero_grad.h"
 #include "tools/commands.h"
 
@@ -42,10 +43,7 @@ int bench_worker(const BenchFlags& f) {
   torch::set_num_threads(f.threads);
   torch::manual_seed(0);
   auto comm = comm::Communicator::from_env();
-  const bool share = env::get("DTORCH_BACKEND").value_or("auto") == "gloo";
-  const at::Device device = resolve_device(
-      f.device, comm->info().local_rank, comm->info().local_world_size, cuda_availability(), share);
-  use_device(device);
+  const at::Device device = train::resolve_run_device(f.device, comm->info());
   auto train = data::load_mnist(f.data_dir, "train");
   train.images = train.images.to(device);
   train.labels = train.labels.to(device);

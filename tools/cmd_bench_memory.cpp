@@ -50,7 +50,7 @@ using Clock = std::chrono::steady_clock;
 int memory_worker(MemoryFlags f) {
   torch::set_num_threads(f.threads);
   auto world = comm::Communicator::from_env();
-  const at::Device device = train::resolve_run_device(f.strategy, world->info());
+  const at::Device device = train::resolve_run_device(f.strategy.device, world->info());
   torch::manual_seed(0);
   models::ImageInput input;
   if (f.image_size > 0) input = {3, f.image_size, f.classes > 0 ? f.classes : 1000};

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "dtorch/core/device.h"
-#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/torch_compat.h"
@@ -576,10 +575,10 @@ void validate(const StrategyConfig& c) {
   validate(c.loss_scale);
 }
 
-at::Device resolve_run_device(const StrategyConfig& c, const launch::RankInfo& job) {
-  const bool share = env::get("DTORCH_BACKEND").value_or("auto") == "gloo";
+at::Device resolve_run_device(const std::string& spec, const launch::RankInfo& job) {
+  const bool share = comm::comm_options_from_env().backend == "gloo";
   const at::Device d =
-      resolve_device(c.device, job.local_rank, job.local_world_size, cuda_availability(), share);
+      resolve_device(spec, job.local_rank, job.local_world_size, cuda_availability(), share);
   use_device(d);
   return d;
 }

@@ -56,10 +56,11 @@ struct StrategyConfig {
 /// Throws ConfigError naming the bad field and the choices.
 void validate(const StrategyConfig& c);
 
-/// The device this process trains on: c.device for the job's rank `job` (its LOCAL_RANK and
-/// LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA device. Ranks may share a
-/// GPU when DTORCH_BACKEND=gloo. ConfigError as resolve_device says.
-at::Device resolve_run_device(const StrategyConfig& c, const launch::RankInfo& job);
+/// The device this process trains on: `spec` (cpu | cuda | auto: --device) for the job's rank
+/// `job` (its LOCAL_RANK and LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA
+/// device. Ranks may share a GPU when the job's backend is Gloo (DTORCH_BACKEND=gloo).
+/// ConfigError as resolve_device says.
+at::Device resolve_run_device(const std::string& spec, const launch::RankInfo& job);
 
 class Strategy {
  public:

@@ -421,7 +421,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
   if (c.threads > 0) torch::set_num_threads(c.threads);
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
-  const at::Device device = resolve_run_device(c.strategy, comm->info());
+  const at::Device device = resolve_run_device(c.strategy.device, comm->info());
   memory.device = device;
   if (lead) log::info(describe_device(device, c.strategy.device));
   // Image data first: the model is built for its channels, size and classes.
