@@ -23,6 +23,7 @@
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/out_of_memory.h"
+#include "dtorch/train/run_config.h"
 #include "dtorch/train/strategy.h"
 #include "tools/allocation_meter.h"
 #include "tools/commands.h"
@@ -296,7 +297,8 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--pp", f->pp.pp, "pipeline stages (the strategy runs over world / (tp pp))")
       ->capture_default_str();
-  cmd->add_option("--microbatches", f->pp.microbatches, "with --pp")->capture_default_str();
+  cmd->add_option("--microbatches", f->pp.microbatches,
+                  "with --pp (default 2 x pp, or the most below that which divides the batch)");
   cmd->add_option("--schedule", f->pp.schedule, "with --pp: gpipe | 1f1b | interleaved | zb")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}))
       ->capture_default_str();
@@ -315,7 +317,9 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
                    "bench memory: --nproc-per-node, --threads, --steps, --batch-size, "
                    "--seq-len, --tp and --pp must be >= 1, --activation-checkpointing, "
                    "--image-size and --classes >= 0");
-    if (f->pp.pp > 1 && f->pp.microbatches == 0) f->pp.microbatches = 2 * f->pp.pp;
+    if (f->pp.pp > 1 && f->pp.microbatches == 0) {  // Note [Micro-batches]
+      f->pp.microbatches = train::default_microbatches(f->pp.pp, f->pp.schedule, f->batch_size);
+    }
     train::validate(f->strategy);
     auto launched = self_launch_bench(f->nproc_per_node, true);
     exit_code = launched ? *launched : memory_worker(*f);

@@ -11,6 +11,7 @@
 namespace dtorch::train {
 struct StrategyConfig;
 struct LoaderConfig;
+struct TrainConfig;
 }  // namespace dtorch::train
 
 namespace dtorch::tools {
@@ -21,14 +22,12 @@ void set_command_line(int argc, char** argv);
 
 /// `dtorch launch [flags] -- PROGRAM [ARGS...]` (cmd_launch.cpp)
 void add_launch_command(CLI::App& app, int& exit_code);
-/// The strategy's flags (--strategy, --precision, --reduce-dtype, --optimizer, --lr,
-/// --momentum, --weight-decay, --betas, --bucket-cap-mb, --min-unit-params,
-/// --find-unused-parameters, --grad-compression) as one option group of `cmd` writing into `s`,
-/// whose values when called are the defaults shown (strategy_options.cpp).
+/// The flags of the run configuration's fields (train/run_config.h) as options of `cmd`
+/// writing into the struct given, grouped by section, its values when called the defaults
+/// shown (config_options.cpp): the strategy's, the data loader's, or every setting of a run.
 void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s);
-/// The data loader's flags (--data-workers, --image-size, --augment, --bad-images) as one
-/// option group of `cmd` writing into `l` (loader_options.cpp).
 void add_loader_options(CLI::App* cmd, train::LoaderConfig& l);
+void add_config_options(CLI::App* cmd, train::TrainConfig& c);
 /// `dtorch train ...` (cmd_train.cpp)
 void add_train_command(CLI::App& app, int& exit_code);
 /// `dtorch bench ddp ...` (cmd_bench.cpp)

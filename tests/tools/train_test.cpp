@@ -188,7 +188,95 @@ TEST(TrainCli, SaveFormatSafetensorsWritesModelSafetensors) {
   args.back() = "pickle";
   auto bad = run_command("train_safetensors_bad_cmd", args, 60);
   EXPECT_NE(bad.exit_code(), 0);
-  EXPECT_TRUE(contains(bad.err, "save format 'pickle' is not one of pt, safetensors")) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "--save-format: pickle not in {pt,safetensors}")) << bad.err;
+}
+
+// Every run writes its resolved configuration to <out>/config.json; `--config` reruns it
+// (here with --out given, which wins): every record of metrics.jsonl is the same but for the
+// times, and so are the weights. --print-config prints the file a run would write.
+TEST(TrainCli, ConfigJsonRerunsTheRunBitForBit) {
+  const std::string dir = testing::scratch_dir("train_config_json");
+  std::vector<std::string> first{DTORCH_CLI,
+                                 "train",
+                                 "--model",
+                                 "mnist-mlp",
+                                 "--epochs",
+                                 "2",
+                                 "--train-samples",
+                                 "512",
+                                 "--test-samples",
+                                 "256",
+                                 "--optimizer",
+                                 "adamw",
+                                 "--lr",
+                                 "0.003",
+                                 "--lr-schedule",
+                                 "warmup-cosine",
+                                 "--warmup-steps",
+                                 "2",
+                                 "--clip-grad-norm",
+                                 "1",
+                                 "--print-every",
+                                 "3",
+                                 "--nproc-per-node",
+                                 "2",
+                                 "--progress",
+                                 "lines",
+                                 "--out",
+                                 dir + "/first"};
+  auto r = run_command("train_config_first", first, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  const std::string config = dir + "/first/config.json";
+  ASSERT_TRUE(paths::exists(config));
+  std::ifstream in(config);
+  const auto written = nlohmann::json::parse(in);
+  EXPECT_EQ(written["optimizer"]["weight-decay"], 0.01) << "the default resolved, written out";
+  EXPECT_EQ(written["optimizer"]["lr"], 0.003);
+
+  r = run_command(
+      "train_config_again",
+      {DTORCH_CLI, "train", "--config", config, "--nproc-per-node", "2", "--out", dir + "/again"},
+      300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  auto lines = [](const std::string& out) {
+    std::vector<nlohmann::json> v;
+    std::ifstream f(out + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      auto j = nlohmann::json::parse(line);
+      for (auto it = j.begin(); it != j.end();) {  // the times differ
+        const std::string k = it.key();
+        const bool time = k == "seconds" || k == "samples_per_s" ||
+                          (k.size() > 3 && k.compare(k.size() - 3, 3, "_ms") == 0);
+        it = time ? j.erase(it) : std::next(it);
+      }
+      v.push_back(j);
+    }
+    return v;
+  };
+  const auto a = lines(dir + "/first"), b = lines(dir + "/again");
+  ASSERT_EQ(a.size(), 2u + 2u) << "2 epochs and 2 step records (every 3 of 8 steps)";
+  EXPECT_EQ(a, b);
+  auto wa = weights(dir + "/first/model.pt", "mnist-mlp");
+  auto wb = weights(dir + "/again/model.pt", "mnist-mlp");
+  for (size_t i = 0; i < wa.size(); ++i)
+    EXPECT_TRUE(wa[i].equal(wb[i])) << "parameter " << i;
+
+  r = run_command("train_config_print",
+                  {DTORCH_CLI, "train", "--config", config, "--lr", "0.5", "--print-config"}, 60);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  auto printed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(printed["optimizer"]["lr"], 0.5) << "a flag given wins";
+  printed["optimizer"]["lr"] = 0.003;
+  EXPECT_EQ(printed, written);
+  EXPECT_FALSE(paths::exists(dir + "/first/config.json.tmp"));
+
+  std::ofstream(dir + "/bad.json") << R"({"training": {"batch_size": 4}})";
+  r = run_command("train_config_bad", {DTORCH_CLI, "train", "--config", dir + "/bad.json"}, 60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "did you mean 'batch-size'")) << r.err;
+  r = run_command("train_config_none", {DTORCH_CLI, "train", "--config", dir + "/none.json"}, 60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "--config " + dir + "/none.json: no such file")) << r.err;
 }
 
 // torchrun's static rendezvous (--master_port: its agent serves the store) and --standalone

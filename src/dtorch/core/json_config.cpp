@@ -120,8 +120,12 @@ nlohmann::json parse(const std::string& text, const std::string& name) {
 }
 
 Section::Section(const json& j, std::string path, std::string file,
-                 std::vector<std::string>* warnings)
-    : j_(j), path_(std::move(path)), file_(std::move(file)), warnings_(warnings) {
+                 std::vector<std::string>* warnings, bool auto_is_absent)
+    : j_(j),
+      path_(std::move(path)),
+      file_(std::move(file)),
+      warnings_(warnings),
+      auto_is_absent_(auto_is_absent) {
   DTORCH_CHECK_T(ConfigError, j.is_object(), file_, ": ", where(), " must be an object {...} (got ",
                  j.dump(), ")");
 }
@@ -144,7 +148,8 @@ void Section::ignore(const std::string& key, const std::string& why) const {
 
 const json* Section::get(const std::string& key) const {
   auto it = j_.find(key);
-  if (it == j_.end() || it->is_null() || (it->is_string() && *it == "auto")) return nullptr;
+  if (it == j_.end() || it->is_null()) return nullptr;
+  if (auto_is_absent_ && it->is_string() && *it == "auto") return nullptr;
   return &*it;
 }
 
@@ -205,12 +210,12 @@ std::optional<std::string> Section::choice(const std::string& key, const Keys& c
 std::optional<Section> Section::section(const std::string& key) const {
   const json* v = get(key);
   if (!v) return std::nullopt;
-  return Section(*v, name(key), file_, warnings_);
+  return Section(*v, name(key), file_, warnings_, auto_is_absent_);
 }
 
 Section Section::empty_section(const std::string& key) const {
   static const json empty = json::object();
-  return Section(empty, name(key), file_, warnings_);
+  return Section(empty, name(key), file_, warnings_, auto_is_absent_);
 }
 
 std::string Section::name(const std::string& key) const {

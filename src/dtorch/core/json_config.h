@@ -24,14 +24,15 @@ std::string nearest(const std::string& word, const Keys& known);
 /// given twice in one object.
 nlohmann::json parse(const std::string& text, const std::string& name);
 
-/// One JSON object of a file. A value null or "auto" (Hugging Face's placeholder for "let the
-/// program decide") counts as absent. Refers to the JSON and the warnings, which must outlive
-/// it.
+/// One JSON object of a file. A value null counts as absent, and so does "auto" (Hugging Face's
+/// placeholder for "let the program decide") unless `auto_is_absent` is false (a format whose
+/// values include "auto"). Refers to the JSON and the warnings, which must outlive it.
 class Section {
  public:
-  /// ConfigError unless `j` is an object. `path` is its dotted key ("" for the top level).
+  /// ConfigError unless `j` is an object. `path` is its dotted key ("" for the top level). Its
+  /// sections inherit `auto_is_absent`.
   Section(const nlohmann::json& j, std::string path, std::string file,
-          std::vector<std::string>* warnings);
+          std::vector<std::string>* warnings, bool auto_is_absent = true);
 
   /// Checks every key: `read` are the keys the caller reads, `ignored` those the format has
   /// and the program does not implement (a warning each); any other is a ConfigError naming
@@ -71,6 +72,7 @@ class Section {
   std::string path_;
   std::string file_;
   std::vector<std::string>* warnings_;
+  bool auto_is_absent_;
 };
 
 }  // namespace dtorch::json_config

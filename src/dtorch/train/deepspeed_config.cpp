@@ -405,14 +405,52 @@ BatchSizes resolve_batch_sizes(std::optional<int64_t> train, std::optional<int64
 }
 
 void set_batch_sizes(const BatchSizes& b, TrainConfig& c) {
-  if (c.pp > 1) {  // the accumulation steps are the pipeline's micro-batches
-    c.batch_size = b.micro * b.accum;
-    c.microbatches = static_cast<int>(b.accum);
-    c.accum_steps = 1;
-  } else {
-    c.batch_size = b.micro;
-    c.accum_steps = static_cast<int>(b.accum);
+  c.batch_size = b.micro;
+  c.accum_steps = static_cast<int>(b.accum);
+}
+
+PipelineBatch resolve_pipeline_batch(std::optional<int64_t> total, std::optional<int64_t> batch,
+                                     std::optional<int64_t> microbatches,
+                                     std::optional<int64_t> micro_size, int dp,
+                                     const PipelineBatchNames& n) {
+  PipelineBatch b;
+  b.batch = batch;
+  std::string batch_is = str(n.batch, " ", batch.value_or(0));  // the batch and its source
+  // A rank's batch from another pair of sources must agree with the one given.
+  auto agree = [&](int64_t v, const std::string& from) {
+    DTORCH_CHECK_T(ConfigError, !b.batch || *b.batch == v, batch_is, " disagrees with ", from, " (",
+                   v, " per rank); give one of them");
+    if (!b.batch) batch_is = str("the batch per rank ", v, " (", from, ")");
+    b.batch = v;
+  };
+  if (total) {
+    DTORCH_CHECK_T(ConfigError, *total % dp == 0 && *total >= dp, n.total, " ", *total,
+                   " is not a multiple of the ", dp, " data-parallel rank(s); make it one");
+    agree(*total / dp, str(n.total, " ", *total, " over ", dp, " data-parallel rank(s)"));
   }
+  if (micro_size && microbatches) {
+    agree(*micro_size * *microbatches,
+          str(n.micro_size, " ", *micro_size, " x ", n.microbatches, " ", *microbatches));
+  }
+  if (microbatches) {
+    b.microbatches = static_cast<int>(*microbatches);
+  } else if (micro_size && b.batch) {
+    DTORCH_CHECK_T(ConfigError, *b.batch % *micro_size == 0, batch_is, " is not a multiple of ",
+                   n.micro_size, " ", *micro_size, "; change one of them");
+    b.microbatches = static_cast<int>(*b.batch / *micro_size);
+  }
+  if (b.batch && b.microbatches > 0) {
+    DTORCH_CHECK_T(ConfigError, *b.batch % b.microbatches == 0, batch_is, " cannot be cut into ",
+                   n.microbatches, " ", b.microbatches,
+                   " equal micro-batches; make it a multiple of ", b.microbatches);
+  }
+  return b;
+}
+
+void set_pipeline_batch_sizes(const PipelineBatch& b, TrainConfig& c) {
+  if (b.batch) c.batch_size = *b.batch;
+  if (b.microbatches > 0) c.microbatches = b.microbatches;
+  c.accum_steps = 1;
 }
 
 std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
@@ -466,9 +504,20 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
     }
   }
   // DeepSpeed's batch rule over the data-parallel ranks; the flags stand for the micro batch
-  // and the accumulation steps.
+  // and the accumulation steps (under a pipeline: a rank's batch and its micro-batches).
   if (ds.train_batch_size || ds.micro_batch_size || ds.accum_steps) {
     const int dp = std::max(1, world_size / std::max(1, c.tp * c.pp));
+    if (c.pp > 1) {
+      const bool batch = given.count("--batch-size") > 0;
+      set_pipeline_batch_sizes(
+          resolve_pipeline_batch(
+              ds.train_batch_size, batch ? std::optional<int64_t>(c.batch_size) : std::nullopt,
+              given.count("--microbatches") ? std::optional<int64_t>(c.microbatches)
+                                            : ds.accum_steps,
+              batch ? std::nullopt : ds.micro_batch_size, dp),
+          c);
+      return notes;
+    }
     auto micro =
         given.count("--batch-size") ? std::optional<int64_t>(c.batch_size) : ds.micro_batch_size;
     auto accum =

@@ -22,7 +22,8 @@ struct TrainConfig;
 //       DeepSpeed's rule: train_batch_size = micro x accumulation x data-parallel size; any
 //       two give the third (integer division, as DeepSpeed), all three must agree
 //       (--batch-size is the micro batch, --accum-steps the accumulation). Under --pp the
-//       accumulation steps are the pipeline's micro-batches, as in DeepSpeed's pipeline engine.
+//       accumulation steps are the pipeline's micro-batches (--microbatches), as in DeepSpeed's
+//       pipeline engine, and --batch-size is a rank's whole batch (Note [Micro-batches]).
 //   zero_optimization.stage 0-3      --strategy ddp | zero1 | zero2 | zero3
 //   zero_optimization.reduce_bucket_size (elements; fp32: 4 bytes each)   --bucket-cap-mb
 //   zero_optimization.overlap_comm, contiguous_gradients, reduce_scatter,
@@ -110,9 +111,28 @@ BatchSizes resolve_batch_sizes(std::optional<int64_t> train_batch_size,
                                std::optional<int64_t> micro, std::optional<int64_t> accum, int dp,
                                const BatchNames& names = {});
 
-/// Sets `c`'s batch size and accumulation steps from `b` (with a pipeline, the accumulation
-/// steps are its micro-batches).
+/// Sets `c`'s batch size and accumulation steps from `b` (no pipeline).
 void set_batch_sizes(const BatchSizes& b, TrainConfig& c);
+
+/// The same rule under a pipeline (Note [Micro-batches] in run_config.h): a rank's batch and
+/// its micro-batch count (0: not known, resolve() derives it) from whichever of the total,
+/// the rank's batch, the micro-batch count and the micro-batch size are given. ConfigError when
+/// two disagree, naming both as `names` calls them, or when a division is not exact.
+struct PipelineBatch {
+  std::optional<int64_t> batch;
+  int microbatches = 0;
+};
+struct PipelineBatchNames {
+  const char* total = "train_batch_size";
+  const char* batch = "--batch-size";
+  const char* microbatches = "gradient_accumulation_steps";
+  const char* micro_size = "train_micro_batch_size_per_gpu";
+};
+PipelineBatch resolve_pipeline_batch(std::optional<int64_t> total, std::optional<int64_t> batch,
+                                     std::optional<int64_t> microbatches,
+                                     std::optional<int64_t> micro_size, int dp,
+                                     const PipelineBatchNames& names = {});
+void set_pipeline_batch_sizes(const PipelineBatch& b, TrainConfig& c);
 
 /// Sets the fields of `c` the file gives, except those whose flags are in `flags_given`
 /// ("--lr", ...). `world_size` is the job's rank count (the data-parallel size is that over

@@ -24,11 +24,12 @@
 #include "dtorch/train/zero_grad.h"
 
 namespace dtorch::train {
-namespace {
 
 double weight_decay_of(const StrategyConfig& c) {
   return c.weight_decay.value_or(c.optimizer == "adamw" ? 0.01 : 0.0);
 }
+
+namespace {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
                                                         std::vector<torch::Tensor> params) {
@@ -656,9 +657,8 @@ Layout apply_pipeline(const std::string& model_name,
       return build_stages(model_name, pp, input);
     };
   }
-  const int microbatches = c.microbatches > 0 ? c.microbatches : 2 * c.pp;
   out.pp.pipeline = std::make_shared<pp::Pipeline>(
-      built, mesh.pp, pp::PipelineOptions{c.schedule, microbatches, v});
+      built, mesh.pp, pp::PipelineOptions{c.schedule, c.microbatches, v});
   return out;
 }
 

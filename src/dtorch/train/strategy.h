@@ -56,6 +56,10 @@ struct StrategyConfig {
 /// Throws ConfigError naming the bad field and the choices.
 void validate(const StrategyConfig& c);
 
+/// The weight decay `c` trains with: the one given, else 0.01 for adamw (PyTorch's default)
+/// and 0 for sgd and adam.
+double weight_decay_of(const StrategyConfig& c);
+
 /// The device this process trains on: `spec` (cpu | cuda | auto: --device) for the job's rank
 /// `job` (its LOCAL_RANK and LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA
 /// device. Ranks may share a GPU when the job's backend is Gloo (DTORCH_BACKEND=gloo).
@@ -136,7 +140,7 @@ struct Layout {
 /// The trainer's pipeline flags.
 struct PipelineConfig {
   int pp = 1;
-  int microbatches = 0;  ///< 0: 2 x pp
+  int microbatches = 0;  ///< >= 1; 0 until run_config.h's default_microbatches chooses
   std::string schedule = "1f1b";
   std::string split;  ///< --pp-split; empty: balanced by parameter count
 };

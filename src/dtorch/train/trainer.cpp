@@ -202,7 +202,7 @@ std::string config_json(const TrainConfig& c, int world, const Schedule& schedul
   return j.dump();
 }
 
-StrategyConfig strategy_config(const TrainConfig& c, const models::ImageInput& input = {}) {
+StrategyConfig strategy_config(const TrainConfig& c, const models::ImageInput& input) {
   StrategyConfig s = c.strategy;
   s.model = c.model;
   s.input = input;
@@ -352,67 +352,6 @@ void check_tensor_parallel_layout(const TrainConfig& c) {
 
 }  // namespace
 
-void validate(const TrainConfig& c) {
-  auto names = models::model_names();
-  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model) != names.end(),
-                 "unknown model '", c.model, "'; choose one of: ", [&] {
-                   std::string s;
-                   for (auto& n : names)
-                     s += (s.empty() ? "" : ", ") + n;
-                   return s;
-                 }());
-  parse_save_format(c.save_format);
-  DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
-                 c.activation_checkpointing,
-                 ": give K >= 1 to recompute every K-th block (1: every block)");
-  validate_data(c.data, c.loader, c.model.rfind("gpt", 0) == 0);
-  DTORCH_CHECK_T(ConfigError, c.epochs >= 1, "--epochs must be >= 1 (got ", c.epochs, ")");
-  DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ", c.batch_size,
-                 ")");
-  DTORCH_CHECK_T(ConfigError, c.seq_len >= 0,
-                 "--seq-len must be >= 1, or 0 for the model's "
-                 "longest sequence (got ",
-                 c.seq_len, ")");
-  DTORCH_CHECK_T(ConfigError, c.strategy.lr > 0, "--lr must be positive (got ", c.strategy.lr, ")");
-  validate(c.lr_schedule, c.strategy.lr);
-  DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
-  DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
-  DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
-  DTORCH_CHECK_T(ConfigError, c.tp >= 1, "--tp must be >= 1 (got ", c.tp, ")");
-  DTORCH_CHECK_T(ConfigError, c.tp > 1 || !c.sequence_parallel,
-                 "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
-                 "--tp 2 or more");
-  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy.kind != "zero3",
-                 "--tp with --strategy zero3 is not supported: ZeRO-3 gathers whole blocks, "
-                 "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
-  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.clip_grad_norm == 0,
-                 "--clip-grad-norm with --tp is not supported yet (the norm of split parameters "
-                 "needs a sum across the tp group); leave it at 0");
-  DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
-  DTORCH_CHECK_T(ConfigError, c.print_every >= 0,
-                 "--print-every must be >= 1, or 0 for a line per epoch only");
-  DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
-  if (c.pp > 1) {
-    DTORCH_CHECK_T(ConfigError, c.strategy.kind != "zero3",
-                   "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
-                   "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
-                   "zero1 or zero2");
-    DTORCH_CHECK_T(ConfigError,
-                   c.schedule == "gpipe" || c.schedule == "1f1b" || c.schedule == "zb" ||
-                       c.schedule == "interleaved",
-                   "--schedule ", c.schedule, ": use gpipe, 1f1b, interleaved or zb");
-    DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
-                   "already accumulates over its micro-batches; raise --microbatches and ",
-                   "--batch-size instead");
-    DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
-                   "--microbatches must be >= 1, or 0 for 2 x --pp");
-  } else {
-    DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
-                   "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
-  }
-  validate(strategy_config(c));
-}
-
 namespace {
 
 // The run; `memory` learns what it trains as it goes, for the message should memory run out.
@@ -424,6 +363,8 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
   const at::Device device = resolve_run_device(c.strategy.device, comm->info());
   memory.device = device;
   if (lead) log::info(describe_device(device, c.strategy.device));
+  // What this run is, before it starts: `dtorch train --config` reruns it.
+  if (lead) write_config_file(c, paths::join(c.out, "config.json"));
   // Image data first: the model is built for its channels, size and classes.
   TrainData data = open_data(c.data, c.data_dir, c.loader, c.seed);
   const models::ImageInput& input = data.input;
@@ -481,7 +422,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     std::vector<std::string> names = model->unit_names();
     log::info("mesh: ", parallel::describe(layout.plan),
               c.sequence_parallel ? " (sequence parallel)" : "", ", schedule ", c.schedule, ", ",
-              c.microbatches > 0 ? c.microbatches : 2 * c.pp, " micro-batches per batch");
+              c.microbatches, " micro-batches per batch");
     std::istringstream stages(pp::describe(layout.pp.plan, names));
     for (std::string line; std::getline(stages, line);)
       log::info(line);
@@ -743,8 +684,10 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
 
 }  // namespace
 
-std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm) {
-  validate(c);
+std::vector<EpochRecord> train(const TrainConfig& config,
+                               std::shared_ptr<comm::Communicator> comm) {
+  TrainConfig c = config;
+  resolve(c, {{}, {}, 0, {}, comm->size()});
   MemoryContext memory;
   memory.rank = comm->rank();
   memory.ranks = comm->size();

@@ -1,0 +1,354 @@
+// The run configuration (run_config.h): its JSON form through the one list of fields, the
+// merge of a --config file with the flags given, validation, and resolve(), where every
+// derived default is set.
+#include "dtorch/train/run_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cfloat>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <type_traits>
+
+#include "dtorch/core/error.h"
+#include "dtorch/core/json_config.h"
+#include "dtorch/core/paths.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/train/deepspeed_config.h"
+#include "dtorch/train/state_dict.h"
+
+namespace dtorch::train {
+namespace {
+
+using nlohmann::json;
+
+// Writes each field into its section.
+struct Writer {
+  json& j;
+  template <class T>
+  void operator()(const Field& f, const T& v) {
+    j[f.section][f.flag] = v;
+  }
+  void operator()(const Field& f, const std::optional<double>& v) {
+    j[f.section][f.flag] = v ? json(*v) : json(nullptr);
+  }
+  template <class E>
+  void operator()(const Field& f, const Named<E>& v) {
+    j[f.section][f.flag] = v.name();
+  }
+};
+
+// The flags of each section.
+struct KeyLister {
+  std::map<std::string, json_config::Keys>& keys;
+  template <class T>
+  void operator()(const Field& f, const T&) {
+    keys[f.section].push_back(f.flag);
+  }
+};
+
+// The section a flag is in.
+struct SectionOf {
+  std::map<std::string, std::string>& section;
+  template <class T>
+  void operator()(const Field& f, const T&) {
+    section[f.flag] = f.section;
+  }
+};
+
+// Reads each field a section gives, checking its type (and its choices).
+struct Reader {
+  const std::map<std::string, json_config::Section>& sections;
+  std::set<std::string>* given;
+
+  const json_config::Section* of(const Field& f) {
+    auto it = sections.find(f.section);
+    if (it == sections.end() || !it->second.has(f.flag)) return nullptr;
+    if (given) given->insert(std::string("--") + f.flag);
+    return &it->second;
+  }
+  template <class I>
+  void whole(const Field& f, I& v) {
+    const int64_t lo = std::is_signed<I>::value ? int64_t(std::numeric_limits<I>::min()) : 0;
+    const int64_t hi = static_cast<int64_t>(
+        std::min<uint64_t>(std::numeric_limits<I>::max(), std::numeric_limits<int64_t>::max()));
+    if (auto* s = of(f)) v = static_cast<I>(*s->integer(f.flag, lo, hi));
+  }
+  void operator()(const Field& f, int& v) { whole(f, v); }
+  void operator()(const Field& f, int64_t& v) { whole(f, v); }
+  void operator()(const Field& f, uint64_t& v) { whole(f, v); }
+  void operator()(const Field& f, bool& v) {
+    if (auto* s = of(f)) v = *s->boolean(f.flag);
+  }
+  void operator()(const Field& f, double& v) {
+    if (auto* s = of(f)) v = *s->number(f.flag, -DBL_MAX, DBL_MAX);
+  }
+  void operator()(const Field& f, std::optional<double>& v) {
+    if (auto* s = of(f)) v = *s->number(f.flag, -DBL_MAX, DBL_MAX);
+  }
+  void operator()(const Field& f, std::string& v) {
+    if (auto* s = of(f)) v = f.choices.empty() ? *s->text(f.flag) : *s->choice(f.flag, f.choices);
+  }
+  void operator()(const Field& f, std::vector<double>& v) {
+    auto* s = of(f);
+    if (!s) return;
+    const json& a = *s->get(f.flag);
+    const bool pair = a.is_array() && a.size() == 2 && a[0].is_number() && a[1].is_number();
+    DTORCH_CHECK_T(ConfigError, pair, s->file(), ": ", s->name(f.flag),
+                   " must be a list of two numbers, as [0.9, 0.999] (got ", a.dump(), ")");
+    v = {a[0].get<double>(), a[1].get<double>()};
+  }
+  template <class E>
+  void operator()(const Field& f, Named<E> v) {
+    if (auto* s = of(f)) v.set(*s->choice(f.flag, v.choices()));
+  }
+};
+
+// The JSON-only part of a field: a DeepSpeed schedule's parameters (they come from a
+// --deepspeed-config file's scheduler, not from flags).
+constexpr const char* kDeepSpeedSchedule = "deepspeed-schedule";
+
+}  // namespace
+
+const std::vector<std::pair<ddp::Compression, std::string>>& compression_names() {
+  static const std::vector<std::pair<ddp::Compression, std::string>> n{
+      {ddp::Compression::None, "none"},
+      {ddp::Compression::FP16, "fp16"},
+      {ddp::Compression::BF16, "bf16"}};
+  return n;
+}
+
+const std::vector<std::pair<ProgressConfig::Mode, std::string>>& progress_names() {
+  static const std::vector<std::pair<ProgressConfig::Mode, std::string>> n{
+      {ProgressConfig::Mode::Auto, "auto"},
+      {ProgressConfig::Mode::Bar, "bar"},
+      {ProgressConfig::Mode::Lines, "lines"},
+      {ProgressConfig::Mode::Off, "off"}};
+  return n;
+}
+
+json to_json(const TrainConfig& config) {
+  TrainConfig c = config;
+  json j = json::object();
+  for (const auto& s : config_sections())
+    j[s] = json::object();
+  visit_fields(c, Writer{j});
+  if (is_deepspeed_schedule(c.lr_schedule.kind))
+    j["optimizer"][kDeepSpeedSchedule] = json(c.lr_schedule)["deepspeed"];
+  return j;
+}
+
+TrainConfig from_json(const json& j, const std::string& file, const TrainConfig& base) {
+  TrainConfig c = base;
+  std::map<std::string, json_config::Keys> keys;
+  visit_fields(c, KeyLister{keys});
+  keys["optimizer"].push_back(kDeepSpeedSchedule);
+  std::vector<std::string> warnings;
+  json_config::Section top(j, "", file, &warnings, /*auto_is_absent=*/false);
+  top.keys(config_sections(), {});
+  std::map<std::string, json_config::Section> sections;
+  for (const auto& name : config_sections()) {
+    if (auto s = top.section(name)) {
+      s->keys(keys[name], {});
+      sections.emplace(name, *s);
+    }
+  }
+  visit_fields(c, Reader{sections, nullptr});
+  auto opt = sections.find("optimizer");
+  if (opt != sections.end() && opt->second.has(kDeepSpeedSchedule)) {
+    try {
+      json schedule = c.lr_schedule;
+      schedule["deepspeed"] = *opt->second.get(kDeepSpeedSchedule);
+      c.lr_schedule.deepspeed = schedule.get<LrScheduleConfig>().deepspeed;
+    } catch (const json::exception&) {
+      DTORCH_FAIL(ConfigError, file, ": optimizer.", kDeepSpeedSchedule,
+                  " must hold DeepSpeed's scheduler parameters as a config.json of dtorch "
+                  "writes them; take them from one, or leave the key out");
+    }
+  }
+  return c;
+}
+
+TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys) {
+  DTORCH_CHECK_T(ConfigError, paths::is_regular_file(path), "--config ", path,
+                 ": no such file; give the config.json of a run (dtorch train writes one into "
+                 "its --out), or one --print-config printed");
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  DTORCH_CHECK_T(ConfigError, in.good() || in.eof(), "--config ", path,
+                 ": cannot read the file; check its permissions");
+  const json j = json_config::parse(text.str(), path);
+  TrainConfig c = from_json(j, path);
+  if (keys) {
+    std::map<std::string, json_config::Keys> known;
+    visit_fields(c, KeyLister{known});
+    for (const auto& [section, flags] : known)
+      for (const auto& flag : flags)
+        if (j.contains(section) && j[section].contains(flag) && !j[section][flag].is_null())
+          keys->insert("--" + flag);
+  }
+  return c;
+}
+
+void write_config_file(const TrainConfig& c, const std::string& path) {
+  std::error_code ec;
+  paths::create_directories(paths::parent_path(path), ec);
+  const std::string text = to_json(c).dump(2) + "\n";
+  write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
+}
+
+TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_config,
+                          const std::set<std::string>& flags) {
+  json j = to_json(file);
+  const json given = to_json(flags_config);
+  std::map<std::string, std::string> section;
+  TrainConfig probe;
+  visit_fields(probe, SectionOf{section});
+  for (const auto& [flag, sec] : section) {
+    if (!flags.count("--" + flag)) continue;
+    j[sec][flag] = given[sec][flag];
+  }
+  if (flags.count("--lr-schedule")) {  // a schedule's parameters go with its kind
+    j["optimizer"].erase(kDeepSpeedSchedule);
+    if (given["optimizer"].contains(kDeepSpeedSchedule))
+      j["optimizer"][kDeepSpeedSchedule] = given["optimizer"][kDeepSpeedSchedule];
+  }
+  TrainConfig c = from_json(j, "the command line");
+  c.resume = flags_config.resume;
+  c.progress = flags_config.progress;
+  if (!flags.count("--progress")) c.progress.mode = file.progress.mode;
+  return c;
+}
+
+void validate(const TrainConfig& c) {
+  auto names = models::model_names();
+  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model) != names.end(),
+                 "unknown model '", c.model, "'; choose one of: ", [&] {
+                   std::string s;
+                   for (auto& n : names)
+                     s += (s.empty() ? "" : ", ") + n;
+                   return s;
+                 }());
+  parse_save_format(c.save_format);
+  DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
+                 c.activation_checkpointing,
+                 ": give K >= 1 to recompute every K-th block (1: every block)");
+  validate_data(c.data, c.loader, c.model.rfind("gpt", 0) == 0);
+  DTORCH_CHECK_T(ConfigError, c.epochs >= 1, "--epochs must be >= 1 (got ", c.epochs, ")");
+  DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ", c.batch_size,
+                 ")");
+  DTORCH_CHECK_T(ConfigError, c.seq_len >= 0,
+                 "--seq-len must be >= 1, or 0 for the model's "
+                 "longest sequence (got ",
+                 c.seq_len, ")");
+  DTORCH_CHECK_T(ConfigError, c.strategy.lr > 0, "--lr must be positive (got ", c.strategy.lr, ")");
+  validate(c.lr_schedule, c.strategy.lr);
+  DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
+  DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
+  DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
+  DTORCH_CHECK_T(ConfigError, c.tp >= 1, "--tp must be >= 1 (got ", c.tp, ")");
+  DTORCH_CHECK_T(ConfigError, c.tp > 1 || !c.sequence_parallel,
+                 "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
+                 "--tp 2 or more");
+  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy.kind != "zero3",
+                 "--tp with --strategy zero3 is not supported: ZeRO-3 gathers whole blocks, "
+                 "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
+  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.clip_grad_norm == 0,
+                 "--clip-grad-norm with --tp is not supported yet (the norm of split parameters "
+                 "needs a sum across the tp group); leave it at 0");
+  DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
+  DTORCH_CHECK_T(ConfigError, c.print_every >= 0,
+                 "--print-every must be >= 1, or 0 for a line per epoch only");
+  DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
+  if (c.pp > 1) {
+    DTORCH_CHECK_T(ConfigError, c.strategy.kind != "zero3",
+                   "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
+                   "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
+                   "zero1 or zero2");
+    DTORCH_CHECK_T(ConfigError,
+                   c.schedule == "gpipe" || c.schedule == "1f1b" || c.schedule == "zb" ||
+                       c.schedule == "interleaved",
+                   "--schedule ", c.schedule, ": use gpipe, 1f1b, interleaved or zb");
+    DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
+                   "already accumulates over its micro-batches; raise --microbatches and ",
+                   "--batch-size instead");
+    DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
+                   "--microbatches must be >= 1, or 0 for 2 x --pp");
+    DTORCH_CHECK_T(ConfigError, c.microbatches == 0 || c.batch_size % c.microbatches == 0,
+                   "--batch-size ", c.batch_size, " cannot be cut into --microbatches ",
+                   c.microbatches, " equal micro-batches; make it a multiple of ", c.microbatches);
+  } else {
+    DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
+                   "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
+  }
+  StrategyConfig s = c.strategy;
+  s.model = c.model;
+  validate(s);
+}
+
+int default_microbatches(int pp, const std::string& schedule, int64_t batch) {
+  const bool interleaved = schedule == "interleaved";
+  for (int m = 2 * pp; m >= 1; --m)
+    if (batch % m == 0 && (!interleaved || m % pp == 0)) return m;
+  DTORCH_FAIL(ConfigError, "--batch-size ", batch, " cannot be cut into micro-batches for the ",
+              "interleaved schedule over ", pp, " stages (it sends them in groups of ", pp,
+              "); make --batch-size a multiple of ", pp);
+}
+
+Resolution resolve(TrainConfig& c, const ConfigSources& src) {
+  Resolution r;
+  auto given = [&](const char* flag) { return src.given.count(flag) > 0; };
+  if (!src.deepspeed_config.empty()) {
+    const auto ds = read_deepspeed_config(src.deepspeed_config);
+    r.warnings = ds.warnings;
+    r.notes = apply_deepspeed_config(ds, src.command_line, src.world_size, c);
+    r.notes.push_back(str("--deepspeed-config ", src.deepspeed_config, ": ", c.strategy.kind, ", ",
+                          c.strategy.precision, ", ", c.strategy.optimizer, " lr ", c.strategy.lr,
+                          ", batch ", c.batch_size, " per rank x ", c.accum_steps,
+                          " accumulation step(s), schedule ", c.lr_schedule.kind));
+  }
+  const int dp = std::max(1, src.world_size / std::max(1, c.tp * c.pp));
+  if (src.global_batch_size > 0) {
+    // --global-batch-size: the batch per rank follows the job's size, by DeepSpeed's rule, so an
+    // elastic job that goes on with fewer nodes takes the same optimizer steps over the same
+    // samples (the sampler strides the epoch's order over the ranks).
+    auto flag = [&](const char* name, int64_t v) {
+      return given(name) && v > 0 ? std::optional<int64_t>(v) : std::nullopt;
+    };
+    const BatchNames names{"--global-batch-size", "--batch-size", "--accum-steps"};
+    if (c.pp > 1) {
+      set_pipeline_batch_sizes(
+          resolve_pipeline_batch(src.global_batch_size, flag("--batch-size", c.batch_size),
+                                 flag("--microbatches", c.microbatches), std::nullopt, dp,
+                                 {"--global-batch-size", "--batch-size", "--microbatches"}),
+          c);
+    } else {
+      set_batch_sizes(resolve_batch_sizes(src.global_batch_size, flag("--batch-size", c.batch_size),
+                                          flag("--accum-steps", c.accum_steps), dp, names),
+                      c);
+    }
+  }
+  if (c.pp > 1 && c.microbatches == 0) {  // Note [Micro-batches]
+    c.microbatches = default_microbatches(c.pp, c.schedule, c.batch_size);
+    if (c.microbatches != 2 * c.pp) {
+      r.notes.push_back(str("--microbatches ", c.microbatches, ": 2 x --pp (", 2 * c.pp,
+                            ") does not divide --batch-size ", c.batch_size));
+    }
+  }
+  if (src.global_batch_size > 0) {
+    r.notes.push_back(str("--global-batch-size ", src.global_batch_size, ": batch ", c.batch_size,
+                          " per rank",
+                          c.pp > 1 ? str(" in ", c.microbatches, " micro-batch(es)")
+                                   : str(" x ", c.accum_steps, " accumulation step(s)"),
+                          " x ", dp, " data-parallel rank(s)"));
+  }
+  c.strategy.weight_decay = weight_decay_of(c.strategy);
+  validate(c);
+  return r;
+}
+
+}  // namespace dtorch::train

@@ -1,0 +1,401 @@
+// The run configuration of `dtorch train`: the settings, each declared once with its flag and
+// documentation (the CLI's options and the JSON form <out>/config.json both come from that one
+// list), the JSON form read back by `--config`, and the one function that derives defaults
+// after every source has been read.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtorch/train/lr_schedule.h"
+#include "dtorch/train/progress.h"
+#include "dtorch/train/strategy.h"
+#include "dtorch/train/train_data.h"
+
+namespace dtorch::train {
+
+struct TrainConfig {
+  std::string model = "mnist-cnn";  ///< a name from models::model_names()
+  /// fashion-mnist or mnist (IDX files in data_dir), cifar10:DIR or imagefolder:DIR for image
+  /// models (train/train_data.h); text or text:PATH (byte tokens; default corpus: Debian's
+  /// fortunes) for language models (gpt-*).
+  std::string data = "fashion-mnist";
+  std::string data_dir;  ///< empty: Debian's dataset-fashion-mnist folder
+  LoaderConfig loader;   ///< loader threads, image size, augmentation, unreadable images
+  int64_t seq_len = 0;   ///< text: tokens per window (0: the model's maximum, at most 64)
+  int epochs = 2;
+  int64_t batch_size = 64;  ///< samples per rank per step (under --pp, split into micro-batches)
+  /// ddp | zero1 | zero2 | zero3 over the data-parallel group, with the optimizer, its peak
+  /// learning rate and the precision (its `model` is filled in from `model`).
+  StrategyConfig strategy;
+  LrScheduleConfig lr_schedule;  ///< every optimizer step's rate, peaking at strategy.lr
+  /// Tensor-parallel ranks per model replica (gpt-*, vit-*); the strategy runs over the
+  /// remaining data-parallel degree, world / tp (parallel/parallel_dims.h).
+  int tp = 1;
+  /// Megatron's sequence parallelism inside each tp group (needs tp > 1).
+  bool sequence_parallel = false;
+  /// Pipeline stages (gpt-*, resnet*, vit-*): each rank builds and runs one stage; the
+  /// strategy (ddp or zero1) runs over world / pp data-parallel replicas.
+  int pp = 1;
+  /// Micro-batches per batch under --pp; 0 until resolve() derives it (Note [Micro-batches]).
+  int microbatches = 0;
+  std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved | zb (pp::make_schedule)
+  std::string pp_split;           ///< unit names where stages 1.. begin; empty: balanced
+  double clip_grad_norm = 0;      ///< clip the whole gradient to this norm (0: off)
+  /// Recompute every K-th block's forward in backward instead of keeping its activations
+  /// (parallel/activation_checkpoint.h; 1: every block, 0: off).
+  int activation_checkpointing = 0;
+  uint64_t seed = 1;                ///< model init and data order
+  std::string out = "runs/latest";  ///< config.json, metrics.jsonl, checkpoints, model.pt
+  /// The final model file: pt (model.pt, torch.load) or safetensors (model.safetensors).
+  std::string save_format = "pt";
+  bool resume = false;        ///< continue from the newest good checkpoint in `out`
+  int accum_steps = 1;        ///< batches per optimizer step (no_sync for all but last)
+  int threads = 0;            ///< intra-op threads per rank (0: leave as is)
+  int64_t train_samples = 0;  ///< use the first N training samples (0: all)
+  int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all)
+  int keep_checkpoints = 2;
+  /// A log line and a "step" record in metrics.jsonl every this many optimizer steps (loss,
+  /// learning rate, samples/s; 0: per epoch only). DeepSpeed's steps_per_print.
+  int64_t print_every = 0;
+  /// Time the phases of every step (data, forward, backward, optimizer step: their means go
+  /// into the epoch's log line and records). DeepSpeed's wall_clock_breakdown.
+  bool phase_times = false;
+  /// A folder for TensorBoard event files (rank 0's): every optimizer step's loss and lr,
+  /// every epoch's record (train/tensorboard.h). Empty: none.
+  std::string tensorboard;
+  ProgressConfig progress;
+};
+
+/// Throws ConfigError naming the first bad field, its flag and the fix.
+void validate(const TrainConfig& c);
+
+// ---------------------------------------------------------------------------------------------
+// The fields. Note [One list of settings]
+// Every setting a user can give is declared once below, with its section of the JSON form, its
+// flag (without the dashes; the same word is its JSON key) and its documentation. A visitor
+// walks the list: tools/ declares the CLI's options from it (the documentation is the help,
+// the section the option group), to_json and from_json write and read <out>/config.json with
+// it, and `--config` merges a file with the flags given through it. A new setting is one line
+// here and appears in all of them; no other place spells a setting's name.
+// `resume` is not a setting of the run but of the invocation (a flag of its own), and the
+// sources that resolve() reads (--global-batch-size, --deepspeed-config, --config, the job's
+// size) are not settings either: config.json holds what they resolved to.
+
+/// One field: its section of the JSON form (and the CLI's option group), its flag without the
+/// dashes (also its JSON key), its help, the values of a closed set (empty: any), and the value
+/// the flag takes when given alone (nullptr: it needs one).
+struct Field {
+  const char* section;
+  const char* flag;
+  const char* doc;
+  std::vector<std::string> choices = {};
+  const char* alone = nullptr;
+};
+
+/// A field held as an enum: its value and the names of its values.
+template <class E>
+struct Named {
+  E& value;
+  const std::vector<std::pair<E, std::string>>& names;
+  std::vector<std::string> choices() const {
+    std::vector<std::string> v;
+    for (const auto& n : names)
+      v.push_back(n.second);
+    return v;
+  }
+  const std::string& name() const {
+    for (const auto& n : names)
+      if (n.first == value) return n.second;
+    return names.front().second;
+  }
+  void set(const std::string& name) {
+    for (const auto& n : names)
+      if (n.second == name) value = n.first;
+  }
+};
+
+const std::vector<std::pair<ddp::Compression, std::string>>& compression_names();
+const std::vector<std::pair<ProgressConfig::Mode, std::string>>& progress_names();
+
+/// The sections of the JSON form, in its order.
+inline const std::vector<std::string>& config_sections() {
+  static const std::vector<std::string> s{"model",     "data",      "training",      "parallelism",
+                                          "precision", "optimizer", "checkpointing", "reporting"};
+  return s;
+}
+
+/// The loader's settings (`dtorch train` and `dtorch bench data`).
+template <class V>
+void visit_fields(LoaderConfig& l, V&& v) {
+  v(Field{"data", "data-workers",
+          "threads that decode and prepare the next batches while one trains (0: the training "
+          "thread prepares each batch)"},
+    l.workers);
+  v(Field{"data", "image-size",
+          "cifar10 and imagefolder: side of the square images the model takes; images are "
+          "resized (shorter side) and centre-cropped to it (0: 32)"},
+    l.image_size);
+  v(Field{"data",
+          "augment",
+          "auto | crop-flip (random crop with padding and horizontal flip while training) | "
+          "none; auto: crop-flip for cifar10 and imagefolder, none for MNIST",
+          {"auto", "crop-flip", "none"}},
+    l.augment);
+  v(Field{"data",
+          "bad-images",
+          "fail | skip: an unreadable or truncated image stops the run naming the file, or is "
+          "left out of its batch with a warning",
+          {"fail", "skip"}},
+    l.bad_images);
+}
+
+/// The strategy's settings (`dtorch train` and `dtorch bench memory`).
+template <class V>
+void visit_fields(StrategyConfig& s, V&& v) {
+  v(Field{"parallelism",
+          "strategy",
+          "ddp | zero1 (sharded optimizer state) | zero2 (+ gradients) | zero3 (+ parameters: "
+          "FSDP)",
+          {"ddp", "zero1", "zero2", "zero3"}},
+    s.kind);
+  v(Field{"parallelism",
+          "device",
+          "cpu | cuda (one GPU per rank, by LOCAL_RANK) | auto (cuda when this LibTorch has CUDA "
+          "and a GPU is visible)",
+          {"cpu", "cuda", "auto"}},
+    s.device);
+  v(Field{"parallelism", "bucket-cap-mb", "gradient bucket size (ddp), unit size (zero1, zero2)"},
+    s.ddp.bucket_cap_mb);
+  v(Field{"parallelism", "min-unit-params",
+          "zero3 wrap policy: merge consecutive blocks into units of at least this many "
+          "parameters (0: one unit per block)"},
+    s.min_unit_params);
+  v(Field{"parallelism", "reshard-root-after-forward",
+          "zero3: release the parameters outside blocks (embeddings, head) when forward ends and "
+          "gather them again for backward: the ZeRO paper's 3x parameter bytes (default: keep "
+          "them from forward to the end of their backward, as FSDP keeps its root)"},
+    s.reshard_root_after_forward);
+  v(Field{"parallelism", "find-unused-parameters",
+          "ddp: allow parameters without gradient in a step"},
+    s.ddp.find_unused_parameters);
+  v(Field{"parallelism", "grad-compression", "ddp: none | fp16 | bf16"},
+    Named<ddp::Compression>{s.ddp.compression, compression_names()});
+  v(Field{"precision",
+          "precision",
+          "fp32 | bf16 (bf16 compute, fp32 master weights) | fp16 (fp16 compute, fp32 master "
+          "weights; on the CPU with LibTorch 2.x; dynamic loss scaling, --loss-scale)",
+          {"fp32", "bf16", "fp16"}},
+    s.precision);
+  // DeepSpeed's "fp16" block, key for key (Note [Loss scaling]).
+  auto& ls = s.loss_scale;
+  v(Field{"precision", "loss-scale",
+          "fp16: 0 scales the loss dynamically; a value > 0 is a static scale"},
+    ls.loss_scale);
+  v(Field{"precision", "initial-scale-power", "fp16: the dynamic loss scale starts at 2^this"},
+    ls.initial_scale_power);
+  v(Field{"precision", "loss-scale-window",
+          "fp16: steps without overflow before the dynamic loss scale doubles"},
+    ls.loss_scale_window);
+  v(Field{"precision", "hysteresis",
+          "fp16: overflows absorbed (steps skipped) before the dynamic loss scale halves"},
+    ls.hysteresis);
+  v(Field{"precision", "consecutive-hysteresis",
+          "fp16: every step without overflow refills --hysteresis (default: only a doubling of "
+          "the scale does)"},
+    ls.consecutive_hysteresis);
+  v(Field{"precision", "min-loss-scale",
+          "fp16: the dynamic loss scale never halves below this; an overflow there stops the "
+          "run"},
+    ls.min_loss_scale);
+  v(Field{"precision", "reduce-dtype", "gradient reduction dtype: fp32 | bf16", {"fp32", "bf16"}},
+    s.reduce_dtype);
+  v(Field{"optimizer",
+          "optimizer",
+          "sgd (with --momentum) | adam | adamw",
+          {"sgd", "adam", "adamw"}},
+    s.optimizer);
+  v(Field{"optimizer", "lr", "learning rate (a schedule's peak)"}, s.lr);
+  v(Field{"optimizer", "momentum", "sgd momentum"}, s.momentum);
+  v(Field{"optimizer", "weight-decay",
+          "weight decay (default: 0.01 for adamw, 0 for sgd and adam)"},
+    s.weight_decay);
+  v(Field{"optimizer", "betas", "adam and adamw: beta1,beta2"}, s.betas);
+  v(Field{"optimizer", "eps", "adam and adamw: added to the denominator"}, s.eps);
+}
+
+/// Every setting of a training run.
+template <class V>
+void visit_fields(TrainConfig& c, V&& v) {
+  v(Field{"model", "model",
+          "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | vit-debug | "
+          "gpt-small | gpt-large | gpt-debug"},
+    c.model);
+  v(Field{"model", "seq-len",
+          "text: tokens per training sequence (default: the model's block size, at most 64)"},
+    c.seq_len);
+  v(Field{"model",
+          "activation-checkpointing",
+          "recompute every K-th block's forward in backward instead of keeping its activations "
+          "(given alone: every block)",
+          {},
+          "1"},
+    c.activation_checkpointing);
+  v(Field{"data", "data",
+          "fashion-mnist | mnist (IDX images), cifar10:DIR (CIFAR-10's binary files), "
+          "imagefolder:DIR (DIR/<class>/*.jpg|png, or DIR/train and DIR/val so), text | "
+          "text:PATH (byte tokens, for gpt-*; default corpus: Debian's fortunes)"},
+    c.data);
+  v(Field{"data", "data-dir",
+          "folder with the IDX files (default: where Debian's dataset-fashion-mnist puts them)"},
+    c.data_dir);
+  v(Field{"data", "train-samples", "use only the first N training samples (0: all)"},
+    c.train_samples);
+  v(Field{"data", "test-samples", "evaluate on the first N test samples (0: all)"}, c.test_samples);
+  visit_fields(c.loader, v);
+  v(Field{"training", "epochs", "passes over the training data"}, c.epochs);
+  v(Field{"training", "batch-size",
+          "samples per rank per step (under --pp: split into --microbatches)"},
+    c.batch_size);
+  v(Field{"training", "accum-steps", "batches per optimizer step"}, c.accum_steps);
+  v(Field{"training", "seed", "model initialisation and data order"}, c.seed);
+  v(Field{"training", "threads", "intra-op threads per rank (0: default)"}, c.threads);
+  v(Field{"parallelism", "tp",
+          "tensor-parallel ranks per model replica (gpt-*, vit-*): consecutive ranks split every "
+          "layer; the strategy runs over the rest (dp = world / tp)"},
+    c.tp);
+  v(Field{"parallelism", "sequence-parallel",
+          "with --tp: also split norms and residuals along the sequence"},
+    c.sequence_parallel);
+  v(Field{"parallelism", "pp",
+          "pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs one stage (two under "
+          "--schedule interleaved); the strategy (ddp, zero1 or zero2) runs over the rest (dp = "
+          "world / pp)"},
+    c.pp);
+  v(Field{"parallelism", "microbatches",
+          "with --pp: micro-batches per batch (default 2 x pp, or the most below that which "
+          "divides the batch)"},
+    c.microbatches);
+  v(Field{"parallelism",
+          "schedule",
+          "with --pp: gpipe | 1f1b | interleaved (1F1B over 2 stages per rank) | zb (zero-bubble "
+          "ZB-H1)",
+          {"gpipe", "1f1b", "interleaved", "zb"}},
+    c.schedule);
+  v(Field{"parallelism", "pp-split",
+          "with --pp: units where stages 1.. begin, e.g. transformer.h.6 (default: balanced by "
+          "parameter count; `dtorch pipeline show` lists the units)"},
+    c.pp_split);
+  visit_fields(c.strategy, v);
+  v(Field{"optimizer", "clip-grad-norm", "clip the whole gradient to this norm (0: off)"},
+    c.clip_grad_norm);
+  v(Field{"optimizer",
+          "lr-schedule",
+          "constant | warmup-linear | warmup-cosine | onecycle (as PyTorch's LinearLR, "
+          "CosineAnnealingLR and OneCycleLR), over the whole run's optimizer steps; DeepSpeed's "
+          "WarmupLR | WarmupDecayLR | WarmupCosineLR | OneCycle come with a --deepspeed-config "
+          "scheduler",
+          {"constant", "warmup-linear", "warmup-cosine", "onecycle", "WarmupLR", "WarmupDecayLR",
+           "WarmupCosineLR", "OneCycle"}},
+    c.lr_schedule.kind);
+  v(Field{"optimizer", "warmup-steps",
+          "optimizer steps of linear warm-up to --lr (onecycle: of rising; 0 there: 30% of the "
+          "run)"},
+    c.lr_schedule.warmup_steps);
+  v(Field{"optimizer", "min-lr",
+          "where warmup-linear, warmup-cosine and onecycle end (onecycle 0: lr / 25e4)"},
+    c.lr_schedule.min_lr);
+  v(Field{"checkpointing", "out",
+          "output folder: config.json, metrics.jsonl, checkpoints, model.pt"},
+    c.out);
+  v(Field{"checkpointing",
+          "save-format",
+          "final model file: pt (model.pt for torch.load) or safetensors (model.safetensors)",
+          {"pt", "safetensors"}},
+    c.save_format);
+  v(Field{"checkpointing", "keep-checkpoints", "the newest checkpoints kept in --out"},
+    c.keep_checkpoints);
+  v(Field{"reporting", "progress", "auto | bar | lines | off"},
+    Named<ProgressConfig::Mode>{c.progress.mode, progress_names()});
+  v(Field{"reporting", "print-every",
+          "a log line and a \"step\" record in metrics.jsonl every N optimizer steps (loss, lr, "
+          "samples/s)"},
+    c.print_every);
+  v(Field{"reporting", "phase-times",
+          "time each step's phases (data, forward, backward, step): means per step in the log "
+          "lines and metrics.jsonl"},
+    c.phase_times);
+  v(Field{"reporting", "tensorboard",
+          "write TensorBoard event files into DIR: each optimizer step's loss and lr, each "
+          "epoch's record"},
+    c.tensorboard);
+}
+
+/// The JSON form: {"model": {"model": "gpt-debug", "seq-len": 32, ...}, "data": {...}, ...},
+/// every field, by section (config_sections()); a DeepSpeed learning-rate schedule's
+/// parameters under optimizer.deepspeed-schedule.
+nlohmann::json to_json(const TrainConfig& c);
+
+/// `base` with the fields `j` gives (a config.json, or part of one). Every key is checked: an
+/// unknown section or field is a ConfigError naming the nearest known one, a value of the wrong
+/// type or outside its choices names its key and `file`.
+TrainConfig from_json(const nlohmann::json& j, const std::string& file,
+                      const TrainConfig& base = {});
+
+/// The file `--config` names, read by from_json; the flags it sets go into *keys (as --lr is).
+TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys = nullptr);
+
+/// Writes to_json(c) to `path` (its folder made if need be; the file replaced whole, or not at
+/// all). CheckpointError when it cannot.
+void write_config_file(const TrainConfig& c, const std::string& path);
+
+/// `file` with the fields whose flags ("--lr") are in `flags` taken from `flags_config`
+/// instead: what `--config FILE` plus the flags given on the command line ask for.
+TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_config,
+                          const std::set<std::string>& flags);
+
+// Note [Micro-batches]
+// Under a pipeline the batch of a rank (--batch-size) is cut into --microbatches micro-batches,
+// and the gradients of all of them make one optimizer step: they are what accumulation steps
+// are without a pipeline (so --accum-steps stays 1, and DeepSpeed's gradient_accumulation_steps
+// is the micro-batch count, as in DeepSpeed's pipeline engine). Left out, the count is 2 x pp
+// (every stage busy in 1F1B's steady state), or, when that does not divide the batch, the most
+// below it that does (a multiple of pp for the interleaved schedule); a batch no count fits is
+// an error naming it. A count given is never changed: a batch it does not divide is an error.
+
+/// What resolve() reads besides the configuration itself.
+struct ConfigSources {
+  /// The flags the user gave ("--lr"): on the command line and in a --config file. A value
+  /// given is never replaced; a default that would have to be is an error naming both.
+  std::set<std::string> given;
+  /// The flags given on the command line only: they win over --deepspeed-config's keys.
+  std::set<std::string> command_line;
+  int64_t global_batch_size = 0;  ///< --global-batch-size (0: not given)
+  std::string deepspeed_config;   ///< --deepspeed-config FILE (empty: none)
+  int world_size = 1;             ///< ranks of the job
+};
+
+/// What resolve() says: the DeepSpeed file's warnings, and how each source was applied.
+struct Resolution {
+  std::vector<std::string> warnings;
+  std::vector<std::string> notes;
+};
+
+/// Derives every default that depends on another setting or on a source, in one place and
+/// after all of them are read: the DeepSpeed file's settings (flags given win), the batch per
+/// rank and accumulation steps or micro-batches from --global-batch-size (DeepSpeed's rule,
+/// Note [Micro-batches]), the micro-batch count under --pp, the optimizer's weight decay. Then
+/// validates. Throws ConfigError for conflicts, naming both values and where they came from.
+Resolution resolve(TrainConfig& c, const ConfigSources& sources);
+
+/// The micro-batches Note [Micro-batches] gives a batch of `batch` samples per rank for `pp`
+/// stages and pipeline schedule `schedule` when none is given.
+int default_microbatches(int pp, const std::string& schedule, int64_t batch);
+
+}  // namespace dtorch::train

@@ -1,0 +1,216 @@
+// The run configuration (train/run_config.h): every field goes through its JSON form and back,
+// a file's mistakes are named, flags given win over a --config file, and resolve() derives the
+// defaults once (Note [Micro-batches]) without replacing a value given.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "dtorch/core/error.h"
+#include "dtorch/train/run_config.h"
+
+namespace dtorch::train {
+namespace {
+
+using nlohmann::json;
+
+// Gives every field a value other than its default: a field the writer or the reader of the
+// JSON form missed keeps its default on the way back, and the comparison fails.
+struct Changer {
+  std::vector<std::string> flags;
+  template <class I>
+  void operator()(const Field& f, I& v) {
+    flags.push_back(f.flag);
+    v = static_cast<I>(v + 3);
+  }
+  void operator()(const Field& f, bool& v) {
+    flags.push_back(f.flag);
+    v = !v;
+  }
+  void operator()(const Field& f, double& v) {
+    flags.push_back(f.flag);
+    v = v * 3 + 0.1;  // not exact in binary: the JSON form must keep every bit
+  }
+  void operator()(const Field& f, std::string& v) {
+    flags.push_back(f.flag);
+    if (f.choices.empty()) {
+      v += "-x";
+      return;
+    }
+    for (const auto& choice : f.choices)
+      if (choice != v) v = choice;
+  }
+  void operator()(const Field& f, std::optional<double>& v) {
+    flags.push_back(f.flag);
+    v = 0.07;
+  }
+  void operator()(const Field& f, std::vector<double>& v) {
+    flags.push_back(f.flag);
+    v = {0.8, 0.95};
+  }
+  template <class E>
+  void operator()(const Field& f, Named<E> v) {
+    flags.push_back(f.flag);
+    v.value = v.names.back().first;
+  }
+};
+
+TEST(RunConfig, EveryFieldGoesThroughItsJsonFormAndBack) {
+  TrainConfig c;
+  Changer changer;
+  visit_fields(c, changer);
+  EXPECT_GE(changer.flags.size(), 50u);
+  const json j = to_json(c);
+  const TrainConfig back = from_json(j, "config.json");
+  EXPECT_EQ(to_json(back), j);
+  const json defaults = to_json(TrainConfig{});
+  for (const auto& section : config_sections()) {
+    for (const auto& [flag, value] : j[section].items())
+      EXPECT_NE(value, defaults[section][flag]) << section << "." << flag << " kept its default";
+  }
+  EXPECT_EQ(back.strategy.lr, c.strategy.lr);
+  EXPECT_EQ(back.strategy.weight_decay, 0.07);
+  EXPECT_EQ(back.progress.mode, ProgressConfig::Mode::Off);
+  EXPECT_EQ(back.strategy.ddp.compression, ddp::Compression::BF16);
+
+  // A DeepSpeed schedule's parameters ride along.
+  TrainConfig ds;
+  ds.lr_schedule.kind = "WarmupDecayLR";
+  ds.lr_schedule.deepspeed.total_num_steps = 77;
+  ds.lr_schedule.deepspeed.warmup_type = "linear";
+  const TrainConfig ds_back = from_json(to_json(ds), "config.json");
+  EXPECT_EQ(ds_back.lr_schedule.deepspeed.total_num_steps, 77);
+  EXPECT_EQ(ds_back.lr_schedule.deepspeed.warmup_type, "linear");
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    from_json(json::parse(text), "run.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(RunConfig, AFilesMistakesAreNamed) {
+  EXPECT_NE(error_of(R"({"training": {"batch_size": 4}})").find("batch-size"), std::string::npos)
+      << error_of(R"({"training": {"batch_size": 4}})");
+  EXPECT_NE(error_of(R"({"trainig": {}})").find("training"), std::string::npos);
+  const std::string type = error_of(R"({"training": {"epochs": "two"}})");
+  EXPECT_NE(type.find("training.epochs"), std::string::npos) << type;
+  EXPECT_NE(type.find("run.json"), std::string::npos) << type;
+  const std::string choice = error_of(R"({"parallelism": {"strategy": "zero4"}})");
+  EXPECT_NE(choice.find("'zero4' is not one of ddp, zero1, zero2, zero3"), std::string::npos)
+      << choice;
+  EXPECT_NE(error_of(R"({"optimizer": {"betas": [0.9]}})").find("list of two numbers"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"training": {"epochs": 1.5}})").find("whole number"), std::string::npos);
+  // A partial file sets what it gives; the rest keeps the defaults.
+  const TrainConfig c = from_json(json::parse(R"({"training": {"epochs": 5}})"), "run.json");
+  EXPECT_EQ(c.epochs, 5);
+  EXPECT_EQ(c.batch_size, TrainConfig{}.batch_size);
+}
+
+TEST(RunConfig, FlagsGivenWinOverTheFile) {
+  TrainConfig file;
+  file.strategy.lr = 0.5;
+  file.epochs = 7;
+  file.lr_schedule.kind = "WarmupLR";
+  file.lr_schedule.deepspeed.warmup_min_lr = 0.25;
+  TrainConfig flags;  // as the command line left it: defaults but for what it gave
+  flags.strategy.lr = 0.125;
+  flags.lr_schedule.kind = "warmup-cosine";
+  flags.resume = true;
+  const TrainConfig c = overlay_flags(file, flags, {"--lr", "--lr-schedule"});
+  EXPECT_EQ(c.strategy.lr, 0.125);
+  EXPECT_EQ(c.epochs, 7) << "not given: the file's";
+  EXPECT_EQ(c.lr_schedule.kind, "warmup-cosine");
+  EXPECT_EQ(to_json(c)["optimizer"].count("deepspeed-schedule"), 0u)
+      << "the file's schedule parameters went with its schedule";
+  EXPECT_TRUE(c.resume) << "--resume is the invocation's";
+}
+
+// `--global-batch-size 32 --pp 2` on 4 ranks once ran one micro-batch a batch whatever
+// --microbatches said, and with the interleaved schedule failed on a count nobody gave.
+TEST(ResolveConfig, MicroBatchesFollowNoteMicroBatches) {
+  auto resolved = [](TrainConfig c, std::set<std::string> given, int64_t global, int world) {
+    ConfigSources s;
+    s.given = s.command_line = std::move(given);
+    s.global_batch_size = global;
+    s.world_size = world;
+    resolve(c, s);
+    return c;
+  };
+  TrainConfig pipe;
+  pipe.model = "gpt-debug";
+  pipe.data = "text";
+  pipe.pp = 2;
+  TrainConfig c = resolved(pipe, {}, 32, 4);
+  EXPECT_EQ(c.batch_size, 16) << "32 over dp 2";
+  EXPECT_EQ(c.microbatches, 4) << "2 x pp";
+  pipe.microbatches = 8;
+  c = resolved(pipe, {"--microbatches"}, 32, 4);
+  EXPECT_EQ(c.microbatches, 8) << "given: kept";
+  EXPECT_EQ(c.batch_size, 16);
+  pipe.microbatches = 0;
+  pipe.schedule = "interleaved";
+  c = resolved(pipe, {}, 32, 4);
+  EXPECT_EQ(c.microbatches, 4);
+  pipe.schedule = "1f1b";
+  pipe.batch_size = 6;
+  c = resolved(pipe, {"--batch-size"}, 0, 2);
+  EXPECT_EQ(c.microbatches, 3) << "the most below 2 x pp that divides 6";
+  pipe.schedule = "interleaved";
+  c = resolved(pipe, {"--batch-size"}, 0, 2);
+  EXPECT_EQ(c.microbatches, 2) << "interleaved: a multiple of pp";
+  pipe.batch_size = 5;
+  EXPECT_THROW(resolved(pipe, {"--batch-size"}, 0, 2), ConfigError);
+
+  // Conflicts name both values; a given value is never replaced.
+  pipe.schedule = "1f1b";
+  pipe.batch_size = 8;
+  try {
+    resolved(pipe, {"--batch-size"}, 32, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--batch-size 8 disagrees with --global-batch-size 32"),
+              std::string::npos)
+        << e.what();
+  }
+  pipe.batch_size = 64;
+  pipe.microbatches = 3;
+  try {
+    resolved(pipe, {"--microbatches"}, 32, 4);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("(--global-batch-size 32 over 2 data-parallel rank(s)) "
+                                         "cannot be cut into --microbatches 3"),
+              std::string::npos)
+        << e.what();
+  }
+  pipe.batch_size = 16;
+  EXPECT_THROW(resolved(pipe, {"--microbatches"}, 0, 2), ConfigError) << "16 in 3 micro-batches";
+}
+
+TEST(ResolveConfig, SetsTheDefaultsThatFollowOtherSettings) {
+  TrainConfig c;
+  c.strategy.optimizer = "adamw";
+  resolve(c, {});
+  EXPECT_EQ(c.strategy.weight_decay, 0.01) << "PyTorch's AdamW default, written out";
+  c.strategy.optimizer = "sgd";
+  resolve(c, {});
+  EXPECT_EQ(c.strategy.weight_decay, 0.01) << "once set, a setting stays";
+  TrainConfig g;
+  ConfigSources s;
+  s.global_batch_size = 96;
+  s.world_size = 4;
+  s.given = {"--accum-steps"};
+  g.accum_steps = 3;
+  const Resolution r = resolve(g, s);
+  EXPECT_EQ(g.batch_size, 8) << "96 = 8 x 3 x 4";
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("batch 8 per rank x 3 accumulation step(s) x 4"), std::string::npos)
+      << r.notes[0];
+}
+
+}  // namespace
+}  // namespace dtorch::train

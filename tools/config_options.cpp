@@ -1,0 +1,76 @@
+// The flags of the run configuration, declared from its one list of fields (train/
+// run_config.h, Note [One list of settings]): each field's flag, help, choices and default,
+// its section as the option group. `dtorch train` takes them all; `dtorch bench memory` the
+// strategy's and `dtorch bench data` the loader's, so every command reads and shows them alike.
+#include <cctype>
+
+#include "dtorch/train/run_config.h"
+#include "tools/commands.h"
+
+namespace dtorch::tools {
+namespace {
+
+// "parallelism" -> "Parallelism": the option group in --help.
+std::string title(const char* section) {
+  std::string s = section;
+  if (!s.empty()) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
+  return s;
+}
+
+struct OptionDeclarer {
+  CLI::App* cmd;
+
+  CLI::Option* finish(CLI::Option* o, const train::Field& f) {
+    if (!f.choices.empty()) o->check(CLI::IsMember(f.choices));
+    return o->group(title(f.section));
+  }
+  template <class T>
+  void operator()(const train::Field& f, T& v) {
+    CLI::Option* o = cmd->add_option(std::string("--") + f.flag, v, f.doc);
+    if (f.alone) {
+      o->expected(0, 1)->default_str(f.alone);
+    } else {
+      o->capture_default_str();
+    }
+    finish(o, f);
+  }
+  void operator()(const train::Field& f, bool& v) {
+    finish(cmd->add_flag(std::string("--") + f.flag, v, f.doc), f);
+  }
+  void operator()(const train::Field& f, std::optional<double>& v) {
+    finish(cmd->add_option_function<double>(
+               std::string("--") + f.flag, [&v](double x) { v = x; }, f.doc),
+           f);
+  }
+  void operator()(const train::Field& f, std::vector<double>& v) {
+    finish(cmd->add_option(std::string("--") + f.flag, v, f.doc)
+               ->delimiter(',')
+               ->expected(static_cast<int>(v.size()))
+               ->capture_default_str(),
+           f);
+  }
+  template <class E>
+  void operator()(const train::Field& f, train::Named<E> n) {
+    cmd->add_option_function<std::string>(
+           std::string("--") + f.flag, [n](const std::string& s) mutable { n.set(s); }, f.doc)
+        ->check(CLI::IsMember(n.choices()))
+        ->default_str(n.name())
+        ->group(title(f.section));
+  }
+};
+
+}  // namespace
+
+void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s) {
+  train::visit_fields(s, OptionDeclarer{cmd});
+}
+
+void add_loader_options(CLI::App* cmd, train::LoaderConfig& l) {
+  train::visit_fields(l, OptionDeclarer{cmd});
+}
+
+void add_config_options(CLI::App* cmd, train::TrainConfig& c) {
+  train::visit_fields(c, OptionDeclarer{cmd});
+}
+
+}  // namespace dtorch::tools
