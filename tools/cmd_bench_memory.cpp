@@ -19,10 +19,10 @@
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/out_of_memory.h"
+#include "dtorch/train/parallelize.h"
 #include "dtorch/train/run_config.h"
 #include "dtorch/train/strategy.h"
 #include "tools/allocation_meter.h"
@@ -55,32 +55,27 @@ int memory_worker(MemoryFlags f) {
   torch::manual_seed(0);
   models::ImageInput input;
   if (f.image_size > 0) input = {3, f.image_size, f.classes > 0 ? f.classes : 1000};
-  std::shared_ptr<models::Model> model;
-  int64_t P = 0;
-  train::Layout layout;
-  if (f.pp.pp > 1) {
-    // Each rank builds its stage only (the whole model is never allocated).
-    P = models::model_parameters(f.model, input);
-    layout = train::apply_pipeline(f.model, world, f.pp, f.tp, false, &model, input);
-  } else {
-    model = train::build_model(f.strategy, f.model, input, f.tp);
-    for (const auto& p : model->parameters())
-      P += p.numel();
-    layout = train::apply_tensor_parallel(*model, f.model, world, f.tp, false, input);
-  }
-  models::to_device(*model, device);
-  if (f.activation_checkpointing > 0)
-    parallel::checkpoint_activations(*model, {f.activation_checkpointing});
+  // The whole model's parameters; each rank builds and holds only its part of them.
+  const int64_t P = models::model_parameters(f.model, input);
+  train::ParallelizeSpec spec;
+  spec.model = f.model;
+  spec.input = input;
+  spec.tp = f.tp;
+  spec.pipeline = f.pp;
+  spec.activation_checkpointing = f.activation_checkpointing;
+  spec.strategy = f.strategy;
+  spec.device = device;
+  int64_t P_local = 0;  // what the rank's model holds before the strategy shards it
+  train::Parallelized run = train::parallelize(spec, world, [&](const models::Model& m) {
+    for (const auto& p : m.parameters())
+      P_local += p.numel();
+  });
+  const std::shared_ptr<models::Model>& model = run.model;
+  const train::Layout& layout = run.layout;
+  const std::unique_ptr<train::Strategy>& strategy = run.strategy;
   pp::Pipeline* pipeline = layout.pp.pipeline.get();
   const std::shared_ptr<comm::Communicator>& dp = layout.dp;
   const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
-  int64_t P_local = 0;
-  for (const auto& p : model->parameters())
-    P_local += p.numel();
-  train::StrategyConfig sc = f.strategy;
-  sc.model = f.model;
-  sc.input = input;
-  auto strategy = train::make_strategy(sc, model, dp, layout.tp, layout.pp);
   // The ranks of one model replica (its tp and pp ranks) share their batch.
   auto gen = at::detail::createCPUGenerator(layout.plan.dp_index(world->rank()));
   // Capped at the model's block size (gpt-debug's is 32).

@@ -19,6 +19,8 @@
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/checkpoint.h"
+#include "dtorch/train/loss.h"
+#include "dtorch/train/parallelize.h"
 #include "dtorch/train/sharded_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/zero_grad.h"

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dtorch/train/lr_schedule.h"
+#include "dtorch/train/parallelize.h"
 #include "dtorch/train/progress.h"
 #include "dtorch/train/strategy.h"
 #include "dtorch/train/train_data.h"

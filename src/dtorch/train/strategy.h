@@ -137,39 +137,6 @@ struct Layout {
   parallel::MeshPlan plan;
 };
 
-/// The trainer's pipeline flags.
-struct PipelineConfig {
-  int pp = 1;
-  int microbatches = 0;  ///< >= 1; 0 until run_config.h's default_microbatches chooses
-  std::string schedule = "1f1b";
-  std::string split;  ///< --pp-split; empty: balanced by parameter count
-};
-
-/// Model `model_name` as strategy `c.kind` and `tp` want it: for zero3, or to be split by
-/// tensor parallelism (tp > 1), built without memory, so no rank ever holds the whole model
-/// (Note [Deferred initialisation]); otherwise models::make_model's. Either way from the
-/// global generator, seeded alike on every rank.
-std::shared_ptr<models::Model> build_model(const StrategyConfig& c, const std::string& model_name,
-                                           const models::ImageInput& input = {}, int tp = 1);
-
-/// With tp > 1: lays out a dp x tp mesh over `world` and splits `model` (built as
-/// models::make_model(model_name) from the same seed on every rank) across its tp group. With
-/// tp 1: `world` itself, nothing split. Collective over `world`.
-Layout apply_tensor_parallel(models::Model& model, const std::string& model_name,
-                             const std::shared_ptr<comm::Communicator>& world, int tp,
-                             bool sequence_parallel, const models::ImageInput& input = {});
-
-/// With pp > 1: lays out a dp x tp x pp mesh over `world`, builds this rank's stage of model
-/// `model_name` only (the whole model is never allocated; its weights are those units' in
-/// the whole model built from the same seed, Note [Unit seeds]) into *model, splits it over
-/// the tp group when tp > 1, and makes the pipeline over the pp group. Under an interleaved
-/// schedule the rank builds several stages and *model is their models::StageUnion. Collective
-/// over `world`.
-Layout apply_pipeline(const std::string& model_name,
-                      const std::shared_ptr<comm::Communicator>& world, const PipelineConfig& c,
-                      int tp, bool sequence_parallel, std::shared_ptr<models::Model>* model,
-                      const models::ImageInput& input = {});
-
 /// Applies the configured strategy to `model` (which must be freshly built from the same
 /// seed on every rank; rank 0's weights win) over `comm`, the data-parallel group; with
 /// `tp`, `model` is already split across the tensor-parallel group.

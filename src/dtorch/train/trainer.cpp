@@ -20,12 +20,12 @@
 #include "dtorch/data/prefetch.h"
 #include "dtorch/data/sampler.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/tensor/tensor_parallel.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/out_of_memory.h"
+#include "dtorch/train/parallelize.h"
 #include "dtorch/train/pipeline_checkpoint.h"
 #include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
@@ -202,13 +202,6 @@ std::string config_json(const TrainConfig& c, int world, const Schedule& schedul
   return j.dump();
 }
 
-StrategyConfig strategy_config(const TrainConfig& c, const models::ImageInput& input) {
-  StrategyConfig s = c.strategy;
-  s.model = c.model;
-  s.input = input;
-  return s;
-}
-
 // Tokens per text window: --seq-len, or the model's longest sequence capped at 64 (a short
 // default keeps CPU steps quick; gpt-debug's block is 32).
 int64_t window_length(const TrainConfig& c, const models::Model& m) {
@@ -369,15 +362,27 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
   TrainData data = open_data(c.data, c.data_dir, c.loader, c.seed);
   const models::ImageInput& input = data.input;
   torch::manual_seed(c.seed);
-  // Under a pipeline each rank builds its own stage only (inside apply_pipeline).
-  std::shared_ptr<models::Model> model;
-  Layout layout;
-  if (c.pp > 1) {
-    layout = apply_pipeline(c.model, comm, {c.pp, c.microbatches, c.schedule, c.pp_split}, c.tp,
-                            c.sequence_parallel, &model, input);
-  } else {
-    model = build_model(c.strategy, c.model, input, c.tp);
-  }
+  // The model spread over the job (Note [Assembly order]).
+  ParallelizeSpec spec;
+  spec.model = c.model;
+  spec.input = input;
+  spec.tp = c.tp;
+  spec.sequence_parallel = c.sequence_parallel;
+  spec.pipeline = {c.pp, c.microbatches, c.schedule, c.pp_split};
+  spec.activation_checkpointing = c.activation_checkpointing;
+  spec.strategy = c.strategy;
+  spec.device = device;
+  Parallelized run = parallelize(spec, comm, [&](const models::Model& m) {
+    for (const auto& p : m.parameters())
+      memory.parameters += p.numel();
+  });
+  const std::shared_ptr<models::Model>& model = run.model;
+  const Layout& layout = run.layout;
+  const std::unique_ptr<Strategy>& strategy = run.strategy;
+  const std::shared_ptr<comm::Communicator>& dp = layout.dp;
+  memory.ranks = dp->size();
+  const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
+  pp::Pipeline* pipeline = layout.pp.pipeline.get();
   if (model->takes_tokens()) add_text_windows(data, c.data, window_length(c, *model));
   if (lead) {
     log::info("training ", c.model, " on ", data.describe, ", ", world, " rank(s) x batch ",
@@ -385,35 +390,13 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
               c.strategy.lr, ", seed ", c.seed, ", ", torch::get_num_threads(),
               " thread(s) per rank -> ", c.out);
   }
-
-  // Tensor parallelism first (every rank built the same model from the seed), then the
-  // strategy over the data-parallel group (Note [Mesh layout]).
-  if (c.pp == 1) {
-    layout = apply_tensor_parallel(*model, c.model, comm, c.tp, c.sequence_parallel, input);
-  }
-  // Then onto the rank's device: the model was built (and split) in host memory, from the
-  // same generator on every device.
-  models::to_device(*model, device);
-  if (c.activation_checkpointing > 0) {
-    DTORCH_CHECK_T(ConfigError, !model->block_names().empty(),
-                   "--activation-checkpointing: ", c.model,
-                   " has no repeating blocks to recompute (gpt-*, vit-* and resnet* ",
-                   "have); leave the flag out");
-    parallel::checkpoint_activations(*model, {c.activation_checkpointing});
+  if (lead && c.activation_checkpointing > 0) {
     const size_t blocks = model->block_names().size();
-    if (lead) {
-      log::info("activation checkpointing: ",
-                (blocks + c.activation_checkpointing - 1) / c.activation_checkpointing, " of ",
-                blocks, " block(s)", c.pp > 1 ? " of this stage" : "",
-                " recompute their forward in backward");
-    }
+    log::info("activation checkpointing: ",
+              (blocks + c.activation_checkpointing - 1) / c.activation_checkpointing, " of ",
+              blocks, " block(s)", pipeline ? " of this stage" : "",
+              " recompute their forward in backward");
   }
-  const std::shared_ptr<comm::Communicator>& dp = layout.dp;
-  for (const auto& p : model->parameters())
-    memory.parameters += p.numel();
-  memory.ranks = dp->size();
-  const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();
-  pp::Pipeline* pipeline = layout.pp.pipeline.get();
   if (lead && tensor_parallel && !pipeline) {
     log::info("mesh: ", parallel::describe(layout.plan),
               c.sequence_parallel ? " (sequence parallel)" : "");
@@ -427,7 +410,6 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     for (std::string line; std::getline(stages, line);)
       log::info(line);
   }
-  auto strategy = make_strategy(strategy_config(c, input), model, dp, layout.tp, layout.pp);
   if (lead) log::info("strategy: ", strategy->describe());
   int64_t n_train =
       c.train_samples > 0 ? std::min(c.train_samples, data.train.size) : data.train.size;
