@@ -47,5 +47,29 @@ TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
   EXPECT_GT(files, 50);
 }
 
+// parallel/ applies parallelism to any model through the model interface: it includes none of
+// the models themselves (a model's tensor-parallel plan lives beside it, models/tensor_plan.h).
+TEST(Layering, ParallelIncludesTheModelInterfaceOnly) {
+  const std::set<std::string> interface = {"model.h", "tensor_plan.h", "module_hooks.h",
+                                           "unit_seeds.h", "stage_union.h"};
+  const std::regex include(R"re(#include "dtorch/models/([a-z_]+\.h)")re");
+  const std::string root = std::string(DTORCH_SOURCE_DIR) + "/src/dtorch/parallel/";
+  std::error_code ec;
+  const std::vector<std::string> sources = paths::list_files_recursively(root, ec);
+  ASSERT_FALSE(ec) << "cannot list " << root << ": " << ec.message();
+  int includes = 0;
+  for (const std::string& path : sources) {
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, include)) continue;
+      ++includes;
+      EXPECT_TRUE(interface.count(m[1].str()))
+          << path.substr(root.size()) << " includes the model " << m[1].str();
+    }
+  }
+  EXPECT_GT(includes, 5);
+}
+
 }  // namespace
 }  // namespace dtorch

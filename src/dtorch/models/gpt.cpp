@@ -163,4 +163,19 @@ std::vector<std::string> GPT::unit_names() const {
   return names;
 }
 
+TensorPlan GPT::tensor_parallel_plan(int tp) const {
+  // Attention by heads, the MLP by hidden units, the embedding by vocabulary; Note [Tied
+  // embedding]: the head is wte, split by vocabulary, so the final norm's output enters it.
+  check_tensor_split(tp, config_.n_head, "attention heads", "this GPT");
+  check_tensor_split(tp, config_.vocab_size, "vocabulary", "this GPT");
+  return {
+      {"transformer.wte", TensorSplit::VocabEmbedding},
+      {"transformer.h.*.attn.c_attn", TensorSplit::Colwise, 3},
+      {"transformer.h.*.attn.c_proj", TensorSplit::Rowwise},
+      {"transformer.h.*.mlp.c_fc", TensorSplit::Colwise},
+      {"transformer.h.*.mlp.c_proj", TensorSplit::Rowwise},
+      {"transformer.ln_f", TensorSplit::EnterVocabRegion},
+  };
+}
+
 }  // namespace dtorch::models

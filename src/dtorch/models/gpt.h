@@ -107,6 +107,8 @@ class GPT : public Model {
   int64_t max_sequence_length() const override { return config_.block_size; }
   /// nanoGPT's lm_head.weight, the tied transformer.wte.weight (Note [Tied embedding]).
   std::vector<PythonAlias> python_aliases() const override { return tied_aliases(); }
+  /// Megatron's split (tensor_plan.h); its rules live in the model's source file.
+  TensorPlan tensor_parallel_plan(int tp) const override;
   /// What python_aliases() answers, for every GPT whatever its size.
   static std::vector<PythonAlias> tied_aliases() {
     return {{"lm_head.weight", "transformer.wte.weight"}};

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/tensor_plan.h"
 
 namespace dtorch::models {
 
@@ -96,6 +97,15 @@ class Model : public torch::nn::Module {
   /// dicts written for torch.load carry those names too (train::with_python_aliases), and
   /// state dicts read here may.
   virtual std::vector<PythonAlias> python_aliases() const { return {}; }
+
+  /// How tensor parallelism splits this model over `tp` ranks (tensor_plan.h): the rules for
+  /// the whole model, by its module paths (a pipeline stage keeps those of its modules). A
+  /// model that has none says so; ConfigError as well when `tp` does not divide what a rule
+  /// splits.
+  virtual TensorPlan tensor_parallel_plan(int /*tp*/) const {
+    DTORCH_FAIL(ConfigError, "tensor parallelism has plans for the transformers (gpt-*, vit-*); ",
+                "this model has none: train it with data parallelism (--tp 1) or ZeRO");
+  }
 
   /// How a model built under models::DeferredStorage (its parameters hold no memory) gets
   /// its values (Note [Deferred initialisation]); models::make_deferred_model sets it.

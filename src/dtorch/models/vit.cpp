@@ -151,4 +151,18 @@ std::vector<std::string> VisionTransformer::unit_names() const {
   return names;
 }
 
+TensorPlan VisionTransformer::tensor_parallel_plan(int tp) const {
+  // Attention by heads and the MLP by hidden units; the patch embedding, the class head and the
+  // norms stay whole.
+  check_tensor_split(tp, config_.num_heads, "attention heads", "this ViT");
+  check_tensor_split(tp, config_.mlp_dim, "MLP width", "this ViT");
+  return {
+      // in_proj_weight / in_proj_bias are the attention module's own parameters.
+      {"encoder.layers.*.self_attention", TensorSplit::Colwise, 3},
+      {"encoder.layers.*.self_attention.out_proj", TensorSplit::Rowwise},
+      {"encoder.layers.*.mlp.0", TensorSplit::Colwise},
+      {"encoder.layers.*.mlp.3", TensorSplit::Rowwise},
+  };
+}
+
 }  // namespace dtorch::models

@@ -89,6 +89,8 @@ class VisionTransformer : public Model {
   std::vector<std::string> block_names() const override;
   std::vector<std::string> unit_names() const override;
   const ViTConfig& config() const { return config_; }
+  /// Megatron's split (tensor_plan.h); its rules live in the model's source file.
+  TensorPlan tensor_parallel_plan(int tp) const override;
 
  private:
   ViTConfig config_;

@@ -1,10 +1,8 @@
-// Plan matching and the built-in models' tensor-parallel plans.
+// Plan matching, and a model's plan completed for pipeline stages and sequence parallelism.
 #include "dtorch/parallel/tensor/plan.h"
 
 #include "dtorch/core/error.h"
-#include "dtorch/models/gpt.h"
 #include "dtorch/models/stage_union.h"
-#include "dtorch/models/vit.h"
 
 namespace dtorch::tp {
 
@@ -44,11 +42,6 @@ bool matches(const std::string& pattern, const std::string& path) {
 }
 
 namespace {
-
-void check_divides(int tp, int64_t n, const std::string& what, const std::string& model) {
-  DTORCH_CHECK_T(ConfigError, n % tp == 0, "tensor parallelism over ", tp, " ranks splits the ",
-                 what, " of ", model, " (", n, ") ", tp, " ways: choose a tp that divides ", n);
-}
 
 // Sequence parallelism runs the blocks on slices of the sequence: cut before the first,
 // gathered after the last.
@@ -90,38 +83,9 @@ Plan plan_for(const models::Model& model, int tp) {
     }
     return plan;
   }
-  if (auto* g = dynamic_cast<const models::GPT*>(&model)) {
-    const auto& c = g->config();
-    check_divides(tp, c.n_head, "attention heads", "this GPT");
-    check_divides(tp, c.vocab_size, "vocabulary", "this GPT");
-    Plan plan = {
-        {"transformer.wte", Style::VocabEmbedding},
-        {"transformer.h.*.attn.c_attn", Style::Colwise, 3},
-        {"transformer.h.*.attn.c_proj", Style::Rowwise},
-        {"transformer.h.*.mlp.c_fc", Style::Colwise},
-        {"transformer.h.*.mlp.c_proj", Style::Rowwise},
-        // Note [Tied embedding]: the head is wte, split by vocabulary; its input enters.
-        {"transformer.ln_f", Style::EnterVocabRegion},
-    };
-    add_sequence_boundaries(plan, model);
-    return for_stage(plan, model);
-  }
-  if (auto* v = dynamic_cast<const models::VisionTransformer*>(&model)) {
-    const auto& c = v->config();
-    check_divides(tp, c.num_heads, "attention heads", "this ViT");
-    check_divides(tp, c.mlp_dim, "MLP width", "this ViT");
-    Plan plan = {
-        // in_proj_weight / in_proj_bias are the attention module's own parameters.
-        {"encoder.layers.*.self_attention", Style::Colwise, 3},
-        {"encoder.layers.*.self_attention.out_proj", Style::Rowwise},
-        {"encoder.layers.*.mlp.0", Style::Colwise},
-        {"encoder.layers.*.mlp.3", Style::Rowwise},
-    };
-    add_sequence_boundaries(plan, model);
-    return for_stage(plan, model);
-  }
-  DTORCH_FAIL(ConfigError, "tensor parallelism has plans for the transformers (gpt-*, vit-*); ",
-              "this model has none: train it with data parallelism (--tp 1) or ZeRO");
+  Plan plan = model.tensor_parallel_plan(tp);
+  add_sequence_boundaries(plan, model);
+  return for_stage(plan, model);
 }
 
 }  // namespace dtorch::tp

@@ -1,6 +1,7 @@
 // A tensor-parallel plan: which modules of a model are split and how (PyTorch's
-// parallelize_module plan, Megatron-LM's layer choices), as plain data. The plans for the
-// built-in transformers live here; tensor_parallel.h applies a plan to a model.
+// parallelize_module plan, Megatron-LM's layer choices), as plain data. Each model writes its
+// own (Model::tensor_parallel_plan); this file completes it for a pipeline stage and sequence
+// parallelism, and tensor_parallel.h applies it.
 #pragma once
 
 #include <cstdint>
@@ -11,49 +12,20 @@
 
 namespace dtorch::tp {
 
-enum class Style {
-  /// Linear (or a module's own weight and bias): output features split across ranks; the
-  /// input enters the region (copy_to_region, or gather_from_sequence with sequence
-  /// parallelism).
-  Colwise,
-  /// Linear: input features split; the partial outputs are summed (reduce_from_region, or
-  /// reduce_scatter_to_sequence), then the bias, kept whole, is added once.
-  Rowwise,
-  /// Embedding: rows (the vocabulary) split; ids outside this rank's rows give zeros, and
-  /// the partial embeddings are summed.
-  VocabEmbedding,
-  /// The module's output is the input of a vocabulary-parallel output layer (a tied head):
-  /// copy_to_region, or gather_from_sequence with sequence parallelism.
-  EnterVocabRegion,
-  /// With sequence parallelism, the module's input is cut to this rank's slice of the
-  /// sequence (the first block); no effect otherwise.
-  SequenceScatter,
-  /// With sequence parallelism, the module's output is gathered to the whole sequence (the
-  /// last block); no effect otherwise.
-  SequenceGather,
-};
+/// The plan types are the models' (models/tensor_plan.h): each model writes its own plan.
+using Style = models::TensorSplit;
+using Rule = models::TensorRule;
+using Plan = models::TensorPlan;
 
 std::string to_string(Style s);
-
-struct Rule {
-  /// Module path as named_modules() spells it; "*" stands for one path component
-  /// ("transformer.h.*.attn.c_attn").
-  std::string module;
-  Style style;
-  /// Colwise only: the output is this many equal parts concatenated (a fused q|k|v
-  /// projection: 3), each split across ranks, so every rank gets its heads of each.
-  int64_t fused = 1;
-};
-
-using Plan = std::vector<Rule>;
 
 /// Whether `path` matches `pattern` ("*" matches exactly one dot-separated component).
 bool matches(const std::string& pattern, const std::string& path);
 
-/// Megatron's plan for the built-in transformers, checked against `tp_size` ranks (heads,
-/// MLP width and vocabulary must divide): gpt-* (attention by heads, MLP by hidden units,
-/// vocabulary-parallel embedding and tied head), vit-* (attention by heads, MLP; patch
-/// embedding, class head and norms replicated). Other models get a ConfigError.
+/// The plan tensor parallelism applies to `model` over `tp_size` ranks: the model's own
+/// (Model::tensor_parallel_plan; a model without one is a ConfigError), with sequence
+/// parallelism's boundaries at its first and last block, kept to the modules a pipeline stage
+/// holds; for a models::StageUnion, every stage's.
 Plan plan_for(const models::Model& model, int tp_size);
 
 }  // namespace dtorch::tp
