@@ -71,6 +71,15 @@ std::optional<JobAllocation> pbs_allocation();    // PBS_NODEFILE, PBS_JOBID
 /// master address and port resolved. nullopt outside any of them.
 std::optional<Detected> detect_scheduler();
 
+/// MASTER_ADDR and MASTER_PORT as the environment gives them, read in this one place: unset is
+/// nullopt; a MASTER_PORT that is not a TCP port (1..65535) is a ConfigError naming it. Each
+/// launch environment decides what an unset one means.
+struct MasterEnv {
+  std::optional<std::string> addr;
+  std::optional<int> port;
+};
+MasterEnv master_from_env();
+
 /// A rendezvous port every process of one job derives alike: 20000 + id % 10000 for a numeric
 /// id (PBS's "1234.server" counts as 1234), a hash of the id otherwise. Below Linux's ephemeral
 /// range (32768+), so it does not collide with outgoing connections.

@@ -32,11 +32,10 @@ std::optional<Detected> detect_torchrun() {
                  " do not fit WORLD_SIZE=", r.world_size);
   r.nnodes = (r.world_size + r.local_world_size - 1) / r.local_world_size;
   r.node_rank = static_cast<int>(env::get_int("GROUP_RANK").value_or(r.rank / r.local_world_size));
-  r.master_addr = env::get("MASTER_ADDR").value_or("127.0.0.1");
-  if (auto p = env::get_int("MASTER_PORT")) {
-    DTORCH_CHECK_T(ConfigError, *p > 0 && *p < 65536, "MASTER_PORT=", *p,
-                   " is not a TCP port (1..65535)");
-    r.master_port = static_cast<int>(*p);
+  const MasterEnv master = master_from_env();
+  r.master_addr = master.addr.value_or("127.0.0.1");
+  if (master.port) {
+    r.master_port = *master.port;
   } else {
     DTORCH_CHECK_T(ConfigError, r.world_size == 1,
                    "MASTER_PORT is not set but WORLD_SIZE=", r.world_size,

@@ -12,8 +12,9 @@ namespace {
 JobNodes one_node(const std::string& source) {
   JobNodes j;
   j.source = source;
-  j.master_addr = env::get("MASTER_ADDR").value_or("127.0.0.1");
-  j.master_port = static_cast<int>(env::get_int("MASTER_PORT").value_or(0));
+  const MasterEnv master = master_from_env();
+  j.master_addr = master.addr.value_or("127.0.0.1");
+  j.master_port = master.port.value_or(0);
   return j;
 }
 

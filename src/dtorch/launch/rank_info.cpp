@@ -16,8 +16,9 @@ namespace {
 // mpiexec and srun put rank 0). MASTER_PORT, else a port derived from the launch or job id.
 void resolve_master(Detected& d, const std::optional<JobAllocation>& job) {
   RankInfo& r = d.info;
-  if (auto a = env::get("MASTER_ADDR")) {
-    r.master_addr = *a;
+  const MasterEnv master = master_from_env();
+  if (master.addr) {
+    r.master_addr = *master.addr;
   } else if (r.nnodes == 1) {
     r.master_addr = "127.0.0.1";
   } else {
@@ -28,10 +29,8 @@ void resolve_master(Detected& d, const std::optional<JobAllocation>& job) {
                    "ranks, e.g. `mpirun -x MASTER_ADDR=$(hostname) ...`");
     r.master_addr = job->hosts.front();
   }
-  if (auto p = env::get_int("MASTER_PORT")) {
-    DTORCH_CHECK_T(ConfigError, *p > 0 && *p < 65536, "MASTER_PORT=", *p,
-                   " is not a TCP port (1..65535)");
-    r.master_port = static_cast<int>(*p);
+  if (master.port) {
+    r.master_port = *master.port;
   } else if (!d.launch_id.empty()) {
     r.master_port = port_from_job_id(d.launch_id);
   } else if (job && !job->job_id.empty()) {
@@ -42,6 +41,17 @@ void resolve_master(Detected& d, const std::optional<JobAllocation>& job) {
 }
 
 }  // namespace
+
+MasterEnv master_from_env() {
+  MasterEnv m;
+  m.addr = env::get("MASTER_ADDR");
+  if (auto p = env::get_int("MASTER_PORT")) {
+    DTORCH_CHECK_T(ConfigError, *p > 0 && *p < 65536, "MASTER_PORT=", *p,
+                   " is not a TCP port (1..65535); export the port rank 0 listens on");
+    m.port = static_cast<int>(*p);
+  }
+  return m;
+}
 
 int port_from_job_id(const std::string& id) {
   std::string head = id.substr(0, id.find('.'));
