@@ -295,7 +295,7 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--microbatches", f->pp.microbatches,
                   "with --pp (default 2 x pp, or the most below that which divides the batch)");
   cmd->add_option("--schedule", f->pp.schedule, "with --pp: gpipe | 1f1b | interleaved | zb")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}))
+      ->check(CLI::IsMember(pp::schedule_names()))
       ->capture_default_str();
   cmd->add_option("--activation-checkpointing", f->activation_checkpointing,
                   "recompute every K-th block in backward (given alone: every block)")

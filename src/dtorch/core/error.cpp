@@ -18,3 +18,14 @@ std::string where(const char* file, int line) {
 }
 
 }  // namespace dtorch::detail
+
+namespace dtorch {
+
+std::string joined(const std::vector<std::string>& words, const std::string& separator) {
+  std::string s;
+  for (const auto& w : words)
+    s += (s.empty() ? "" : separator) + w;
+  return s;
+}
+
+}  // namespace dtorch

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace dtorch {
 
@@ -52,6 +53,9 @@ template <typename... Args>
 std::string str(Args&&... args) {
   return detail::cat(std::forward<Args>(args)...);
 }
+
+/// "a, b, c": the choices a message lists.
+std::string joined(const std::vector<std::string>& words, const std::string& separator = ", ");
 
 }  // namespace dtorch
 

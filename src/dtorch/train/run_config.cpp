@@ -227,12 +227,7 @@ TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_conf
 void validate(const TrainConfig& c) {
   auto names = models::model_names();
   DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model) != names.end(),
-                 "unknown model '", c.model, "'; choose one of: ", [&] {
-                   std::string s;
-                   for (auto& n : names)
-                     s += (s.empty() ? "" : ", ") + n;
-                   return s;
-                 }());
+                 "unknown model '", c.model, "'; choose one of: ", joined(names));
   parse_save_format(c.save_format);
   DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
                  c.activation_checkpointing,
@@ -269,10 +264,9 @@ void validate(const TrainConfig& c) {
                    "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
                    "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
                    "zero1 or zero2");
-    DTORCH_CHECK_T(ConfigError,
-                   c.schedule == "gpipe" || c.schedule == "1f1b" || c.schedule == "zb" ||
-                       c.schedule == "interleaved",
-                   "--schedule ", c.schedule, ": use gpipe, 1f1b, interleaved or zb");
+    const auto names = pp::schedule_names();
+    DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.schedule) != names.end(),
+                   "--schedule ", c.schedule, ": use one of ", joined(names));
     DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
                    "--batch-size instead");

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/parallel/pipeline/schedule.h"
 #include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/parallelize.h"
 #include "dtorch/train/progress.h"
@@ -283,11 +284,10 @@ void visit_fields(TrainConfig& c, V&& v) {
           "with --pp: micro-batches per batch (default 2 x pp, or the most below that which "
           "divides the batch)"},
     c.microbatches);
-  v(Field{"parallelism",
-          "schedule",
+  v(Field{"parallelism", "schedule",
           "with --pp: gpipe | 1f1b | interleaved (1F1B over 2 stages per rank) | zb (zero-bubble "
           "ZB-H1)",
-          {"gpipe", "1f1b", "interleaved", "zb"}},
+          pp::schedule_names()},
     c.schedule);
   v(Field{"parallelism", "pp-split",
           "with --pp: units where stages 1.. begin, e.g. transformer.h.6 (default: balanced by "

@@ -181,9 +181,10 @@ int default_virtual_stages(const std::string& name) {
 
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int v) {
   if (name == "interleaved") return interleaved_one_f_one_b(ranks, microbatches, v);
-  DTORCH_CHECK_T(ConfigError, name == "gpipe" || name == "1f1b" || name == "zb",
-                 "unknown pipeline schedule '", name,
-                 "': choose gpipe, 1f1b, interleaved or zb (--schedule)");
+  const std::vector<std::string> names = schedule_names();
+  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), name) != names.end(),
+                 "unknown pipeline schedule '", name, "': choose one of ", joined(names),
+                 " (--schedule)");
   DTORCH_CHECK_T(ConfigError, v == 1, "schedule ", name, " runs one stage per rank (got ", v,
                  " virtual stages): use --schedule interleaved for more");
   if (name == "gpipe") return gpipe(ranks, microbatches);
