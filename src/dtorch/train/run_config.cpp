@@ -50,16 +50,8 @@ struct KeyLister {
   }
 };
 
-// The section a flag is in.
-struct SectionOf {
-  std::map<std::string, std::string>& section;
-  template <class T>
-  void operator()(const Field& f, const T&) {
-    section[f.flag] = f.section;
-  }
-};
-
-// Reads each field a section gives, checking its type (and its choices).
+// Reads each field a section gives, checking its type (and its choices); the flags of those
+// it read go into *given (when given).
 struct Reader {
   const std::map<std::string, json_config::Section>& sections;
   std::set<std::string>* given;
@@ -130,6 +122,20 @@ const std::vector<std::pair<ProgressConfig::Mode, std::string>>& progress_names(
   return n;
 }
 
+const std::vector<std::string>& config_sections() {
+  // In the order the fields first name them.
+  static const std::vector<std::string> sections = [] {
+    std::vector<std::string> order;
+    TrainConfig c;
+    visit_fields(c, [&](const Field& f, const auto&) {
+      if (std::find(order.begin(), order.end(), f.section) == order.end())
+        order.push_back(f.section);
+    });
+    return order;
+  }();
+  return sections;
+}
+
 json to_json(const TrainConfig& config) {
   TrainConfig c = config;
   json j = json::object();
@@ -141,7 +147,8 @@ json to_json(const TrainConfig& config) {
   return j;
 }
 
-TrainConfig from_json(const json& j, const std::string& file, const TrainConfig& base) {
+TrainConfig from_json(const json& j, const std::string& file, const TrainConfig& base,
+                      std::set<std::string>* given) {
   TrainConfig c = base;
   std::map<std::string, json_config::Keys> keys;
   visit_fields(c, KeyLister{keys});
@@ -156,7 +163,7 @@ TrainConfig from_json(const json& j, const std::string& file, const TrainConfig&
       sections.emplace(name, *s);
     }
   }
-  visit_fields(c, Reader{sections, nullptr});
+  visit_fields(c, Reader{sections, given});
   auto opt = sections.find("optimizer");
   if (opt != sections.end() && opt->second.has(kDeepSpeedSchedule)) {
     try {
@@ -181,17 +188,7 @@ TrainConfig read_config_file(const std::string& path, std::set<std::string>* key
   text << in.rdbuf();
   DTORCH_CHECK_T(ConfigError, in.good() || in.eof(), "--config ", path,
                  ": cannot read the file; check its permissions");
-  const json j = json_config::parse(text.str(), path);
-  TrainConfig c = from_json(j, path);
-  if (keys) {
-    std::map<std::string, json_config::Keys> known;
-    visit_fields(c, KeyLister{known});
-    for (const auto& [section, flags] : known)
-      for (const auto& flag : flags)
-        if (j.contains(section) && j[section].contains(flag) && !j[section][flag].is_null())
-          keys->insert("--" + flag);
-  }
-  return c;
+  return from_json(json_config::parse(text.str(), path), path, {}, keys);
 }
 
 void write_config_file(const TrainConfig& c, const std::string& path) {
@@ -205,13 +202,12 @@ TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_conf
                           const std::set<std::string>& flags) {
   json j = to_json(file);
   const json given = to_json(flags_config);
-  std::map<std::string, std::string> section;
+  std::map<std::string, json_config::Keys> keys;
   TrainConfig probe;
-  visit_fields(probe, SectionOf{section});
-  for (const auto& [flag, sec] : section) {
-    if (!flags.count("--" + flag)) continue;
-    j[sec][flag] = given[sec][flag];
-  }
+  visit_fields(probe, KeyLister{keys});
+  for (const auto& [section, section_flags] : keys)
+    for (const auto& flag : section_flags)
+      if (flags.count("--" + flag)) j[section][flag] = given[section][flag];
   if (flags.count("--lr-schedule")) {  // a schedule's parameters go with its kind
     j["optimizer"].erase(kDeepSpeedSchedule);
     if (given["optimizer"].contains(kDeepSpeedSchedule))
@@ -264,9 +260,7 @@ void validate(const TrainConfig& c) {
                    "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
                    "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
                    "zero1 or zero2");
-    const auto names = pp::schedule_names();
-    DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.schedule) != names.end(),
-                   "--schedule ", c.schedule, ": use one of ", joined(names));
+    pp::check_schedule_name(c.schedule);
     DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
                    "--batch-size instead");

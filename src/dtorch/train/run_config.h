@@ -126,12 +126,8 @@ struct Named {
 const std::vector<std::pair<ddp::Compression, std::string>>& compression_names();
 const std::vector<std::pair<ProgressConfig::Mode, std::string>>& progress_names();
 
-/// The sections of the JSON form, in its order.
-inline const std::vector<std::string>& config_sections() {
-  static const std::vector<std::string> s{"model",     "data",      "training",      "parallelism",
-                                          "precision", "optimizer", "checkpointing", "reporting"};
-  return s;
-}
+/// The sections of the JSON form, in the order the fields below first name them.
+const std::vector<std::string>& config_sections();
 
 /// The loader's settings (`dtorch train` and `dtorch bench data`).
 template <class V>
@@ -343,11 +339,12 @@ void visit_fields(TrainConfig& c, V&& v) {
 /// parameters under optimizer.deepspeed-schedule.
 nlohmann::json to_json(const TrainConfig& c);
 
-/// `base` with the fields `j` gives (a config.json, or part of one). Every key is checked: an
-/// unknown section or field is a ConfigError naming the nearest known one, a value of the wrong
-/// type or outside its choices names its key and `file`.
+/// `base` with the fields `j` gives (a config.json, or part of one); their flags ("--lr") go
+/// into *given when it is given. Every key is checked: an unknown section or field is a
+/// ConfigError naming the nearest known one, a value of the wrong type or outside its choices
+/// names its key and `file`.
 TrainConfig from_json(const nlohmann::json& j, const std::string& file,
-                      const TrainConfig& base = {});
+                      const TrainConfig& base = {}, std::set<std::string>* given = nullptr);
 
 /// The file `--config` names, read by from_json; the flags it sets go into *keys (as --lr is).
 TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys = nullptr);

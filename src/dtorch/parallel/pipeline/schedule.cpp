@@ -175,16 +175,20 @@ std::vector<std::string> schedule_names() {
   return {"gpipe", "1f1b", "interleaved", "zb"};
 }
 
+void check_schedule_name(const std::string& name) {
+  const std::vector<std::string> names = schedule_names();
+  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), name) != names.end(),
+                 "unknown pipeline schedule '", name, "': choose one of ", joined(names),
+                 " (--schedule)");
+}
+
 int default_virtual_stages(const std::string& name) {
   return name == "interleaved" ? 2 : 1;
 }
 
 Schedule make_schedule(const std::string& name, int ranks, int microbatches, int v) {
   if (name == "interleaved") return interleaved_one_f_one_b(ranks, microbatches, v);
-  const std::vector<std::string> names = schedule_names();
-  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), name) != names.end(),
-                 "unknown pipeline schedule '", name, "': choose one of ", joined(names),
-                 " (--schedule)");
+  check_schedule_name(name);
   DTORCH_CHECK_T(ConfigError, v == 1, "schedule ", name, " runs one stage per rank (got ", v,
                  " virtual stages): use --schedule interleaved for more");
   if (name == "gpipe") return gpipe(ranks, microbatches);

@@ -79,6 +79,8 @@ Schedule make_schedule(const std::string& name, int ranks, int microbatches,
 int default_virtual_stages(const std::string& name);
 /// The names make_schedule accepts.
 std::vector<std::string> schedule_names();
+/// ConfigError unless `name` is one of schedule_names(), listing them and naming --schedule.
+void check_schedule_name(const std::string& name);
 
 /// Inserts the sends and receives next to a per-rank order of compute actions, for a model
 /// of `stages` stages over compute.size() ranks.
