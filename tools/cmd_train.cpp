@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/log.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/train/trainer.h"
 #include "tools/commands.h"
 
@@ -34,9 +35,10 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
   train::ConfigSources sources;
   sources.given = command_line;
   sources.command_line = command_line;
+  train::TrainConfig file;
   if (!f.config_file.empty()) {
-    c = train::overlay_flags(train::read_config_file(f.config_file, &sources.given), f.config,
-                             command_line);
+    file = train::read_config_file(f.config_file, &sources.given);
+    c = train::overlay_flags(file, f.config, command_line);
   }
   sources.global_batch_size = f.global_batch_size;
   sources.deepspeed_config = f.deepspeed_config;
@@ -45,6 +47,17 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
   if (f.print_config) {
     std::cout << train::to_json(c).dump(2) << "\n";
     return 0;
+  }
+  if (!f.config_file.empty()) {
+    // The run writes <out>/config.json: when that is the file read, only with what it says.
+    std::error_code in_ec, out_ec;
+    const std::string in = paths::canonical(f.config_file, in_ec);
+    const std::string out = paths::canonical(paths::join(c.out, "config.json"), out_ec);
+    DTORCH_CHECK_T(
+        ConfigError, in_ec || out_ec || in != out || train::to_json(c) == train::to_json(file),
+        "--config ", f.config_file, " is the config.json this run writes into --out ", c.out,
+        ", and the flags given change it; give another --out, or pass a copy "
+        "of the file");
   }
   if (reports_for_the_job(how)) {
     for (const auto& w : resolved.warnings)

@@ -270,6 +270,18 @@ TEST(TrainCli, ConfigJsonRerunsTheRunBitForBit) {
   EXPECT_EQ(printed, written);
   EXPECT_FALSE(paths::exists(dir + "/first/config.json.tmp"));
 
+  // The file a run writes is never replaced by another run's settings.
+  const std::string before = [&] {
+    std::ifstream f(config);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  }();
+  r = run_command("train_config_itself", {DTORCH_CLI, "train", "--config", config, "--lr", "0.5"},
+                  60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "is the config.json this run writes into --out")) << r.err;
+  std::ifstream after_in(config);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(after_in), {}), before);
+
   std::ofstream(dir + "/bad.json") << R"({"training": {"batch_size": 4}})";
   r = run_command("train_config_bad", {DTORCH_CLI, "train", "--config", dir + "/bad.json"}, 60);
   EXPECT_NE(r.exit_code(), 0);
