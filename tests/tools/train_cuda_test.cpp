@@ -109,7 +109,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"zero3", "zero3", {}}, Layout{"tp2", "ddp", {"--tp", "2"}},
                       Layout{"tp2_sp", "ddp", {"--tp", "2", "--sequence-parallel"}},
                       Layout{"pp2", "ddp", {"--pp", "2"}},
-                      Layout{"pp2_zb", "zero1", {"--pp", "2", "--schedule", "zb"}}),
+                      Layout{"pp2_zb", "zero1", {"--pp", "2", "--schedule", "zb"}},
+                      Layout{"tp2_zero3", "zero3", {"--tp", "2"}},
+                      Layout{"pp2_zero3", "zero3", {"--pp", "2", "--reshard-after-microbatch"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Checkpoints hold host tensors: a run stopped on the GPU resumes on the CPU and the other way,

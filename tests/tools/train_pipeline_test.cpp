@@ -221,10 +221,6 @@ TEST(TrainPipeline, BadPipelineFlagsAndOtherLayoutsAreNamed) {
       with(pipeline_train_args(base + "/d", "zero1", 4, 2), {"--pp", "2", "--resume"}), 120);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(testing::contains(r.err, "holds ddp's checkpoints")) << r.err;
-  r = testing::run_command(
-      "pp_zero3", with(pipeline_train_args(base + "/y", "zero3", 2, 1), {"--pp", "2"}), 60);
-  EXPECT_NE(r.exit_code(), 0);
-  EXPECT_TRUE(testing::contains(r.err, "--pp with --strategy zero3 is not supported")) << r.err;
   r = testing::run_command("pp_split",
                            with(pipeline_train_args(base + "/x", "ddp", 2, 1),
                                 {"--pp", "2", "--pp-split", "transformer.h.0,head"}),

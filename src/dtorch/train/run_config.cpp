@@ -245,9 +245,6 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.tp > 1 || !c.sequence_parallel,
                  "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
                  "--tp 2 or more");
-  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.strategy.kind != "zero3",
-                 "--tp with --strategy zero3 is not supported: ZeRO-3 gathers whole blocks, "
-                 "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
   DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.clip_grad_norm == 0,
                  "--clip-grad-norm with --tp is not supported yet (the norm of split parameters "
                  "needs a sum across the tp group); leave it at 0");
@@ -256,10 +253,6 @@ void validate(const TrainConfig& c) {
                  "--print-every must be >= 1, or 0 for a line per epoch only");
   DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
   if (c.pp > 1) {
-    DTORCH_CHECK_T(ConfigError, c.strategy.kind != "zero3",
-                   "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
-                   "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
-                   "zero1 or zero2");
     pp::check_schedule_name(c.schedule);
     DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
@@ -269,10 +262,23 @@ void validate(const TrainConfig& c) {
     DTORCH_CHECK_T(ConfigError, c.microbatches == 0 || c.batch_size % c.microbatches == 0,
                    "--batch-size ", c.batch_size, " cannot be cut into --microbatches ",
                    c.microbatches, " equal micro-batches; make it a multiple of ", c.microbatches);
+    // Note [ZeRO-3 under a pipeline]
+    DTORCH_CHECK_T(
+        ConfigError,
+        !c.strategy.reshard_after_microbatch || c.schedule == "1f1b" || c.schedule == "gpipe",
+        "--reshard-after-microbatch with --schedule ", c.schedule,
+        ": ZeRO-3 then gathers a unit as each micro-batch's backward reaches it, which "
+        "this schedule does not signal; use --schedule 1f1b or gpipe, or leave the "
+        "flag out (units gathered once per step)");
   } else {
     DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
                    "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
   }
+  DTORCH_CHECK_T(ConfigError,
+                 !c.strategy.reshard_after_microbatch || (c.strategy.kind == "zero3" && c.pp > 1),
+                 "--reshard-after-microbatch releases ZeRO-3's units between a pipeline's "
+                 "micro-batches: it needs --strategy zero3 and --pp 2 or more (got --strategy ",
+                 c.strategy.kind, ", --pp ", c.pp, ")");
   StrategyConfig s = c.strategy;
   s.model = c.model;
   validate(s);

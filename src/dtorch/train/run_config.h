@@ -180,6 +180,11 @@ void visit_fields(StrategyConfig& s, V&& v) {
           "gather them again for backward: the ZeRO paper's 3x parameter bytes (default: keep "
           "them from forward to the end of their backward, as FSDP keeps its root)"},
     s.reshard_root_after_forward);
+  v(Field{"parallelism", "reshard-after-microbatch",
+          "zero3 with --pp: release each unit after every micro-batch's forward and backward "
+          "(less memory, two gathers per micro-batch; --schedule 1f1b or gpipe). Default: gather "
+          "the stages' units once per step"},
+    s.reshard_after_microbatch);
   v(Field{"parallelism", "find-unused-parameters",
           "ddp: allow parameters without gradient in a step"},
     s.ddp.find_unused_parameters);

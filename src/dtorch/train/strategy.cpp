@@ -342,6 +342,7 @@ class ZeroStrategy : public Strategy {
     o.bucket_cap_mb = c.ddp.bucket_cap_mb;
     o.min_unit_params = c.min_unit_params;
     o.reshard_root_after_forward = c.reshard_root_after_forward;
+    o.reshard_after_microbatch = c.reshard_after_microbatch;
     o.param_dtype = compute_dtype(c);
     o.reduce_dtype = c.reduce_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
     o.broadcast_buffers = c.ddp.broadcast_buffers;
@@ -357,9 +358,6 @@ class ZeroStrategy : public Strategy {
   }
 
   void backward_accumulated(const std::function<void()>& work) override {
-    DTORCH_CHECK_T(ConfigError, c_.kind != "zero3", "--strategy zero3 releases its ",
-                   "parameters between backward passes and a pipeline runs one per micro-batch: ",
-                   "use ddp, zero1 or zero2 with --pp");
     {
       auto guard = sharded_->accumulate_whole();
       work();
@@ -589,13 +587,6 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<comm::Communicator> comm,
                                         TensorParallelism tp, PipelineParallelism pp) {
   validate(c);
-  DTORCH_CHECK_T(ConfigError, !tp.handle || c.kind != "zero3",
-                 "tensor parallelism with zero3 is not supported: ZeRO-3 gathers whole blocks, "
-                 "which tensor parallelism has split; use ddp, zero1 or zero2 over the dp group");
-  DTORCH_CHECK_T(ConfigError, !pp.pipeline || c.kind != "zero3",
-                 "--pp with --strategy zero3 is not supported: ZeRO-3 releases its parameters ",
-                 "between backward passes and a pipeline runs one per micro-batch; use ddp, ",
-                 "zero1 or zero2 over the dp group");
   DTORCH_CHECK_T(
       ConfigError, c.precision != "fp16" || device_of(*model).is_cuda() || compat::kTorch2,
       "--precision fp16 on the CPU needs LibTorch 2.x's CPU autocast (this is ", TORCH_VERSION,

@@ -46,6 +46,9 @@ struct StrategyConfig {
   int64_t min_unit_params = 0;            ///< zero3 wrap policy (0: one unit per block)
   /// zero3: release the root unit after forward too (zero::Options::reshard_root_after_forward)
   bool reshard_root_after_forward = false;
+  /// zero3 under --pp: release units between micro-batches (zero::Options::
+  /// reshard_after_microbatch; Note [ZeRO-3 under a pipeline])
+  bool reshard_after_microbatch = false;
   std::string model;         ///< the model's registry name (to rebuild saved stages)
   models::ImageInput input;  ///< what an image model was built for (the same)
   ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units

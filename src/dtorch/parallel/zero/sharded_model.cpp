@@ -132,6 +132,11 @@ struct ShardedModel::Impl {
   // build(), reset first on destruction.
   std::unique_ptr<parallel::GradReadiness> readiness;
   bool keep_gathered = false;
+  // Note [ZeRO-3 under a pipeline]: the units stay gathered; or, each unit is released when
+  // backward enters the next one (left_in_backward: the unit it entered last).
+  bool hold_for_microbatches = false;
+  bool release_in_backward = false;
+  size_t left_in_backward = 0;
   bool root_per_step = false;  // the model scopes its forward: the root is gathered per step
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
   WaitSeconds waited;
@@ -418,6 +423,12 @@ at::Tensor ShardedModel::Impl::after_block(const std::string& block, at::Tensor 
 
 // Backward runs the root's last use first (a GPT's head), then the units in reverse.
 void ShardedModel::Impl::before_unit_backward(size_t u) {
+  if (release_in_backward) {  // Note [ZeRO-3 under a pipeline]
+    if (left_in_backward != 0 && left_in_backward < units.size() && left_in_backward != u) {
+      release(left_in_backward);
+    }
+    left_in_backward = u;
+  }
   ensure_gathered(u);
   const size_t next = u == 0 ? units.size() - 1 : u - 1;
   if (opts.prefetch && next != u) gather_async(next);
@@ -455,7 +466,10 @@ void ShardedModel::Impl::wait_for(comm::Work& w, double& seconds) {
 
 void ShardedModel::Impl::release(size_t u) {
   UnitState& s = units[u];
-  if (!sharded_params() || always_gathered(u) || keep_gathered || !s.materialized) return;
+  if (!sharded_params() || always_gathered(u) || keep_gathered || hold_for_microbatches ||
+      !s.materialized) {
+    return;
+  }
   wait_for(s.gather, waited.gather);
   const size_t nbytes = static_cast<size_t>(bytes_of(s.full));
   spare_memory.put(nbytes, release_storage(s.full));  // Note [Spare unit memory]
@@ -579,15 +593,51 @@ ShardedModel::~ShardedModel() {
   }
 }
 
+// Note [ZeRO-3 under a pipeline]
+// A pipeline runs every micro-batch's forward and backward of a step before the strategy
+// reduces (accumulate_whole, then reduce_accumulated), and a 1F1B schedule interleaves them:
+// micro-batch 2's forward runs before micro-batch 1's backward. Under the guard stage 3
+// accumulates whole gradients in .grad as stage 2 does, because the pipeline sums a tied
+// parameter's gradients across stages after the last backward, and reduces them once, unit by
+// unit, in reduce_accumulated, each unit released as its reduction starts. What it does with
+// the parameters meanwhile is chosen by Options::reshard_after_microbatch:
+//   off (the default; torchtitan runs FSDP under a pipeline without resharding after forward):
+//     every unit of the rank's stages is gathered as the guard is made and stays gathered.
+//     One gather of every unit per step, whatever the micro-batch count; held: the stages'
+//     parameters and gradients whole (ZeRO-2's bytes under a pipeline, plus the parameters in
+//     the compute dtype).
+//   on: a unit is gathered before its blocks run and released after them, gathered again when
+//     a micro-batch's backward reaches it and released when backward enters the unit before
+//     it (whose output the backward of every later unit has then consumed; the root unit is
+//     kept until the reduction). Two gathers of every unit per micro-batch; held: the whole
+//     gradients and the units in use. It relies on the block hooks and PreBackward firing as
+//     each micro-batch's backward goes through the stage, which a schedule that splits
+//     backward (zb) or runs several stages per rank (interleaved: the hooks sit on the stages'
+//     union) does not give; the run configuration refuses those.
 ShardedModel::NoSync::NoSync(ShardedModel* m, bool whole) : m_(m) {
-  DTORCH_CHECK(m_->impl_->readiness->sync(), "no_sync() guards must not nest");
+  Impl& impl = *m_->impl_;
+  DTORCH_CHECK(impl.readiness->sync(), "no_sync() guards must not nest");
   // Stages 2-3 reduce every backward (Note [Sharding stages]) unless asked to hold whole
-  // gradients; stage 3 cannot, its parameters are released between backward passes.
-  if (m_->impl_->opts.stage == 1 || whole) m_->impl_->readiness->set_sync(false);
+  // gradients; stage 3 then also keeps or releases its units by Options (Note [ZeRO-3 under a
+  // pipeline]).
+  if (impl.opts.stage == 3 && whole && impl.opts.reshard_after_microbatch) {
+    impl.left_in_backward = impl.units.size();
+    impl.release_in_backward = true;
+  } else if (impl.opts.stage == 3 && whole) {
+    for (size_t u = 0; u < impl.units.size(); ++u)
+      impl.gather_async(u);
+    for (size_t u = 0; u < impl.units.size(); ++u)
+      impl.ensure_gathered(u);
+    impl.hold_for_microbatches = true;
+  }
+  if (impl.opts.stage == 1 || whole) impl.readiness->set_sync(false);
 }
 
 ShardedModel::NoSync::~NoSync() {
-  if (m_) m_->impl_->readiness->set_sync(true);
+  if (!m_) return;
+  m_->impl_->readiness->set_sync(true);
+  m_->impl_->hold_for_microbatches = false;
+  m_->impl_->release_in_backward = false;
 }
 
 ShardedModel::NoSync ShardedModel::no_sync() {
@@ -595,18 +645,11 @@ ShardedModel::NoSync ShardedModel::no_sync() {
 }
 
 ShardedModel::NoSync ShardedModel::accumulate_whole() {
-  DTORCH_CHECK_T(ConfigError, impl_->opts.stage <= 2, "ZeRO-3 releases its parameters between ",
-                 "backward passes and cannot accumulate whole gradients over several: use ZeRO-1, ",
-                 "ZeRO-2 or DDP");
   return NoSync(this, true);
 }
 
 void ShardedModel::reduce_accumulated() {
-  Impl& m = *impl_;
-  DTORCH_CHECK_T(ConfigError, m.opts.stage <= 2, "ZeRO-3 reduces gradients during every ",
-                 "backward pass, so it cannot reduce them once after several: use ZeRO-1, ZeRO-2 ",
-                 "or DDP");
-  m.readiness->reduce_accumulated();
+  impl_->readiness->reduce_accumulated();
 }
 
 ShardedModel::FullParams::FullParams(ShardedModel* m) : m_(m) {

@@ -41,6 +41,15 @@ struct Options {
   /// models here use it at both ends of forward, so releasing it in between frees it only
   /// while the loss is computed (Note [Sharding stages]).
   bool reshard_root_after_forward = false;
+  /// Stage 3 under accumulate_whole() (a pipeline's micro-batches; Note [ZeRO-3 under a
+  /// pipeline]): off, every unit is gathered once when the guard is made and kept until
+  /// reduce_accumulated() (one gather a step; the stages' parameters whole meanwhile). On, a
+  /// unit is released after each micro-batch's forward and backward use and gathered again
+  /// for the next (a unit whole only while its blocks run; two gathers per unit and
+  /// micro-batch). Either way the gradients accumulate whole and are reduced once. Needs a
+  /// schedule that runs each micro-batch's backward whole through one stage per rank (gpipe,
+  /// 1f1b).
+  bool reshard_after_microbatch = false;
   /// The dtype forward and backward see (and gathers move): kFloat, or kBFloat16 for mixed
   /// precision. The optimizer always updates fp32 master weights.
   torch::Dtype param_dtype = torch::kFloat;
@@ -133,16 +142,18 @@ class ShardedModel {
   ShardedModel& operator=(const ShardedModel&) = delete;
 
   [[nodiscard]] NoSync no_sync();
-  /// Stages 1-2: while the guard lives, gradients accumulate whole in the parameters' .grad
-  /// without communicating, so several backward passes (a pipeline's micro-batches) cost one
+  /// While the guard lives, gradients accumulate whole in the parameters' .grad without
+  /// communicating, so several backward passes (a pipeline's micro-batches) cost one
   /// reduction, by reduce_accumulated() after the guard. Stage 2 then holds whole gradients
-  /// until that reduction (as FSDP's no_sync does) and only shards after it. ConfigError for
-  /// stage 3, whose parameters are released between backward passes.
+  /// until that reduction (as FSDP's no_sync does) and only shards after it; stage 3 also
+  /// gathers every unit now and keeps them until then, or releases each between uses
+  /// (Options::reshard_after_microbatch; Note [ZeRO-3 under a pipeline]). Collective for
+  /// stage 3.
   [[nodiscard]] NoSync accumulate_whole();
   [[nodiscard]] FullParams full_params();
-  /// Stages 1-2, after backward passes under no_sync() (stage 1) or accumulate_whole():
-  /// reduce-scatters the accumulated gradients now, as a synchronised backward would have.
-  /// ConfigError for stage 3, which reduces during every backward. Collective.
+  /// After backward passes under no_sync() (stage 1) or accumulate_whole(): reduce-scatters
+  /// the accumulated gradients now, as a synchronised backward would have (stage 3 releasing
+  /// each unit as its reduction starts). Collective.
   void reduce_accumulated();
 
   /// Scales the gradient shards so that the norm of the whole (unsharded) gradient is at
