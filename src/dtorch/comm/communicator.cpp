@@ -10,6 +10,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -444,17 +445,22 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
   std::string me = std::string(host) + " pid " + std::to_string(getpid());
   std::string node = std::to_string(info.node_rank);
   m.store->set("node/" + std::to_string(info.rank), std::vector<uint8_t>(node.begin(), node.end()));
-  m.store->set("arrived/" + std::to_string(info.rank), std::vector<uint8_t>(me.begin(), me.end()));
-  auto deadline = Clock::now() + opts.timeout;
-  std::vector<std::string> missing;
-  for (;;) {
-    missing.clear();
-    for (int r = 0; r < info.world_size; ++r) {
-      if (!m.store->check({"arrived/" + std::to_string(r)})) missing.push_back(describe_rank(r));
-    }
-    if (missing.empty() || Clock::now() > deadline) break;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  // Note [Announce and wait]
+  auto names = [&](const launch::Arrivals& a) {
+    std::vector<std::string> missing;
+    for (int r : a.missing())
+      missing.push_back(describe_rank(r));
+    return missing;
+  };
+  launch::WaitNotice notice;
+  notice.say = [&](const launch::Arrivals& a, double seconds) {
+    log::info("waiting for rank(s) ", join(names(a)), " to reach the rendezvous",
+              group_name().empty() ? "" : " of group ", group_name(), " at ", info.master_addr, ":",
+              info.master_port, " for ", std::lround(seconds), " s of DTORCH_TIMEOUT's ",
+              opts.timeout.count() / 1000.0, " s");
+  };
+  const std::vector<std::string> missing = names(launch::announce_and_wait(
+      *m.store, "arrived/", info.rank, me, info.world_size, Clock::now() + opts.timeout, notice));
   DTORCH_CHECK_T(CommError, missing.empty(), "rendezvous", group_name().empty() ? "" : " of group ",
                  group_name(), " at ", info.master_addr, ":", info.master_port, " timed out after ",
                  opts.timeout.count() / 1000.0,

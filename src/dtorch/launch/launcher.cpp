@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -654,7 +655,14 @@ void meet_other_nodes(Plan& plan, Console& console) {
   } else {
     client = connect_store(plan.master_addr, plan.master_port, timeout);
   }
-  NodeRoll roll = meet_nodes(*client, o.node_rank, o.nnodes, short_hostname(), timeout);
+  WaitNotice notice;
+  notice.say = [&](const Arrivals& a, double seconds) {
+    console.message(str("dtorch launch: node ", o.node_rank, " waiting for the other nodes at ",
+                        plan.master_addr, ":", plan.master_port, " for ", std::lround(seconds),
+                        " s of --rdzv-timeout ", o.rdzv_timeout_seconds,
+                        " s: ", describe_missing_nodes(NodeRoll{o.nnodes, a.values})));
+  };
+  NodeRoll roll = meet_nodes(*client, o.node_rank, o.nnodes, short_hostname(), timeout, notice);
   if (o.nnodes > 1 && o.node_rank == 0) {
     std::string who;
     for (int i = 0; i < o.nnodes; ++i)

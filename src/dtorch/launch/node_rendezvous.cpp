@@ -10,21 +10,11 @@
 
 #include <cstring>
 
-#include <functional>
-#include <thread>
-
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "dtorch/core/error.h"
 
 namespace dtorch::launch {
-namespace {
-
-std::string node_key(int node) {
-  return "dtorch/launch/node/" + std::to_string(node);
-}
-
-}  // namespace
 
 std::vector<int> NodeRoll::missing() const {
   std::vector<int> m;
@@ -109,58 +99,41 @@ bool is_local_host(const std::string& host) {
 // Note [Node rendezvous]
 // Workers also rendezvous (Communicator::create names missing ranks), but only after
 // DTORCH_TIMEOUT, and a rank number does not say which machine never started. Launchers meet
-// first, under --rdzv-timeout, one key per node: when a node is missing, the message names its
-// node rank and the hosts of those that came. Every node waits for all, so no worker anywhere
+// first, under --rdzv-timeout, one key per node (Note [Announce and wait], the workers' loop
+// too): when a node is missing, the message names its node rank and the hosts of those that
+// came. Every node waits for all, so no worker anywhere
 // starts before the job is whole; node 0, which serves the store, also waits until every node
 // has seen the roll complete, so it cannot finish and take the store away before they have.
 NodeRoll meet_nodes(c10d::Store& store, int node_rank, int nnodes, const std::string& host,
-                    std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  // A host without a name still counts as arrived.
-  std::string me = host.empty() ? "?" : host;
-  store.set(node_key(node_rank), std::vector<uint8_t>(me.begin(), me.end()));
-  NodeRoll roll{nnodes, std::vector<std::string>(static_cast<std::size_t>(nnodes))};
-  NodeRoll ready{nnodes, std::vector<std::string>(static_cast<std::size_t>(nnodes))};
-  auto deadline = Clock::now() + timeout;
-  // Fills the empty entries of `r` from keys `key(i)`; true when none is left empty.
-  auto poll = [&](NodeRoll& r, const std::function<std::string(int)>& key) {
-    bool all = true;
-    for (int i = 0; i < nnodes; ++i) {
-      std::string& h = r.hosts[static_cast<std::size_t>(i)];
-      if (!h.empty()) continue;
-      try {
-        if (store.check({key(i)})) {
-          auto v = store.get(key(i));
-          h.assign(v.begin(), v.end());
-        } else {
-          all = false;
-        }
-      } catch (const std::exception& e) {
-        std::string why = e.what();
-        DTORCH_FAIL(CommError, "rendezvous failed: the store went away while this node waited (",
-                    why.substr(0, why.find('\n')), "), so node 0's launcher gave up or exited; ",
-                    describe_missing_nodes(roll), " as far as this node saw");
-      }
+                    std::chrono::milliseconds timeout, const WaitNotice& notice) {
+  const std::string me = host.empty() ? "?" : host;  // a host without a name still arrives
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const std::string ready_prefix = "dtorch/launch/ready/";
+  // Note [Announce and wait]; a store that goes away means node 0's launcher did.
+  auto meet = [&](const std::string& prefix) {
+    try {
+      return NodeRoll{
+          nnodes, announce_and_wait(store, prefix, node_rank, me, nnodes, deadline, notice).values};
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      DTORCH_FAIL(CommError, "rendezvous failed: the store went away while this node waited (",
+                  why.substr(0, why.find('\n')), "), so node 0's launcher gave up or exited");
     }
-    return all;
   };
   // Phase 1: every node's arrival. Phase 2 (node 0 only): every node has seen phase 1 end.
   // Node 0 serves the store and leaves once its workers are done; without phase 2 a job whose
   // workers finish at once could end before a slower node saw the roll complete.
-  std::string ready_prefix = "dtorch/launch/ready/";
-  bool ok = false;
-  for (;;) {
-    if (!ok && poll(roll, node_key)) {
-      ok = true;
+  NodeRoll roll = meet("dtorch/launch/node/");
+  if (roll.missing().empty()) {
+    if (node_rank != 0) {
       store.set(ready_prefix + std::to_string(node_rank),
                 std::vector<uint8_t>(me.begin(), me.end()));
-      if (node_rank != 0) return roll;
+      return roll;
     }
-    if (ok && poll(ready, [&](int i) { return ready_prefix + std::to_string(i); })) return roll;
-    if (Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    NodeRoll ready = meet(ready_prefix);
+    if (ready.missing().empty()) return roll;
+    roll = ready;  // the nodes that never confirmed count as missing
   }
-  if (ok) roll = ready;  // the nodes that never confirmed count as missing
   DTORCH_FAIL(CommError, "rendezvous failed after ", timeout.count() / 1000.0,
               " s (--rdzv-timeout): ", describe_missing_nodes(roll),
               "\n---> HINT: start `dtorch launch --node-rank <i>` on each missing node with the "

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/launch/store.h"
+
 namespace c10d {
 class Store;
 }
@@ -20,11 +22,12 @@ struct NodeRoll {
 };
 
 /// Registers this node in `store` under "dtorch/launch/node/<node_rank>" (value: `host`), then
-/// waits until all `nnodes` have, polling until `timeout`. Returns the roll on success; throws
-/// CommError naming how many nodes arrived and the node ranks missing (see
-/// describe_missing_nodes) when the timeout passes first.
+/// waits until all `nnodes` have, polling until `timeout` (Note [Announce and wait]; `notice`
+/// says what a long wait waits for). Returns the roll on success; throws CommError naming how
+/// many nodes arrived and the node ranks missing (see describe_missing_nodes) when the timeout
+/// passes first.
 NodeRoll meet_nodes(c10d::Store& store, int node_rank, int nnodes, const std::string& host,
-                    std::chrono::milliseconds timeout);
+                    std::chrono::milliseconds timeout, const WaitNotice& notice = {});
 
 /// "1 of 2 node(s) arrived (node 0 on hostA); missing node rank(s): 1".
 std::string describe_missing_nodes(const NodeRoll& roll);

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
@@ -126,6 +127,49 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
                 "\n---> HINT: check MASTER_ADDR/MASTER_PORT (--master-addr/--master-port), that "
                 "rank 0 or the launcher of node 0 is running, and that no firewall blocks the "
                 "port");
+  }
+}
+
+std::vector<int> Arrivals::missing() const {
+  std::vector<int> m;
+  for (size_t i = 0; i < values.size(); ++i)
+    if (values[i].empty()) m.push_back(static_cast<int>(i));
+  return m;
+}
+
+Arrivals announce_and_wait(c10d::Store& store, const std::string& prefix, int self,
+                           const std::string& value, int count,
+                           std::chrono::steady_clock::time_point deadline,
+                           const WaitNotice& notice) {
+  using Clock = std::chrono::steady_clock;
+  DTORCH_CHECK(self < 0 || !value.empty(),
+               "announce_and_wait: an announced value must not be empty");
+  if (self >= 0)
+    store.set(prefix + std::to_string(self), std::vector<uint8_t>(value.begin(), value.end()));
+  Arrivals a{std::vector<std::string>(static_cast<size_t>(count))};
+  const auto start = Clock::now();
+  auto next_notice = start + notice.after;
+  for (;;) {
+    bool all = true;
+    for (int i = 0; i < count; ++i) {
+      std::string& v = a.values[static_cast<size_t>(i)];
+      if (!v.empty()) continue;
+      const std::string key = prefix + std::to_string(i);
+      if (!store.check({key})) {
+        all = false;
+        continue;
+      }
+      auto bytes = store.get(key);
+      v.assign(bytes.begin(), bytes.end());
+      if (v.empty()) v = "?";  // arrived without a name
+    }
+    const auto now = Clock::now();
+    if (all || now >= deadline) return a;
+    if (notice.say && now >= next_notice) {
+      notice.say(a, std::chrono::duration<double>(now - start).count());
+      next_notice = now + notice.after;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 

@@ -6,7 +6,9 @@
 #include <torch/version.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <vector>
 
 namespace c10d {
 class Store;
@@ -38,5 +40,31 @@ int free_port();
 /// reached within `timeout`.
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
                                               std::chrono::milliseconds timeout);
+
+/// Who had arrived when announce_and_wait returned: values[i] is what party i announced, ""
+/// for a party that had not.
+struct Arrivals {
+  std::vector<std::string> values;
+  std::vector<int> missing() const;
+  bool complete() const { return missing().empty(); }
+};
+
+/// What a long wait says while it goes on: `say(arrivals, seconds waited)` after `after` and
+/// then every `after` again, until the wait ends.
+struct WaitNotice {
+  std::chrono::milliseconds after{10000};
+  std::function<void(const Arrivals&, double seconds)> say;
+};
+
+/// Note [Announce and wait]: the one way the parties of a job meet in a store, launchers
+/// (meet_nodes) and workers (comm::Communicator) alike. Party `self` sets "<prefix><self>" to
+/// `value` (which names it; self < 0 announces nothing), then every party's key is polled until
+/// all `count` have arrived or `deadline` passes; what came back says who is missing, for the
+/// caller's message. A wait is never silent: `notice` says what it waits for after 10 s and
+/// every 10 s after. Throws what the store throws (a store that went away).
+Arrivals announce_and_wait(c10d::Store& store, const std::string& prefix, int self,
+                           const std::string& value, int count,
+                           std::chrono::steady_clock::time_point deadline,
+                           const WaitNotice& notice = {});
 
 }  // namespace dtorch::launch
