@@ -14,6 +14,11 @@ rank are compared with what Python users run today, in the same run on the same 
                        lm_head colwise, still tied); every rank feeds the same batch
   dp-tp                2-D mesh (dp = N / tp, tp = --tp): the same plan on "tp", FSDP2
                        fully_shard on "dp"; one batch per dp rank, shared by its tp group
+  dp-pp                2-D mesh (pp = --pp, dp = N / pp): torch.distributed.pipelining
+                       Schedule1F1B over "pp" with --stages and --microbatches as pipeline,
+                       each stage's blocks and the stage FSDP2 fully_shard on "dp"
+                       (reshard_after_forward off, as torchtitan under a pipeline; on with
+                       --reshard-after-microbatch); one batch per dp rank     (dtorch zero3 --pp)
   pipeline             torch.distributed.pipelining over all N ranks (pp = N): rank r holds
                        the units --stages gives it (dtorch's split: embedding, blocks, head),
                        a PipelineStage and ScheduleGPipe / Schedule1F1B /
@@ -57,7 +62,7 @@ import torch.utils.checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode
 
 STRATEGIES = ("ddp", "zero-redundancy", "fsdp", "deepspeed-zero1", "deepspeed-zero2",
-              "deepspeed-zero3", "tensor-parallel", "dp-tp", "pipeline")
+              "deepspeed-zero3", "tensor-parallel", "dp-tp", "dp-pp", "pipeline")
 TP_STRATEGIES = ("tensor-parallel", "dp-tp")
 # (vocab_size, block_size, n_layer, n_head, n_embd), dtorch's GPTConfig::small() and ::debug().
 CONFIGS = {"gpt-small": (50304, 1024, 12, 12, 768), "gpt-debug": (256, 32, 2, 4, 32)}
@@ -359,6 +364,50 @@ def parallelize_pipeline(model, a):
     return run, "torch.distributed.pipelining %s" % type(schedule).__name__
 
 
+def parallelize_dp_pp(model, a):
+    """FSDP2 over "dp" inside each pipeline stage, the stages over "pp" (torchtitan's 2-D
+    pipeline layout). Returns run(x, y) -> loss (last stage) or zeros, and the impl string."""
+    from torch.distributed import pipelining as pipe
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    if a.pp < 2 or a.nproc % a.pp:
+        raise ValueError("--pp %d must be >= 2 and divide --nproc %d" % (a.pp, a.nproc))
+    mesh = init_device_mesh("cpu", (a.pp, a.nproc // a.pp), mesh_dim_names=("pp", "dp"))
+    s = mesh["pp"].get_local_rank()
+    ranges = a.stages.split(",")
+    if len(ranges) != a.pp:
+        raise ValueError("--stages %s: give %d ranges" % (a.stages, a.pp))
+    begin, end = (int(v) for v in ranges[s].split("-"))
+    module = PipelineStageModule(model, begin, end)
+    del model
+    for block in module.blocks:
+        fully_shard(block, mesh=mesh["dp"], reshard_after_forward=a.reshard_after_microbatch)
+    fully_shard(module, mesh=mesh["dp"], reshard_after_forward=a.reshard_after_microbatch)
+    stage = pipe.PipelineStage(module, s, a.pp, torch.device("cpu"), group=mesh["pp"].get_group())
+    V = CONFIGS[a.model][0]
+
+    def loss_fn(out, target):
+        return F.cross_entropy(out.reshape(-1, V), target.reshape(-1))
+
+    schedule = pipe.Schedule1F1B(stage, a.microbatches, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(module.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    a.dp_size, a.data_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
+
+    def run(x, y):
+        opt.zero_grad(set_to_none=True)
+        losses = []
+        if s == 0:
+            schedule.step(x)
+        elif s == a.pp - 1:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step()
+        opt.step()
+        return sum(losses) / len(losses) if losses else torch.zeros(())
+
+    return run, "fully_shard(dp) + torch.distributed.pipelining Schedule1F1B"
+
+
 def torch_step(opt):
     def step(loss):
         opt.zero_grad(set_to_none=True)
@@ -492,6 +541,9 @@ def run_rank(rank, a):
         run, impl = parallelize_pipeline(model, a)
         model = None  # this rank keeps its stage only
         a.dp_size = 1  # one pipeline: one batch per step
+    elif a.strategy == "dp-pp":
+        run, impl = parallelize_dp_pp(model, a)
+        model = None
     else:
         module, step, impl = parallelize(model, a)
         run = lambda x, y: train_step(module, step, x, y)  # noqa: E731
@@ -594,6 +646,10 @@ def main():
     ap.add_argument("--ds-bucket-mb", type=float, default=25.0,
                     help="deepspeed: reduce/allgather bucket MiB (DDP's and dtorch's 25); "
                     "0 keeps DeepSpeed's defaults")
+    ap.add_argument("--pp", type=int, default=2,
+                    help="dp-pp: pipeline stages; dp is --nproc / --pp")
+    ap.add_argument("--reshard-after-microbatch", action="store_true",
+                    help="dp-pp: FSDP2 reshards after every micro-batch's forward")
     ap.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb"), default="1f1b",
                     help="pipeline: the schedule")
     ap.add_argument("--microbatches", type=int, default=4, help="pipeline: per batch")
