@@ -9,6 +9,7 @@
 
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/train/checkpoint.h"
 #include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
@@ -232,6 +233,11 @@ TEST(TrainCli, ConfigJsonRerunsTheRunBitForBit) {
   const auto written = nlohmann::json::parse(in);
   EXPECT_EQ(written["optimizer"]["weight-decay"], 0.01) << "the default resolved, written out";
   EXPECT_EQ(written["optimizer"]["lr"], 0.003);
+  // Checkpoints record the same configuration (and the model's name for readers of the file).
+  const auto meta = nlohmann::json::parse(
+      train::read_checkpoint_model(dir + "/first/checkpoint-000002.dtc").second.metadata_json);
+  EXPECT_EQ(meta["config"], written);
+  EXPECT_EQ(meta["model"], "mnist-mlp");
 
   r = run_command(
       "train_config_again",

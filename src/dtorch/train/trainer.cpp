@@ -181,23 +181,17 @@ std::optional<Schedule> schedule_of(const std::string& metadata_json, const std:
   }
 }
 
+// A checkpoint's metadata: the run configuration as config.json holds it (Note [One list of
+// settings]), and what the run derived: the job's size, the image input the model was built
+// for, the learning-rate schedule's state. "model" is repeated at the top for readers that
+// know nothing else of dtorch (`dtorch checkpoint`, a Python script).
 std::string config_json(const TrainConfig& c, int world, const Schedule& schedule,
                         const models::ImageInput& input) {
   nlohmann::json j = {
       {"model", c.model},
-      {"data", c.data},
+      {"config", to_json(c)},
       {"input", {{"channels", input.channels}, {"size", input.size}, {"classes", input.classes}}},
-      {"batch_size", c.batch_size},
-      {"lr", c.strategy.lr},
-      {"optimizer", c.strategy.optimizer},
-      {"strategy", c.strategy.kind},
-      {"precision", c.strategy.precision},
-      {"seed", c.seed},
       {"world_size", world},
-      {"tp", c.tp},
-      {"sequence_parallel", c.sequence_parallel},
-      {"pp", c.pp},
-      {"schedule", c.schedule},
       {"lr_schedule", schedule.to_json()}};
   return j.dump();
 }
