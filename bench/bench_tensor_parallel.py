@@ -36,6 +36,11 @@ SHAPES = {"gpt-small": (12, 768), "gpt-debug": (2, 32)}
 
 
 RESHARD = "--reshard-after-microbatch"
+PIPELINE_ZERO3 = (
+    " Under a pipeline ZeRO-3 gathers each stage's units once per step (2x, the bytes of DDP's "
+    "allreduce); with --reshard-after-microbatch twice per micro-batch but its root unit (the "
+    "embeddings, or the final norm and head) once per step, so it sends less than its (2m + 1)x: "
+    "more gathers for the memory of the stage's parameters between their uses.")
 
 
 def layouts(n):
@@ -163,7 +168,8 @@ def main():
     lines += [
         "",
         "ZeRO-3 sends less than its formula's 3x because its root unit (the token embedding, a "
-        "third of gpt-small) is gathered once per step. Under ZeRO-3 no rank builds the whole model "
+        "third of gpt-small) is gathered once per step." + PIPELINE_ZERO3 + " Under ZeRO-3 no rank "
+        "builds the whole model "
         "(Note [Deferred initialisation]); under a pipeline each rank builds only its own "
         "stage; the other layouts build the whole model on every rank before splitting it, so "
         "their peak RSS holds one unsplit copy. The bytes columns "
