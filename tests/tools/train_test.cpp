@@ -7,10 +7,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/command.h"
 #include "support/train_run.h"
@@ -40,7 +40,7 @@ using testing::epochs_of;
 std::vector<torch::Tensor> weights(const std::string& path,
                                    const std::string& model = "mnist-cnn") {
   auto m = models::make_model(model);
-  train::load_state_dict(*m, path);
+  checkpoint::load_state_dict(*m, path);
   std::vector<torch::Tensor> v;
   for (auto& p : m->parameters())
     v.push_back(p.detach().clone());
