@@ -20,8 +20,8 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/report/out_of_memory.h"
 #include "dtorch/train/loss.h"
-#include "dtorch/train/out_of_memory.h"
 #include "dtorch/train/parallelize.h"
 #include "dtorch/train/run_config.h"
 #include "dtorch/train/strategy.h"
@@ -192,7 +192,7 @@ int memory_worker(MemoryFlags f) {
   const int n = dp->size();
   // The ZeRO formulas over the dp group, for the parameters this rank holds.
   double expected =
-      train::model_state_bytes(f.strategy.kind, double(P_local), n, double(m.resident_unit_bytes));
+      report::model_state_bytes(f.strategy.kind, double(P_local), n, double(m.resident_unit_bytes));
   auto per_step = [&](const comm::Traffic& t) {
     return nlohmann::json{{"allreduce", t.allreduce / f.steps},
                           {"reduce_scatter", t.reduce_scatter / f.steps},

@@ -8,14 +8,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/checkpoint/pipeline_checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/parallel/tensor/tensor_parallel.h"
-#include "dtorch/train/checkpoint.h"
-#include "dtorch/train/pipeline_checkpoint.h"
-#include "dtorch/train/sharded_checkpoint.h"
-#include "dtorch/train/state_dict.h"
+#include "dtorch/parallel/tp/tensor_parallel.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -38,7 +38,7 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 }
 
 int run_inspect(const CheckpointFlags& f) {
-  train::ShardedCheckpointReader reader(f.dir);
+  checkpoint::ShardedCheckpointReader reader(f.dir);
   const auto& d = reader.data();
   std::ostream& o = std::cout;
   o << "checkpoint   " << reader.dir() << "\n"
@@ -98,8 +98,9 @@ int run_inspect(const CheckpointFlags& f) {
 // A ZeRO run with --tp N keeps one sharded checkpoint per tp index (Note [Tensor-parallel
 // checkpoints] in train/strategy.cpp) and the split of each parameter in tensor_parallel.json:
 // consolidate each, then join the tp slices.
-train::StateDict consolidate_tensor_parallel(const std::string& dir, train::CheckpointData* data,
-                                             std::string* source) {
+checkpoint::StateDict consolidate_tensor_parallel(const std::string& dir,
+                                                  checkpoint::CheckpointData* data,
+                                                  std::string* source) {
   std::ifstream in(dir + "/tensor_parallel.json");
   nlohmann::json spec;
   try {
@@ -109,10 +110,10 @@ train::StateDict consolidate_tensor_parallel(const std::string& dir, train::Chec
   }
   const int tp = spec.at("tp").get<int>();
   std::vector<std::map<std::string, torch::Tensor>> slices(tp);
-  train::StateDict first;
+  checkpoint::StateDict first;
   for (int i = 0; i < tp; ++i) {
-    train::ShardedCheckpointReader reader(str(dir, "/tp", i, "-of-", tp));
-    auto state = train::consolidate_model(reader);
+    checkpoint::ShardedCheckpointReader reader(str(dir, "/tp", i, "-of-", tp));
+    auto state = checkpoint::consolidate_model(reader);
     if (i == 0) {
       first = state;
       data->epoch = reader.data().epoch;
@@ -122,7 +123,7 @@ train::StateDict consolidate_tensor_parallel(const std::string& dir, train::Chec
     }
     slices[i] = std::map<std::string, torch::Tensor>(state.begin(), state.end());
   }
-  train::StateDict out;
+  checkpoint::StateDict out;
   for (const auto& [name, t] : first) {
     auto it = spec.at("sharded").find(name);
     if (it == spec.at("sharded").end()) {
@@ -144,24 +145,24 @@ train::StateDict consolidate_tensor_parallel(const std::string& dir, train::Chec
 // A pipeline run keeps one checkpoint per stage (Note [Pipeline checkpoints]): DDP's whole
 // stage files, ZeRO's shards, or under --tp ZeRO's shards per tp index; each parameter is
 // taken from the first stage holding it.
-train::StateDict consolidate_pipeline(const std::vector<train::SavedStage>& stages,
-                                      train::CheckpointData* data, std::string* source) {
-  train::StateDict out;
+checkpoint::StateDict consolidate_pipeline(const std::vector<checkpoint::SavedStage>& stages,
+                                           checkpoint::CheckpointData* data, std::string* source) {
+  checkpoint::StateDict out;
   std::set<std::string> seen, folders;
   for (size_t s = 0; s < stages.size(); ++s) {
     // ZeRO keeps an interleaved rank's stages in one folder: read it once.
     if (!folders.insert(stages[s].folder).second) continue;
-    train::StateDict part;
-    train::CheckpointData d;
-    auto files = train::list_checkpoints(stages[s].folder);
+    checkpoint::StateDict part;
+    checkpoint::CheckpointData d;
+    auto files = checkpoint::list_checkpoints(stages[s].folder);
     std::string unused;
     if (paths::exists(stages[s].folder + "/tensor_parallel.json")) {
       part = consolidate_tensor_parallel(stages[s].folder, &d, &unused);
     } else if (!files.empty()) {
-      std::tie(part, d) = train::read_checkpoint_model(files.front());
+      std::tie(part, d) = checkpoint::read_checkpoint_model(files.front());
     } else {
-      train::ShardedCheckpointReader reader(stages[s].folder);
-      part = train::consolidate_model(reader);
+      checkpoint::ShardedCheckpointReader reader(stages[s].folder);
+      part = checkpoint::consolidate_model(reader);
       d.epoch = reader.data().epoch;
       d.global_step = reader.data().global_step;
       d.metadata_json = reader.data().metadata_json;
@@ -189,20 +190,20 @@ std::vector<models::PythonAlias> aliases_of(const std::string& metadata_json) {
 }
 
 int run_consolidate(const CheckpointFlags& f) {
-  train::StateDict state;
+  checkpoint::StateDict state;
   std::string source;
-  train::CheckpointData data;
+  checkpoint::CheckpointData data;
   if (paths::exists(f.dir + "/tensor_parallel.json")) {
     state = consolidate_tensor_parallel(f.dir, &data, &source);
-  } else if (auto stages = train::read_pipeline_layout(f.dir); !stages.empty()) {
+  } else if (auto stages = checkpoint::read_pipeline_layout(f.dir); !stages.empty()) {
     state = consolidate_pipeline(stages, &data, &source);
   } else if (f.dir.size() > 4 && f.dir.compare(f.dir.size() - 4, 4, ".dtc") == 0) {
     // A whole-model checkpoint (DDP's, tensor-parallel runs' included): its model as is.
-    std::tie(state, data) = train::read_checkpoint_model(f.dir);
+    std::tie(state, data) = checkpoint::read_checkpoint_model(f.dir);
     source = f.dir;
   } else {
-    train::ShardedCheckpointReader reader(f.dir);
-    state = train::consolidate_model(reader);
+    checkpoint::ShardedCheckpointReader reader(f.dir);
+    state = checkpoint::consolidate_model(reader);
     source = reader.dir();
     data.epoch = reader.data().epoch;
     data.global_step = reader.data().global_step;
@@ -211,10 +212,10 @@ int run_consolidate(const CheckpointFlags& f) {
   // The format follows the file name: .safetensors gets safetensors, anything else torch.save's,
   // which also holds the model's tied weights under their Python names (Note [Tied embedding]).
   const bool st = f.out.size() >= 12 && f.out.compare(f.out.size() - 12, 12, ".safetensors") == 0;
-  if (!st) state = train::with_python_aliases(state, aliases_of(data.metadata_json));
-  train::write_file_atomically(
-      f.out, train::serialize_state_dict(
-                 state, st ? train::SaveFormat::Safetensors : train::SaveFormat::Torch));
+  if (!st) state = checkpoint::with_python_aliases(state, aliases_of(data.metadata_json));
+  checkpoint::write_file_atomically(
+      f.out, checkpoint::serialize_state_dict(
+                 state, st ? checkpoint::SaveFormat::Safetensors : checkpoint::SaveFormat::Torch));
   int64_t elements = 0;
   for (const auto& [name, t] : state)
     elements += t.numel();

@@ -8,8 +8,8 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/picture.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/parallel/pipeline/schedule.h"
-#include "dtorch/parallel/pipeline/stage_plan.h"
+#include "dtorch/parallel/pp/schedule.h"
+#include "dtorch/parallel/pp/stage_plan.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {

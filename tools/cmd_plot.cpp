@@ -1,10 +1,10 @@
 // `dtorch plot RUN_DIR [RUN_DIR...] --out FILE.png|svg`: the training curves of one or more
-// `dtorch train` runs from their metrics.jsonl, overlaid in one picture (train/curves.h).
+// `dtorch train` runs from their metrics.jsonl, overlaid in one picture (report/curves.h).
 #include <iostream>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
-#include "dtorch/train/curves.h"
+#include "dtorch/report/curves.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -21,12 +21,12 @@ int run_plot(const PlotFlags& f) {
   DTORCH_CHECK_T(ConfigError, f.labels.empty() || f.labels.size() == f.runs.size(), "--label ",
                  "was given ", f.labels.size(), " time(s) for ", f.runs.size(),
                  " run folder(s): give one per run, in the same order, or none");
-  std::vector<train::RunCurves> curves;
+  std::vector<report::RunCurves> curves;
   for (size_t i = 0; i < f.runs.size(); ++i) {
     const std::string label = f.labels.empty() ? paths::lexically_normal(f.runs[i]) : f.labels[i];
-    curves.push_back(train::read_run_curves(f.runs[i], label));
+    curves.push_back(report::read_run_curves(f.runs[i], label));
   }
-  write_picture(train::draw_curves(curves, f.title), f.out);
+  write_picture(report::draw_curves(curves, f.title), f.out);
   std::cout << "wrote " << f.out << " (" << curves.size() << " run(s))" << std::endl;
   return 0;
 }

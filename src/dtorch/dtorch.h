@@ -3,6 +3,9 @@
 // launcher's rank description, data, models and training helpers.
 #pragma once
 
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
@@ -14,13 +17,10 @@
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/parallel_dims.h"
-#include "dtorch/parallel/pipeline/pipeline.h"
-#include "dtorch/parallel/pipeline/stage_plan.h"
-#include "dtorch/parallel/tensor/tensor_parallel.h"
+#include "dtorch/parallel/pp/pipeline.h"
+#include "dtorch/parallel/pp/stage_plan.h"
+#include "dtorch/parallel/tp/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
-#include "dtorch/train/checkpoint.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/parallelize.h"
-#include "dtorch/train/sharded_checkpoint.h"
-#include "dtorch/train/state_dict.h"
 #include "dtorch/train/zero_grad.h"

@@ -1,5 +1,5 @@
-// The source tree's layers form one line, core <- launch <- comm <- parallel <- train (models
-// and data beside them, on core only): each folder includes only from the folders below it.
+// The source tree's layers: core <- launch <- comm <- parallel <- checkpoint <- train, with models,
+// data and report on core only beside them: each folder includes only from the folders below it.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -20,7 +20,10 @@ TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
       {"models", {"core", "models"}},
       {"data", {"core", "data"}},
       {"parallel", {"core", "launch", "comm", "models", "parallel"}},
-      {"train", {"core", "launch", "comm", "models", "data", "parallel", "train"}},
+      {"checkpoint", {"core", "comm", "models", "parallel", "checkpoint"}},
+      {"report", {"core", "report"}},
+      {"train",
+       {"core", "launch", "comm", "models", "data", "parallel", "checkpoint", "report", "train"}},
   };
   const std::regex include(R"re(#include "dtorch/([a-z_]+)/)re");
   const std::string root = std::string(DTORCH_SOURCE_DIR) + "/src/dtorch/";

@@ -6,11 +6,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/gpt.h"
 #include "dtorch/models/vit.h"
-#include "dtorch/train/state_dict.h"
 
 namespace dtorch::models {
 namespace {
@@ -71,7 +71,7 @@ void expect_kernels_agree(Config c, const Input& x) {
   Model ref(c);
   c.attention = AttentionKernel::Fused;
   Model fused(c);
-  train::load_state_dict(fused, train::state_dict(ref), "the explicit model");
+  checkpoint::load_state_dict(fused, checkpoint::state_dict(ref), "the explicit model");
   auto out_ref = ref.forward(x), out_fused = fused.forward(x);
   EXPECT_LE(max_diff(out_ref, out_fused), kTol);
   out_ref.square().mean().backward();

@@ -7,9 +7,9 @@
 
 #include <cmath>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/state_dict.h"
 #include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
@@ -21,7 +21,7 @@ TEST(ModelGPT, DebugNamesShapesAndBlocks) {
   auto m = make_model("gpt-debug");
   std::vector<std::string> names;
   std::map<std::string, std::vector<int64_t>> s;
-  for (const auto& [name, t] : train::state_dict(*m)) {
+  for (const auto& [name, t] : checkpoint::state_dict(*m)) {
     names.push_back(name);
     s[name] = t.sizes().vec();
   }
@@ -100,7 +100,7 @@ TEST(ModelGPTPeer, DebugMatchesNanoGpt) {
   torch::manual_seed(7);
   auto model = make_model("gpt-debug");
   dtorch::testing::perturb_constant_tensors(*model);
-  train::save_state_dict(*model, dir + "/weights.pt");
+  checkpoint::save_state_dict(*model, dir + "/weights.pt");
   torch::Tensor x = torch::randint(0, 256, {3, 32}, torch::kLong);
   torch::Tensor y = model->forward(x).detach();
   dtorch::testing::save_tensors(dir + "/io.pt", {{"x", x}, {"y", y}});

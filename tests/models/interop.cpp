@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
-#include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
 
@@ -21,7 +21,7 @@ TempDir::~TempDir() {
 
 void save_tensors(const std::string& path,
                   const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  train::write_file_atomically(path, train::pickle_state_dict(tensors));
+  checkpoint::write_file_atomically(path, checkpoint::pickle_state_dict(tensors));
 }
 
 void perturb_constant_tensors(torch::nn::Module& module) {

@@ -8,9 +8,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/state_dict.h"
 #include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
@@ -98,13 +98,13 @@ nlohmann::json compare_with_peer(const std::string& name, const std::string& pee
   auto model = make_model(name);
   torch::Tensor x = torch::randn({8, 1, 28, 28});
   torch::Tensor y = model->forward(x).detach();
-  train::save_state_dict(*model, dir + "/weights.pt");
+  checkpoint::save_state_dict(*model, dir + "/weights.pt");
   dtorch::testing::save_tensors(dir + "/io.pt", {{"x", x}, {"y", y}});
 
   // Also: does the same seed give the same initial weights in both languages?
   torch::manual_seed(0);
   auto seeded = make_model(name);
-  train::save_state_dict(*seeded, dir + "/seed0.pt");
+  checkpoint::save_state_dict(*seeded, dir + "/seed0.pt");
 
   std::string out;
   int rc = dtorch::testing::run_python(dir, "compare", R"PY(

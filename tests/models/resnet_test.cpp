@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/state_dict.h"
 #include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
@@ -16,7 +16,7 @@ namespace {
 
 std::map<std::string, std::vector<int64_t>> shapes(const torch::nn::Module& m) {
   std::map<std::string, std::vector<int64_t>> out;
-  for (const auto& [name, t] : train::state_dict(m))
+  for (const auto& [name, t] : checkpoint::state_dict(m))
     out[name] = t.sizes().vec();
   return out;
 }
@@ -69,7 +69,7 @@ nlohmann::json compare_with_torchvision(const std::string& name) {
   torch::manual_seed(3);
   auto model = make_model(name);
   dtorch::testing::perturb_constant_tensors(*model);
-  train::save_state_dict(*model, dir + "/weights.pt");
+  checkpoint::save_state_dict(*model, dir + "/weights.pt");
   torch::Tensor x = torch::randn({4, 1, 28, 28});
   torch::NoGradGuard no_grad;
   model->eval();

@@ -5,7 +5,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/models/stage_union.h"
-#include "dtorch/parallel/pipeline/stage_plan.h"
+#include "dtorch/parallel/pp/stage_plan.h"
 
 namespace dtorch::models {
 namespace {

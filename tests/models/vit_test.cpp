@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/state_dict.h"
 #include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/workers.h"
@@ -18,7 +18,7 @@ namespace {
 TEST(ModelViT, TinyNamesAndShapes) {
   auto m = make_model("vit-tiny");
   std::map<std::string, std::vector<int64_t>> s;
-  for (const auto& [name, t] : train::state_dict(*m))
+  for (const auto& [name, t] : checkpoint::state_dict(*m))
     s[name] = t.sizes().vec();
   const std::string b = "encoder.layers.encoder_layer_11.";
   EXPECT_EQ(s.at("class_token"), (std::vector<int64_t>{1, 1, 192}));
@@ -58,7 +58,7 @@ TEST(ModelViTPeer, DebugAndTinyMatchTorchvision) {
     auto model = make_model(name);
     const ViTConfig c = std::dynamic_pointer_cast<VisionTransformer>(model)->config();
     dtorch::testing::perturb_constant_tensors(*model);
-    train::save_state_dict(*model, dir + "/weights.pt");
+    checkpoint::save_state_dict(*model, dir + "/weights.pt");
     torch::Tensor x = torch::randn({4, 1, 28, 28});
     torch::NoGradGuard no_grad;
     torch::Tensor y = model->forward(x);

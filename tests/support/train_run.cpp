@@ -5,7 +5,7 @@
 
 #include <sstream>
 
-#include "dtorch/train/state_dict.h"
+#include "dtorch/checkpoint/state_dict.h"
 #include "support/command.h"
 
 namespace dtorch::testing {
@@ -58,7 +58,7 @@ std::vector<nlohmann::json> epochs_of(const std::string& out) {
 }
 
 std::map<std::string, torch::Tensor> model_file(const std::string& path) {
-  auto v = train::unpickle_state_dict(train::read_file(path), path);
+  auto v = checkpoint::unpickle_state_dict(checkpoint::read_file(path), path);
   return {v.begin(), v.end()};
 }
 

@@ -1,15 +1,15 @@
 // `dtorch checkpoint inspect|consolidate` as a user runs them, on the toy checkpoint that 4
-// ranks saved (train/sharded_fixture.h); PyTorch itself loads the consolidated model.
+// ranks saved (checkpoint/sharded_fixture.h); PyTorch itself loads the consolidated model.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "checkpoint/sharded_fixture.h"
+#include "dtorch/checkpoint/safetensors.h"
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
-#include "dtorch/train/safetensors.h"
-#include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/command.h"
 #include "support/workers.h"
-#include "train/sharded_fixture.h"
 
 namespace dtorch {
 namespace {
@@ -27,7 +27,7 @@ TEST(CheckpointCli, ConsolidatedModelLoadsInPyTorch) {
   EXPECT_TRUE(contains(r.out, "global step 20")) << r.out;
 
   // Read back in C++: names, shapes and values against the fixture's formula.
-  auto state = train::unpickle_state_dict(train::read_file(out), out);
+  auto state = checkpoint::unpickle_state_dict(checkpoint::read_file(out), out);
   std::map<std::string, torch::Tensor> got(state.begin(), state.end());
   ASSERT_EQ(got.size(), 8u);
   EXPECT_TRUE(torch::equal(
@@ -72,10 +72,10 @@ TEST(CheckpointCli, ConsolidatesToSafetensorsByFileName) {
                          {DTORCH_CLI, "checkpoint", "consolidate", dir, out});
     ASSERT_EQ(r.exit_code(), 0) << r.err;
   }
-  auto bytes = train::read_file(st);
-  ASSERT_TRUE(train::looks_like_safetensors(bytes));
-  auto from_st = train::parse_safetensors(bytes, st);
-  auto from_pt = train::unpickle_state_dict(train::read_file(pt), pt);
+  auto bytes = checkpoint::read_file(st);
+  ASSERT_TRUE(checkpoint::looks_like_safetensors(bytes));
+  auto from_st = checkpoint::parse_safetensors(bytes, st);
+  auto from_pt = checkpoint::unpickle_state_dict(checkpoint::read_file(pt), pt);
   ASSERT_EQ(from_st.size(), from_pt.size());
   for (size_t i = 0; i < from_st.size(); ++i) {
     EXPECT_EQ(from_st[i].first, from_pt[i].first);

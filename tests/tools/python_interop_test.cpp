@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/models/vit.h"
-#include "dtorch/train/state_dict.h"
 #include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/command.h"
@@ -49,7 +49,7 @@ TEST(PythonInterop, GptFilesLoadStrictlyIntoNanoGptWithTheTiedHead) {
   train_and_consolidate(dir, "pp2", {"--model", "gpt-debug", "--data", "text", "--pp", "2"}, ".");
   // dtorch reads the tied head back too: the C++ model loads what Python would.
   auto gpt = models::make_model("gpt-debug");
-  EXPECT_NO_THROW(train::load_state_dict(*gpt, dir + "/zero3/model.pt"));
+  EXPECT_NO_THROW(checkpoint::load_state_dict(*gpt, dir + "/zero3/model.pt"));
   auto py = testing::python_json(dir, testing::nanogpt_debug_python() + R"PY(
 try:
     from safetensors.torch import load_model
@@ -75,7 +75,7 @@ for run in ("zero3", "pp2"):
 print(json.dumps(out))
 )PY");
   ASSERT_FALSE(py.is_null());
-  const size_t keys = train::state_dict(*gpt).size() + 1;
+  const size_t keys = checkpoint::state_dict(*gpt).size() + 1;
   for (const char* run : {"zero3", "pp2"}) {
     for (const char* f : {"/model.pt", "/full.pt"}) {
       const auto& r = py[std::string(run) + f];
@@ -113,13 +113,13 @@ print(json.dumps(out))
 
 TEST(PythonInterop, UntiedWeightsUnderTheAliasAreRefused) {
   auto gpt = models::make_model("gpt-debug");
-  auto state = train::with_python_aliases(train::state_dict(*gpt), gpt->python_aliases());
-  ASSERT_EQ(state.size(), train::state_dict(*gpt).size() + 1);
+  auto state = checkpoint::with_python_aliases(checkpoint::state_dict(*gpt), gpt->python_aliases());
+  ASSERT_EQ(state.size(), checkpoint::state_dict(*gpt).size() + 1);
   EXPECT_EQ(state[1].first, "lm_head.weight") << "right after transformer.wte.weight";
-  EXPECT_NO_THROW(train::check_state_dict(*gpt, state, "tied.pt"));
+  EXPECT_NO_THROW(checkpoint::check_state_dict(*gpt, state, "tied.pt"));
   state[1].second = state[1].second.clone() + 1;
   try {
-    train::check_state_dict(*gpt, state, "untied.pt");
+    checkpoint::check_state_dict(*gpt, state, "untied.pt");
     ADD_FAILURE() << "untied weights were accepted";
   } catch (const CheckpointError& e) {
     EXPECT_TRUE(contains(e.what(), "untied.pt: lm_head.weight differs from transformer.wte.weight"))

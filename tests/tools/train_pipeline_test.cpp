@@ -11,8 +11,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
-#include "dtorch/train/state_dict.h"
 #include "support/command.h"
 #include "support/train_run.h"
 #include "support/workers.h"

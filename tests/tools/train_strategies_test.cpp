@@ -4,9 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
-#include "dtorch/train/state_dict.h"
 #include "support/command.h"
 #include "support/train_run.h"
 #include "support/workers.h"
@@ -57,8 +57,9 @@ TEST_P(TrainStrategies, TwoRanksTrainAndCheckpoint) {
         testing::run_command(str("consolidate_", model, strategy),
                              {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
     ASSERT_EQ(c.exit_code(), 0) << c.err;
-    auto full = train::unpickle_state_dict(train::read_file(out + "/full.pt"), "full.pt");
-    auto final = train::unpickle_state_dict(train::read_file(out + "/model.pt"), "model.pt");
+    auto full = checkpoint::unpickle_state_dict(checkpoint::read_file(out + "/full.pt"), "full.pt");
+    auto final =
+        checkpoint::unpickle_state_dict(checkpoint::read_file(out + "/model.pt"), "model.pt");
     ASSERT_EQ(full.size(), final.size());
     std::map<std::string, torch::Tensor> by_name(final.begin(), final.end());
     for (const auto& [name, t] : full) {

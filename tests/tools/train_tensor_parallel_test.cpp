@@ -8,10 +8,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/state_dict.h"
 #include "models/interop.h"
 #include "models/python_peer.h"
 #include "support/command.h"
@@ -35,7 +35,8 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   auto want = epochs_of(ref);
   ASSERT_EQ(want.size(), 2u);
-  auto want_model = train::unpickle_state_dict(train::read_file(ref + "/model.pt"), "model.pt");
+  auto want_model =
+      checkpoint::unpickle_state_dict(checkpoint::read_file(ref + "/model.pt"), "model.pt");
   std::map<std::string, torch::Tensor> want_by_name(want_model.begin(), want_model.end());
 
   struct Case {
@@ -62,8 +63,9 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
     }
     // The final model file is whole (every tensor the dp-only run's shape) and holds the
     // same weights; key biases aside (their gradient is rounding noise, see
-    // tests/parallel/tensor/tensor_parallel_test.cpp), within float tolerance.
-    auto model = train::unpickle_state_dict(train::read_file(out + "/model.pt"), "model.pt");
+    // tests/parallel/tp/tensor_parallel_test.cpp), within float tolerance.
+    auto model =
+        checkpoint::unpickle_state_dict(checkpoint::read_file(out + "/model.pt"), "model.pt");
     ASSERT_EQ(model.size(), want_model.size()) << name;
     for (const auto& [key, tensor] : model) {
       ASSERT_TRUE(want_by_name.count(key)) << key;
@@ -82,7 +84,8 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
           "tp_consolidate_" + name,
           {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
       ASSERT_EQ(k.exit_code(), 0) << k.err;
-      auto full = train::unpickle_state_dict(train::read_file(out + "/full.pt"), "full.pt");
+      auto full =
+          checkpoint::unpickle_state_dict(checkpoint::read_file(out + "/full.pt"), "full.pt");
       std::map<std::string, torch::Tensor> final(model.begin(), model.end());
       ASSERT_EQ(full.size(), final.size()) << name;
       for (const auto& [key, tensor] : full)
@@ -120,7 +123,7 @@ TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
   // [Tied embedding]), and computes dtorch's logits.
   if (testing::python_unavailable_reason(false).empty()) {
     auto gpt = models::make_model("gpt-debug");
-    train::load_state_dict(*gpt, base + "/full.pt");
+    checkpoint::load_state_dict(*gpt, base + "/full.pt");
     torch::NoGradGuard no_grad;
     torch::Tensor x = torch::randint(0, 256, {2, 32}, torch::kLong);
     testing::save_tensors(base + "/io.pt", {{"x", x}, {"y", gpt->forward(x)}});

@@ -7,11 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/checkpoint.h"
 #include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/state_dict.h"
 #include "models/python_peer.h"
 #include "support/command.h"
 #include "support/train_run.h"
@@ -41,7 +41,7 @@ using testing::epochs_of;
 std::vector<torch::Tensor> weights(const std::string& path,
                                    const std::string& model = "mnist-cnn") {
   auto m = models::make_model(model);
-  train::load_state_dict(*m, path);
+  checkpoint::load_state_dict(*m, path);
   std::vector<torch::Tensor> v;
   for (auto& p : m->parameters())
     v.push_back(p.detach().clone());
@@ -235,7 +235,7 @@ TEST(TrainCli, ConfigJsonRerunsTheRunBitForBit) {
   EXPECT_EQ(written["optimizer"]["lr"], 0.003);
   // Checkpoints record the same configuration (and the model's name for readers of the file).
   const auto meta = nlohmann::json::parse(
-      train::read_checkpoint_model(dir + "/first/checkpoint-000002.dtc").second.metadata_json);
+      checkpoint::read_checkpoint_model(dir + "/first/checkpoint-000002.dtc").second.metadata_json);
   EXPECT_EQ(meta["config"], written);
   EXPECT_EQ(meta["model"], "mnist-mlp");
 

@@ -8,13 +8,13 @@
 #include <cmath>
 #include <limits>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
 #include "support/command.h"
 #include "support/train_run.h"
@@ -83,7 +83,7 @@ DTORCH_TEST_WORKER(fp16_overflow) {
   DTORCH_CHECK(s->loss_scale() == 256, "scale ", s->loss_scale());
   DTORCH_CHECK(s->skipped_steps() == (injected ? 1 : 0), "skipped ", s->skipped_steps());
   auto whole = s->whole_parameters();
-  save_state_dict(*model, str(dir, "/", mode, "-", comm->rank(), ".pt"));
+  checkpoint::save_state_dict(*model, str(dir, "/", mode, "-", comm->rank(), ".pt"));
 }
 
 class LossScalingSteps : public ::testing::TestWithParam<const char*> {};

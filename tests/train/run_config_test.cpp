@@ -69,7 +69,7 @@ TEST(RunConfig, EveryFieldGoesThroughItsJsonFormAndBack) {
   }
   EXPECT_EQ(back.strategy.lr, c.strategy.lr);
   EXPECT_EQ(back.strategy.weight_decay, 0.07);
-  EXPECT_EQ(back.progress.mode, ProgressConfig::Mode::Off);
+  EXPECT_EQ(back.progress.mode, report::ProgressConfig::Mode::Off);
   EXPECT_EQ(back.strategy.ddp.compression, ddp::Compression::BF16);
 
   // A DeepSpeed schedule's parameters ride along.
@@ -82,7 +82,7 @@ TEST(RunConfig, EveryFieldGoesThroughItsJsonFormAndBack) {
   EXPECT_EQ(ds_back.lr_schedule.deepspeed.warmup_type, "linear");
 }
 
-std::string error_of(const std::string& text) {
+std::string run_json_error_of(const std::string& text) {
   try {
     from_json(json::parse(text), "run.json");
   } catch (const ConfigError& e) {
@@ -92,18 +92,20 @@ std::string error_of(const std::string& text) {
 }
 
 TEST(RunConfig, AFilesMistakesAreNamed) {
-  EXPECT_NE(error_of(R"({"training": {"batch_size": 4}})").find("batch-size"), std::string::npos)
-      << error_of(R"({"training": {"batch_size": 4}})");
-  EXPECT_NE(error_of(R"({"trainig": {}})").find("training"), std::string::npos);
-  const std::string type = error_of(R"({"training": {"epochs": "two"}})");
+  EXPECT_NE(run_json_error_of(R"({"training": {"batch_size": 4}})").find("batch-size"),
+            std::string::npos)
+      << run_json_error_of(R"({"training": {"batch_size": 4}})");
+  EXPECT_NE(run_json_error_of(R"({"trainig": {}})").find("training"), std::string::npos);
+  const std::string type = run_json_error_of(R"({"training": {"epochs": "two"}})");
   EXPECT_NE(type.find("training.epochs"), std::string::npos) << type;
   EXPECT_NE(type.find("run.json"), std::string::npos) << type;
-  const std::string choice = error_of(R"({"parallelism": {"strategy": "zero4"}})");
+  const std::string choice = run_json_error_of(R"({"parallelism": {"strategy": "zero4"}})");
   EXPECT_NE(choice.find("'zero4' is not one of ddp, zero1, zero2, zero3"), std::string::npos)
       << choice;
-  EXPECT_NE(error_of(R"({"optimizer": {"betas": [0.9]}})").find("list of two numbers"),
+  EXPECT_NE(run_json_error_of(R"({"optimizer": {"betas": [0.9]}})").find("list of two numbers"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"training": {"epochs": 1.5}})").find("whole number"), std::string::npos);
+  EXPECT_NE(run_json_error_of(R"({"training": {"epochs": 1.5}})").find("whole number"),
+            std::string::npos);
   // A partial file sets what it gives; the rest keeps the defaults.
   const TrainConfig c = from_json(json::parse(R"({"training": {"epochs": 5}})"), "run.json");
   EXPECT_EQ(c.epochs, 5);

@@ -9,11 +9,11 @@
 #include <fstream>
 #include <map>
 
+#include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/train/loss.h"
-#include "dtorch/train/sharded_checkpoint.h"
 #include "support/workers.h"
 
 namespace dtorch::train {
@@ -71,7 +71,7 @@ DTORCH_TEST_WORKER(zero_reshard) {
 }
 
 void expect_same_checkpoint(const std::string& a, const std::string& b) {
-  ShardedCheckpointReader ra(a), rb(b);
+  checkpoint::ShardedCheckpointReader ra(a), rb(b);
   ASSERT_EQ(ra.flat_tensors().size(), rb.flat_tensors().size());
   for (const auto& [key, info] : ra.flat_tensors()) {
     ASSERT_TRUE(rb.has_flat(key)) << key;
@@ -89,29 +89,29 @@ TEST_P(Reshard, SavedAtFourResumesAtTwoAndOne) {
   ASSERT_EQ(testing::run_ranks(4, "zero_reshard", {dir, strategy, "save"}), 0);
   ASSERT_EQ(testing::run_ranks(2, "zero_reshard", {dir, strategy, "reload"}), 0);
   ASSERT_EQ(testing::run_ranks(1, "zero_reshard", {dir, strategy, "reload"}), 0);
-  auto saved = latest_complete(dir + "/a");
+  auto saved = checkpoint::latest_complete(dir + "/a");
   ASSERT_TRUE(saved);
-  ShardedCheckpointReader r(*saved);
+  checkpoint::ShardedCheckpointReader r(*saved);
   EXPECT_EQ(r.world_size(), 4);
   EXPECT_TRUE(r.has_flat("optim/root/exp_avg") || r.has_flat("optim/bucket0/exp_avg"));
   for (int w : {2, 1}) {
-    auto again = latest_complete(str(dir, "/b", w));
+    auto again = checkpoint::latest_complete(str(dir, "/b", w));
     ASSERT_TRUE(again);
-    EXPECT_EQ(ShardedCheckpointReader(*again).world_size(), w);
+    EXPECT_EQ(checkpoint::ShardedCheckpointReader(*again).world_size(), w);
     expect_same_checkpoint(*saved, *again);
   }
 }
 
 // Every parameter and per-parameter optimizer tensor of a checkpoint, by name.
 std::map<std::string, torch::Tensor> by_name(const std::string& dir) {
-  ShardedCheckpointReader r(dir);
+  checkpoint::ShardedCheckpointReader r(dir);
   std::map<std::string, torch::Tensor> out;
   for (const auto& [unit, layout] : r.data().layouts) {
     for (const std::string kind : {"param/", "optim/"}) {
       for (const char* state : {"", "/exp_avg", "/exp_avg_sq"}) {
         const std::string key = kind + unit + state;
         if ((kind == "param/") != (*state == 0) || !r.has_flat(key)) continue;
-        for (auto& [name, t] : cut_by_layout(r.read_flat(key), layout))
+        for (auto& [name, t] : checkpoint::cut_by_layout(r.read_flat(key), layout))
           out[str(name, state)] = t;
       }
     }
@@ -125,10 +125,10 @@ TEST_P(Reshard, ResumesAsZero3WithOtherUnits) {
   auto dir = testing::scratch_dir("regroup_" + strategy);
   ASSERT_EQ(testing::run_ranks(4, "zero_reshard", {dir, strategy, "save"}), 0);
   ASSERT_EQ(testing::run_ranks(2, "zero_reshard", {dir, strategy, "regroup"}), 0);
-  auto a = latest_complete(dir + "/a"), c = latest_complete(dir + "/c");
+  auto a = checkpoint::latest_complete(dir + "/a"), c = checkpoint::latest_complete(dir + "/c");
   ASSERT_TRUE(a && c);
-  EXPECT_NE(ShardedCheckpointReader(*a).data().layouts.size(),
-            ShardedCheckpointReader(*c).data().layouts.size());
+  EXPECT_NE(checkpoint::ShardedCheckpointReader(*a).data().layouts.size(),
+            checkpoint::ShardedCheckpointReader(*c).data().layouts.size());
   auto want = by_name(*a), got = by_name(*c);
   ASSERT_EQ(want.size(), got.size());
   int moments = 0;  // Adam's second moments are among what is compared

@@ -94,7 +94,7 @@ class Model : public torch::nn::Module {
   bool whole() const { return units().begin == 0 && units().end == num_units(); }
 
   /// The parameters Python's module of this model also lists under a second name; state
-  /// dicts written for torch.load carry those names too (train::with_python_aliases), and
+  /// dicts written for torch.load carry those names too (checkpoint::with_python_aliases), and
   /// state dicts read here may.
   virtual std::vector<PythonAlias> python_aliases() const { return {}; }
 

@@ -1,7 +1,7 @@
 // A tensor-parallel plan as plain data: which modules of a model are split and how (PyTorch's
 // parallelize_module plan, Megatron-LM's layer choices). A model that can be split gives its
 // own plan (Model::tensor_parallel_plan, written beside its architecture, as torchtitan keeps
-// each model's plan with the model); parallel/tensor applies a plan to any model.
+// each model's plan with the model); parallel/tp applies a plan to any model.
 #pragma once
 
 #include <cstdint>

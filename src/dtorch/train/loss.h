@@ -5,7 +5,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/types.h>
 
-#include "dtorch/parallel/tensor/tensor_parallel.h"
+#include "dtorch/parallel/tp/tensor_parallel.h"
 
 namespace dtorch::train {
 

@@ -13,12 +13,12 @@
 #include <sstream>
 #include <type_traits>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/json_config.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/train/deepspeed_config.h"
-#include "dtorch/train/state_dict.h"
 
 namespace dtorch::train {
 namespace {
@@ -113,12 +113,12 @@ const std::vector<std::pair<ddp::Compression, std::string>>& compression_names()
   return n;
 }
 
-const std::vector<std::pair<ProgressConfig::Mode, std::string>>& progress_names() {
-  static const std::vector<std::pair<ProgressConfig::Mode, std::string>> n{
-      {ProgressConfig::Mode::Auto, "auto"},
-      {ProgressConfig::Mode::Bar, "bar"},
-      {ProgressConfig::Mode::Lines, "lines"},
-      {ProgressConfig::Mode::Off, "off"}};
+const std::vector<std::pair<report::ProgressConfig::Mode, std::string>>& progress_names() {
+  static const std::vector<std::pair<report::ProgressConfig::Mode, std::string>> n{
+      {report::ProgressConfig::Mode::Auto, "auto"},
+      {report::ProgressConfig::Mode::Bar, "bar"},
+      {report::ProgressConfig::Mode::Lines, "lines"},
+      {report::ProgressConfig::Mode::Off, "off"}};
   return n;
 }
 
@@ -195,7 +195,7 @@ void write_config_file(const TrainConfig& c, const std::string& path) {
   std::error_code ec;
   paths::create_directories(paths::parent_path(path), ec);
   const std::string text = to_json(c).dump(2) + "\n";
-  write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
+  checkpoint::write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
 }
 
 TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_config,
@@ -224,7 +224,7 @@ void validate(const TrainConfig& c) {
   auto names = models::model_names();
   DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model) != names.end(),
                  "unknown model '", c.model, "'; choose one of: ", joined(names));
-  parse_save_format(c.save_format);
+  checkpoint::parse_save_format(c.save_format);
   DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
                  c.activation_checkpointing,
                  ": give K >= 1 to recompute every K-th block (1: every block)");

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "dtorch/parallel/pipeline/schedule.h"
+#include "dtorch/parallel/pp/schedule.h"
+#include "dtorch/report/progress.h"
 #include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/parallelize.h"
-#include "dtorch/train/progress.h"
 #include "dtorch/train/strategy.h"
 #include "dtorch/train/train_data.h"
 
@@ -70,9 +70,9 @@ struct TrainConfig {
   /// into the epoch's log line and records). DeepSpeed's wall_clock_breakdown.
   bool phase_times = false;
   /// A folder for TensorBoard event files (rank 0's): every optimizer step's loss and lr,
-  /// every epoch's record (train/tensorboard.h). Empty: none.
+  /// every epoch's record (report/tensorboard.h). Empty: none.
   std::string tensorboard;
-  ProgressConfig progress;
+  report::ProgressConfig progress;
 };
 
 /// Throws ConfigError naming the first bad field, its flag and the fix.
@@ -124,7 +124,7 @@ struct Named {
 };
 
 const std::vector<std::pair<ddp::Compression, std::string>>& compression_names();
-const std::vector<std::pair<ProgressConfig::Mode, std::string>>& progress_names();
+const std::vector<std::pair<report::ProgressConfig::Mode, std::string>>& progress_names();
 
 /// The sections of the JSON form, in the order the fields below first name them.
 const std::vector<std::string>& config_sections();
@@ -324,7 +324,7 @@ void visit_fields(TrainConfig& c, V&& v) {
   v(Field{"checkpointing", "keep-checkpoints", "the newest checkpoints kept in --out"},
     c.keep_checkpoints);
   v(Field{"reporting", "progress", "auto | bar | lines | off"},
-    Named<ProgressConfig::Mode>{c.progress.mode, progress_names()});
+    Named<report::ProgressConfig::Mode>{c.progress.mode, progress_names()});
   v(Field{"reporting", "print-every",
           "a log line and a \"step\" record in metrics.jsonl every N optimizer steps (loss, lr, "
           "samples/s)"},

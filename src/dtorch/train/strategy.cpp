@@ -7,6 +7,10 @@
 #include <algorithm>
 #include <tuple>
 
+#include "dtorch/checkpoint/pipeline_checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
+#include "dtorch/checkpoint/sharded_join.h"
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
@@ -15,12 +19,8 @@
 #include "dtorch/models/stage_union.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/optimizer_state.h"
-#include "dtorch/parallel/tensor/optimizer_state.h"
+#include "dtorch/parallel/tp/optimizer_state.h"
 #include "dtorch/train/loss_scaler.h"
-#include "dtorch/train/pipeline_checkpoint.h"
-#include "dtorch/train/sharded_checkpoint.h"
-#include "dtorch/train/sharded_join.h"
-#include "dtorch/train/state_dict.h"
 #include "dtorch/train/zero_grad.h"
 
 namespace dtorch::train {
@@ -203,7 +203,7 @@ class DdpStrategy : public Strategy {
 
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
-  void save(const std::string& dir, const CheckpointData& data, int keep) override {
+  void save(const std::string& dir, const checkpoint::CheckpointData& data, int keep) override {
     const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
     models::Model* model = model_.get();
     torch::optim::Optimizer* opt = opt_.get();
@@ -219,12 +219,12 @@ class DdpStrategy : public Strategy {
       model = full.get();
       opt = full_opt.get();
     }
-    CheckpointData with_scaler = data;
+    checkpoint::CheckpointData with_scaler = data;
     with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
-    if (writer && !pp_.pipeline) save_checkpoint(dir, with_scaler, *model, opt, keep);
+    if (writer && !pp_.pipeline) checkpoint::save_checkpoint(dir, with_scaler, *model, opt, keep);
     if (writer && pp_.pipeline) {
       save_stages(dir, with_scaler, keep, *model, *opt);
-      if (pp_.stage() == 0) write_pipeline_layout(dir, c_.model, pp_.plan);
+      if (pp_.stage() == 0) checkpoint::write_pipeline_layout(dir, c_.model, pp_.plan);
     }
     comm_->barrier("checkpoint written");
   }
@@ -232,12 +232,13 @@ class DdpStrategy : public Strategy {
   // Note [Pipeline checkpoints]: each stage into its own folder; an interleaved rank's
   // several stages each with its parameters' optimizer state, as one-stage-per-rank runs
   // write them (so any layout resumes them).
-  void save_stages(const std::string& dir, const CheckpointData& data, int keep,
+  void save_stages(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
                    models::Model& model, torch::optim::Optimizer& opt) {
     const int n = static_cast<int>(pp_.plan.stages.size());
     auto* merged = dynamic_cast<models::StageUnion*>(&model);
     if (!merged) {
-      save_checkpoint(dir + pipeline_folder(pp_.stage(), n), data, model, &opt, keep);
+      checkpoint::save_checkpoint(dir + checkpoint::pipeline_folder(pp_.stage(), n), data, model,
+                                  &opt, keep);
       return;
     }
     const auto& stages = merged->stages();
@@ -248,21 +249,22 @@ class DdpStrategy : public Strategy {
         if (it != opt.state().end())
           stage_opt->state()[compat::optimizer_state_key(p)] = it->second->clone();
       }
-      save_checkpoint(dir + pipeline_folder(pp_.stages[k], n), data, *stages[k], stage_opt.get(),
-                      keep);
+      checkpoint::save_checkpoint(dir + checkpoint::pipeline_folder(pp_.stages[k], n), data,
+                                  *stages[k], stage_opt.get(), keep);
     }
   }
 
-  std::optional<LoadedCheckpoint> load_latest(const std::string& dir) override {
+  std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& dir) override {
     // Note [Pipeline checkpoints]: stage folders, or a whole checkpoint a stage reads from.
-    std::vector<SavedStage> saved = read_pipeline_layout(dir);
+    std::vector<checkpoint::SavedStage> saved = checkpoint::read_pipeline_layout(dir);
     if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
     auto load = [&](models::Model& m, torch::optim::Optimizer& o) {
-      auto loaded = saved.empty() ? load_latest_checkpoint(dir, m, &o)
-                                  : load_from_stages(saved, c_.model, c_.input, m, o,
-                                                     [this](std::vector<torch::Tensor> p) {
-                                                       return make_optimizer(c_, std::move(p));
-                                                     });
+      auto loaded = saved.empty()
+                        ? checkpoint::load_latest_checkpoint(dir, m, &o)
+                        : checkpoint::load_from_stages(saved, c_.model, c_.input, m, o,
+                                                       [this](std::vector<torch::Tensor> p) {
+                                                         return make_optimizer(c_, std::move(p));
+                                                       });
       if (loaded) scaling_.restore(c_, loaded->data.metadata_json);
       return loaded;
     };
@@ -329,7 +331,8 @@ class ZeroStrategy : public Strategy {
         scaling_(c, step_groups(*comm_, tp.handle, pp_.pipeline)) {
     if (pp_.pipeline) {
       // Note [Pipeline checkpoints]
-      stage_folder_ = pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()));
+      stage_folder_ =
+          checkpoint::pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()));
     }
     if (tp.handle) {
       // Note [Tensor-parallel checkpoints]: per tp index, inside the stage's folder.
@@ -385,14 +388,14 @@ class ZeroStrategy : public Strategy {
     return std::make_shared<zero::ShardedModel::FullParams>(sharded_.get());
   }
 
-  void save(const std::string& out, const CheckpointData& data, int keep) override {
+  void save(const std::string& out, const checkpoint::CheckpointData& data, int keep) override {
     const std::string dir = out + stage_folder_ + tp_folder_;
-    ShardedCheckpointData d;
+    checkpoint::ShardedCheckpointData d;
     d.epoch = data.epoch;
     d.global_step = data.global_step;
     d.metadata_json = scaling_.with_state(data.metadata_json);
     d.layouts = unit_layouts();
-    std::vector<ShardPiece> mine;
+    std::vector<checkpoint::ShardPiece> mine;
     for (auto& s : sharded_->checkpoint_slices())
       mine.push_back({s.key, s.full_numel, s.begin, s.data});
     std::vector<std::pair<std::string, torch::Tensor>> full;
@@ -400,17 +403,17 @@ class ZeroStrategy : public Strategy {
       full.emplace_back("buffer/" + b.key(), b.value());
     full.emplace_back("optim/step", torch::tensor({sharded_->optimizer_steps()}, torch::kLong));
     full.emplace_back("rng_state", models::cpu_generator_state());
-    save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
+    checkpoint::save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
     if (pp_.pipeline && pp_.stage() == 0 && comm_->rank() == 0)
-      write_pipeline_layout(out, c_.model, pp_.plan, zero_stage_folders());
+      checkpoint::write_pipeline_layout(out, c_.model, pp_.plan, zero_stage_folders());
     if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
       // How each parameter is split across the tp folders, for `dtorch checkpoint consolidate`.
       nlohmann::json spec = {{"tp", tp_->group()->size()}, {"sharded", nlohmann::json::object()}};
       for (const auto& [name, split] : tp_->sharded())
         spec["sharded"][name] = {{"dim", split.dim}, {"fused", split.fused}};
       const std::string json = spec.dump() + "\n";
-      write_file_atomically(out + stage_folder_ + "/tensor_parallel.json",
-                            std::vector<char>(json.begin(), json.end()));
+      checkpoint::write_file_atomically(out + stage_folder_ + "/tensor_parallel.json",
+                                        std::vector<char>(json.begin(), json.end()));
     }
   }
 
@@ -421,17 +424,17 @@ class ZeroStrategy : public Strategy {
     const int ranks = pp_.pipeline->group().size();
     std::vector<std::string> folders;
     for (int s = 0; s < n; ++s)
-      folders.push_back(pipeline_folder(s % ranks, n));
+      folders.push_back(checkpoint::pipeline_folder(s % ranks, n));
     return folders;
   }
 
   // Note [Resharding by name]: whatever units and stages wrote the shards, each of this
   // rank's slices is read by parameter name, so ZeRO resumes at any --pp, schedule, dp size
   // and wrap policy (the same --tp: Note [Tensor-parallel checkpoints]).
-  std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir) override {
+  std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& run_dir) override {
     std::vector<std::string> stages;  // the saved stages that overlap this rank's units
     const models::UnitRange mine = model_->units();
-    for (const SavedStage& s : read_pipeline_layout(run_dir)) {
+    for (const checkpoint::SavedStage& s : checkpoint::read_pipeline_layout(run_dir)) {
       if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
       if (std::find(stages.begin(), stages.end(), s.folder) == stages.end())
         stages.push_back(s.folder);
@@ -440,11 +443,11 @@ class ZeroStrategy : public Strategy {
     std::vector<std::string> folders;
     for (const auto& s : stages)
       folders.push_back(s + tp_folder_);
-    auto saved = ShardedJoin::open(folders);
+    auto saved = checkpoint::ShardedJoin::open(folders);
     if (!saved) {
       // DDP's whole checkpoints are not shards: named, not a silent fresh start.
       for (const auto& s : stages)
-        DTORCH_CHECK_T(CheckpointError, list_checkpoints(s).empty(), s,
+        DTORCH_CHECK_T(CheckpointError, checkpoint::list_checkpoints(s).empty(), s,
                        " holds ddp's checkpoints, not ZeRO's shards: resume with --strategy ddp, ",
                        "or start a new --out");
       return std::nullopt;
@@ -473,7 +476,7 @@ class ZeroStrategy : public Strategy {
       models::set_cpu_generator_state(saved->read_full("rng_state", sharded_->param_names().at(0)));
     }
     sharded_->publish_params();
-    LoadedCheckpoint out;
+    checkpoint::LoadedCheckpoint out;
     out.path = saved->dir();
     out.data.epoch = saved->data().epoch;
     out.data.global_step = saved->data().global_step;
@@ -498,8 +501,8 @@ class ZeroStrategy : public Strategy {
 
  private:
   // Each unit's parameters: names, shapes and offsets in its flat tensor.
-  std::map<std::string, std::vector<FlatLayoutEntry>> unit_layouts() const {
-    std::map<std::string, std::vector<FlatLayoutEntry>> layouts;
+  std::map<std::string, std::vector<checkpoint::FlatLayoutEntry>> unit_layouts() const {
+    std::map<std::string, std::vector<checkpoint::FlatLayoutEntry>> layouts;
     for (const auto& unit : sharded_->plan().units) {
       auto& layout = layouts[unit.name];
       for (const auto& e : unit.entries) {
@@ -511,7 +514,7 @@ class ZeroStrategy : public Strategy {
   }
 
   // The checkpoint must describe this model: same parameter names and shapes, in any units.
-  void check_layout(const ShardedJoin& saved) {
+  void check_layout(const checkpoint::ShardedJoin& saved) {
     const auto& names = sharded_->param_names();
     for (size_t i = 0; i < names.size(); ++i) {
       auto shape = saved.shape(names[i]);

@@ -9,16 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/checkpoint/checkpoint.h"
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/parallel_dims.h"
-#include "dtorch/parallel/pipeline/pipeline.h"
-#include "dtorch/parallel/pipeline/stage_plan.h"
-#include "dtorch/parallel/tensor/tensor_parallel.h"
+#include "dtorch/parallel/pp/pipeline.h"
+#include "dtorch/parallel/pp/stage_plan.h"
+#include "dtorch/parallel/tp/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
-#include "dtorch/train/checkpoint.h"
 #include "dtorch/train/loss_scaler.h"
 
 namespace dtorch::train {
@@ -88,10 +88,10 @@ class Strategy {
   /// Collective.
   virtual std::shared_ptr<void> whole_parameters() = 0;
   /// Writes a checkpoint of model and optimizer into `dir`. Collective.
-  virtual void save(const std::string& dir, const CheckpointData& data, int keep) = 0;
+  virtual void save(const std::string& dir, const checkpoint::CheckpointData& data, int keep) = 0;
   /// Restores the newest good checkpoint in `dir` (any world size for the sharded
   /// strategies); nullopt when there is none. Collective.
-  virtual std::optional<LoadedCheckpoint> load_latest(const std::string& dir) = 0;
+  virtual std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& dir) = 0;
   /// Sets the learning rate of the optimizer's next step (a schedule's value).
   virtual void set_lr(double lr) = 0;
   /// Model state this rank holds, in bytes.

@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include "dtorch/checkpoint/pipeline_checkpoint.h"
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
@@ -22,14 +24,12 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/parallel_dims.h"
-#include "dtorch/parallel/tensor/tensor_parallel.h"
+#include "dtorch/parallel/tp/tensor_parallel.h"
+#include "dtorch/report/out_of_memory.h"
+#include "dtorch/report/tensorboard.h"
 #include "dtorch/train/loss.h"
-#include "dtorch/train/out_of_memory.h"
 #include "dtorch/train/parallelize.h"
-#include "dtorch/train/pipeline_checkpoint.h"
-#include "dtorch/train/state_dict.h"
 #include "dtorch/train/strategy.h"
-#include "dtorch/train/tensorboard.h"
 #include "dtorch/train/train_data.h"
 
 namespace dtorch::train {
@@ -107,7 +107,7 @@ class PhaseTimes {
 std::string describe_phases(const std::map<std::string, double>& ms) {
   std::ostringstream os;
   os.precision(3);
-  for (const char* phase : kStepPhases)
+  for (const char* phase : report::kStepPhases)
     if (auto it = ms.find(phase); it != ms.end()) os << ", " << phase << " " << it->second << " ms";
   return os.str();
 }
@@ -297,18 +297,19 @@ double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Te
 
 // The whole model's state on pp rank 0 from every stage's `stage` state of this pipeline (a
 // parameter two stages hold, the tied embedding, taken once). Collective over the pp group.
-StateDict join_pipeline_stages(pp::Pipeline& pipeline, const StateDict& stage) {
+checkpoint::StateDict join_pipeline_stages(pp::Pipeline& pipeline,
+                                           const checkpoint::StateDict& stage) {
   comm::Communicator& g = pipeline.group();
-  const std::vector<char> bytes = pickle_state_dict(stage);
+  const std::vector<char> bytes = checkpoint::pickle_state_dict(stage);
   const std::string mine(bytes.begin(), bytes.end());
-  StateDict full;
+  checkpoint::StateDict full;
   std::set<std::string> seen;
   for (int r = 0; r < g.size(); ++r) {
     const std::string got =
         g.broadcast_string(r == g.rank() ? mine : std::string(), r, "pipeline stage state");
     if (g.rank() != 0) continue;
-    for (auto& [name, t] :
-         unpickle_state_dict(std::vector<char>(got.begin(), got.end()), str("stage ", r)))
+    for (auto& [name, t] : checkpoint::unpickle_state_dict(
+             std::vector<char>(got.begin(), got.end()), str("stage ", r)))
       if (seen.insert(name).second) full.emplace_back(name, t);
   }
   return full;
@@ -342,8 +343,9 @@ void check_tensor_parallel_layout(const TrainConfig& c) {
 namespace {
 
 // The run; `memory` learns what it trains as it goes, for the message should memory run out.
-std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm,
-                                   MemoryContext& memory) {
+std::vector<report::EpochRecord> train_run(const TrainConfig& c,
+                                           std::shared_ptr<comm::Communicator> comm,
+                                           report::MemoryContext& memory) {
   if (c.threads > 0) torch::set_num_threads(c.threads);
   const bool lead = comm->rank() == 0;
   const int world = comm->size();
@@ -457,21 +459,22 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
               describe(schedule.config, schedule.lr, schedule.total_steps), ", ", steps_per_epoch,
               " step(s) per epoch");
   }
-  std::unique_ptr<MetricsWriter> metrics;
-  if (lead) metrics = std::make_unique<MetricsWriter>(c.out + "/metrics.jsonl", resume);
-  std::unique_ptr<TensorBoardWriter> board;
+  std::unique_ptr<report::MetricsWriter> metrics;
+  if (lead) metrics = std::make_unique<report::MetricsWriter>(c.out + "/metrics.jsonl", resume);
+  std::unique_ptr<report::TensorBoardWriter> board;
   if (lead && !c.tensorboard.empty()) {
-    board = std::make_unique<TensorBoardWriter>(c.tensorboard);
+    board = std::make_unique<report::TensorBoardWriter>(c.tensorboard);
     log::info("TensorBoard events: ", board->path());
   }
-  ProgressConfig shown = c.progress;
-  if (c.print_every > 0 && shown.mode == ProgressConfig::Mode::Auto) {
+  report::ProgressConfig shown = c.progress;
+  if (c.print_every > 0 && shown.mode == report::ProgressConfig::Mode::Auto) {
     // The step lines report the progress; a redrawn bar would break them up.
-    shown.mode = ProgressConfig::Mode::Lines;
+    shown.mode = report::ProgressConfig::Mode::Lines;
     shown.every_steps = 0;
     shown.every_seconds = 0;
   }
-  ProgressReporter progress(lead ? shown : ProgressConfig{ProgressConfig::Mode::Off});
+  report::ProgressReporter progress(
+      lead ? shown : report::ProgressConfig{report::ProgressConfig::Mode::Off});
   PhaseTimes epoch_phases(c.phase_times, device);
   // Note [Batches to the GPU]: the loader's threads pin each batch, the copier moves the next
   // one while the current one trains.
@@ -483,7 +486,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     return schedule.at(std::max<int64_t>(0, global_step - strategy->skipped_steps() - 1));
   };
 
-  std::vector<EpochRecord> records;
+  std::vector<report::EpochRecord> records;
   for (int64_t epoch = start_epoch; epoch < c.epochs; ++epoch) {
     auto t0 = Clock::now();
     reset_peak_memory(device);
@@ -593,7 +596,7 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     comm->allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
     auto [test_loss, test_acc] = evaluate(*model, data.test, c.test_samples, *strategy, *dp, *comm,
                                           tensor_parallel, pipeline);
-    EpochRecord r;
+    report::EpochRecord r;
     r.epoch = epoch;
     r.step = global_step;
     r.train_loss = mean_loss.item<double>();
@@ -631,27 +634,31 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
     }
     strategy->save(c.out, {epoch + 1, global_step, config_json(c, world, schedule, input)},
                    c.keep_checkpoints);
-    if (lead && !pipeline) forget_pipeline_layout(c.out);  // the stage folders are older now
+    if (lead && !pipeline)
+      checkpoint::forget_pipeline_layout(c.out);  // the stage folders are older now
   }
   {
     auto whole = strategy->whole_parameters();
-    StateDict full;
+    checkpoint::StateDict full;
     if (tensor_parallel) {
       for (const auto& kv : tensor_parallel->full_state_dict(*model))  // collective over tp
         full.emplace_back(kv.key(), kv.value());
     }
     if (pipeline && dp->rank() == 0)
-      full = join_pipeline_stages(*pipeline, tensor_parallel ? full : state_dict(*model));
+      full =
+          join_pipeline_stages(*pipeline, tensor_parallel ? full : checkpoint::state_dict(*model));
     if (lead) {
-      const SaveFormat format = parse_save_format(c.save_format);
-      const std::string path = c.out + "/model" + file_suffix(format);
-      if (!tensor_parallel && !pipeline) full = state_dict(*model);
+      const checkpoint::SaveFormat format = checkpoint::parse_save_format(c.save_format);
+      const std::string path = c.out + "/model" + checkpoint::file_suffix(format);
+      if (!tensor_parallel && !pipeline) full = checkpoint::state_dict(*model);
       // For torch.load the tied weights under Python's names too (Note [Tied embedding]).
-      if (format == SaveFormat::Torch) full = with_python_aliases(full, model->python_aliases());
-      write_file_atomically(path, serialize_state_dict(full, format));
+      if (format == checkpoint::SaveFormat::Torch)
+        full = checkpoint::with_python_aliases(full, model->python_aliases());
+      checkpoint::write_file_atomically(path, checkpoint::serialize_state_dict(full, format));
       log::info("wrote ", path,
-                format == SaveFormat::Torch ? " (a state_dict for Python's torch.load)"
-                                            : " (safetensors: safetensors.torch.load_file)");
+                format == checkpoint::SaveFormat::Torch
+                    ? " (a state_dict for Python's torch.load)"
+                    : " (safetensors: safetensors.torch.load_file)");
     }
     comm->barrier("model file written");
   }
@@ -660,11 +667,11 @@ std::vector<EpochRecord> train_run(const TrainConfig& c, std::shared_ptr<comm::C
 
 }  // namespace
 
-std::vector<EpochRecord> train(const TrainConfig& config,
-                               std::shared_ptr<comm::Communicator> comm) {
+std::vector<report::EpochRecord> train(const TrainConfig& config,
+                                       std::shared_ptr<comm::Communicator> comm) {
   TrainConfig c = config;
   resolve(c, {{}, {}, 0, {}, comm->size()});
-  MemoryContext memory;
+  report::MemoryContext memory;
   memory.rank = comm->rank();
   memory.ranks = comm->size();
   memory.model = c.model;
@@ -675,10 +682,10 @@ std::vector<EpochRecord> train(const TrainConfig& config,
   try {
     return train_run(c, std::move(comm), memory);
   } catch (const std::exception& e) {
-    if (!is_out_of_memory(e)) throw;
+    if (!report::is_out_of_memory(e)) throw;
     // Note [Out of memory]
-    throw OutOfMemoryError(
-        out_of_memory_message(e.what(), memory, process_memory(), device_memory(memory.device)));
+    throw OutOfMemoryError(report::out_of_memory_message(e.what(), memory, report::process_memory(),
+                                                         device_memory(memory.device)));
   }
 }
 

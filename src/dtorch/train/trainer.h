@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
+#include "dtorch/report/metrics.h"
+#include "dtorch/report/progress.h"
 #include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/metrics.h"
-#include "dtorch/train/progress.h"
 #include "dtorch/train/run_config.h"
 #include "dtorch/train/strategy.h"
 #include "dtorch/train/train_data.h"
@@ -20,6 +20,7 @@ namespace dtorch::train {
 /// Trains and returns the record of every epoch run (all ranks get the same records). `c` is
 /// resolved for the communicator's size first (resolve() without other sources: the defaults
 /// that depend on other settings), and rank 0 writes it to <out>/config.json before training.
-std::vector<EpochRecord> train(const TrainConfig& c, std::shared_ptr<comm::Communicator> comm);
+std::vector<report::EpochRecord> train(const TrainConfig& c,
+                                       std::shared_ptr<comm::Communicator> comm);
 
 }  // namespace dtorch::train

@@ -1,0 +1,113 @@
+// Note [Pipeline checkpoints]: stage folders, pipeline.json, and loading any layout by name.
+#include "dtorch/checkpoint/pipeline_checkpoint.h"
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <set>
+
+#include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
+#include "dtorch/core/torch_compat.h"
+#include "dtorch/models/registry.h"
+
+namespace dtorch::checkpoint {
+
+std::string pipeline_folder(int stage, int stages) {
+  return str("/pp", stage, "-of-", stages);
+}
+
+void write_pipeline_layout(const std::string& out, const std::string& model,
+                           const pp::StagePlan& plan, const std::vector<std::string>& folders) {
+  nlohmann::json j = {{"model", model}, {"stages", nlohmann::json::array()}};
+  for (const auto& r : plan.stages)
+    j["stages"].push_back({r.begin, r.end});
+  if (!folders.empty()) j["folders"] = folders;
+  const std::string text = j.dump() + "\n";
+  paths::create_directories(out);
+  write_file_atomically(out + "/pipeline.json", std::vector<char>(text.begin(), text.end()));
+}
+
+void forget_pipeline_layout(const std::string& out) {
+  std::error_code ec;
+  paths::remove(out + "/pipeline.json", ec);
+}
+
+std::vector<SavedStage> read_pipeline_layout(const std::string& out) {
+  const std::string path = out + "/pipeline.json";
+  if (!paths::exists(path)) return {};
+  std::vector<SavedStage> stages;
+  try {
+    std::ifstream in(path);
+    nlohmann::json j;
+    in >> j;
+    const auto& list = j.at("stages");
+    for (size_t s = 0; s < list.size(); ++s) {
+      const std::string folder =
+          j.contains("folders")
+              ? j["folders"].at(s).get<std::string>()
+              : pipeline_folder(static_cast<int>(s), static_cast<int>(list.size()));
+      stages.push_back({out + folder, {list[s].at(0).get<int>(), list[s].at(1).get<int>()}});
+    }
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CheckpointError, path, " is unreadable (", e.what(),
+                "): restore it from the run that wrote the stage folders, or start a new --out");
+  }
+  return stages;
+}
+
+std::optional<LoadedCheckpoint> load_from_stages(
+    const std::vector<SavedStage>& saved, const std::string& model_name,
+    const models::ImageInput& input, models::Model& model, torch::optim::Optimizer& opt,
+    const std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>&
+        make_optimizer) {
+  const models::UnitRange mine = model.units();
+  auto params = model.named_parameters();
+  auto buffers = model.named_buffers();
+  std::set<std::string> filled;
+  std::optional<LoadedCheckpoint> result;
+  torch::NoGradGuard no_grad;
+  for (const SavedStage& s : saved) {
+    if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
+    if (list_checkpoints(s.folder).empty()) {
+      DTORCH_CHECK_T(CheckpointError, !paths::exists(s.folder) || paths::is_empty(s.folder),
+                     s.folder, " holds no whole-stage checkpoint but other files (ZeRO's ",
+                     "shards?): resume with the --strategy, --pp and --pp-split that wrote it");
+      DTORCH_CHECK_T(CheckpointError, !result, s.folder, " has no checkpoint but ", result->path,
+                     " does: the run stopped while saving; remove the newer stage checkpoints ",
+                     "or start a new --out");
+      continue;
+    }
+    auto stage = models::make_model(model_name, s.units, input);
+    auto stage_opt = make_optimizer(stage->parameters());
+    auto loaded = load_latest_checkpoint(s.folder, *stage, stage_opt.get());
+    DTORCH_CHECK_T(CheckpointError, !result || loaded->data.epoch == result->data.epoch,
+                   loaded->path, " (epoch ", loaded->data.epoch, ") and ",
+                   result ? result->path : "", " (epoch ", result ? result->data.epoch : 0,
+                   ") are not from one save: the run stopped while saving; delete the newer ",
+                   "ones to resume from the older epoch");
+    for (const auto& kv : stage->named_parameters()) {
+      torch::Tensor* to = params.find(kv.key());
+      if (!to || filled.count(kv.key())) continue;
+      to->copy_(kv.value());
+      filled.insert(kv.key());
+      auto state = stage_opt->state().find(compat::optimizer_state_key(kv.value()));
+      if (state != stage_opt->state().end())
+        opt.state()[compat::optimizer_state_key(*to)] = state->second->clone();
+    }
+    for (const auto& kv : stage->named_buffers())
+      if (torch::Tensor* to = buffers.find(kv.key())) to->copy_(kv.value());
+    result = loaded;
+  }
+  if (!result) return result;
+  for (const auto& kv : params) {
+    DTORCH_CHECK_T(CheckpointError, filled.count(kv.key()), "no stage checkpoint under ",
+                   paths::parent_path(paths::parent_path(result->path)), " holds ", kv.key(),
+                   ": it was written for another model");
+  }
+  return result;
+}
+
+}  // namespace dtorch::checkpoint

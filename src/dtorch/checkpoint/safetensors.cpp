@@ -1,0 +1,142 @@
+// safetensors writing and reading, checked the way the safetensors package checks a file:
+// byte ranges in order, without holes or overlaps, each the size its dtype and shape say.
+#include "dtorch/checkpoint/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::checkpoint {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// The 8-byte prefix is the header's length; safetensors refuses headers above 100 MB.
+constexpr uint64_t kMaxHeader = 100'000'000;
+
+const std::vector<std::pair<at::ScalarType, const char*>>& dtype_names() {
+  static const std::vector<std::pair<at::ScalarType, const char*>> names = {
+      {at::kDouble, "F64"}, {at::kFloat, "F32"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
+      {at::kLong, "I64"},   {at::kInt, "I32"},   {at::kShort, "I16"}, {at::kChar, "I8"},
+      {at::kByte, "U8"},    {at::kBool, "BOOL"}};
+  return names;
+}
+
+uint64_t read_le64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i)
+    v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+}  // namespace
+
+std::vector<char> safetensors_bytes(
+    const StateDict& state, const std::vector<std::pair<std::string, std::string>>& metadata) {
+  Json header = Json::object();
+  if (!metadata.empty()) {
+    Json m = Json::object();
+    for (const auto& [k, v] : metadata)
+      m[k] = v;
+    header["__metadata__"] = m;
+  }
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : state) {
+    auto it = std::find_if(dtype_names().begin(), dtype_names().end(),
+                           [&](const auto& e) { return e.first == tensor.scalar_type(); });
+    DTORCH_CHECK_T(CheckpointError, it != dtype_names().end(), "safetensors has no dtype for ",
+                   name, " (", tensor.scalar_type(), "); save it as .pt instead");
+    DTORCH_CHECK_T(CheckpointError, !header.contains(name), "state dict key ", name,
+                   " appears twice");
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t n = static_cast<uint64_t>(t.nbytes());
+    header[name] = {
+        {"dtype", it->second}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    data.push_back(t);
+  }
+  std::string text = header.dump();
+  // The data that follows starts 8-byte aligned, as the safetensors package writes it.
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  std::vector<char> out;
+  out.reserve(8 + text.size() + offset);
+  for (int i = 0; i < 8; ++i)
+    out.push_back(static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff));
+  out.insert(out.end(), text.begin(), text.end());
+  for (const auto& t : data) {
+    const char* p = static_cast<const char*>(t.data_ptr());
+    out.insert(out.end(), p, p + t.nbytes());
+  }
+  return out;
+}
+
+bool looks_like_safetensors(const std::vector<char>& bytes) {
+  if (bytes.size() < 9) return false;
+  const uint64_t n = read_le64(bytes.data());
+  return n >= 2 && n <= kMaxHeader && n <= bytes.size() - 8 && bytes[8] == '{';
+}
+
+StateDict parse_safetensors(const std::vector<char>& bytes, const std::string& source) {
+  DTORCH_CHECK_T(CheckpointError, looks_like_safetensors(bytes), source,
+                 " is not a safetensors file (too short, or no JSON header after the 8-byte "
+                 "length); was it cut short?");
+  const uint64_t n = read_le64(bytes.data());
+  Json header;
+  try {
+    header = Json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
+  } catch (const std::exception& e) {
+    DTORCH_FAIL(CheckpointError, source, ": the safetensors header is not valid JSON: ", e.what());
+  }
+  DTORCH_CHECK_T(CheckpointError, header.is_object(), source,
+                 ": the safetensors header is not a JSON object");
+  const char* base = bytes.data() + 8 + n;
+  const uint64_t buffer = bytes.size() - 8 - n;
+
+  struct Entry {
+    uint64_t begin, end;
+    std::string name;
+    at::Tensor tensor;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    std::string where = str(source, ": tensor ", name);
+    DTORCH_CHECK_T(CheckpointError,
+                   info.is_object() && info.contains("dtype") && info.contains("shape") &&
+                       info.contains("data_offsets") && info["data_offsets"].size() == 2,
+                   where, " lacks dtype, shape or data_offsets");
+    const std::string dtype = info["dtype"].get<std::string>();
+    auto it = std::find_if(dtype_names().begin(), dtype_names().end(),
+                           [&](const auto& e) { return dtype == e.second; });
+    DTORCH_CHECK_T(CheckpointError, it != dtype_names().end(), where, " has dtype ", dtype,
+                   ", which dtorch does not read");
+    std::vector<int64_t> shape = info["shape"].get<std::vector<int64_t>>();
+    const uint64_t begin = info["data_offsets"][0].get<uint64_t>();
+    const uint64_t end = info["data_offsets"][1].get<uint64_t>();
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(it->first));
+    DTORCH_CHECK_T(CheckpointError, begin <= end && end <= buffer && end - begin == t.nbytes(),
+                   where, " has bytes [", begin, ", ", end, ") but its shape and dtype need ",
+                   t.nbytes(), " within a data section of ", buffer, " bytes; the file is ",
+                   "truncated or corrupt");
+    if (t.nbytes() > 0) std::memcpy(t.data_ptr(), base + begin, t.nbytes());
+    entries.push_back({begin, end, name, t});
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  uint64_t at = 0;
+  StateDict out;
+  for (auto& e : entries) {
+    DTORCH_CHECK_T(CheckpointError, e.begin == at, source, ": tensor ", e.name, " starts at byte ",
+                   e.begin, " where ", at, " was expected (overlapping or missing bytes)");
+    at = e.end;
+    out.emplace_back(e.name, e.tensor);
+  }
+  DTORCH_CHECK_T(CheckpointError, at == buffer, source, ": ", buffer - at,
+                 " bytes after the last tensor belong to none");
+  return out;
+}
+
+}  // namespace dtorch::checkpoint

@@ -1,0 +1,78 @@
+// A module's parameters and buffers as a name -> tensor dict, saved in the file format of
+// Python's torch.save, so `model.load_state_dict(torch.load(path))` works in PyTorch.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtorch/models/model.h"
+
+namespace dtorch::checkpoint {
+
+/// Parameters then buffers, in registration order, under their dotted names
+/// ("conv1.weight"): the keys Python's Module.state_dict() uses for the same model.
+using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// The module's state (detached tensors sharing storage with the module).
+StateDict state_dict(const torch::nn::Module& module);
+
+/// `state` in host memory, as files hold it: a tensor on another device is copied to the CPU,
+/// once per tensor, so two keys that share a tensor (tied weights) still share its copy. CPU
+/// tensors are kept as they are.
+StateDict host_copy(const StateDict& state);
+
+/// `state` with each alias whose parameter it holds added right after that parameter, as the
+/// same tensor: what Python's state_dict() of a model with tied weights lists, and what
+/// torch.save writes as one storage under two keys. Unchanged when no alias applies.
+StateDict with_python_aliases(StateDict state, const std::vector<models::PythonAlias>& aliases);
+
+/// Serialises a state dict as a pickled dict name -> tensor, the bytes of a file Python's
+/// torch.load reads, weights_only included (Note [Files torch.load reads]).
+std::vector<char> pickle_state_dict(const StateDict& state);
+/// Parses what pickle_state_dict (or Python's torch.save of a state dict) wrote. Throws
+/// CheckpointError naming `source` when the bytes are not a dict of tensors.
+StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source);
+
+/// Checks that `state` has exactly the module's keys with the same shapes, without changing
+/// anything; throws CheckpointError listing missing keys, unexpected keys and shape
+/// mismatches, naming `source` (a file name, for the message). A dtorch model's Python
+/// aliases (models::Model::python_aliases) may be present beside their parameter, holding
+/// the same values (else CheckpointError: the file's weights are not tied); they are ignored.
+void check_state_dict(const torch::nn::Module& module, const StateDict& state,
+                      const std::string& source);
+/// check_state_dict, then copies every tensor into the module (converting dtype if needed).
+void load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& source);
+
+/// The two file formats a state dict is written in: torch.save's (`.pt`) and safetensors.
+enum class SaveFormat { Torch, Safetensors };
+/// "pt" (or "torch") and "safetensors"; throws ConfigError naming the value otherwise.
+SaveFormat parse_save_format(const std::string& name);
+/// The usual file suffix: ".pt" or ".safetensors".
+std::string file_suffix(SaveFormat format);
+/// A state dict's bytes in `format`.
+std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format);
+
+/// Writes the module's state to `path` atomically: path.tmp, fsync, rename, so a crash never
+/// leaves a half-written file under `path`. Throws CheckpointError when it cannot. In
+/// torch.save's format a dtorch model's Python aliases are written too (with_python_aliases),
+/// so the Python module loads the file with strict=True; safetensors holds no shared tensors,
+/// and its Python loader safetensors.torch.load_model restores tied weights itself.
+void save_state_dict(const torch::nn::Module& module, const std::string& path,
+                     SaveFormat format = SaveFormat::Torch);
+/// Reads `path` (written by save_state_dict in either format, by safetensors' save_file, or
+/// by Python as torch.save(dict(model.state_dict()), path): LibTorch 1.13 cannot unpickle the
+/// OrderedDict that state_dict() itself returns) into the module; throws CheckpointError on
+/// unreadable files and on key or shape mismatches.
+void load_state_dict(torch::nn::Module& module, const std::string& path);
+
+/// Writes `bytes` to `path` atomically (core/atomic_file.h); CheckpointError says why when it
+/// cannot, and whatever was at `path` before is untouched.
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
+/// The whole file; throws CheckpointError naming it when it cannot be read.
+std::vector<char> read_file(const std::string& path);
+
+}  // namespace dtorch::checkpoint

@@ -1,0 +1,16 @@
+// Files in torch.save's format that Python's torch.load reads as they are, including with
+// weights_only=True, its default from PyTorch 2.6. See Note [Files torch.load reads].
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <vector>
+
+namespace dtorch::checkpoint {
+
+/// The bytes torch.save would write for `value`: a zip archive of a pickle (protocol 2) and one
+/// record per tensor storage. Dicts, lists, strings, numbers, None and CPU tensors only; a dict
+/// becomes a plain Python dict (insertion order kept).
+std::vector<char> torch_save_bytes(const c10::IValue& value);
+
+}  // namespace dtorch::checkpoint

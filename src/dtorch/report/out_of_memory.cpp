@@ -1,0 +1,129 @@
+// Note [Out of memory]: a failed allocation on one rank is the one error a user can act on
+// with numbers: how big the model state is per rank under each strategy (the ZeRO paper's
+// formulas), against what the machine or the job's cgroup allows. The trainer catches the
+// allocation failure, throws OutOfMemoryError with this message, and the launcher ends the
+// other ranks naming this one (Note [Failure diagnosis]). A rank the kernel's OOM killer ends
+// instead gets the launcher's SIGKILL hint: no code runs in a killed process.
+#include "dtorch/report/out_of_memory.h"
+
+#include <sys/resource.h>
+
+#include <fstream>
+#include <new>
+#include <sstream>
+#include <vector>
+
+#include "dtorch/core/error.h"
+
+namespace dtorch::report {
+namespace {
+
+int64_t kib_field(const std::string& file, const std::string& key) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key + ":", 0) != 0) continue;
+    std::istringstream v(line.substr(key.size() + 1));
+    int64_t kib = 0;
+    v >> kib;
+    return kib * 1024;
+  }
+  return 0;
+}
+
+int64_t cgroup_limit() {
+  std::ifstream in("/sys/fs/cgroup/memory.max");
+  std::string v;
+  if (!(in >> v) || v == "max") return 0;
+  try {
+    return std::stoll(v);
+  } catch (...) {
+    return 0;
+  }
+}
+
+std::string gib(double bytes) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(bytes < 10.0 * (1 << 30) ? 2 : 1);
+  os << bytes / double(1 << 30) << " GiB";
+  return os.str();
+}
+
+}  // namespace
+
+double model_state_bytes(const std::string& s, double P, int N, double resident_unit_bytes,
+                         double optimizer_bytes) {
+  const double n = N < 1 ? 1 : N;
+  if (s == "ddp") return (8 + optimizer_bytes) * P;
+  if (s == "zero1") return 8 * P + optimizer_bytes * P / n;
+  if (s == "zero2") return 4 * P + (4 + optimizer_bytes) * P / n;
+  return (8 + optimizer_bytes) * P / n + resident_unit_bytes;
+}
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  m.rss = kib_field("/proc/self/status", "VmRSS");
+  m.peak_rss = kib_field("/proc/self/status", "VmHWM");
+  m.available = kib_field("/proc/meminfo", "MemAvailable");
+  m.total = kib_field("/proc/meminfo", "MemTotal");
+  m.cgroup_limit = cgroup_limit();
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    m.address_limit = static_cast<int64_t>(as.rlim_cur);
+  return m;
+}
+
+bool is_out_of_memory(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e)) return true;
+  const std::string what = e.what();
+  return what.find("can't allocate memory") != std::string::npos ||
+         what.find("out of memory") != std::string::npos;
+}
+
+std::string out_of_memory_message(const std::string& allocator_says, const MemoryContext& c,
+                                  const ProcessMemory& m, const DeviceMemory& gpu) {
+  std::ostringstream os;
+  // LibTorch's allocator message goes on with a stack trace: its first line says it all.
+  const std::string says = allocator_says.substr(0, allocator_says.find('\n'));
+  os << "rank " << c.rank << " ran out of memory (" << says.substr(0, 300) << ") holding ";
+  if (c.device.is_cuda()) {
+    os << gib(double(gpu.allocated)) << " in tensors on " << c.device << " ("
+       << gib(double(gpu.peak_allocated)) << " at most, " << gib(double(gpu.reserved))
+       << " reserved by the caching allocator), of the GPU's " << gib(double(gpu.total)) << ".";
+  } else {
+    os << gib(double(m.rss)) << " resident, " << gib(double(m.peak_rss))
+       << " at most, of the machine's " << gib(double(m.total));
+    if (m.cgroup_limit > 0)
+      os << " (this job's cgroup allows " << gib(double(m.cgroup_limit)) << ")";
+    if (m.address_limit > 0) {
+      os << " (this process may map " << gib(double(m.address_limit))
+         << ": its address space is limited, ulimit -v)";
+    }
+    os << ", shared by every rank on the node.";
+  }
+  if (c.parameters > 0) {
+    const double opt = c.optimizer == "sgd" ? 4 : 8;
+    const double P = double(c.parameters);
+    os << " " << c.model << " has " << c.parameters / 1000000 << "M parameters; its model state "
+       << "per rank at " << c.ranks << " data-parallel rank(s) (fp32, " << c.optimizer << "): ddp "
+       << gib(model_state_bytes("ddp", P, c.ranks, 0, opt)) << ", zero1 "
+       << gib(model_state_bytes("zero1", P, c.ranks, 0, opt)) << ", zero2 "
+       << gib(model_state_bytes("zero2", P, c.ranks, 0, opt)) << ", zero3 "
+       << gib(model_state_bytes("zero3", P, c.ranks, 0, opt))
+       << " (plus activations, which grow with --batch-size).";
+  }
+  std::vector<std::string> fits;
+  if (c.strategy != "zero3") fits.push_back("--strategy zero3 (shards everything)");
+  if (!c.activation_checkpointing)
+    fits.push_back("--activation-checkpointing (recomputes activations)");
+  if (c.batch_size > 1)
+    fits.push_back("--batch-size " + std::to_string(c.batch_size / 2) + " with --accum-steps 2");
+  fits.push_back("fewer ranks per node (--nproc-per-node) or more nodes");
+  os << " To fit: ";
+  for (size_t i = 0; i < fits.size(); ++i)
+    os << (i ? (i + 1 == fits.size() ? ", or " : ", ") : "") << fits[i];
+  os << ".";
+  return os.str();
+}
+
+}  // namespace dtorch::report

@@ -1,0 +1,227 @@
+// Tests for state dicts: round trip, errors naming missing/unexpected keys and shape
+// mismatches, atomic writes, and files that PyTorch's torch.load + load_state_dict accept.
+#include "dtorch/checkpoint/state_dict.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dtorch/checkpoint/safetensors.h"
+#include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
+#include "dtorch/models/registry.h"
+#include "models/python_peer.h"
+#include "support/workers.h"
+
+namespace dtorch::checkpoint {
+namespace {
+
+void expect_same_state(const torch::nn::Module& a, const torch::nn::Module& b) {
+  auto sa = state_dict(a), sb = state_dict(b);
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sa[i].first, sb[i].first);
+    EXPECT_TRUE(torch::equal(sa[i].second, sb[i].second)) << sa[i].first;
+  }
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  return paths::list_directory(dir);
+}
+
+TEST(StateDict, RoundTrip) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-roundtrip");
+  auto a = models::make_model("mnist-cnn");
+  auto b = models::make_model("mnist-cnn");
+  save_state_dict(*a, dir + "/m.pt");
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{"m.pt"}) << "no temporary left behind";
+  load_state_dict(*b, dir + "/m.pt");
+  expect_same_state(*a, *b);
+  // Loaded values are copies, not aliases of the file's tensors or of `a`.
+  torch::NoGradGuard g;
+  b->parameters()[0].add_(1);
+  EXPECT_FALSE(torch::equal(a->parameters()[0], b->parameters()[0]));
+}
+
+TEST(StateDict, BuffersTravelToo) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-buffers");
+  torch::nn::BatchNorm1d a(4), b(4);
+  {
+    torch::NoGradGuard g;
+    a->running_mean.fill_(3);
+  }
+  save_state_dict(*a, dir + "/bn.pt");
+  load_state_dict(*b, dir + "/bn.pt");
+  EXPECT_TRUE(torch::equal(b->running_mean, a->running_mean));
+}
+
+TEST(StateDict, MismatchNamesKeysAndShapesAndChangesNothing) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-mismatch");
+  auto mlp = models::make_model("mnist-mlp");
+  auto cnn = models::make_model("mnist-cnn");
+  auto before = cnn->parameters()[0].clone();
+  save_state_dict(*mlp, dir + "/mlp.pt");
+  try {
+    load_state_dict(*cnn, dir + "/mlp.pt");
+    FAIL();
+  } catch (const CheckpointError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("mlp.pt"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("missing keys: conv1.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unexpected keys: fc3.weight, fc3.bias"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("fc1.weight (saved [256, 784], model [128, 9216])"), std::string::npos)
+        << msg;
+  }
+  EXPECT_TRUE(torch::equal(cnn->parameters()[0], before));
+}
+
+TEST(StateDict, UnreadableFilesAreCheckpointErrors) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-bad");
+  auto m = models::make_model("mnist-mlp");
+  EXPECT_THROW(load_state_dict(*m, dir + "/absent.pt"), CheckpointError);
+  std::ofstream(dir + "/junk.pt") << "not a pickle";
+  EXPECT_THROW(load_state_dict(*m, dir + "/junk.pt"), CheckpointError);
+  // A pickle of something other than a dict of tensors.
+  auto bytes = torch::pickle_save(c10::IValue(int64_t{7}));
+  std::ofstream(dir + "/int.pt", std::ios::binary).write(bytes.data(), bytes.size());
+  EXPECT_THROW(load_state_dict(*m, dir + "/int.pt"), CheckpointError);
+}
+
+TEST(StateDict, FailedWriteKeepsThePreviousFile) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-atomic");
+  write_file_atomically(dir + "/f", {'o', 'l', 'd'});
+  // A directory where the temporary would go makes the write fail.
+  paths::create_directory(dir + "/f." + std::to_string(::getpid()) + ".tmp");
+  EXPECT_THROW(write_file_atomically(dir + "/f", {'n', 'e', 'w'}), CheckpointError);
+  EXPECT_EQ(read_file(dir + "/f"), (std::vector<char>{'o', 'l', 'd'}));
+  EXPECT_THROW(write_file_atomically(dir + "/no/such/dir/f", {'x'}), CheckpointError);
+}
+
+TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {
+  DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/true);
+  auto dir = dtorch::testing::scratch_dir("state-dict-python");
+  auto cnn = models::make_model("mnist-cnn");
+  auto mlp = models::make_model("mnist-mlp");
+  save_state_dict(*cnn, dir + "/cnn.pt");
+  save_state_dict(*mlp, dir + "/mlp.pt");
+  std::string out;
+  int rc = dtorch::testing::run_python(dir, "load", R"PY(
+for cls, f in ((peer.Net, "cnn.pt"), (peer.MLP, "mlp.pt")):
+    # Note [Files torch.load reads]: the safe loader (the default from PyTorch 2.6) too.
+    sd = torch.load(f, weights_only=True)
+    assert type(sd) is dict, type(sd)
+    net = cls()
+    print(net.load_state_dict(sd, strict=True))
+    assert list(sd.keys()) == list(net.state_dict().keys()), (list(sd.keys()), f)
+# And the other way: a state dict saved by PyTorch, for the C++ side to read.
+# (a plain dict: LibTorch 1.13 cannot unpickle state_dict()'s OrderedDict).
+sd = peer.MLP().state_dict()
+torch.save(dict(sd), "from_python.pt")
+torch.save(sd, "ordered_dict.pt")
+print(json.dumps(sd["fc3.bias"].tolist()))
+)PY",
+                                       {}, &out);
+  ASSERT_EQ(rc, 0) << out;
+  auto fresh = models::make_model("mnist-mlp");
+  load_state_dict(*fresh, dir + "/from_python.pt");
+  auto expected = nlohmann::json::parse(out.substr(out.rfind('['))).get<std::vector<float>>();
+  torch::Tensor bias = fresh->named_parameters()["fc3.bias"];
+  ASSERT_EQ(bias.numel(), 10);
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(bias[i].item<float>(), expected[i]) << i;
+  // The OrderedDict form gives an error that says how to save instead.
+  try {
+    load_state_dict(*fresh, dir + "/ordered_dict.pt");
+    ADD_FAILURE() << "LibTorch now reads OrderedDict state dicts: drop the hint";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("dict(model.state_dict())"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(StateDict, SafetensorsRoundTripAndDamagedFiles) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-safetensors");
+  auto a = models::make_model("mnist-cnn");
+  auto b = models::make_model("mnist-cnn");
+  save_state_dict(*a, dir + "/m.safetensors", SaveFormat::Safetensors);
+  load_state_dict(*b, dir + "/m.safetensors");  // the format is recognised from the bytes
+  expect_same_state(*a, *b);
+
+  // Every dtype safetensors has, in state order, any shape (a scalar, an empty tensor).
+  StateDict mixed = {{"d", torch::arange(3, torch::kDouble)},
+                     {"h", torch::ones({2, 2}, torch::kHalf)},
+                     {"bf", torch::full({1}, 1.5, torch::kBFloat16)},
+                     {"l", torch::tensor(int64_t{7})},
+                     {"u8", torch::tensor({1, 2}, torch::kByte)},
+                     {"flag", torch::tensor({true, false})},
+                     {"empty", torch::zeros({0, 4})}};
+  auto bytes = safetensors_bytes(mixed, {{"format", "pt"}});
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i)
+    header = (header << 8) | static_cast<unsigned char>(bytes[i]);
+  EXPECT_EQ((8 + header) % 8, 0u) << "tensor data starts 8-byte aligned";
+  EXPECT_NE(std::string(bytes.begin() + 8, bytes.begin() + 8 + header).find(R"("format":"pt")"),
+            std::string::npos);
+  auto back = parse_safetensors(bytes, "mixed");
+  ASSERT_EQ(back.size(), mixed.size());
+  for (size_t i = 0; i < mixed.size(); ++i) {
+    EXPECT_EQ(back[i].first, mixed[i].first);
+    EXPECT_EQ(back[i].second.scalar_type(), mixed[i].second.scalar_type()) << mixed[i].first;
+    EXPECT_TRUE(torch::equal(back[i].second, mixed[i].second)) << mixed[i].first;
+  }
+
+  auto expect_error = [&](std::vector<char> damaged, const std::string& want) {
+    try {
+      parse_safetensors(damaged, "damaged.safetensors");
+      ADD_FAILURE() << "accepted a damaged file (" << want << ")";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("damaged.safetensors"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  auto truncated = bytes;
+  truncated.resize(bytes.size() - 3);
+  expect_error(truncated, "truncated or corrupt");
+  auto trailing = bytes;
+  trailing.push_back(0);
+  expect_error(trailing, "belong to none");
+  expect_error({'P', 'K', 3, 4, 0, 0, 0, 0, 0}, "not a safetensors file");
+  EXPECT_THROW(safetensors_bytes({{"c", torch::zeros({2}, torch::kComplexFloat)}}),
+               CheckpointError);
+}
+
+TEST(StateDict, PythonSafetensorsReadsAndWritesIt) {
+  DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/true);
+  auto dir = dtorch::testing::scratch_dir("state-dict-safetensors-python");
+  auto cnn = models::make_model("mnist-cnn");
+  save_state_dict(*cnn, dir + "/cnn.safetensors", SaveFormat::Safetensors);
+  std::string out;
+  int rc = dtorch::testing::run_python(dir, "load", R"PY(
+try:
+    from safetensors.torch import load_file, save_file
+except ImportError:
+    print("SKIP no safetensors package for " + sys.executable + " (make test TORCH=pip has it)")
+    sys.exit(0)
+sd = load_file("cnn.safetensors")
+net = peer.Net()
+print(net.load_state_dict(sd, strict=True))
+assert list(sd.keys()) == list(net.state_dict().keys())
+mlp = peer.MLP()
+save_file({k: v.contiguous() for k, v in mlp.state_dict().items()}, "mlp.safetensors")
+print(json.dumps(mlp.state_dict()["fc3.bias"].tolist()))
+)PY",
+                                       {}, &out);
+  ASSERT_EQ(rc, 0) << out;
+  if (out.find("SKIP no safetensors") != std::string::npos) GTEST_SKIP() << out;
+  auto fresh = models::make_model("mnist-mlp");
+  load_state_dict(*fresh, dir + "/mlp.safetensors");
+  auto expected = nlohmann::json::parse(out.substr(out.rfind('['))).get<std::vector<float>>();
+  torch::Tensor bias = fresh->named_parameters()["fc3.bias"];
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(bias[i].item<float>(), expected[i]) << i;
+}
+
+}  // namespace
+}  // namespace dtorch::checkpoint

@@ -1,0 +1,107 @@
+// The out-of-memory message: the ZeRO formulas it quotes, what counts as an allocation
+// failure, and a real run that runs out of address space naming its rank and the flags that
+// would fit.
+#include "dtorch/report/out_of_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <new>
+#include <stdexcept>
+
+#include "support/command.h"
+
+namespace dtorch::report {
+namespace {
+
+TEST(OutOfMemory, ModelStateFollowsTheZeroFormulas) {
+  const double P = 1e6;
+  EXPECT_DOUBLE_EQ(model_state_bytes("ddp", P, 4), 16 * P);
+  EXPECT_DOUBLE_EQ(model_state_bytes("zero1", P, 4), 8 * P + 2 * P);
+  EXPECT_DOUBLE_EQ(model_state_bytes("zero2", P, 4), 4 * P + 3 * P);
+  EXPECT_DOUBLE_EQ(model_state_bytes("zero3", P, 4, 100), 4 * P + 100);
+  EXPECT_DOUBLE_EQ(model_state_bytes("ddp", P, 4, 0, 4), 12 * P);  // SGD's momentum
+}
+
+TEST(OutOfMemory, RecognisesAllocationFailures) {
+  EXPECT_TRUE(is_out_of_memory(std::bad_alloc()));
+  EXPECT_TRUE(is_out_of_memory(std::runtime_error(
+      "[enforce fail at alloc_cpu.cpp:75] err == 0. DefaultCPUAllocator: can't allocate memory: "
+      "you tried to allocate 1000 bytes")));
+  EXPECT_TRUE(is_out_of_memory(std::runtime_error("CUDA out of memory. Tried to allocate")));
+  EXPECT_FALSE(is_out_of_memory(std::runtime_error("shape mismatch")));
+}
+
+TEST(OutOfMemory, MessageNamesRankMemoryStrategiesAndFixes) {
+  MemoryContext c;
+  c.rank = 3;
+  c.ranks = 4;
+  c.model = "gpt-small";
+  c.parameters = 124000000;
+  c.strategy = "ddp";
+  c.optimizer = "adamw";
+  c.batch_size = 8;
+  ProcessMemory m;
+  m.rss = int64_t(3) << 30;
+  m.peak_rss = int64_t(5) << 30;
+  m.total = int64_t(24) << 30;
+  const std::string s = out_of_memory_message("std::bad_alloc", c, m);
+  for (const char* want :
+       {"rank 3 ran out of memory (std::bad_alloc)", "3.00 GiB resident", "5.00 GiB at most",
+        "24.0 GiB", "124M parameters", "ddp 1.85 GiB", "zero3 0.46 GiB", "--strategy zero3",
+        "--activation-checkpointing", "--batch-size 4 with --accum-steps 2"})
+    EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
+  c.strategy = "zero3";
+  c.activation_checkpointing = true;
+  const std::string t = out_of_memory_message("x", c, m);
+  EXPECT_EQ(t.find("--strategy zero3"), std::string::npos) << t;
+  EXPECT_EQ(t.find("--activation-checkpointing"), std::string::npos) << t;
+}
+
+TEST(TrainCli, OutOfMemoryNamesTheRankAndWhatWouldFit) {
+  // gpt-small's DDP state with AdamW (1.85 GiB per rank) and its activations cannot fit 2 GB
+  // of address space above what loading dtorch and LibTorch takes (found by trying
+  // `dtorch version` under rising limits: it differs between LibTorch builds).
+  const std::string out = ::testing::TempDir() + "/oom-run";
+  auto r = testing::run_command(
+      "train_oom_cmd",
+      {"/bin/sh",
+       "-c",
+       "for kib in $(seq 250000 250000 16000000); do (ulimit -v $kib; timeout 10 \"$0\" "
+       "version >/dev/null 2>&1) && break; done; ulimit -v $((kib + 2000000)); exec \"$0\" \"$@\"",
+       DTORCH_CLI,
+       "train",
+       "--model",
+       "gpt-small",
+       "--data",
+       "text",
+       "--strategy",
+       "ddp",
+       "--optimizer",
+       "adamw",
+       "--batch-size",
+       "2",
+       "--seq-len",
+       "32",
+       "--train-samples",
+       "8",
+       "--test-samples",
+       "4",
+       "--epochs",
+       "1",
+       "--progress",
+       "off",
+       "--nproc-per-node",
+       "2",
+       "--out",
+       out},
+      240);
+  EXPECT_NE(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "ran out of memory")) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "--strategy zero3")) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "gpt-small has 124M parameters")) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "ulimit -v")) << r.err;
+  EXPECT_FALSE(testing::contains(r.err, "frame #")) << r.err;  // no stack trace
+}
+
+}  // namespace
+}  // namespace dtorch::report
