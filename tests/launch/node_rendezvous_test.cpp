@@ -63,8 +63,9 @@ TEST(AnnounceAndWait, SaysWhoIsMissingWhileItWaitsAndReturnsEveryValue) {
                       EXPECT_GE(seconds, 0.1 * static_cast<double>(said.size() + 1) - 0.01);
                       said.push_back(a.missing());
                     }};
-  Arrivals a = announce_and_wait(*store, "p/", 0, "a", 3,
-                                 std::chrono::steady_clock::now() + milliseconds(5000), notice);
+  Arrivals a;
+  EXPECT_TRUE(announce_and_wait(*store, "p/", 0, "a", 3,
+                                std::chrono::steady_clock::now() + milliseconds(5000), a, notice));
   late.join();
   EXPECT_EQ(a.values, (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_TRUE(a.complete());
@@ -73,8 +74,9 @@ TEST(AnnounceAndWait, SaysWhoIsMissingWhileItWaitsAndReturnsEveryValue) {
   for (const auto& m : said)
     EXPECT_EQ(m, (std::vector<int>{2}));
   // A deadline that passes returns who was missing, for the caller to name.
-  Arrivals partial = announce_and_wait(*store, "q/", 1, "b", 3,
-                                       std::chrono::steady_clock::now() + milliseconds(50));
+  Arrivals partial;
+  EXPECT_FALSE(announce_and_wait(*store, "q/", 1, "b", 3,
+                                 std::chrono::steady_clock::now() + milliseconds(50), partial));
   EXPECT_EQ(partial.missing(), (std::vector<int>{0, 2}));
 }
 

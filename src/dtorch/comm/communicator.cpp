@@ -459,8 +459,10 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
               info.master_port, " for ", std::lround(seconds), " s of DTORCH_TIMEOUT's ",
               opts.timeout.count() / 1000.0, " s");
   };
-  const std::vector<std::string> missing = names(launch::announce_and_wait(
-      *m.store, "arrived/", info.rank, me, info.world_size, Clock::now() + opts.timeout, notice));
+  launch::Arrivals seen;
+  launch::announce_and_wait(*m.store, "arrived/", info.rank, me, info.world_size,
+                            Clock::now() + opts.timeout, seen, notice);
+  const std::vector<std::string> missing = names(seen);
   DTORCH_CHECK_T(CommError, missing.empty(), "rendezvous", group_name().empty() ? "" : " of group ",
                  group_name(), " at ", info.master_addr, ":", info.master_port, " timed out after ",
                  opts.timeout.count() / 1000.0,

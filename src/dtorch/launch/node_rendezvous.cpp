@@ -111,13 +111,16 @@ NodeRoll meet_nodes(c10d::Store& store, int node_rank, int nnodes, const std::st
   const std::string ready_prefix = "dtorch/launch/ready/";
   // Note [Announce and wait]; a store that goes away means node 0's launcher did.
   auto meet = [&](const std::string& prefix) {
+    Arrivals seen;
     try {
-      return NodeRoll{
-          nnodes, announce_and_wait(store, prefix, node_rank, me, nnodes, deadline, notice).values};
+      announce_and_wait(store, prefix, node_rank, me, nnodes, deadline, seen, notice);
+      return NodeRoll{nnodes, seen.values};
     } catch (const std::exception& e) {
       std::string why = e.what();
       DTORCH_FAIL(CommError, "rendezvous failed: the store went away while this node waited (",
-                  why.substr(0, why.find('\n')), "), so node 0's launcher gave up or exited");
+                  why.substr(0, why.find('\n')), "), so node 0's launcher gave up or exited; ",
+                  describe_missing_nodes(NodeRoll{nnodes, seen.values}),
+                  " as far as this node saw");
     }
   };
   // Phase 1: every node's arrival. Phase 2 (node 0 only): every node has seen phase 1 end.

@@ -137,16 +137,16 @@ std::vector<int> Arrivals::missing() const {
   return m;
 }
 
-Arrivals announce_and_wait(c10d::Store& store, const std::string& prefix, int self,
-                           const std::string& value, int count,
-                           std::chrono::steady_clock::time_point deadline,
-                           const WaitNotice& notice) {
+bool announce_and_wait(c10d::Store& store, const std::string& prefix, int self,
+                       const std::string& value, int count,
+                       std::chrono::steady_clock::time_point deadline, Arrivals& a,
+                       const WaitNotice& notice) {
   using Clock = std::chrono::steady_clock;
   DTORCH_CHECK(self < 0 || !value.empty(),
                "announce_and_wait: an announced value must not be empty");
   if (self >= 0)
     store.set(prefix + std::to_string(self), std::vector<uint8_t>(value.begin(), value.end()));
-  Arrivals a{std::vector<std::string>(static_cast<size_t>(count))};
+  a.values.assign(static_cast<size_t>(count), "");
   const auto start = Clock::now();
   auto next_notice = start + notice.after;
   for (;;) {
@@ -164,7 +164,7 @@ Arrivals announce_and_wait(c10d::Store& store, const std::string& prefix, int se
       if (v.empty()) v = "?";  // arrived without a name
     }
     const auto now = Clock::now();
-    if (all || now >= deadline) return a;
+    if (all || now >= deadline) return all;
     if (notice.say && now >= next_notice) {
       notice.say(a, std::chrono::duration<double>(now - start).count());
       next_notice = now + notice.after;
