@@ -1,6 +1,7 @@
 // Note [Elastic rendezvous] on an in-memory store, one thread per launcher: numbering on
 // arrival, closing at MIN when nobody else is alive, a late node joining at the next round,
-// lost nodes, --max-restarts, and the join timeout's message.
+// lost nodes, --max-restarts, the join timeout's message, and the store's host waiting (boundedly)
+// for the others to leave.
 #include "dtorch/launch/elastic_rendezvous.h"
 
 #include <gtest/gtest.h>
@@ -194,6 +195,38 @@ TEST(ElasticRendezvous, FailuresBeyondMaxRestartsEndTheJob) {
   EXPECT_NE(second.why.find("giving up: the job already restarted 1 time(s) (--max-restarts)"),
             std::string::npos)
       << second.why;
+}
+
+TEST(ElasticRendezvous, TheStoresHostWaitsUntilEveryOtherLauncherHasLeft) {
+  Job job(3, 3);
+  std::vector<std::unique_ptr<ElasticRendezvous>> nodes;
+  for (const char* h : {"hostA", "hostB", "hostC"})
+    nodes.push_back(job.launcher(h));
+  join_all(nodes);
+  nodes[2].reset();
+  std::optional<RoundEnd> end = poll_until_the_round_ends(*nodes[1]);
+  ASSERT_TRUE(end.has_value());
+  ASSERT_TRUE(end->fail) << end->why;
+  // hostB has the verdict in hand but has not left: hostA, serving the store, keeps it.
+  auto waiting = std::async(std::launch::async, [&] { nodes[0]->wait_for_peers(10); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(500)), std::future_status::timeout);
+  auto left = Clock::now();
+  nodes[1].reset();
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - left).count(), 2);
+}
+
+TEST(ElasticRendezvous, WaitingForTheOthersToLeaveIsBounded) {
+  Job job(1, 2);
+  std::vector<std::unique_ptr<ElasticRendezvous>> nodes;
+  nodes.push_back(job.launcher("hostA"));
+  nodes.push_back(job.launcher("hostB"));
+  join_all(nodes);
+  auto start = Clock::now();
+  nodes[0]->wait_for_peers(0.4);  // hostB beats and stays
+  double took = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_GE(took, 0.4);
+  EXPECT_LT(took, 2);
 }
 
 TEST(ElasticRendezvous, TheJoinTimeoutNamesWhoCame) {

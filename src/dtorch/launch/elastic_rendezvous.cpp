@@ -60,6 +60,10 @@ std::string joined(const std::vector<std::string>& v) {
 //   restart in round r+1, or fail when failures exceed --max-restarts (failures and lost nodes
 //   count, joins do not, like torchrun) or lost nodes leave fewer than MIN. Everyone stops its
 //   workers and reads the same verdict, so the nodes never disagree on whether to go on.
+// - However the job ends, the launcher serving the store keeps it until every other launcher
+//   has written gone/<id> or is lost (at most close_timeout): a launcher that failed a round
+//   and left at once would take the reason with it, and the others would only learn that the
+//   store went away.
 ElasticRendezvous::ElasticRendezvous(c10::intrusive_ptr<c10d::Store> store, Connect connect,
                                      ElasticConfig cfg)
     : store_(std::move(store)), cfg_(std::move(cfg)) {
@@ -351,23 +355,34 @@ void ElasticRendezvous::finish() {
   }
 }
 
-void ElasticRendezvous::wait_for_peers(double seconds) {
-  if (!current_) return;
+void ElasticRendezvous::wait_for_peers(double seconds,
+                                       const std::function<void(const std::string&)>& say) {
   try {
-    wait_for_peers_or_throw(seconds);
+    wait_for_peers_or_throw(seconds, say);
   } catch (const std::exception& e) {
     log::debug("launch: stopped waiting for the other nodes: ", e.what());
   }
 }
 
-void ElasticRendezvous::wait_for_peers_or_throw(double seconds) {
-  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(seconds));
+void ElasticRendezvous::wait_for_peers_or_throw(
+    double seconds, const std::function<void(const std::string&)>& say) {
+  const auto start = Clock::now();
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  bool said = false;
   for (;; std::this_thread::sleep_for(kTick)) {
-    bool all = true;
-    for (int i = 0; i < current_->nnodes && all; ++i)
-      all = finished(i) || is_lost(members_[static_cast<std::size_t>(i)]);
-    if (all || Clock::now() >= deadline) return;
+    std::vector<std::string> there;
+    int n = static_cast<int>(store_->add(key("launchers"), 0));
+    for (int l = 0; l < n; ++l) {
+      if (l != id_ && !store_->check({key("gone/" + std::to_string(l))}) && !is_lost(l))
+        there.push_back(host_of(l));
+    }
+    auto now = Clock::now();
+    if (there.empty() || now >= deadline) return;
+    if (!said && say && secs(now - start) >= 5) {
+      said = true;
+      say(joined(there));
+    }
   }
 }
 

@@ -83,9 +83,11 @@ class ElasticRendezvous {
 
   /// This node's workers all succeeded.
   void finish();
-  /// Waits until every other node of the round finished or was lost, at most `seconds`
-  /// (a node that serves a store keeps it until the others are done with it).
-  void wait_for_peers(double seconds);
+  /// Waits until every other launcher of the job has left it (after success, failure or
+  /// never having joined a round) or was lost, at most `seconds`: a node that serves a store
+  /// keeps it until the others are done with it, so that none of them finds it gone before it
+  /// read how the job ended. Past 5 s, `say` hears once which hosts are still there.
+  void wait_for_peers(double seconds, const std::function<void(const std::string&)>& say = {});
 
   /// A value for the other nodes of the current round, and reading one (waits for it).
   void publish(const std::string& key, const std::string& value);
@@ -110,7 +112,7 @@ class ElasticRendezvous {
   bool is_lost(int launcher);
   std::string host_of(int launcher);
   std::optional<RoundEnd> verdict(int round);
-  void wait_for_peers_or_throw(double seconds);
+  void wait_for_peers_or_throw(double seconds, const std::function<void(const std::string&)>& say);
   /// True when the job finished; throws CommError when it failed.
   bool job_ended();
   [[noreturn]] void fail_round(int round, const std::string& why);

@@ -757,11 +757,28 @@ int run_elastic(const Plan& base, Console& console) {
     deadline =
         Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.timeout_seconds * 1000));
   }
+  // Note [Elastic rendezvous]: whoever serves a store keeps it until the others are done with it.
+  auto leave = [&](bool serving, int code) {
+    if (serving) {
+      rdzv.wait_for_peers(conf.close_timeout, [&](const std::string& hosts) {
+        console.message(str("dtorch launch: keeping the rendezvous store up until ", hosts,
+                            " leave the job (at most ", conf.close_timeout,
+                            " s, --rdzv-conf close_timeout)"));
+      });
+    }
+    return code;
+  };
   for (bool first = true;; first = false) {
-    std::optional<Round> round = rdzv.join();
+    std::optional<Round> round;
+    try {
+      round = rdzv.join();
+    } catch (const CommError&) {
+      leave(bool(served), 1);
+      throw;
+    }
     if (!round) {
       console.message("dtorch launch: the job finished while this node waited to join it");
-      return 0;
+      return leave(bool(served), 0);
     }
     Plan plan = base;
     plan.opts.node_rank = round->node_rank;
@@ -823,9 +840,7 @@ int run_elastic(const Plan& base, Console& console) {
     switch (end.how) {
       case End::Success:
         rdzv.finish();
-        // Whoever serves a store keeps it until the others are done with it.
-        if (served || round->node_rank == 0) rdzv.wait_for_peers(conf.close_timeout);
-        return 0;
+        return leave(served || round->node_rank == 0, 0);
       case End::Signalled:
       case End::TimedOut:
         return stopped_by_launcher(end, o, console);
@@ -845,7 +860,7 @@ int run_elastic(const Plan& base, Console& console) {
     }
     if (ended->fail) {
       console.message(str("dtorch launch: the job fails: ", ended->why));
-      return code;
+      return leave(bool(served), code);
     }
     console.message(str("dtorch launch: round ", round->number, " ends: ", ended->why,
                         "; stopping this node's workers and meeting again"));
