@@ -30,8 +30,8 @@ struct BenchFlags {
   int steps = 200;
   int warmup = 20;
   std::string data_dir = data::kDefaultMnistDir;
-  bool every_rank = false;     ///< every rank prints its line (to see skew between ranks)
-  std::string device = "cpu";  ///< cpu | cuda | auto (Note [One GPU per rank])
+  bool every_rank = false;              ///< every rank prints its line (to see skew between ranks)
+  DeviceKind device = DeviceKind::CPU;  ///< Note [One GPU per rank]
 };
 
 using Clock = std::chrono::steady_clock;
@@ -177,9 +177,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--steps", f->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--data-dir", f->data_dir)->capture_default_str();
-  cmd->add_option("--device", f->device, "cpu | cuda (one GPU per rank) | auto")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
-      ->capture_default_str();
+  add_choice_option(cmd, "--device", f->device, "cpu | cuda (one GPU per rank) | auto");
   cmd->add_flag("--every-rank", f->every_rank,
                 "every rank prints its own line (time per phase differs when ranks are skewed)");
   cmd->callback([f, &exit_code] {

@@ -191,8 +191,8 @@ int memory_worker(MemoryFlags f) {
   const double faults_per_step = double(ru.ru_minflt - faults0) / f.steps;
   const int n = dp->size();
   // The ZeRO formulas over the dp group, for the parameters this rank holds.
-  double expected =
-      report::model_state_bytes(f.strategy.kind, double(P_local), n, double(m.resident_unit_bytes));
+  double expected = report::model_state_bytes(train::zero_stage(f.strategy.kind), double(P_local),
+                                              n, double(m.resident_unit_bytes));
   auto per_step = [&](const comm::Traffic& t) {
     return nlohmann::json{{"allreduce", t.allreduce / f.steps},
                           {"reduce_scatter", t.reduce_scatter / f.steps},
@@ -206,8 +206,8 @@ int memory_worker(MemoryFlags f) {
       {"bench", "memory"},
       {"torch", TORCH_VERSION},
       {"model", f.model},
-      {"strategy", f.strategy.kind},
-      {"precision", f.strategy.precision},
+      {"strategy", name_of(f.strategy.kind)},
+      {"precision", name_of(f.strategy.precision)},
       {"nproc", world->size()},
       {"dp", n},
       {"tp", f.tp},
@@ -255,7 +255,7 @@ int memory_worker(MemoryFlags f) {
     const int pp_rank = pipeline->group().rank();
     j["pp"] = f.pp.pp;
     j["pp_rank"] = pp_rank;
-    j["schedule"] = f.pp.schedule;
+    j["schedule"] = name_of(f.pp.schedule);
     j["microbatches"] = f.pp.microbatches;
     j["idle_fraction"] = 1.0 - compute_seconds / pipeline_seconds;
     j["simulated_idle_fraction"] = sim.idle_fraction[pp_rank];
@@ -274,7 +274,7 @@ int memory_worker(MemoryFlags f) {
 
 void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   auto f = std::make_shared<MemoryFlags>();
-  f->strategy.optimizer = "adamw";
+  f->strategy.optimizer = train::OptimizerKind::AdamW;
   f->strategy.weight_decay = 0.01;  // AdamW's default in PyTorch, as the peers run it
   f->strategy.lr = 1e-4;
   auto* cmd = bench.add_subcommand(
@@ -294,9 +294,8 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--microbatches", f->pp.microbatches,
                   "with --pp (default 2 x pp, or the most below that which divides the batch)");
-  cmd->add_option("--schedule", f->pp.schedule, "with --pp: gpipe | 1f1b | interleaved | zb")
-      ->check(CLI::IsMember(pp::schedule_names()))
-      ->capture_default_str();
+  add_choice_option(cmd, "--schedule", f->pp.schedule,
+                    "with --pp: gpipe | 1f1b | interleaved | zb");
   cmd->add_option("--activation-checkpointing", f->activation_checkpointing,
                   "recompute every K-th block in backward (given alone: every block)")
       ->expected(0, 1)

@@ -96,7 +96,7 @@ int run_inspect(const CheckpointFlags& f) {
 }
 
 // A ZeRO run with --tp N keeps one sharded checkpoint per tp index (Note [Tensor-parallel
-// checkpoints] in train/strategy.cpp) and the split of each parameter in tensor_parallel.json:
+// checkpoints] in train/ddp_strategy.cpp) and the split of each parameter in tensor_parallel.json:
 // consolidate each, then join the tp slices.
 checkpoint::StateDict consolidate_tensor_parallel(const std::string& dir,
                                                   checkpoint::CheckpointData* data,

@@ -16,7 +16,7 @@ namespace dtorch::tools {
 namespace {
 
 struct PipelineFlags {
-  std::string schedule = "1f1b";
+  pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;
   int stages = 4;
   int microbatches = 8;
   int virtual_stages = 0;  // 0: the schedule's default
@@ -26,12 +26,12 @@ struct PipelineFlags {
 };
 
 /// The textbook bubble of each schedule with F = B = W = 1 time unit.
-std::string formula(const std::string& schedule, int p, int m, int v) {
+std::string formula(pp::ScheduleKind schedule, int p, int m, int v) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(3);
-  if (schedule == "interleaved") {
+  if (schedule == pp::ScheduleKind::Interleaved) {
     os << "(p-1)/(v m+p-1) = " << double(p - 1) / (v * m + p - 1);
-  } else if (schedule == "zb") {
+  } else if (schedule == pp::ScheduleKind::ZeroBubble) {
     os << "(p-1)/(3m+p-1) = " << double(p - 1) / (3 * m + p - 1) << " for m >= p";
   } else {
     os << "(p-1)/(m+p-1) = " << double(p - 1) / (m + p - 1);
@@ -44,8 +44,8 @@ int run_show(const PipelineFlags& f) {
   pp::Schedule s = pp::make_schedule(f.schedule, f.stages, f.microbatches, v);
   pp::Simulation sim = pp::simulate(s, f.microbatches);
   const std::string title =
-      str(f.schedule, ", ", f.stages, " ranks", v > 1 ? str(" x ", v, " stages") : "", ", ",
-          f.microbatches, " micro-batches");
+      str(name_of(f.schedule), ", ", f.stages, " ranks", v > 1 ? str(" x ", v, " stages") : "",
+          ", ", f.microbatches, " micro-batches");
   std::cout << title
             << " (forward 1 unit, backward 2 = input gradient 1 + weight gradient 1; F<m> "
                "forward, B<m> backward, I<m>/W<m> its input/weight halves, . idle"
@@ -86,9 +86,7 @@ void add_pipeline_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("pipeline", "Pipeline schedules: show one's timeline");
   cmd->require_subcommand(1);
   auto* show = cmd->add_subcommand("show", "Print a schedule's timeline, bubble and activations");
-  show->add_option("--schedule", f->schedule, "gpipe | 1f1b | interleaved | zb (ZB-H1)")
-      ->check(CLI::IsMember(pp::schedule_names()))
-      ->capture_default_str();
+  add_choice_option(show, "--schedule", f->schedule, "gpipe | 1f1b | interleaved | zb (ZB-H1)");
   show->add_option("--stages", f->stages, "pipeline ranks")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/core/enum_names.h"
+
 namespace dtorch::train {
 struct StrategyConfig;
 struct LoaderConfig;
@@ -28,6 +30,17 @@ void add_launch_command(CLI::App& app, int& exit_code);
 void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s);
 void add_loader_options(CLI::App* cmd, train::LoaderConfig& l);
 void add_config_options(CLI::App* cmd, train::TrainConfig& c);
+/// An option `name` taking one of the names of enum E (Note [Closed sets]) into `value`, its
+/// value when called shown as the default.
+template <class E>
+CLI::Option* add_choice_option(CLI::App* cmd, const std::string& name, E& value,
+                               const std::string& doc) {
+  return cmd
+      ->add_option_function<std::string>(
+          name, [&value](const std::string& s) { value = *value_named<E>(s); }, doc)
+      ->check(CLI::IsMember(names_of<E>()))
+      ->default_str(name_of(value));
+}
 /// `dtorch train ...` (cmd_train.cpp)
 void add_train_command(CLI::App& app, int& exit_code);
 /// `dtorch bench ddp ...` (cmd_bench.cpp)

@@ -20,10 +20,7 @@ std::string title(const char* section) {
 struct OptionDeclarer {
   CLI::App* cmd;
 
-  CLI::Option* finish(CLI::Option* o, const train::Field& f) {
-    if (!f.choices.empty()) o->check(CLI::IsMember(f.choices));
-    return o->group(title(f.section));
-  }
+  CLI::Option* finish(CLI::Option* o, const train::Field& f) { return o->group(title(f.section)); }
   template <class T>
   void operator()(const train::Field& f, T& v) {
     CLI::Option* o = cmd->add_option(std::string("--") + f.flag, v, f.doc);
@@ -51,11 +48,7 @@ struct OptionDeclarer {
   }
   template <class E>
   void operator()(const train::Field& f, train::Named<E> n) {
-    cmd->add_option_function<std::string>(
-           std::string("--") + f.flag, [n](const std::string& s) mutable { n.set(s); }, f.doc)
-        ->check(CLI::IsMember(n.choices()))
-        ->default_str(n.name())
-        ->group(title(f.section));
+    add_choice_option(cmd, std::string("--") + f.flag, n.value, f.doc)->group(title(f.section));
   }
 };
 

@@ -15,11 +15,11 @@ namespace {
 
 TEST(OutOfMemory, ModelStateFollowsTheZeroFormulas) {
   const double P = 1e6;
-  EXPECT_DOUBLE_EQ(model_state_bytes("ddp", P, 4), 16 * P);
-  EXPECT_DOUBLE_EQ(model_state_bytes("zero1", P, 4), 8 * P + 2 * P);
-  EXPECT_DOUBLE_EQ(model_state_bytes("zero2", P, 4), 4 * P + 3 * P);
-  EXPECT_DOUBLE_EQ(model_state_bytes("zero3", P, 4, 100), 4 * P + 100);
-  EXPECT_DOUBLE_EQ(model_state_bytes("ddp", P, 4, 0, 4), 12 * P);  // SGD's momentum
+  EXPECT_DOUBLE_EQ(model_state_bytes(0, P, 4), 16 * P);
+  EXPECT_DOUBLE_EQ(model_state_bytes(1, P, 4), 8 * P + 2 * P);
+  EXPECT_DOUBLE_EQ(model_state_bytes(2, P, 4), 4 * P + 3 * P);
+  EXPECT_DOUBLE_EQ(model_state_bytes(3, P, 4, 100), 4 * P + 100);
+  EXPECT_DOUBLE_EQ(model_state_bytes(0, P, 4, 0, 4), 12 * P);  // SGD's momentum
 }
 
 TEST(OutOfMemory, RecognisesAllocationFailures) {
@@ -37,7 +37,7 @@ TEST(OutOfMemory, MessageNamesRankMemoryStrategiesAndFixes) {
   c.ranks = 4;
   c.model = "gpt-small";
   c.parameters = 124000000;
-  c.strategy = "ddp";
+  c.zero_stage = 0;
   c.optimizer = "adamw";
   c.batch_size = 8;
   ProcessMemory m;
@@ -50,7 +50,7 @@ TEST(OutOfMemory, MessageNamesRankMemoryStrategiesAndFixes) {
         "24.0 GiB", "124M parameters", "ddp 1.85 GiB", "zero3 0.46 GiB", "--strategy zero3",
         "--activation-checkpointing", "--batch-size 4 with --accum-steps 2"})
     EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
-  c.strategy = "zero3";
+  c.zero_stage = 3;
   c.activation_checkpointing = true;
   const std::string t = out_of_memory_message("x", c, m);
   EXPECT_EQ(t.find("--strategy zero3"), std::string::npos) << t;

@@ -141,7 +141,7 @@ TEST(TrainCli, ResumeContinuesTheLearningRateScheduleExactly) {
   EXPECT_TRUE(contains(r.err, "the checkpoint's learning-rate schedule continues")) << r.err;
 
   // 2 ranks x 512 samples / 64 per batch = 8 steps per epoch, 24 in all.
-  const train::LrScheduleConfig schedule{"warmup-cosine", 5, 0.0001};
+  const train::LrScheduleConfig schedule{train::LrScheduleKind::WarmupCosine, 5, 0.0001};
   auto whole = epochs_of(dir + "/whole"), parts = epochs_of(dir + "/parts");
   ASSERT_EQ(whole.size(), 3u);
   ASSERT_EQ(parts.size(), 2u);
@@ -445,7 +445,7 @@ TEST(TrainCli, DeepSpeedConfigTrainsAsTheFlagsItStandsFor) {
   EXPECT_TRUE(contains(r.err, "--lr on the command line replaces the file's")) << r.err;
   EXPECT_TRUE(contains(r.err, "step 2/8: loss")) << r.err;
   // 2 ranks x 512 samples / 32 per batch / 2 accumulated = 8 optimizer steps.
-  train::LrScheduleConfig warmup{"WarmupLR", 4, 0, {}};
+  train::LrScheduleConfig warmup{train::LrScheduleKind::DeepSpeedWarmupLR, 4, 0, {}};
   auto steps = testing::records_of(dir + "/scheduled", "step");
   ASSERT_EQ(steps.size(), 4u);
   for (size_t i = 0; i < steps.size(); ++i) {

@@ -35,10 +35,10 @@ DTORCH_TEST_WORKER(fp16_overflow) {
   torch::manual_seed(5);
   auto model = models::make_model("gpt-debug");
   StrategyConfig c;
-  c.kind = strategy;
-  c.optimizer = "adamw";
+  c.kind = *value_named<StrategyKind>(strategy);
+  c.optimizer = OptimizerKind::AdamW;
   c.lr = 1e-3;
-  c.precision = "fp16";
+  c.precision = Precision::FP16;
   c.loss_scale.initial_scale_power = 8;
   // The overflow is absorbed by the hysteresis: the scale stays, so every later step runs at
   // the scale the reference's does (fp16 rounds gradients differently at another scale).
@@ -142,7 +142,7 @@ TEST(LossScalingCli, TrainRecordsTheScaleOrRefusesWithoutFp16Autocast) {
   const auto skipped = he[1]["skipped_steps"].get<int64_t>();
   EXPECT_GE(skipped, 5) << he[1].dump();
   EXPECT_LT(he[1]["loss_scale"].get<double>(), std::ldexp(1.0, 30 - 4)) << he[1].dump();
-  LrScheduleConfig warmup{"warmup-linear", 30, 0};
+  LrScheduleConfig warmup{LrScheduleKind::WarmupLinear, 30, 0};
   const int64_t steps = he[1]["step"].get<int64_t>();
   EXPECT_DOUBLE_EQ(he[1]["lr"].get<double>(), lr_at(warmup, 0.002, steps - skipped - 1, steps))
       << he[1].dump();

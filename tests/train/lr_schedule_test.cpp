@@ -24,13 +24,14 @@ std::vector<double> curve(const LrScheduleConfig& c, double lr, int64_t total) {
 
 TEST(LrSchedule, ConstantIsTheRateAfterAnOptionalWarmup) {
   EXPECT_EQ(curve({}, 0.1, 3), (std::vector<double>{0.1, 0.1, 0.1}));
-  EXPECT_EQ(curve({"constant", 4, 0}, 0.1, 6),
+  EXPECT_EQ(curve({LrScheduleKind::Constant, 4, 0}, 0.1, 6),
             (std::vector<double>{0.025, 0.05, 0.1 * 3 / 4, 0.1, 0.1, 0.1}));
 }
 
 TEST(LrSchedule, DecaysReachMinLrAtTheEndAndStayThere) {
-  for (const char* kind : {"warmup-linear", "warmup-cosine"}) {
-    LrScheduleConfig c{kind, 2, 0.01};
+  for (LrScheduleKind k : {LrScheduleKind::WarmupLinear, LrScheduleKind::WarmupCosine}) {
+    const std::string& kind = name_of(k);
+    LrScheduleConfig c{k, 2, 0.01};
     EXPECT_NEAR(lr_at(c, 1.0, 0, 10), 0.5, 1e-15) << kind;
     EXPECT_NEAR(lr_at(c, 1.0, 2, 10), 1.0, 1e-15) << kind << ": the peak right after warm-up";
     EXPECT_NEAR(lr_at(c, 1.0, 6, 10), 0.505, 1e-12) << kind << ": halfway between 1 and 0.01";
@@ -43,7 +44,7 @@ TEST(LrSchedule, DecaysReachMinLrAtTheEndAndStayThere) {
 }
 
 TEST(LrSchedule, OneCycleRisesFromATwentyFifthToThePeakAndFallsBelowTheStart) {
-  LrScheduleConfig c{"onecycle", 0, 0};
+  LrScheduleConfig c{LrScheduleKind::OneCycle, 0, 0};
   auto v = curve(c, 1.0, 100);
   EXPECT_NEAR(v[0], 1.0 / 25, 1e-15);
   EXPECT_NEAR(v[29], 1.0, 1e-15) << "30% of the steps rise by default";
@@ -66,14 +67,16 @@ void expect_config_error(const LrScheduleConfig& c, double lr, int64_t total,
 }
 
 TEST(LrSchedule, BadSettingsNameTheFlag) {
-  expect_config_error({"cosine", 0, 0}, 0.1, 10, "unknown --lr-schedule 'cosine'");
-  expect_config_error({"constant", -1, 0}, 0.1, 10, "--warmup-steps must be >= 0");
-  expect_config_error({"warmup-cosine", 0, 0.5}, 0.1, 10, "--min-lr 0.5 must lie between 0");
-  expect_config_error({"warmup-linear", 20, 0}, 0.1, 10, "--warmup-steps 20 is longer than");
-  expect_config_error({"onecycle", 10, 0}, 0.1, 10, "--warmup-steps between 2 and 9");
-  expect_config_error({"onecycle", 0, 0}, 0.1, 3, "30% of the 3 steps");
-  EXPECT_NO_THROW(validate({"onecycle", 0, 0}, 0.1, 10));
-  EXPECT_NO_THROW(validate({"warmup-linear", 20, 0}, 0.1, 0)) << "length not known yet";
+  expect_config_error({LrScheduleKind::Constant, -1, 0}, 0.1, 10, "--warmup-steps must be >= 0");
+  expect_config_error({LrScheduleKind::WarmupCosine, 0, 0.5}, 0.1, 10,
+                      "--min-lr 0.5 must lie between 0");
+  expect_config_error({LrScheduleKind::WarmupLinear, 20, 0}, 0.1, 10,
+                      "--warmup-steps 20 is longer than");
+  expect_config_error({LrScheduleKind::OneCycle, 10, 0}, 0.1, 10, "--warmup-steps between 2 and 9");
+  expect_config_error({LrScheduleKind::OneCycle, 0, 0}, 0.1, 3, "30% of the 3 steps");
+  EXPECT_NO_THROW(validate({LrScheduleKind::OneCycle, 0, 0}, 0.1, 10));
+  EXPECT_NO_THROW(validate({LrScheduleKind::WarmupLinear, 20, 0}, 0.1, 0))
+      << "length not known yet";
 }
 
 // Each schedule against the torch.optim.lr_scheduler classes the Note names, stepped as a
@@ -114,11 +117,12 @@ print("RESULT " + json.dumps({
   ASSERT_EQ(rc, 0) << out;
   auto want = testing::printed_result(out);
   ASSERT_FALSE(want.is_discarded()) << out;
-  std::map<std::string, LrScheduleConfig> ours{{"constant", {"constant", W, 0}},
-                                               {"warmup-linear", {"warmup-linear", W, m}},
-                                               {"warmup-cosine", {"warmup-cosine", W, m}},
-                                               {"onecycle", {"onecycle", W, m}},
-                                               {"onecycle-default", {"onecycle", 0, 0}}};
+  std::map<std::string, LrScheduleConfig> ours{
+      {"constant", {LrScheduleKind::Constant, W, 0}},
+      {"warmup-linear", {LrScheduleKind::WarmupLinear, W, m}},
+      {"warmup-cosine", {LrScheduleKind::WarmupCosine, W, m}},
+      {"onecycle", {LrScheduleKind::OneCycle, W, m}},
+      {"onecycle-default", {LrScheduleKind::OneCycle, 0, 0}}};
   for (const auto& [name, c] : ours) {
     auto got = curve(c, lr, T);
     auto expected = want.at(name).get<std::vector<double>>();
@@ -141,23 +145,23 @@ TEST(LrSchedule, DeepSpeedKindsMatchDeepSpeedsSchedulersEveryStep) {
   };
   DeepSpeedScheduleParams p;
   p.warmup_min_lr = 0.001;
-  add("warmup-log", {"WarmupLR", 10, 0, p},
+  add("warmup-log", {LrScheduleKind::DeepSpeedWarmupLR, 10, 0, p},
       "WarmupLR(o, warmup_min_lr=0.001, warmup_max_lr=0.1, warmup_num_steps=10)");
   p.warmup_type = "linear";
-  add("warmup-linear", {"WarmupLR", 10, 0, p},
+  add("warmup-linear", {LrScheduleKind::DeepSpeedWarmupLR, 10, 0, p},
       "WarmupLR(o, warmup_min_lr=0.001, warmup_max_lr=0.1, warmup_num_steps=10, "
       "warmup_type='linear')");
   p = {};
   p.total_num_steps = 30;
-  add("decay", {"WarmupDecayLR", 8, 0, p},
+  add("decay", {LrScheduleKind::DeepSpeedWarmupDecayLR, 8, 0, p},
       "WarmupDecayLR(o, total_num_steps=30, warmup_max_lr=0.1, warmup_num_steps=8)");
   p.warmup_min_ratio = 0.1;
   p.cos_min_ratio = 0.01;
-  add("cosine-log", {"WarmupCosineLR", 6, 0, p},
+  add("cosine-log", {LrScheduleKind::DeepSpeedWarmupCosineLR, 6, 0, p},
       "WarmupCosineLR(o, total_num_steps=30, warmup_min_ratio=0.1, warmup_num_steps=6, "
       "cos_min_ratio=0.01)");
   p.warmup_type = "linear";
-  add("cosine-linear", {"WarmupCosineLR", 6, 0, p},
+  add("cosine-linear", {LrScheduleKind::DeepSpeedWarmupCosineLR, 6, 0, p},
       "WarmupCosineLR(o, total_num_steps=30, warmup_min_ratio=0.1, warmup_num_steps=6, "
       "cos_min_ratio=0.01, warmup_type='linear')");
   p = {};
@@ -166,14 +170,14 @@ TEST(LrSchedule, DeepSpeedKindsMatchDeepSpeedsSchedulersEveryStep) {
   p.cycle_second_step_size = 6;
   p.decay_lr_rate = 0.5;
   p.decay_step_size = 3;
-  add("onecycle", {"OneCycle", 8, 0, p},
+  add("onecycle", {LrScheduleKind::DeepSpeedOneCycle, 8, 0, p},
       "OneCycle(o, cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=8, "
       "cycle_second_step_size=6, decay_lr_rate=0.5, decay_step_size=3, cycle_momentum=False)");
   p = {};
   p.cycle_min_lr = 0.01;
   p.cycle_first_step_size = 10;
   p.cycle_first_stair_count = 3;
-  add("onecycle-stairs", {"OneCycle", 10, 0, p},
+  add("onecycle-stairs", {LrScheduleKind::DeepSpeedOneCycle, 10, 0, p},
       "OneCycle(o, cycle_min_lr=0.01, cycle_max_lr=0.1, cycle_first_step_size=10, "
       "cycle_first_stair_count=3, cycle_momentum=False)");
 
@@ -223,16 +227,26 @@ TEST(LrSchedule, DeepSpeedKindsRoundTripThroughJson) {
   DeepSpeedScheduleParams p;
   p.cycle_min_lr = 0.01;
   p.cycle_first_stair_count = 3;
-  LrScheduleConfig c{"OneCycle", 10, 0, p};
+  LrScheduleConfig c{LrScheduleKind::DeepSpeedOneCycle, 10, 0, p};
   nlohmann::json j = c;
   EXPECT_EQ(j.at("deepspeed").at("cycle_first_stair_count"), 3);
   auto back = j.get<LrScheduleConfig>();
   EXPECT_EQ(nlohmann::json(back), j);
   EXPECT_FALSE(nlohmann::json(LrScheduleConfig{}).contains("deepspeed"));
-  EXPECT_THROW(validate({"WarmupLR", 0, 0, {}}, 0.1), ConfigError) << "warmup_num_steps 0";
+  j["kind"] = "cosine";  // a checkpoint's schedule this dtorch does not know
+  try {
+    j.get<LrScheduleConfig>();
+    ADD_FAILURE() << "no error for kind 'cosine'";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown learning-rate schedule 'cosine'"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(validate({LrScheduleKind::DeepSpeedWarmupLR, 0, 0, {}}, 0.1), ConfigError)
+      << "warmup_num_steps 0";
   DeepSpeedScheduleParams bad;
   bad.warmup_type = "exp";
-  EXPECT_THROW(validate({"WarmupLR", 5, 0, bad}, 0.1), ConfigError);
+  EXPECT_THROW(validate({LrScheduleKind::DeepSpeedWarmupLR, 5, 0, bad}, 0.1), ConfigError);
 }
 
 }  // namespace

@@ -32,12 +32,7 @@ struct Changer {
   }
   void operator()(const Field& f, std::string& v) {
     flags.push_back(f.flag);
-    if (f.choices.empty()) {
-      v += "-x";
-      return;
-    }
-    for (const auto& choice : f.choices)
-      if (choice != v) v = choice;
+    v += "-x";
   }
   void operator()(const Field& f, std::optional<double>& v) {
     flags.push_back(f.flag);
@@ -50,7 +45,7 @@ struct Changer {
   template <class E>
   void operator()(const Field& f, Named<E> v) {
     flags.push_back(f.flag);
-    v.value = v.names.back().first;
+    v.value = names(E{}).back().first;  // never the default, which comes first or second
   }
 };
 
@@ -74,7 +69,7 @@ TEST(RunConfig, EveryFieldGoesThroughItsJsonFormAndBack) {
 
   // A DeepSpeed schedule's parameters ride along.
   TrainConfig ds;
-  ds.lr_schedule.kind = "WarmupDecayLR";
+  ds.lr_schedule.kind = LrScheduleKind::DeepSpeedWarmupDecayLR;
   ds.lr_schedule.deepspeed.total_num_steps = 77;
   ds.lr_schedule.deepspeed.warmup_type = "linear";
   const TrainConfig ds_back = from_json(to_json(ds), "config.json");
@@ -116,16 +111,16 @@ TEST(RunConfig, FlagsGivenWinOverTheFile) {
   TrainConfig file;
   file.strategy.lr = 0.5;
   file.epochs = 7;
-  file.lr_schedule.kind = "WarmupLR";
+  file.lr_schedule.kind = LrScheduleKind::DeepSpeedWarmupLR;
   file.lr_schedule.deepspeed.warmup_min_lr = 0.25;
   TrainConfig flags;  // as the command line left it: defaults but for what it gave
   flags.strategy.lr = 0.125;
-  flags.lr_schedule.kind = "warmup-cosine";
+  flags.lr_schedule.kind = LrScheduleKind::WarmupCosine;
   flags.resume = true;
   const TrainConfig c = overlay_flags(file, flags, {"--lr", "--lr-schedule"});
   EXPECT_EQ(c.strategy.lr, 0.125);
   EXPECT_EQ(c.epochs, 7) << "not given: the file's";
-  EXPECT_EQ(c.lr_schedule.kind, "warmup-cosine");
+  EXPECT_EQ(c.lr_schedule.kind, LrScheduleKind::WarmupCosine);
   EXPECT_EQ(to_json(c)["optimizer"].count("deepspeed-schedule"), 0u)
       << "the file's schedule parameters went with its schedule";
   EXPECT_TRUE(c.resume) << "--resume is the invocation's";
@@ -154,21 +149,21 @@ TEST(ResolveConfig, MicroBatchesFollowNoteMicroBatches) {
   EXPECT_EQ(c.microbatches, 8) << "given: kept";
   EXPECT_EQ(c.batch_size, 16);
   pipe.microbatches = 0;
-  pipe.schedule = "interleaved";
+  pipe.schedule = pp::ScheduleKind::Interleaved;
   c = resolved(pipe, {}, 32, 4);
   EXPECT_EQ(c.microbatches, 4);
-  pipe.schedule = "1f1b";
+  pipe.schedule = pp::ScheduleKind::OneFOneB;
   pipe.batch_size = 6;
   c = resolved(pipe, {"--batch-size"}, 0, 2);
   EXPECT_EQ(c.microbatches, 3) << "the most below 2 x pp that divides 6";
-  pipe.schedule = "interleaved";
+  pipe.schedule = pp::ScheduleKind::Interleaved;
   c = resolved(pipe, {"--batch-size"}, 0, 2);
   EXPECT_EQ(c.microbatches, 2) << "interleaved: a multiple of pp";
   pipe.batch_size = 5;
   EXPECT_THROW(resolved(pipe, {"--batch-size"}, 0, 2), ConfigError);
 
   // Conflicts name both values; a given value is never replaced.
-  pipe.schedule = "1f1b";
+  pipe.schedule = pp::ScheduleKind::OneFOneB;
   pipe.batch_size = 8;
   try {
     resolved(pipe, {"--batch-size"}, 32, 4);
@@ -195,10 +190,10 @@ TEST(ResolveConfig, MicroBatchesFollowNoteMicroBatches) {
 
 TEST(ResolveConfig, SetsTheDefaultsThatFollowOtherSettings) {
   TrainConfig c;
-  c.strategy.optimizer = "adamw";
+  c.strategy.optimizer = OptimizerKind::AdamW;
   resolve(c, {});
   EXPECT_EQ(c.strategy.weight_decay, 0.01) << "PyTorch's AdamW default, written out";
-  c.strategy.optimizer = "sgd";
+  c.strategy.optimizer = OptimizerKind::SGD;
   resolve(c, {});
   EXPECT_EQ(c.strategy.weight_decay, 0.01) << "once set, a setting stays";
   TrainConfig g;

@@ -21,8 +21,8 @@ namespace {
 
 StrategyConfig adamw(const std::string& strategy) {
   StrategyConfig c;
-  c.kind = strategy;
-  c.optimizer = "adamw";
+  c.kind = *value_named<StrategyKind>(strategy);
+  c.optimizer = OptimizerKind::AdamW;
   c.lr = 1e-3;
   c.ddp.bucket_cap_mb = 0.01;  // several units
   return c;
@@ -149,7 +149,7 @@ DTORCH_TEST_WORKER(precision_curve) {
   torch::manual_seed(5);
   auto model = models::make_model("gpt-debug");
   auto c = adamw(args.at(2));
-  c.precision = args.at(1);
+  c.precision = *value_named<Precision>(args.at(1));
   c.lr = 3e-3;
   auto s = make_strategy(c, model, comm);
   std::ofstream out(str(args.at(0), "/", args.at(1), "_", args.at(2), "_", comm->rank()));
@@ -168,9 +168,9 @@ std::vector<double> curve(const std::string& path) {
 TEST(StrategyConfigCheck, ReshardingTheRootNeedsZero3) {
   StrategyConfig c;
   c.reshard_root_after_forward = true;
-  c.kind = "zero3";
+  c.kind = StrategyKind::Zero3;
   EXPECT_NO_THROW(validate(c));
-  c.kind = "zero2";
+  c.kind = StrategyKind::Zero2;
   try {
     validate(c);
     ADD_FAILURE() << "zero2 with --reshard-root-after-forward was accepted";
@@ -208,7 +208,7 @@ DTORCH_TEST_WORKER(bf16_resnet) {
     torch::manual_seed(3);
     auto model = models::make_model("resnet-debug");
     auto c = adamw(strategy);
-    c.precision = "bf16";
+    c.precision = Precision::BF16;
     auto s = make_strategy(c, model, comm);
     for (int i = 0; i < 2; ++i) {
       torch::manual_seed(10 * i + comm->rank());

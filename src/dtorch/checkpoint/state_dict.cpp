@@ -179,10 +179,10 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state, const st
     kv.value().copy_(given.at(kv.key()));
 }
 
-SaveFormat parse_save_format(const std::string& name) {
-  if (name == "pt" || name == "torch") return SaveFormat::Torch;
-  if (name == "safetensors") return SaveFormat::Safetensors;
-  DTORCH_FAIL(ConfigError, "save format '", name, "' is not one of pt, safetensors");
+const NameTable<SaveFormat>& names(SaveFormat) {
+  static const NameTable<SaveFormat> n{{SaveFormat::Torch, "pt"},
+                                       {SaveFormat::Safetensors, "safetensors"}};
+  return n;
 }
 
 std::string file_suffix(SaveFormat format) {

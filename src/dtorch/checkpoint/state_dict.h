@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/core/enum_names.h"
 #include "dtorch/models/model.h"
 
 namespace dtorch::checkpoint {
@@ -47,10 +48,10 @@ void check_state_dict(const torch::nn::Module& module, const StateDict& state,
 /// check_state_dict, then copies every tensor into the module (converting dtype if needed).
 void load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& source);
 
-/// The two file formats a state dict is written in: torch.save's (`.pt`) and safetensors.
+/// The two file formats a state dict is written in: torch.save's (`.pt`) and safetensors
+/// (named pt and safetensors).
 enum class SaveFormat { Torch, Safetensors };
-/// "pt" (or "torch") and "safetensors"; throws ConfigError naming the value otherwise.
-SaveFormat parse_save_format(const std::string& name);
+const NameTable<SaveFormat>& names(SaveFormat);
 /// The usual file suffix: ".pt" or ".safetensors".
 std::string file_suffix(SaveFormat format);
 /// A state dict's bytes in `format`.

@@ -47,11 +47,17 @@ CudaAvailability cuda_availability() {
   return a;
 }
 
-at::Device resolve_device(const std::string& spec, int local_rank, int local_world_size,
+const NameTable<DeviceKind>& names(DeviceKind) {
+  static const NameTable<DeviceKind> n{
+      {DeviceKind::CPU, "cpu"}, {DeviceKind::CUDA, "cuda"}, {DeviceKind::Auto, "auto"}};
+  return n;
+}
+
+at::Device resolve_device(DeviceKind spec, int local_rank, int local_world_size,
                           const CudaAvailability& cuda, bool share_gpus, const std::string& flag) {
-  DTORCH_CHECK_T(ConfigError, spec == "cpu" || spec == "cuda" || spec == "auto", flag, " '", spec,
-                 "' is not a device: use cpu, cuda or auto (CUDA when there is a GPU)");
-  if (spec == "cpu" || (spec == "auto" && (!cuda.compiled || cuda.visible == 0))) return at::kCPU;
+  if (spec == DeviceKind::CPU ||
+      (spec == DeviceKind::Auto && (!cuda.compiled || cuda.visible == 0)))
+    return at::kCPU;
   DTORCH_CHECK_T(ConfigError, cuda.compiled, flag,
                  " cuda: this dtorch is built against a LibTorch without CUDA. Build it against "
                  "a CUDA LibTorch: `make build TORCH=pip` (PyPI's torch wheel), or cmake "
@@ -61,8 +67,8 @@ at::Device resolve_device(const std::string& spec, int local_rank, int local_wor
                  visible_devices(), "); check nvidia-smi and the job's GPU request, or train with ",
                  flag, " cpu");
   const int ranks = std::max(1, local_world_size);
-  DTORCH_CHECK_T(ConfigError, ranks <= cuda.visible || share_gpus, flag, " ", spec, ": ", ranks,
-                 " local ranks but ", cuda.visible, " visible GPU(s) (", visible_devices(),
+  DTORCH_CHECK_T(ConfigError, ranks <= cuda.visible || share_gpus, flag, " ", name_of(spec), ": ",
+                 ranks, " local ranks but ", cuda.visible, " visible GPU(s) (", visible_devices(),
                  "), and each rank needs a GPU of its own (Note [One GPU per rank]); start at "
                  "most ",
                  cuda.visible, " ranks per node (--nproc-per-node ", cuda.visible,

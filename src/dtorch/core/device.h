@@ -15,7 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/core/enum_names.h"
+
 namespace dtorch {
+
+/// cpu | cuda | auto (--device; Note [One GPU per rank]).
+enum class DeviceKind { CPU, CUDA, Auto };
+const NameTable<DeviceKind>& names(DeviceKind);
 
 /// What this process can use: whether this LibTorch was built with CUDA, and how many GPUs
 /// it sees (after CUDA_VISIBLE_DEVICES).
@@ -34,11 +40,11 @@ CudaAvailability cuda_availability();
 // tensors through host memory (Note [CUDA tensors over Gloo] in comm/communicator.cpp); then rank
 // r shares GPU r mod the count. That is slow and meant for testing multi-rank GPU code on one GPU.
 
-/// The device `spec` (cpu | cuda | auto) means for the rank `local_rank` of `local_world_size`
+/// The device `spec` means for the rank `local_rank` of `local_world_size`
 /// on its node, under Note [One GPU per rank]; auto is CUDA when this LibTorch has it and a GPU
 /// is visible, else the CPU. `flag` names the setting in errors ("--device"). ConfigError for
-/// an unknown spec, cuda without a CUDA LibTorch or without a visible GPU, and too many ranks.
-at::Device resolve_device(const std::string& spec, int local_rank, int local_world_size,
+/// cuda without a CUDA LibTorch or without a visible GPU, and for too many ranks.
+at::Device resolve_device(DeviceKind spec, int local_rank, int local_world_size,
                           const CudaAvailability& cuda = cuda_availability(),
                           bool share_gpus = false, const std::string& flag = "--device");
 

@@ -12,6 +12,12 @@
 #include "dtorch/core/paths.h"
 
 namespace dtorch::data {
+
+const NameTable<BadImages>& names(BadImages) {
+  static const NameTable<BadImages> n{{BadImages::Fail, "fail"}, {BadImages::Skip, "skip"}};
+  return n;
+}
+
 namespace {
 
 class FileSource : public ImageSource {

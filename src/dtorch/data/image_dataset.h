@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/core/enum_names.h"
 #include "dtorch/data/image_decode.h"
 #include "dtorch/data/image_transform.h"
 
@@ -55,8 +56,9 @@ ImageSplits scan_image_folder(const std::string& dir);
 /// outside 0..9.
 ImageSplits load_cifar10(const std::string& dir);
 
-/// What to do with a sample that cannot be decoded.
+/// What to do with a sample that cannot be decoded: fail | skip.
 enum class BadImages { Fail, Skip };
+const NameTable<BadImages>& names(BadImages);
 
 /// How samples become a batch.
 struct ImageBatchOptions {

@@ -24,7 +24,8 @@ struct UnitRange {
 /// What an image model is built for: its input's channels and square side, and the number
 /// of classes it tells apart. The default is Fashion-MNIST's; image data of other shapes
 /// (--data cifar10:DIR, imagefolder:DIR) builds the model for its own. Language models
-/// ignore it. Checkpoints record it (train/trainer.cpp), so tools rebuild the same model.
+/// ignore it. Checkpoints record it (train/resume.cpp, config_json), so tools rebuild the same
+/// model.
 struct ImageInput {
   int64_t channels = 1;
   int64_t size = 28;

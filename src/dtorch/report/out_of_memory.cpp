@@ -51,12 +51,12 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-double model_state_bytes(const std::string& s, double P, int N, double resident_unit_bytes,
+double model_state_bytes(int zero_stage, double P, int N, double resident_unit_bytes,
                          double optimizer_bytes) {
   const double n = N < 1 ? 1 : N;
-  if (s == "ddp") return (8 + optimizer_bytes) * P;
-  if (s == "zero1") return 8 * P + optimizer_bytes * P / n;
-  if (s == "zero2") return 4 * P + (4 + optimizer_bytes) * P / n;
+  if (zero_stage == 0) return (8 + optimizer_bytes) * P;
+  if (zero_stage == 1) return 8 * P + optimizer_bytes * P / n;
+  if (zero_stage == 2) return 4 * P + (4 + optimizer_bytes) * P / n;
   return (8 + optimizer_bytes) * P / n + resident_unit_bytes;
 }
 
@@ -102,18 +102,18 @@ std::string out_of_memory_message(const std::string& allocator_says, const Memor
     os << ", shared by every rank on the node.";
   }
   if (c.parameters > 0) {
-    const double opt = c.optimizer == "sgd" ? 4 : 8;
+    const double opt = c.optimizer_bytes;
     const double P = double(c.parameters);
     os << " " << c.model << " has " << c.parameters / 1000000 << "M parameters; its model state "
        << "per rank at " << c.ranks << " data-parallel rank(s) (fp32, " << c.optimizer << "): ddp "
-       << gib(model_state_bytes("ddp", P, c.ranks, 0, opt)) << ", zero1 "
-       << gib(model_state_bytes("zero1", P, c.ranks, 0, opt)) << ", zero2 "
-       << gib(model_state_bytes("zero2", P, c.ranks, 0, opt)) << ", zero3 "
-       << gib(model_state_bytes("zero3", P, c.ranks, 0, opt))
+       << gib(model_state_bytes(0, P, c.ranks, 0, opt)) << ", zero1 "
+       << gib(model_state_bytes(1, P, c.ranks, 0, opt)) << ", zero2 "
+       << gib(model_state_bytes(2, P, c.ranks, 0, opt)) << ", zero3 "
+       << gib(model_state_bytes(3, P, c.ranks, 0, opt))
        << " (plus activations, which grow with --batch-size).";
   }
   std::vector<std::string> fits;
-  if (c.strategy != "zero3") fits.push_back("--strategy zero3 (shards everything)");
+  if (c.zero_stage != 3) fits.push_back("--strategy zero3 (shards everything)");
   if (!c.activation_checkpointing)
     fits.push_back("--activation-checkpointing (recomputes activations)");
   if (c.batch_size > 1)

@@ -14,9 +14,9 @@ namespace dtorch::report {
 /// The ZeRO paper's per-rank model-state bytes for `parameters` fp32 parameters over `ranks`
 /// data-parallel ranks: 4 bytes of weights, 4 of gradients and `optimizer_bytes` of
 /// optimizer state per parameter (AdamW's two moments: 8, SGD's momentum: 4), each sharded
-/// or not by `strategy` (ddp | zero1 | zero2 | zero3); ZeRO-3 adds the units that stay
-/// gathered between steps (zero::MemoryStats::resident_unit_bytes).
-double model_state_bytes(const std::string& strategy, double parameters, int ranks,
+/// or not by ZeRO stage `zero_stage` (0: ddp, 1-3); ZeRO-3 adds the units that stay gathered
+/// between steps (zero::MemoryStats::resident_unit_bytes).
+double model_state_bytes(int zero_stage, double parameters, int ranks,
                          double resident_unit_bytes = 0, double optimizer_bytes = 8);
 
 /// This process's memory as Linux reports it (bytes; 0 when unknown).
@@ -39,9 +39,10 @@ struct MemoryContext {
   int rank = 0;
   int ranks = 1;  ///< data-parallel ranks
   std::string model;
-  int64_t parameters = 0;        ///< of the whole model (0: not known yet)
-  std::string strategy = "ddp";  ///< ddp | zero1 | zero2 | zero3
-  std::string optimizer = "adamw";
+  int64_t parameters = 0;           ///< of the whole model (0: not known yet)
+  int zero_stage = 0;               ///< the strategy: 0 ddp, 1-3 ZeRO's stages
+  std::string optimizer = "adamw";  ///< its name, and its state's bytes per parameter
+  double optimizer_bytes = 8;
   int64_t batch_size = 0;
   bool activation_checkpointing = false;
   at::Device device = at::kCPU;  ///< where it ran out: the machine's memory, or a GPU's

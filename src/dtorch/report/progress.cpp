@@ -10,6 +10,14 @@
 #include <cstring>
 
 namespace dtorch::report {
+
+const NameTable<ProgressConfig::Mode>& names(ProgressConfig::Mode) {
+  using M = ProgressConfig::Mode;
+  static const NameTable<M> n{
+      {M::Auto, "auto"}, {M::Bar, "bar"}, {M::Lines, "lines"}, {M::Off, "off"}};
+  return n;
+}
+
 namespace {
 
 std::string printf_string(const char* fmt, double v) {

@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "dtorch/core/enum_names.h"
+
 namespace dtorch::report {
 
 /// How progress is shown.
@@ -29,6 +31,8 @@ struct ProgressConfig {
   /// Bar mode: characters inside the [....] bar.
   int bar_width = 20;
 };
+/// auto | bar | lines | off (--progress).
+const NameTable<ProgressConfig::Mode>& names(ProgressConfig::Mode);
 
 /// Where an epoch stands, as the formatters see it.
 struct ProgressState {

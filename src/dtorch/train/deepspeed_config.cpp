@@ -12,6 +12,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/json_config.h"
+#include "dtorch/train/batch_sizes.h"
 #include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/trainer.h"
 
@@ -137,7 +138,8 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
            "mics_shard_size",
            "mics_hierarchical_params_gather"});
   if (auto stage = z->integer("stage", 0, 3)) {
-    static const char* kStrategies[] = {"ddp", "zero1", "zero2", "zero3"};
+    static const StrategyKind kStrategies[] = {StrategyKind::DDP, StrategyKind::Zero1,
+                                               StrategyKind::Zero2, StrategyKind::Zero3};
     s.strategy = kStrategies[*stage];
   }
   // DeepSpeed counts bucket sizes in elements; dtorch's buckets hold fp32 gradients.
@@ -174,10 +176,10 @@ void read_fp16(const Section& top, const Section& f, DeepSpeedSettings& s) {
   }
   // A disabled block's other keys change nothing, in DeepSpeed too: read for typos only.
   if (!f.boolean("enabled").value_or(false)) return;
-  DTORCH_CHECK_T(ConfigError, s.precision != "bf16", top.file(),
+  DTORCH_CHECK_T(ConfigError, s.precision != Precision::BF16, top.file(),
                  ": bf16.enabled and fp16.enabled are both true, which DeepSpeed refuses too; "
                  "enable one of them");
-  s.precision = "fp16";
+  s.precision = Precision::FP16;
   s.loss_scale = f.number("loss_scale", 0, kHuge);
   // The other keys steer a dynamic scale only; under a static one DeepSpeed checks their
   // types, not their values, and so does this (validate() checks them if a flag makes the
@@ -212,14 +214,14 @@ void read_precision(const Section& top, DeepSpeedSettings& s) {
       b->keys({"enabled"},
               {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
                "bf16_optimizer_states", "accumulate_grads_via_hooks"});
-      if (auto on = b->boolean("enabled")) s.precision = *on ? "bf16" : "fp32";
+      if (auto on = b->boolean("enabled")) s.precision = *on ? Precision::BF16 : Precision::FP32;
     }
   }
   if (auto f = top.section("fp16")) read_fp16(top, *f, s);
   if (auto d = top.choice("communication_data_type", {"fp32", "bf16", "fp16"})) {
     DTORCH_CHECK_T(ConfigError, *d != "fp16", top.file(),
                    ": communication_data_type fp16 needs CUDA; use fp32 or bf16");
-    s.reduce_dtype = *d;
+    s.reduce_dtype = *value_named<ReduceDtype>(*d);
   }
 }
 
@@ -249,14 +251,14 @@ void read_optimizer(const Section& top, DeepSpeedSettings& s) {
   s.lr = p.number("lr", 0, kHuge, /*open_low=*/true).value_or(1e-3);
   s.weight_decay = p.number("weight_decay", 0, kHuge).value_or(0.0);
   if (sgd) {
-    s.optimizer = "sgd";
+    s.optimizer = OptimizerKind::SGD;
     s.momentum = p.number("momentum", 0, 1).value_or(0.0);
     return;
   }
   // DeepSpeed's engine: "Adam" is AdamW unless adam_w_mode is false.
   const bool decoupled = *type == "AdamW" || p.boolean("adam_w_mode").value_or(true);
   p.boolean("torch_adam");  // which implementation; the same update
-  s.optimizer = decoupled ? "adamw" : "adam";
+  s.optimizer = decoupled ? OptimizerKind::AdamW : OptimizerKind::Adam;
   if (const json* b = p.get("betas")) {
     DTORCH_CHECK_T(ConfigError,
                    b->is_array() && b->size() == 2 && (*b)[0].is_number() && (*b)[1].is_number() &&
@@ -285,7 +287,7 @@ void read_scheduler(const Section& top, DeepSpeedSettings& s) {
                  "WarmupDecayLR, WarmupCosineLR or OneCycle");
   Section p = sc->section("params").value_or(sc->empty_section("params"));
   LrScheduleConfig c;
-  c.kind = *type;
+  c.kind = *value_named<LrScheduleKind>(*type);
   auto& d = c.deepspeed;
   auto warmup = [&] {
     c.warmup_steps = p.integer("warmup_num_steps", 1, kMax).value_or(1000);
@@ -375,84 +377,6 @@ DeepSpeedSettings read_deepspeed_config(const std::string& path) {
   return parse_deepspeed_config(text.str(), path);
 }
 
-BatchSizes resolve_batch_sizes(std::optional<int64_t> train, std::optional<int64_t> micro,
-                               std::optional<int64_t> accum, int dp, const BatchNames& n) {
-  if (!train) {
-    DTORCH_CHECK_T(ConfigError, micro.has_value(), "give ", n.total, " or ", n.micro,
-                   " (or --batch-size)");
-    return {*micro, accum.value_or(1)};
-  }
-  BatchSizes b;
-  if (micro && accum) {
-    b = {*micro, *accum};
-  } else if (micro) {
-    b = {*micro, *train / *micro / dp};
-  } else if (accum) {
-    b = {*train / dp / *accum, *accum};
-  } else {
-    b = {*train / dp, 1};
-  }
-  DTORCH_CHECK_T(ConfigError, b.micro >= 1 && b.accum >= 1, n.total, " ", *train,
-                 " is too small for a data-parallel size of ", dp, " with ",
-                 micro ? str(n.micro, " ", *micro) : str(n.accum, " ", accum.value_or(1)),
-                 "; raise it to at least ", micro ? *micro * dp : dp * accum.value_or(1));
-  DTORCH_CHECK_T(ConfigError, *train == b.micro * b.accum * dp, n.total, " ", *train, " is not ",
-                 n.micro, " ", b.micro, " x ", n.accum, " ", b.accum, " x data-parallel size ", dp,
-                 " (= ", b.micro * b.accum * dp, "), which DeepSpeed requires; change one of them",
-                 dp > 1 ? str(", or make ", n.total, " a multiple of ", dp) : std::string(),
-                 ", or leave ", n.total, " out to have it computed");
-  return b;
-}
-
-void set_batch_sizes(const BatchSizes& b, TrainConfig& c) {
-  c.batch_size = b.micro;
-  c.accum_steps = static_cast<int>(b.accum);
-}
-
-PipelineBatch resolve_pipeline_batch(std::optional<int64_t> total, std::optional<int64_t> batch,
-                                     std::optional<int64_t> microbatches,
-                                     std::optional<int64_t> micro_size, int dp,
-                                     const PipelineBatchNames& n) {
-  PipelineBatch b;
-  b.batch = batch;
-  std::string batch_is = str(n.batch, " ", batch.value_or(0));  // the batch and its source
-  // A rank's batch from another pair of sources must agree with the one given.
-  auto agree = [&](int64_t v, const std::string& from) {
-    DTORCH_CHECK_T(ConfigError, !b.batch || *b.batch == v, batch_is, " disagrees with ", from, " (",
-                   v, " per rank); give one of them");
-    if (!b.batch) batch_is = str("the batch per rank ", v, " (", from, ")");
-    b.batch = v;
-  };
-  if (total) {
-    DTORCH_CHECK_T(ConfigError, *total % dp == 0 && *total >= dp, n.total, " ", *total,
-                   " is not a multiple of the ", dp, " data-parallel rank(s); make it one");
-    agree(*total / dp, str(n.total, " ", *total, " over ", dp, " data-parallel rank(s)"));
-  }
-  if (micro_size && microbatches) {
-    agree(*micro_size * *microbatches,
-          str(n.micro_size, " ", *micro_size, " x ", n.microbatches, " ", *microbatches));
-  }
-  if (microbatches) {
-    b.microbatches = static_cast<int>(*microbatches);
-  } else if (micro_size && b.batch) {
-    DTORCH_CHECK_T(ConfigError, *b.batch % *micro_size == 0, batch_is, " is not a multiple of ",
-                   n.micro_size, " ", *micro_size, "; change one of them");
-    b.microbatches = static_cast<int>(*b.batch / *micro_size);
-  }
-  if (b.batch && b.microbatches > 0) {
-    DTORCH_CHECK_T(ConfigError, *b.batch % b.microbatches == 0, batch_is, " cannot be cut into ",
-                   n.microbatches, " ", b.microbatches,
-                   " equal micro-batches; make it a multiple of ", b.microbatches);
-  }
-  return b;
-}
-
-void set_pipeline_batch_sizes(const PipelineBatch& b, TrainConfig& c) {
-  if (b.batch) c.batch_size = *b.batch;
-  if (b.microbatches > 0) c.microbatches = b.microbatches;
-  c.accum_steps = 1;
-}
-
 std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
                                                 const std::set<std::string>& given, int world_size,
                                                 TrainConfig& c) {
@@ -470,7 +394,7 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
   take(ds.bucket_cap_mb, c.strategy.ddp.bucket_cap_mb, "--bucket-cap-mb",
        "zero_optimization.reduce_bucket_size");
   take(ds.precision, c.strategy.precision, "--precision",
-       ds.precision == "fp16" ? "fp16.enabled" : "bf16.enabled");
+       ds.precision == Precision::FP16 ? "fp16.enabled" : "bf16.enabled");
   auto& ls = c.strategy.loss_scale;
   take(ds.loss_scale, ls.loss_scale, "--loss-scale", "fp16.loss_scale");
   take(ds.initial_scale_power, ls.initial_scale_power, "--initial-scale-power",

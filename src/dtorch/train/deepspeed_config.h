@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtorch/train/lr_schedule.h"
+#include "dtorch/train/strategy.h"
 
 namespace dtorch::train {
 
@@ -58,13 +59,13 @@ struct DeepSpeedSettings {
   std::optional<int64_t> train_batch_size;
   std::optional<int64_t> micro_batch_size;  ///< train_micro_batch_size_per_gpu
   std::optional<int64_t> accum_steps;       ///< gradient_accumulation_steps
-  std::optional<std::string> strategy;      ///< ddp | zero1 | zero2 | zero3
+  std::optional<StrategyKind> strategy;
   std::optional<double> bucket_cap_mb;
-  std::optional<std::string> precision;     ///< fp32 | bf16 | fp16
-  std::optional<std::string> reduce_dtype;  ///< fp32 | bf16
+  std::optional<Precision> precision;
+  std::optional<ReduceDtype> reduce_dtype;
   std::optional<double> clip_grad_norm;
-  std::optional<std::string> optimizer;  ///< sgd | adam | adamw
-  std::optional<double> lr;              ///< the optimizer's
+  std::optional<OptimizerKind> optimizer;
+  std::optional<double> lr;  ///< the optimizer's
   std::optional<double> momentum;
   std::optional<double> weight_decay;
   std::optional<std::vector<double>> betas;
@@ -92,47 +93,6 @@ DeepSpeedSettings parse_deepspeed_config(const std::string& text, const std::str
 
 /// Reads and parses the file at `path` (ConfigError when it cannot be read).
 DeepSpeedSettings read_deepspeed_config(const std::string& path);
-
-/// DeepSpeed's batch rule (Note [DeepSpeed configuration]): the micro batch and accumulation
-/// steps for a data-parallel size `dp` from whichever of the three the file and the flags
-/// give. Throws ConfigError when none of train_batch_size and micro batch is given, when they
-/// disagree, or when one comes out below 1.
-struct BatchSizes {
-  int64_t micro = 0;
-  int64_t accum = 0;
-};
-/// What the three are called where they came from: DeepSpeed's keys, or dtorch's flags.
-struct BatchNames {
-  const char* total = "train_batch_size";
-  const char* micro = "train_micro_batch_size_per_gpu";
-  const char* accum = "gradient_accumulation_steps";
-};
-BatchSizes resolve_batch_sizes(std::optional<int64_t> train_batch_size,
-                               std::optional<int64_t> micro, std::optional<int64_t> accum, int dp,
-                               const BatchNames& names = {});
-
-/// Sets `c`'s batch size and accumulation steps from `b` (no pipeline).
-void set_batch_sizes(const BatchSizes& b, TrainConfig& c);
-
-/// The same rule under a pipeline (Note [Micro-batches] in run_config.h): a rank's batch and
-/// its micro-batch count (0: not known, resolve() derives it) from whichever of the total,
-/// the rank's batch, the micro-batch count and the micro-batch size are given. ConfigError when
-/// two disagree, naming both as `names` calls them, or when a division is not exact.
-struct PipelineBatch {
-  std::optional<int64_t> batch;
-  int microbatches = 0;
-};
-struct PipelineBatchNames {
-  const char* total = "train_batch_size";
-  const char* batch = "--batch-size";
-  const char* microbatches = "gradient_accumulation_steps";
-  const char* micro_size = "train_micro_batch_size_per_gpu";
-};
-PipelineBatch resolve_pipeline_batch(std::optional<int64_t> total, std::optional<int64_t> batch,
-                                     std::optional<int64_t> microbatches,
-                                     std::optional<int64_t> micro_size, int dp,
-                                     const PipelineBatchNames& names = {});
-void set_pipeline_batch_sizes(const PipelineBatch& b, TrainConfig& c);
 
 /// Sets the fields of `c` the file gives, except those whose flags are in `flags_given`
 /// ("--lr", ...). `world_size` is the job's rank count (the data-parallel size is that over

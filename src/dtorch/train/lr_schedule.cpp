@@ -54,7 +54,7 @@ double deepspeed_warmup_decay(const LrScheduleConfig& c, double lr, double i) {
   double gamma = 1.0;
   if (i < w) {
     gamma = deepspeed_warmup(p, i, w);
-  } else if (c.kind == "WarmupDecayLR") {
+  } else if (c.kind == LrScheduleKind::DeepSpeedWarmupDecayLR) {
     const double t = static_cast<double>(p.total_num_steps);
     gamma = std::max(0.0, (t - i) / std::max(1.0, t - w));
   }
@@ -108,33 +108,35 @@ double deepspeed_onecycle(const LrScheduleConfig& c, double lr, double i) {
 
 double deepspeed_lr_at(const LrScheduleConfig& c, double lr, int64_t step) {
   const double i = static_cast<double>(step) - 1;  // the scheduler's last_batch_iteration
-  if (c.kind == "WarmupCosineLR") return deepspeed_warmup_cosine(c, lr, i);
-  if (c.kind == "OneCycle") return deepspeed_onecycle(c, lr, i);
+  if (c.kind == LrScheduleKind::DeepSpeedWarmupCosineLR) return deepspeed_warmup_cosine(c, lr, i);
+  if (c.kind == LrScheduleKind::DeepSpeedOneCycle) return deepspeed_onecycle(c, lr, i);
   return deepspeed_warmup_decay(c, lr, i);
 }
 
 void validate_deepspeed(const LrScheduleConfig& c, double lr) {
   const auto& p = c.deepspeed;
-  const std::string where = str("DeepSpeed scheduler ", c.kind, ": ");
+  const std::string where = str("DeepSpeed scheduler ", name_of(c.kind), ": ");
   DTORCH_CHECK_T(ConfigError, p.warmup_type == "log" || p.warmup_type == "linear", where,
                  "warmup_type '", p.warmup_type, "'; use log or linear");
   DTORCH_CHECK_T(ConfigError, c.warmup_steps >= 1, where,
                  "warmup_num_steps must be a positive integer (got ", c.warmup_steps, ")");
-  if (c.kind == "WarmupLR" || c.kind == "WarmupDecayLR") {
+  if (c.kind == LrScheduleKind::DeepSpeedWarmupLR ||
+      c.kind == LrScheduleKind::DeepSpeedWarmupDecayLR) {
     DTORCH_CHECK_T(ConfigError, p.warmup_min_lr >= 0 && p.warmup_min_lr <= lr, where,
                    "warmup_min_lr ", p.warmup_min_lr, " must lie between 0 and warmup_max_lr ", lr);
   }
-  if (c.kind == "WarmupDecayLR" || c.kind == "WarmupCosineLR") {
+  if (c.kind == LrScheduleKind::DeepSpeedWarmupDecayLR ||
+      c.kind == LrScheduleKind::DeepSpeedWarmupCosineLR) {
     DTORCH_CHECK_T(ConfigError, p.total_num_steps >= 1, where,
                    "total_num_steps must be a positive integer (got ", p.total_num_steps, ")");
   }
-  if (c.kind == "WarmupCosineLR") {
+  if (c.kind == LrScheduleKind::DeepSpeedWarmupCosineLR) {
     DTORCH_CHECK_T(ConfigError, p.warmup_min_ratio >= 0 && p.warmup_min_ratio <= 1, where,
                    "warmup_min_ratio ", p.warmup_min_ratio, " must lie between 0 and 1");
     DTORCH_CHECK_T(ConfigError, p.cos_min_ratio >= 0 && p.cos_min_ratio <= 1, where,
                    "cos_min_ratio ", p.cos_min_ratio, " must lie between 0 and 1");
   }
-  if (c.kind == "OneCycle") {
+  if (c.kind == LrScheduleKind::DeepSpeedOneCycle) {
     DTORCH_CHECK_T(ConfigError, p.cycle_first_step_size > 0, where,
                    "cycle_first_step_size must be positive (got ", p.cycle_first_step_size, ")");
     DTORCH_CHECK_T(ConfigError, p.cycle_min_lr >= 0 && p.cycle_min_lr <= lr, where, "cycle_min_lr ",
@@ -152,37 +154,47 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DeepSpeedScheduleParams, warmup_type, warmup_
                                    cycle_first_stair_count, cycle_second_stair_count,
                                    decay_step_size)
 
-bool is_deepspeed_schedule(const std::string& kind) {
-  return kind == "WarmupLR" || kind == "WarmupDecayLR" || kind == "WarmupCosineLR" ||
-         kind == "OneCycle";
+const NameTable<LrScheduleKind>& names(LrScheduleKind) {
+  static const NameTable<LrScheduleKind> n{
+      {LrScheduleKind::Constant, "constant"},
+      {LrScheduleKind::WarmupLinear, "warmup-linear"},
+      {LrScheduleKind::WarmupCosine, "warmup-cosine"},
+      {LrScheduleKind::OneCycle, "onecycle"},
+      {LrScheduleKind::DeepSpeedWarmupLR, "WarmupLR"},
+      {LrScheduleKind::DeepSpeedWarmupDecayLR, "WarmupDecayLR"},
+      {LrScheduleKind::DeepSpeedWarmupCosineLR, "WarmupCosineLR"},
+      {LrScheduleKind::DeepSpeedOneCycle, "OneCycle"}};
+  return n;
+}
+
+bool is_deepspeed_schedule(LrScheduleKind kind) {
+  return kind == LrScheduleKind::DeepSpeedWarmupLR ||
+         kind == LrScheduleKind::DeepSpeedWarmupDecayLR ||
+         kind == LrScheduleKind::DeepSpeedWarmupCosineLR ||
+         kind == LrScheduleKind::DeepSpeedOneCycle;
 }
 
 double lr_at(const LrScheduleConfig& c, double lr, int64_t step, int64_t total) {
   if (is_deepspeed_schedule(c.kind)) return deepspeed_lr_at(c, lr, step);
-  if (c.kind == "onecycle") return onecycle(c, lr, step, total);
+  if (c.kind == LrScheduleKind::OneCycle) return onecycle(c, lr, step, total);
   const int64_t w = c.warmup_steps;
   if (step < w) return lr * static_cast<double>(step + 1) / static_cast<double>(w);
-  if (c.kind == "constant") return lr;
+  if (c.kind == LrScheduleKind::Constant) return lr;
   const double pct =
       total > w ? std::min(1.0, static_cast<double>(step - w) / static_cast<double>(total - w))
                 : 1.0;
-  if (c.kind == "warmup-linear") return lr + (c.min_lr - lr) * pct;
+  if (c.kind == LrScheduleKind::WarmupLinear) return lr + (c.min_lr - lr) * pct;
   return cosine(lr, c.min_lr, pct);  // warmup-cosine
 }
 
 void validate(const LrScheduleConfig& c, double lr, int64_t total) {
   if (is_deepspeed_schedule(c.kind)) return validate_deepspeed(c, lr);
-  DTORCH_CHECK_T(ConfigError,
-                 c.kind == "constant" || c.kind == "warmup-linear" || c.kind == "warmup-cosine" ||
-                     c.kind == "onecycle",
-                 "unknown --lr-schedule '", c.kind,
-                 "'; use constant, warmup-linear, warmup-cosine or onecycle");
   DTORCH_CHECK_T(ConfigError, c.warmup_steps >= 0, "--warmup-steps must be >= 0 (got ",
                  c.warmup_steps, ")");
   DTORCH_CHECK_T(ConfigError, c.min_lr >= 0 && c.min_lr <= lr, "--min-lr ", c.min_lr,
                  " must lie between 0 and --lr ", lr);
   if (total <= 0) return;
-  if (c.kind == "onecycle") {
+  if (c.kind == LrScheduleKind::OneCycle) {
     const double peak = onecycle_peak_step(c, total);
     DTORCH_CHECK_T(ConfigError,
                    peak > 0 && peak<static_cast<double>(total - 1),
@@ -201,32 +213,36 @@ void validate(const LrScheduleConfig& c, double lr, int64_t total) {
 
 std::string describe(const LrScheduleConfig& c, double lr, int64_t total) {
   if (is_deepspeed_schedule(c.kind)) {
-    return str("DeepSpeed ", c.kind, " (", lr_at(c, lr, 0, total), " at step 0, ",
+    return str("DeepSpeed ", name_of(c.kind), " (", lr_at(c, lr, 0, total), " at step 0, ",
                lr_at(c, lr, c.warmup_steps, total), " at step ", c.warmup_steps, ", ",
                lr_at(c, lr, total - 1, total), " at step ", total - 1, ")");
   }
   const std::string warmup = c.warmup_steps > 0 ? str(c.warmup_steps, " warm-up steps, ") : "";
-  if (c.kind == "constant") {
+  if (c.kind == LrScheduleKind::Constant) {
     return c.warmup_steps > 0 ? str("constant ", lr, " after ", c.warmup_steps, " warm-up steps")
                               : str("constant ", lr);
   }
-  if (c.kind == "onecycle") {
+  if (c.kind == LrScheduleKind::OneCycle) {
     return str("onecycle (", lr_at(c, lr, 0, total), " -> ", lr, " at step ",
                static_cast<int64_t>(onecycle_peak_step(c, total)), " -> ",
                lr_at(c, lr, total - 1, total), " at step ", total - 1, ")");
   }
-  return str(c.kind, " (", warmup, lr, " -> ", c.min_lr, " over ", total, " steps)");
+  return str(name_of(c.kind), " (", warmup, lr, " -> ", c.min_lr, " over ", total, " steps)");
 }
 
 void to_json(nlohmann::json& j, const LrScheduleConfig& c) {
-  j = {{"kind", c.kind}, {"warmup_steps", c.warmup_steps}, {"min_lr", c.min_lr}};
+  j = {{"kind", name_of(c.kind)}, {"warmup_steps", c.warmup_steps}, {"min_lr", c.min_lr}};
   if (!is_deepspeed_schedule(c.kind)) return;
   j["deepspeed"] = c.deepspeed;
 }
 
 void from_json(const nlohmann::json& j, LrScheduleConfig& c) {
   c = {};
-  j.at("kind").get_to(c.kind);
+  const std::string kind = j.at("kind").get<std::string>();
+  const auto known = value_named<LrScheduleKind>(kind);
+  DTORCH_CHECK_T(ConfigError, known, "unknown learning-rate schedule '", kind, "'; dtorch knows ",
+                 listed<LrScheduleKind>());
+  c.kind = *known;
   j.at("warmup_steps").get_to(c.warmup_steps);
   j.at("min_lr").get_to(c.min_lr);
   if (!is_deepspeed_schedule(c.kind)) return;

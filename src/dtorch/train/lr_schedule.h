@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "dtorch/core/enum_names.h"
+
 namespace dtorch::train {
 
 // Note [Learning-rate schedules]
@@ -51,17 +53,29 @@ struct DeepSpeedScheduleParams {
   double decay_step_size = 0;             ///< 0: no decay after the cycle
 };
 
+/// constant | warmup-linear | warmup-cosine | onecycle, or DeepSpeed's WarmupLR |
+/// WarmupDecayLR | WarmupCosineLR | OneCycle (named as DeepSpeed names them).
+enum class LrScheduleKind {
+  Constant,
+  WarmupLinear,
+  WarmupCosine,
+  OneCycle,
+  DeepSpeedWarmupLR,
+  DeepSpeedWarmupDecayLR,
+  DeepSpeedWarmupCosineLR,
+  DeepSpeedOneCycle,
+};
+const NameTable<LrScheduleKind>& names(LrScheduleKind);
+
 struct LrScheduleConfig {
-  /// constant | warmup-linear | warmup-cosine | onecycle, or DeepSpeed's WarmupLR |
-  /// WarmupDecayLR | WarmupCosineLR | OneCycle
-  std::string kind = "constant";
+  LrScheduleKind kind = LrScheduleKind::Constant;
   int64_t warmup_steps = 0;           ///< optimizer steps of warm-up (onecycle: of rising)
   double min_lr = 0;                  ///< where the decay ends
   DeepSpeedScheduleParams deepspeed;  ///< the DeepSpeed kinds' parameters
 };
 
 /// True for WarmupLR, WarmupDecayLR, WarmupCosineLR and OneCycle.
-bool is_deepspeed_schedule(const std::string& kind);
+bool is_deepspeed_schedule(LrScheduleKind kind);
 
 /// The learning rate of optimizer step `step` of `total_steps`, peak `lr`.
 double lr_at(const LrScheduleConfig& c, double lr, int64_t step, int64_t total_steps);

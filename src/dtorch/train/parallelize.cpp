@@ -78,7 +78,7 @@ Parallelized parallelize(const ParallelizeSpec& s, const std::shared_ptr<comm::C
   const bool pipelined = s.pipeline.pp > 1;
   if (pipelined) {
     out.model = build_rank_stages(s, g);
-  } else if (s.strategy.kind == "zero3" || s.tp > 1) {
+  } else if (s.strategy.kind == StrategyKind::Zero3 || s.tp > 1) {
     out.model = models::make_deferred_model(s.model, s.input);  // Note [Deferred initialisation]
   } else {
     out.model = models::make_model(s.model, {}, s.input);

@@ -35,7 +35,7 @@ namespace dtorch::train {
 struct PipelineConfig {
   int pp = 1;
   int microbatches = 0;  ///< >= 1 under a pipeline (run_config.h's default_microbatches)
-  std::string schedule = "1f1b";
+  pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;
   std::string split;  ///< --pp-split; empty: balanced by parameter count
 };
 

@@ -18,6 +18,7 @@
 #include "dtorch/core/json_config.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/train/batch_sizes.h"
 #include "dtorch/train/deepspeed_config.h"
 
 namespace dtorch::train {
@@ -50,7 +51,7 @@ struct KeyLister {
   }
 };
 
-// Reads each field a section gives, checking its type (and its choices); the flags of those
+// Reads each field a section gives, checking its type (and an enum's names); the flags of those
 // it read go into *given (when given).
 struct Reader {
   const std::map<std::string, json_config::Section>& sections;
@@ -82,7 +83,7 @@ struct Reader {
     if (auto* s = of(f)) v = *s->number(f.flag, -DBL_MAX, DBL_MAX);
   }
   void operator()(const Field& f, std::string& v) {
-    if (auto* s = of(f)) v = f.choices.empty() ? *s->text(f.flag) : *s->choice(f.flag, f.choices);
+    if (auto* s = of(f)) v = *s->text(f.flag);
   }
   void operator()(const Field& f, std::vector<double>& v) {
     auto* s = of(f);
@@ -104,23 +105,6 @@ struct Reader {
 constexpr const char* kDeepSpeedSchedule = "deepspeed-schedule";
 
 }  // namespace
-
-const std::vector<std::pair<ddp::Compression, std::string>>& compression_names() {
-  static const std::vector<std::pair<ddp::Compression, std::string>> n{
-      {ddp::Compression::None, "none"},
-      {ddp::Compression::FP16, "fp16"},
-      {ddp::Compression::BF16, "bf16"}};
-  return n;
-}
-
-const std::vector<std::pair<report::ProgressConfig::Mode, std::string>>& progress_names() {
-  static const std::vector<std::pair<report::ProgressConfig::Mode, std::string>> n{
-      {report::ProgressConfig::Mode::Auto, "auto"},
-      {report::ProgressConfig::Mode::Bar, "bar"},
-      {report::ProgressConfig::Mode::Lines, "lines"},
-      {report::ProgressConfig::Mode::Off, "off"}};
-  return n;
-}
 
 const std::vector<std::string>& config_sections() {
   // In the order the fields first name them.
@@ -224,7 +208,6 @@ void validate(const TrainConfig& c) {
   auto names = models::model_names();
   DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model) != names.end(),
                  "unknown model '", c.model, "'; choose one of: ", joined(names));
-  checkpoint::parse_save_format(c.save_format);
   DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
                  c.activation_checkpointing,
                  ": give K >= 1 to recompute every K-th block (1: every block)");
@@ -253,7 +236,6 @@ void validate(const TrainConfig& c) {
                  "--print-every must be >= 1, or 0 for a line per epoch only");
   DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
   if (c.pp > 1) {
-    pp::check_schedule_name(c.schedule);
     DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
                    "--batch-size instead");
@@ -263,29 +245,31 @@ void validate(const TrainConfig& c) {
                    "--batch-size ", c.batch_size, " cannot be cut into --microbatches ",
                    c.microbatches, " equal micro-batches; make it a multiple of ", c.microbatches);
     // Note [ZeRO-3 under a pipeline]
-    DTORCH_CHECK_T(
-        ConfigError,
-        !c.strategy.reshard_after_microbatch || c.schedule == "1f1b" || c.schedule == "gpipe",
-        "--reshard-after-microbatch with --schedule ", c.schedule,
-        ": ZeRO-3 then gathers a unit as each micro-batch's backward reaches it, which "
-        "this schedule does not signal; use --schedule 1f1b or gpipe, or leave the "
-        "flag out (units gathered once per step)");
+    DTORCH_CHECK_T(ConfigError,
+                   !c.strategy.reshard_after_microbatch ||
+                       c.schedule == pp::ScheduleKind::OneFOneB ||
+                       c.schedule == pp::ScheduleKind::GPipe,
+                   "--reshard-after-microbatch with --schedule ", name_of(c.schedule),
+                   ": ZeRO-3 then gathers a unit as each micro-batch's backward reaches it, which "
+                   "this schedule does not signal; use --schedule 1f1b or gpipe, or leave the "
+                   "flag out (units gathered once per step)");
   } else {
     DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
                    "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
   }
-  DTORCH_CHECK_T(ConfigError,
-                 !c.strategy.reshard_after_microbatch || (c.strategy.kind == "zero3" && c.pp > 1),
-                 "--reshard-after-microbatch releases ZeRO-3's units between a pipeline's "
-                 "micro-batches: it needs --strategy zero3 and --pp 2 or more (got --strategy ",
-                 c.strategy.kind, ", --pp ", c.pp, ")");
+  DTORCH_CHECK_T(
+      ConfigError,
+      !c.strategy.reshard_after_microbatch || (c.strategy.kind == StrategyKind::Zero3 && c.pp > 1),
+      "--reshard-after-microbatch releases ZeRO-3's units between a pipeline's "
+      "micro-batches: it needs --strategy zero3 and --pp 2 or more (got --strategy ",
+      name_of(c.strategy.kind), ", --pp ", c.pp, ")");
   StrategyConfig s = c.strategy;
   s.model = c.model;
   validate(s);
 }
 
-int default_microbatches(int pp, const std::string& schedule, int64_t batch) {
-  const bool interleaved = schedule == "interleaved";
+int default_microbatches(int pp, pp::ScheduleKind schedule, int64_t batch) {
+  const bool interleaved = schedule == pp::ScheduleKind::Interleaved;
   for (int m = 2 * pp; m >= 1; --m)
     if (batch % m == 0 && (!interleaved || m % pp == 0)) return m;
   DTORCH_FAIL(ConfigError, "--batch-size ", batch, " cannot be cut into micro-batches for the ",
@@ -300,10 +284,11 @@ Resolution resolve(TrainConfig& c, const ConfigSources& src) {
     const auto ds = read_deepspeed_config(src.deepspeed_config);
     r.warnings = ds.warnings;
     r.notes = apply_deepspeed_config(ds, src.command_line, src.world_size, c);
-    r.notes.push_back(str("--deepspeed-config ", src.deepspeed_config, ": ", c.strategy.kind, ", ",
-                          c.strategy.precision, ", ", c.strategy.optimizer, " lr ", c.strategy.lr,
-                          ", batch ", c.batch_size, " per rank x ", c.accum_steps,
-                          " accumulation step(s), schedule ", c.lr_schedule.kind));
+    r.notes.push_back(str("--deepspeed-config ", src.deepspeed_config, ": ",
+                          name_of(c.strategy.kind), ", ", name_of(c.strategy.precision), ", ",
+                          name_of(c.strategy.optimizer), " lr ", c.strategy.lr, ", batch ",
+                          c.batch_size, " per rank x ", c.accum_steps,
+                          " accumulation step(s), schedule ", name_of(c.lr_schedule.kind)));
   }
   const int dp = std::max(1, src.world_size / std::max(1, c.tp * c.pp));
   if (src.global_batch_size > 0) {

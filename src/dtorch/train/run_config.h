@@ -47,16 +47,16 @@ struct TrainConfig {
   int pp = 1;
   /// Micro-batches per batch under --pp; 0 until resolve() derives it (Note [Micro-batches]).
   int microbatches = 0;
-  std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved | zb (pp::make_schedule)
-  std::string pp_split;           ///< unit names where stages 1.. begin; empty: balanced
-  double clip_grad_norm = 0;      ///< clip the whole gradient to this norm (0: off)
+  pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;  ///< under --pp
+  std::string pp_split;       ///< unit names where stages 1.. begin; empty: balanced
+  double clip_grad_norm = 0;  ///< clip the whole gradient to this norm (0: off)
   /// Recompute every K-th block's forward in backward instead of keeping its activations
   /// (parallel/activation_checkpoint.h; 1: every block, 0: off).
   int activation_checkpointing = 0;
   uint64_t seed = 1;                ///< model init and data order
   std::string out = "runs/latest";  ///< config.json, metrics.jsonl, checkpoints, model.pt
   /// The final model file: pt (model.pt, torch.load) or safetensors (model.safetensors).
-  std::string save_format = "pt";
+  checkpoint::SaveFormat save_format = checkpoint::SaveFormat::Torch;
   bool resume = false;        ///< continue from the newest good checkpoint in `out`
   int accum_steps = 1;        ///< batches per optimizer step (no_sync for all but last)
   int threads = 0;            ///< intra-op threads per rank (0: leave as is)
@@ -91,40 +91,30 @@ void validate(const TrainConfig& c);
 // size) are not settings either: config.json holds what they resolved to.
 
 /// One field: its section of the JSON form (and the CLI's option group), its flag without the
-/// dashes (also its JSON key), its help, the values of a closed set (empty: any), and the value
-/// the flag takes when given alone (nullptr: it needs one).
+/// dashes (also its JSON key), its help, and the value the flag takes when given alone
+/// (nullptr: it needs one). A closed set's field is an enum, visited as Named.
 struct Field {
   const char* section;
   const char* flag;
   const char* doc;
-  std::vector<std::string> choices = {};
   const char* alone = nullptr;
 };
 
-/// A field held as an enum: its value and the names of its values.
+/// A field held as an enum (Note [Closed sets] in core/enum_names.h): its value, read and
+/// written by name.
 template <class E>
 struct Named {
   E& value;
-  const std::vector<std::pair<E, std::string>>& names;
-  std::vector<std::string> choices() const {
-    std::vector<std::string> v;
-    for (const auto& n : names)
-      v.push_back(n.second);
-    return v;
-  }
-  const std::string& name() const {
-    for (const auto& n : names)
-      if (n.first == value) return n.second;
-    return names.front().second;
-  }
+  std::vector<std::string> choices() const { return names_of<E>(); }
+  const std::string& name() const { return name_of(value); }
   void set(const std::string& name) {
-    for (const auto& n : names)
-      if (n.second == name) value = n.first;
+    if (auto v = value_named<E>(name)) value = *v;
   }
 };
-
-const std::vector<std::pair<ddp::Compression, std::string>>& compression_names();
-const std::vector<std::pair<report::ProgressConfig::Mode, std::string>>& progress_names();
+template <class E>
+Named<E> named(E& value) {
+  return Named<E>{value};
+}
 
 /// The sections of the JSON form, in the order the fields below first name them.
 const std::vector<std::string>& config_sections();
@@ -140,35 +130,27 @@ void visit_fields(LoaderConfig& l, V&& v) {
           "cifar10 and imagefolder: side of the square images the model takes; images are "
           "resized (shorter side) and centre-cropped to it (0: 32)"},
     l.image_size);
-  v(Field{"data",
-          "augment",
+  v(Field{"data", "augment",
           "auto | crop-flip (random crop with padding and horizontal flip while training) | "
-          "none; auto: crop-flip for cifar10 and imagefolder, none for MNIST",
-          {"auto", "crop-flip", "none"}},
-    l.augment);
-  v(Field{"data",
-          "bad-images",
+          "none; auto: crop-flip for cifar10 and imagefolder, none for MNIST"},
+    named(l.augment));
+  v(Field{"data", "bad-images",
           "fail | skip: an unreadable or truncated image stops the run naming the file, or is "
-          "left out of its batch with a warning",
-          {"fail", "skip"}},
-    l.bad_images);
+          "left out of its batch with a warning"},
+    named(l.bad_images));
 }
 
 /// The strategy's settings (`dtorch train` and `dtorch bench memory`).
 template <class V>
 void visit_fields(StrategyConfig& s, V&& v) {
-  v(Field{"parallelism",
-          "strategy",
+  v(Field{"parallelism", "strategy",
           "ddp | zero1 (sharded optimizer state) | zero2 (+ gradients) | zero3 (+ parameters: "
-          "FSDP)",
-          {"ddp", "zero1", "zero2", "zero3"}},
-    s.kind);
-  v(Field{"parallelism",
-          "device",
+          "FSDP)"},
+    named(s.kind));
+  v(Field{"parallelism", "device",
           "cpu | cuda (one GPU per rank, by LOCAL_RANK) | auto (cuda when this LibTorch has CUDA "
-          "and a GPU is visible)",
-          {"cpu", "cuda", "auto"}},
-    s.device);
+          "and a GPU is visible)"},
+    named(s.device));
   v(Field{"parallelism", "bucket-cap-mb", "gradient bucket size (ddp), unit size (zero1, zero2)"},
     s.ddp.bucket_cap_mb);
   v(Field{"parallelism", "min-unit-params",
@@ -188,14 +170,11 @@ void visit_fields(StrategyConfig& s, V&& v) {
   v(Field{"parallelism", "find-unused-parameters",
           "ddp: allow parameters without gradient in a step"},
     s.ddp.find_unused_parameters);
-  v(Field{"parallelism", "grad-compression", "ddp: none | fp16 | bf16"},
-    Named<ddp::Compression>{s.ddp.compression, compression_names()});
-  v(Field{"precision",
-          "precision",
+  v(Field{"parallelism", "grad-compression", "ddp: none | fp16 | bf16"}, named(s.ddp.compression));
+  v(Field{"precision", "precision",
           "fp32 | bf16 (bf16 compute, fp32 master weights) | fp16 (fp16 compute, fp32 master "
-          "weights; on the CPU with LibTorch 2.x; dynamic loss scaling, --loss-scale)",
-          {"fp32", "bf16", "fp16"}},
-    s.precision);
+          "weights; on the CPU with LibTorch 2.x; dynamic loss scaling, --loss-scale)"},
+    named(s.precision));
   // DeepSpeed's "fp16" block, key for key (Note [Loss scaling]).
   auto& ls = s.loss_scale;
   v(Field{"precision", "loss-scale",
@@ -217,13 +196,9 @@ void visit_fields(StrategyConfig& s, V&& v) {
           "fp16: the dynamic loss scale never halves below this; an overflow there stops the "
           "run"},
     ls.min_loss_scale);
-  v(Field{"precision", "reduce-dtype", "gradient reduction dtype: fp32 | bf16", {"fp32", "bf16"}},
-    s.reduce_dtype);
-  v(Field{"optimizer",
-          "optimizer",
-          "sgd (with --momentum) | adam | adamw",
-          {"sgd", "adam", "adamw"}},
-    s.optimizer);
+  v(Field{"precision", "reduce-dtype", "gradient reduction dtype: fp32 | bf16"},
+    named(s.reduce_dtype));
+  v(Field{"optimizer", "optimizer", "sgd (with --momentum) | adam | adamw"}, named(s.optimizer));
   v(Field{"optimizer", "lr", "learning rate (a schedule's peak)"}, s.lr);
   v(Field{"optimizer", "momentum", "sgd momentum"}, s.momentum);
   v(Field{"optimizer", "weight-decay",
@@ -243,11 +218,9 @@ void visit_fields(TrainConfig& c, V&& v) {
   v(Field{"model", "seq-len",
           "text: tokens per training sequence (default: the model's block size, at most 64)"},
     c.seq_len);
-  v(Field{"model",
-          "activation-checkpointing",
+  v(Field{"model", "activation-checkpointing",
           "recompute every K-th block's forward in backward instead of keeping its activations "
           "(given alone: every block)",
-          {},
           "1"},
     c.activation_checkpointing);
   v(Field{"data", "data",
@@ -287,9 +260,8 @@ void visit_fields(TrainConfig& c, V&& v) {
     c.microbatches);
   v(Field{"parallelism", "schedule",
           "with --pp: gpipe | 1f1b | interleaved (1F1B over 2 stages per rank) | zb (zero-bubble "
-          "ZB-H1)",
-          pp::schedule_names()},
-    c.schedule);
+          "ZB-H1)"},
+    named(c.schedule));
   v(Field{"parallelism", "pp-split",
           "with --pp: units where stages 1.. begin, e.g. transformer.h.6 (default: balanced by "
           "parameter count; `dtorch pipeline show` lists the units)"},
@@ -297,15 +269,12 @@ void visit_fields(TrainConfig& c, V&& v) {
   visit_fields(c.strategy, v);
   v(Field{"optimizer", "clip-grad-norm", "clip the whole gradient to this norm (0: off)"},
     c.clip_grad_norm);
-  v(Field{"optimizer",
-          "lr-schedule",
+  v(Field{"optimizer", "lr-schedule",
           "constant | warmup-linear | warmup-cosine | onecycle (as PyTorch's LinearLR, "
           "CosineAnnealingLR and OneCycleLR), over the whole run's optimizer steps; DeepSpeed's "
           "WarmupLR | WarmupDecayLR | WarmupCosineLR | OneCycle come with a --deepspeed-config "
-          "scheduler",
-          {"constant", "warmup-linear", "warmup-cosine", "onecycle", "WarmupLR", "WarmupDecayLR",
-           "WarmupCosineLR", "OneCycle"}},
-    c.lr_schedule.kind);
+          "scheduler"},
+    named(c.lr_schedule.kind));
   v(Field{"optimizer", "warmup-steps",
           "optimizer steps of linear warm-up to --lr (onecycle: of rising; 0 there: 30% of the "
           "run)"},
@@ -316,15 +285,12 @@ void visit_fields(TrainConfig& c, V&& v) {
   v(Field{"checkpointing", "out",
           "output folder: config.json, metrics.jsonl, checkpoints, model.pt"},
     c.out);
-  v(Field{"checkpointing",
-          "save-format",
-          "final model file: pt (model.pt for torch.load) or safetensors (model.safetensors)",
-          {"pt", "safetensors"}},
-    c.save_format);
+  v(Field{"checkpointing", "save-format",
+          "final model file: pt (model.pt for torch.load) or safetensors (model.safetensors)"},
+    named(c.save_format));
   v(Field{"checkpointing", "keep-checkpoints", "the newest checkpoints kept in --out"},
     c.keep_checkpoints);
-  v(Field{"reporting", "progress", "auto | bar | lines | off"},
-    Named<report::ProgressConfig::Mode>{c.progress.mode, progress_names()});
+  v(Field{"reporting", "progress", "auto | bar | lines | off"}, named(c.progress.mode));
   v(Field{"reporting", "print-every",
           "a log line and a \"step\" record in metrics.jsonl every N optimizer steps (loss, lr, "
           "samples/s)"},
@@ -399,6 +365,6 @@ Resolution resolve(TrainConfig& c, const ConfigSources& sources);
 
 /// The micro-batches Note [Micro-batches] gives a batch of `batch` samples per rank for `pp`
 /// stages and pipeline schedule `schedule` when none is given.
-int default_microbatches(int pp, const std::string& schedule, int64_t batch);
+int default_microbatches(int pp, pp::ScheduleKind schedule, int64_t batch);
 
 }  // namespace dtorch::train

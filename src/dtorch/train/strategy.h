@@ -11,6 +11,8 @@
 
 #include "dtorch/checkpoint/checkpoint.h"
 #include "dtorch/comm/communicator.h"
+#include "dtorch/core/device.h"
+#include "dtorch/core/enum_names.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
@@ -23,21 +25,33 @@
 
 namespace dtorch::train {
 
+// The closed sets of a strategy (Note [Closed sets] in core/enum_names.h).
+enum class StrategyKind { DDP, Zero1, Zero2, Zero3 };  ///< ddp | zero1 | zero2 | zero3
+enum class Precision { FP32, BF16, FP16 };             ///< fp32 | bf16 | fp16
+enum class ReduceDtype { FP32, BF16 };                 ///< fp32 | bf16
+enum class OptimizerKind { SGD, Adam, AdamW };         ///< sgd | adam | adamw
+const NameTable<StrategyKind>& names(StrategyKind);
+const NameTable<Precision>& names(Precision);
+const NameTable<ReduceDtype>& names(ReduceDtype);
+const NameTable<OptimizerKind>& names(OptimizerKind);
+/// The ZeRO stage of a strategy (0 for ddp).
+int zero_stage(StrategyKind k);
+
 /// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch
 /// train` and `dtorch bench memory`, whose flags are one option group (tools/
 /// strategy_options.cpp).
 struct StrategyConfig {
-  std::string kind = "ddp";  ///< ddp | zero1 | zero2 | zero3
-  /// cpu | cuda | auto: where each rank computes (Note [One GPU per rank] in core/device.h;
-  /// resolved by resolve_run_device).
-  std::string device = "cpu";
-  /// fp32 | bf16 | fp16 (compute; master weights stay fp32; fp16 scales the loss: Note [Loss
-  /// scaling] in train/loss_scaler.h)
-  std::string precision = "fp32";
-  std::string reduce_dtype = "fp32";  ///< gradient reduction: fp32 | bf16
-  std::string optimizer = "sgd";      ///< sgd (with momentum) | adam | adamw
-  double lr = 0.01;                   ///< a schedule's peak (train/lr_schedule.h)
-  double momentum = 0.9;              ///< sgd
+  StrategyKind kind = StrategyKind::DDP;
+  /// Where each rank computes (Note [One GPU per rank] in core/device.h; resolved by
+  /// resolve_run_device).
+  DeviceKind device = DeviceKind::CPU;
+  /// The compute precision; master weights stay fp32; fp16 scales the loss (Note [Loss
+  /// scaling] in train/loss_scaler.h).
+  Precision precision = Precision::FP32;
+  ReduceDtype reduce_dtype = ReduceDtype::FP32;  ///< gradient reduction
+  OptimizerKind optimizer = OptimizerKind::SGD;  ///< sgd (with momentum) | adam | adamw
+  double lr = 0.01;                              ///< a schedule's peak (train/lr_schedule.h)
+  double momentum = 0.9;                         ///< sgd
   /// Every optimizer (adamw decoupled, sgd and adam as L2); unset: 0.01 for adamw
   /// (PyTorch's default), 0 for sgd and adam.
   std::optional<double> weight_decay;
@@ -56,18 +70,18 @@ struct StrategyConfig {
   LossScaleConfig loss_scale;
 };
 
-/// Throws ConfigError naming the bad field and the choices.
+/// Throws ConfigError naming the bad field and the fix.
 void validate(const StrategyConfig& c);
 
 /// The weight decay `c` trains with: the one given, else 0.01 for adamw (PyTorch's default)
 /// and 0 for sgd and adam.
 double weight_decay_of(const StrategyConfig& c);
 
-/// The device this process trains on: `spec` (cpu | cuda | auto: --device) for the job's rank
+/// The device this process trains on: `spec` (--device) for the job's rank
 /// `job` (its LOCAL_RANK and LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA
 /// device. Ranks may share a GPU when the job's backend is Gloo (DTORCH_BACKEND=gloo).
 /// ConfigError as resolve_device says.
-at::Device resolve_run_device(const std::string& spec, const launch::RankInfo& job);
+at::Device resolve_run_device(DeviceKind spec, const launch::RankInfo& job);
 
 class Strategy {
  public:
@@ -112,7 +126,7 @@ class Strategy {
 
 /// Tensor parallelism under a strategy (the trainer's --tp): the handle tp::parallelize()
 /// returned, and how to build the unsplit model, which checkpoints are written in (Note
-/// [Tensor-parallel checkpoints] in strategy.cpp). Empty: no tensor parallelism.
+/// [Tensor-parallel checkpoints] in ddp_strategy.cpp). Empty: no tensor parallelism.
 struct TensorParallelism {
   std::shared_ptr<tp::TensorParallel> handle;
   std::function<std::shared_ptr<models::Model>()> make_full_model;

@@ -38,6 +38,12 @@ bool is_image_data(const std::string& data) {
   return starts_with(data, "cifar10:") || starts_with(data, "imagefolder:");
 }
 
+const NameTable<Augment>& names(Augment) {
+  static const NameTable<Augment> n{
+      {Augment::Auto, "auto"}, {Augment::CropFlip, "crop-flip"}, {Augment::None, "none"}};
+  return n;
+}
+
 void validate_data(const std::string& data, const LoaderConfig& l, bool language_model) {
   const bool mnist = data == "fashion-mnist" || data == "mnist";
   DTORCH_CHECK_T(ConfigError, mnist || is_text_data(data) || is_image_data(data), "unknown data '",
@@ -55,18 +61,13 @@ void validate_data(const std::string& data, const LoaderConfig& l, bool language
                        "cifar10:DIR or imagefolder:DIR");
   DTORCH_CHECK_T(ConfigError, l.workers >= 0 && l.workers <= 64, "--data-workers ", l.workers,
                  ": give 0 (build batches on the training thread) to 64");
-  DTORCH_CHECK_T(ConfigError,
-                 l.augment == "auto" || l.augment == "crop-flip" || l.augment == "none",
-                 "--augment ", l.augment, ": use auto, crop-flip or none");
-  DTORCH_CHECK_T(ConfigError, l.bad_images == "fail" || l.bad_images == "skip", "--bad-images ",
-                 l.bad_images, ": use fail or skip");
   DTORCH_CHECK_T(ConfigError, l.image_size >= 0 && l.image_size <= 4096, "--image-size ",
                  l.image_size, ": give a side in pixels (1 to 4096), or 0 for the data's own");
   if (mnist) {
     DTORCH_CHECK_T(ConfigError, l.image_size == 0 || l.image_size == 28, "--image-size ",
                    l.image_size, " with ", data,
                    ": MNIST images are 28x28 and are not resized; leave --image-size out");
-    DTORCH_CHECK_T(ConfigError, l.augment != "crop-flip", "--augment crop-flip applies to ",
+    DTORCH_CHECK_T(ConfigError, l.augment != Augment::CropFlip, "--augment crop-flip applies to ",
                    "cifar10:DIR and imagefolder:DIR data; ", data, " trains unaugmented, as the ",
                    "Python peer does");
   }
@@ -102,9 +103,9 @@ TrainData open_data(const std::string& data, const std::string& mnist_dir,
   o.transform.mean = s.mean;
   o.transform.std = s.std;
   o.seed = seed;
-  o.bad = loader.bad_images == "skip" ? data::BadImages::Skip : data::BadImages::Fail;
+  o.bad = loader.bad_images;
   data::ImageBatchOptions train_options = o;
-  train_options.transform.augment = loader.augment != "none";
+  train_options.transform.augment = loader.augment != Augment::None;
   d.train = image_split(s.train, train_options);
   d.test = image_split(s.test, o);
   d.input = {3, o.transform.size, static_cast<int64_t>(s.classes.size())};

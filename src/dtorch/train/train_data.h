@@ -10,9 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/data/image_dataset.h"
 #include "dtorch/models/model.h"
 
 namespace dtorch::train {
+
+/// auto | crop-flip | none (--augment).
+enum class Augment { Auto, CropFlip, None };
+const NameTable<Augment>& names(Augment);
 
 /// How batches are made: by how many threads, and what image data goes through.
 struct LoaderConfig {
@@ -22,12 +27,11 @@ struct LoaderConfig {
   /// Side of the square images the model takes (0: the data's own: 28 for MNIST, 32 for
   /// CIFAR-10; 32 for image folders, whose images vary).
   int64_t image_size = 0;
-  /// auto | crop-flip | none: random crop with padding and horizontal flip for training
-  /// (auto: crop-flip for cifar10 and image folders, none for MNIST, which the peer does
-  /// not augment).
-  std::string augment = "auto";
-  /// fail | skip: what an unreadable image does (image folders).
-  std::string bad_images = "fail";
+  /// Random crop with padding and horizontal flip for training (auto: crop-flip for cifar10
+  /// and image folders, none for MNIST, which the peer does not augment).
+  Augment augment = Augment::Auto;
+  /// What an unreadable image does (image folders).
+  data::BadImages bad_images = data::BadImages::Fail;
 };
 
 /// One split: `size` samples (images or text windows) and the batch of inputs and targets

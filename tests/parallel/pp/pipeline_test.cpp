@@ -146,8 +146,9 @@ DTORCH_TEST_WORKER(pp_parity) {
   const int P = world->size(), rank = world->rank(), M = 4;
   std::ofstream report(args.at(0) + "/rank" + std::to_string(rank));
   for (size_t i = 2; i < args.size(); ++i) {
-    const std::string schedule = args[i].substr(0, args[i].find('+'));
-    const bool zero = args[i] != schedule;
+    const std::string schedule_name = args[i].substr(0, args[i].find('+'));
+    const bool zero = args[i] != schedule_name;
+    const ScheduleKind schedule = *value_named<ScheduleKind>(schedule_name);
     const int v = default_virtual_stages(schedule);
     auto probe = build(name, {0, 1});
     std::vector<int64_t> counts;
@@ -230,10 +231,10 @@ DTORCH_TEST_WORKER(pp_parity) {
     }
     report << args[i] << ": params " << worst << " at " << where << ", loss " << worst_loss
            << ", norm " << worst_norm << "\n";
-    DTORCH_CHECK(worst <= 1e-5, schedule, ": stage parameters differ from one process by ", worst,
-                 " at ", where);
-    DTORCH_CHECK(worst_loss <= 1e-5, schedule, ": loss differs by ", worst_loss);
-    DTORCH_CHECK(worst_norm <= 1e-5, schedule, ": gradient norm differs by ", worst_norm);
+    DTORCH_CHECK(worst <= 1e-5, schedule_name, ": stage parameters differ from one process by ",
+                 worst, " at ", where);
+    DTORCH_CHECK(worst_loss <= 1e-5, schedule_name, ": loss differs by ", worst_loss);
+    DTORCH_CHECK(worst_norm <= 1e-5, schedule_name, ": gradient norm differs by ", worst_norm);
   }
 }
 
@@ -269,7 +270,7 @@ DTORCH_TEST_WORKER(pp_dead) {
   setenv("DTORCH_TIMEOUT", "10", 1);
   auto world = comm::Communicator::from_env();
   auto units = std::vector<models::UnitRange>{{0, 4}, {4, 8}};
-  Pipeline pipe({build("gpt", units[world->rank()])}, world, {"1f1b", 4});
+  Pipeline pipe({build("gpt", units[world->rank()])}, world, {ScheduleKind::OneFOneB, 4});
   auto [x, y] = batch("gpt", 0);
   pipe.step(x, y, loss_of);
   if (world->rank() == 1) {

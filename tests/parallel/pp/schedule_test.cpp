@@ -91,12 +91,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Interleaved,
                                            Interleaving{4, 16, 4}, Interleaving{3, 6, 2}));
 
 TEST(Schedules, ScheduleNamesAndBadShapesAreConfigErrors) {
-  for (const std::string& name : schedule_names()) {
-    Schedule s = make_schedule(name, 2, 4, default_virtual_stages(name));
+  for (const std::string& name : names_of<ScheduleKind>()) {
+    const ScheduleKind kind = *value_named<ScheduleKind>(name);
+    Schedule s = make_schedule(kind, 2, 4, default_virtual_stages(kind));
     EXPECT_NO_THROW(simulate(s, 4)) << name;
   }
-  EXPECT_THROW(make_schedule("zigzag", 2, 4), ConfigError);
-  EXPECT_THROW(make_schedule("1f1b", 2, 4, 2), ConfigError);
+  EXPECT_FALSE(value_named<ScheduleKind>("zigzag"));
+  EXPECT_THROW(make_schedule(ScheduleKind::OneFOneB, 2, 4, 2), ConfigError);
   EXPECT_THROW(interleaved_one_f_one_b(4, 6, 2), ConfigError);  // 6 not a multiple of 4
   EXPECT_THROW(interleaved_one_f_one_b(1, 4, 2), ConfigError);
 }

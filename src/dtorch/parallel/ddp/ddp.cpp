@@ -11,6 +11,12 @@
 
 namespace dtorch::ddp {
 
+const NameTable<Compression>& names(Compression) {
+  static const NameTable<Compression> n{
+      {Compression::None, "none"}, {Compression::FP16, "fp16"}, {Compression::BF16, "bf16"}};
+  return n;
+}
+
 DistributedDataParallel::NoSync::NoSync(Reducer* r) : r_(r) {
   DTORCH_CHECK(r_->sync(), "no_sync() guards must not nest");
   r_->set_sync(false);

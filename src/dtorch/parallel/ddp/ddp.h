@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "dtorch/comm/communicator.h"
+#include "dtorch/core/enum_names.h"
 #include "dtorch/parallel/ddp/bucket_plan.h"
 
 namespace dtorch::ddp {
@@ -20,6 +21,7 @@ enum class Compression {
   FP16,  ///< cast buckets to float16 for the allreduce (half the bytes)
   BF16,  ///< cast buckets to bfloat16 (on Gloo in LibTorch 1.13 the sum itself runs in fp32)
 };
+const NameTable<Compression>& names(Compression);  ///< none | fp16 | bf16
 
 struct Options {
   /// Bytes per gradient bucket, in MiB (PyTorch's bucket_cap_mb).

@@ -2,7 +2,7 @@
 // units]), runs a schedule's action list (Note [Schedules as data]) and moves activations and
 // their gradients by isend/irecv (Note [Pipeline execution]).
 //   auto stage = models::make_model("gpt-debug", plan.stages[pp_rank]);
-//   pp::Pipeline pipe({stage}, pp_group, {"1f1b", 8});
+//   pp::Pipeline pipe({stage}, pp_group, {pp::ScheduleKind::OneFOneB, 8});
 //   auto r = pipe.step(tokens, targets, loss);   // gradients accumulate in stage's .grad
 #pragma once
 
@@ -19,7 +19,7 @@
 namespace dtorch::pp {
 
 struct PipelineOptions {
-  std::string schedule = "1f1b";  ///< gpipe | 1f1b | interleaved | zb
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
   int microbatches = 4;
   int virtual_stages = 0;  ///< stages per rank; 0: the schedule's default
 };

@@ -171,29 +171,30 @@ Schedule zero_bubble_h1(int ranks, int microbatches) {
   return with_communication(compute, ranks);
 }
 
-std::vector<std::string> schedule_names() {
-  return {"gpipe", "1f1b", "interleaved", "zb"};
+const NameTable<ScheduleKind>& names(ScheduleKind) {
+  static const NameTable<ScheduleKind> n{{ScheduleKind::GPipe, "gpipe"},
+                                         {ScheduleKind::OneFOneB, "1f1b"},
+                                         {ScheduleKind::Interleaved, "interleaved"},
+                                         {ScheduleKind::ZeroBubble, "zb"}};
+  return n;
 }
 
-void check_schedule_name(const std::string& name) {
-  const std::vector<std::string> names = schedule_names();
-  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), name) != names.end(),
-                 "unknown pipeline schedule '", name, "': choose one of ", joined(names),
-                 " (--schedule)");
+int default_virtual_stages(ScheduleKind kind) {
+  return kind == ScheduleKind::Interleaved ? 2 : 1;
 }
 
-int default_virtual_stages(const std::string& name) {
-  return name == "interleaved" ? 2 : 1;
-}
-
-Schedule make_schedule(const std::string& name, int ranks, int microbatches, int v) {
-  if (name == "interleaved") return interleaved_one_f_one_b(ranks, microbatches, v);
-  check_schedule_name(name);
-  DTORCH_CHECK_T(ConfigError, v == 1, "schedule ", name, " runs one stage per rank (got ", v,
-                 " virtual stages): use --schedule interleaved for more");
-  if (name == "gpipe") return gpipe(ranks, microbatches);
-  if (name == "1f1b") return one_f_one_b(ranks, microbatches);
-  return zero_bubble_h1(ranks, microbatches);
+Schedule make_schedule(ScheduleKind kind, int ranks, int microbatches, int v) {
+  if (kind == ScheduleKind::Interleaved) return interleaved_one_f_one_b(ranks, microbatches, v);
+  DTORCH_CHECK_T(ConfigError, v == 1, "schedule ", name_of(kind), " runs one stage per rank (got ",
+                 v, " virtual stages): use --schedule interleaved for more");
+  switch (kind) {
+    case ScheduleKind::GPipe:
+      return gpipe(ranks, microbatches);
+    case ScheduleKind::OneFOneB:
+      return one_f_one_b(ranks, microbatches);
+    default:
+      return zero_bubble_h1(ranks, microbatches);
+  }
 }
 
 Simulation simulate(const Schedule& schedule, int microbatches, Costs costs) {

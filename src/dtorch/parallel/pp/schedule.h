@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/core/enum_names.h"
 #include "dtorch/core/picture.h"
 
 namespace dtorch::pp {
@@ -71,16 +72,14 @@ Schedule interleaved_one_f_one_b(int ranks, int microbatches, int virtual_stages
 /// holds more than `ranks` micro-batches (1F1B's largest).
 Schedule zero_bubble_h1(int ranks, int microbatches);
 
-/// The schedule called `name` (gpipe | 1f1b | interleaved | zb); ConfigError naming the
-/// choices otherwise, or when virtual_stages does not fit the schedule.
-Schedule make_schedule(const std::string& name, int ranks, int microbatches,
-                       int virtual_stages = 1);
-/// Stages per rank the schedule called `name` uses by default (2 for interleaved, else 1).
-int default_virtual_stages(const std::string& name);
-/// The names make_schedule accepts.
-std::vector<std::string> schedule_names();
-/// ConfigError unless `name` is one of schedule_names(), listing them and naming --schedule.
-void check_schedule_name(const std::string& name);
+/// The schedules by name: gpipe | 1f1b | interleaved | zb (--schedule).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZeroBubble };
+const NameTable<ScheduleKind>& names(ScheduleKind);
+
+/// The schedule `kind`; ConfigError when virtual_stages does not fit it.
+Schedule make_schedule(ScheduleKind kind, int ranks, int microbatches, int virtual_stages = 1);
+/// Stages per rank `kind` uses by default (2 for interleaved, else 1).
+int default_virtual_stages(ScheduleKind kind);
 
 /// Inserts the sends and receives next to a per-rank order of compute actions, for a model
 /// of `stages` stages over compute.size() ranks.

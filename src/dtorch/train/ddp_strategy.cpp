@@ -1,0 +1,221 @@
+// DDP as a strategy: replicated weights and a plain optimizer, single-file checkpoints (whole
+// models under tensor parallelism, Note [Tensor-parallel checkpoints]).
+#include "dtorch/train/strategy_parts.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <tuple>
+
+#include "dtorch/checkpoint/pipeline_checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
+#include "dtorch/checkpoint/sharded_join.h"
+#include "dtorch/checkpoint/state_dict.h"
+#include "dtorch/core/device.h"
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+#include "dtorch/core/torch_compat.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/models/stage_union.h"
+#include "dtorch/models/unit_seeds.h"
+#include "dtorch/parallel/optimizer_state.h"
+#include "dtorch/parallel/tp/optimizer_state.h"
+#include "dtorch/train/loss_scaler.h"
+#include "dtorch/train/zero_grad.h"
+
+namespace dtorch::train {
+namespace {
+
+// Note [Tensor-parallel checkpoints]
+// Under DDP a tensor-parallel run writes the checkpoint a run without tensor parallelism
+// would: the unsplit model and its optimizer state, gathered over the tp group of world rank
+// 0 (parameters and per-parameter optimizer tensors join as the parameters were split), so it
+// resumes at any tp and dp degree, and `dtorch checkpoint consolidate` and Python read it as
+// any other. Loading builds the unsplit model and optimizer, restores them, and keeps this
+// rank's shards. (ZeRO-1/2 over the dp group write their sharded checkpoints per tp index, in
+// <dir>/tp<i>-of-<n>, or <dir>/pp<s>-of-<n>/tp<i>-of-<n> under a pipeline, with
+// tensor_parallel.json beside them, and resume at the same tp.) Both briefly hold one unsplit
+// copy of the model and optimizer state per rank involved.
+
+// The unsplit model, built without disturbing the random stream training continues with.
+std::shared_ptr<models::Model> build_full_model(const TensorParallelism& tp) {
+  models::GeneratorStateGuard keep;
+  return tp.make_full_model();
+}
+
+// DDP: replicated weights (fp32; with --precision bf16 they are the master weights and
+// forward runs under bf16 autocast), gradients averaged by the DDP reducer.
+class DdpStrategy : public Strategy {
+ public:
+  DdpStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
+              std::shared_ptr<comm::Communicator> comm, TensorParallelism tp,
+              PipelineParallelism pp)
+      : c_(c),
+        model_(std::move(model)),
+        comm_(std::move(comm)),
+        tp_(std::move(tp)),
+        pp_(std::move(pp)),
+        device_(device_of(*model_)),
+        scaling_(c, step_groups(*comm_, tp_.handle, pp_.pipeline)) {
+    ddp::Options o = c.ddp;
+    if (c.reduce_dtype == ReduceDtype::BF16) o.compression = ddp::Compression::BF16;
+    ddp_ = ddp::wrap(model_, comm_, o);
+    opt_ = make_optimizer(c, model_->parameters());
+  }
+
+  void backward(const torch::Tensor& loss, bool sync) override {
+    std::optional<ddp::DistributedDataParallel::NoSync> guard;
+    if (!sync) guard.emplace(ddp_->no_sync());
+    scaling_.scaled(loss).backward();
+  }
+
+  void backward_accumulated(const std::function<void()>& work) override {
+    {
+      auto guard = ddp_->no_sync();
+      work();
+    }
+    ddp_->reduce_accumulated();
+  }
+
+  double step(double max_norm) override {
+    if (!scaling_.ready(gradients_of(*model_))) {
+      zero_grad_to_none(*opt_);
+      return 0;
+    }
+    double norm = 0;
+    if (max_norm > 0 && pp_.pipeline) {
+      norm = pp_.pipeline->clip_grad_norm(max_norm);  // across every stage
+    } else if (max_norm > 0) {
+      norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+    }
+    opt_->step();
+    zero_grad_to_none(*opt_);
+    return norm;
+  }
+
+  std::shared_ptr<void> whole_parameters() override { return nullptr; }
+
+  void save(const std::string& dir, const checkpoint::CheckpointData& data, int keep) override {
+    const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
+    models::Model* model = model_.get();
+    torch::optim::Optimizer* opt = opt_.get();
+    std::shared_ptr<models::Model> full;
+    std::unique_ptr<torch::optim::Optimizer> full_opt;
+    if (tp_.handle && comm_->rank() == 0) {
+      // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index gathers over its tp
+      // group (the unsplit model, or the unsplit stages).
+      full = build_full_model(tp_);
+      full_opt = make_optimizer(c_, full->parameters());
+      tp_.handle->load_into(*full, *model_);
+      tp::gather_optimizer_state(*tp_.handle, *model_, *opt_, *full, *full_opt);
+      model = full.get();
+      opt = full_opt.get();
+    }
+    checkpoint::CheckpointData with_scaler = data;
+    with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
+    if (writer && !pp_.pipeline) checkpoint::save_checkpoint(dir, with_scaler, *model, opt, keep);
+    if (writer && pp_.pipeline) {
+      save_stages(dir, with_scaler, keep, *model, *opt);
+      if (pp_.stage() == 0) checkpoint::write_pipeline_layout(dir, c_.model, pp_.plan);
+    }
+    comm_->barrier("checkpoint written");
+  }
+
+  // Note [Pipeline checkpoints]: each stage into its own folder; an interleaved rank's
+  // several stages each with its parameters' optimizer state, as one-stage-per-rank runs
+  // write them (so any layout resumes them).
+  void save_stages(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
+                   models::Model& model, torch::optim::Optimizer& opt) {
+    const int n = static_cast<int>(pp_.plan.stages.size());
+    auto* merged = dynamic_cast<models::StageUnion*>(&model);
+    if (!merged) {
+      checkpoint::save_checkpoint(dir + checkpoint::pipeline_folder(pp_.stage(), n), data, model,
+                                  &opt, keep);
+      return;
+    }
+    const auto& stages = merged->stages();
+    for (size_t k = 0; k < stages.size(); ++k) {
+      auto stage_opt = make_optimizer(c_, stages[k]->parameters());
+      for (const auto& p : stages[k]->parameters()) {
+        auto it = opt.state().find(compat::optimizer_state_key(p));
+        if (it != opt.state().end())
+          stage_opt->state()[compat::optimizer_state_key(p)] = it->second->clone();
+      }
+      checkpoint::save_checkpoint(dir + checkpoint::pipeline_folder(pp_.stages[k], n), data,
+                                  *stages[k], stage_opt.get(), keep);
+    }
+  }
+
+  std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& dir) override {
+    // Note [Pipeline checkpoints]: stage folders, or a whole checkpoint a stage reads from.
+    std::vector<checkpoint::SavedStage> saved = checkpoint::read_pipeline_layout(dir);
+    if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
+    auto load = [&](models::Model& m, torch::optim::Optimizer& o) {
+      auto loaded = saved.empty()
+                        ? checkpoint::load_latest_checkpoint(dir, m, &o)
+                        : checkpoint::load_from_stages(saved, c_.model, c_.input, m, o,
+                                                       [this](std::vector<torch::Tensor> p) {
+                                                         return make_optimizer(c_, std::move(p));
+                                                       });
+      if (loaded) scaling_.restore(c_, loaded->data.metadata_json);
+      return loaded;
+    };
+    if (!tp_.handle) return load(*model_, *opt_);
+    // Note [Tensor-parallel checkpoints]: into the unsplit model, then keep this rank's shards.
+    auto full = build_full_model(tp_);
+    auto full_opt = make_optimizer(c_, full->parameters());
+    auto loaded = load(*full, *full_opt);
+    if (!loaded) return loaded;
+    tp_.handle->load_from(*model_, *full);
+    tp::shard_optimizer_state(*tp_.handle, *full, *full_opt, *model_, *opt_);
+    parallel::move_state_to_parameters(*opt_);
+    return loaded;
+  }
+
+  zero::WaitSeconds comm_waits() const override { return {0, ddp_->comm_wait_seconds()}; }
+
+  zero::MemoryStats memory() const override {
+    zero::MemoryStats m;
+    for (const auto& p : model_->parameters())
+      m.param_bytes += static_cast<int64_t>(p.nbytes());
+    for (const auto& b : ddp_->plan().buckets)
+      m.grad_bytes += b.numel * static_cast<int64_t>(c10::elementSize(b.dtype));
+    m.optim_bytes = parallel::state_bytes(*opt_);
+    m.peak_param_bytes = m.param_bytes;
+    return m;
+  }
+
+  parallel::AutocastMode autocast() const override { return autocast_of(c_, device_); }
+  double loss_scale() const override { return scaling_.scale(); }
+  int64_t skipped_steps() const override { return scaling_.skipped(); }
+  at::Device device() const override { return device_; }
+  void set_lr(double lr) override { set_lr_of(*opt_, lr); }
+
+  std::string describe() const override {
+    return str("ddp (", ddp_->plan().buckets.size(), " buckets), ", name_of(c_.precision),
+               " compute, ", name_of(c_.reduce_dtype), " gradient reduction, on ", device_);
+  }
+
+ private:
+  StrategyConfig c_;
+  std::shared_ptr<models::Model> model_;
+  std::shared_ptr<comm::Communicator> comm_;
+  TensorParallelism tp_;
+  PipelineParallelism pp_;
+  at::Device device_;
+  LossScaling scaling_;
+  std::shared_ptr<ddp::DistributedDataParallel> ddp_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_ddp_strategy(const StrategyConfig& c,
+                                            std::shared_ptr<models::Model> model,
+                                            std::shared_ptr<comm::Communicator> comm,
+                                            TensorParallelism tp, PipelineParallelism pp) {
+  return std::make_unique<DdpStrategy>(c, std::move(model), std::move(comm), std::move(tp),
+                                       std::move(pp));
+}
+
+}  // namespace dtorch::train

@@ -1,0 +1,70 @@
+// Evaluation (evaluate.h).
+#include "dtorch/train/evaluate.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "dtorch/data/sampler.h"
+#include "dtorch/parallel/autocast.h"
+#include "dtorch/train/loss.h"
+
+namespace dtorch::train {
+
+std::pair<double, double> evaluate(models::Model& model, const Split& test, int64_t limit,
+                                   Strategy& strategy, comm::Communicator& comm,
+                                   comm::Communicator& world, const tp::TensorParallel* tp,
+                                   pp::Pipeline* pipeline) {
+  torch::NoGradGuard no_grad;
+  auto whole = strategy.whole_parameters();  // ranks may run different numbers of batches
+  model.eval();
+  int64_t n = limit > 0 ? std::min(limit, test.size) : test.size;
+  auto shard = data::eval_shard(n, comm.rank(), comm.size());
+  auto sums = torch::zeros({3}, torch::kDouble);  // loss, correct, count (in host memory)
+  const int64_t step = model.takes_tokens() ? 16 : 1000;
+  for (int64_t b = shard.begin; b < shard.end; b += step) {
+    int64_t e = std::min(shard.end, b + step);
+    std::vector<int64_t> idx(e - b);
+    std::iota(idx.begin(), idx.end(), b);
+    auto [x, y] = test.batch(idx, 0);
+    x = x.to(strategy.device());
+    y = y.to(strategy.device());
+    if (pipeline) {
+      parallel::Autocast autocast(strategy.autocast());
+      pipeline->forward_only(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
+        double loss = 0, correct = 0;
+        if (tp && tp->vocab_parallel_output()) {  // collective over tp: every tp rank runs it
+          loss = tp->vocab_cross_entropy(out, t).item<double>() * static_cast<double>(t.numel());
+          correct = static_cast<double>(tp->vocab_correct(out, t));
+        } else {
+          loss = cross_entropy(out, t, at::Reduction::Sum).item<double>();
+          correct = out.argmax(-1).eq(t).sum().item<double>();
+        }
+        if (tp && tp->group()->rank() != 0) return;  // one tp rank counts
+        sums[0] += loss;
+        sums[1] += correct;
+        sums[2] += static_cast<double>(t.numel());
+      });
+      continue;
+    }
+    torch::Tensor out;
+    {
+      parallel::Autocast autocast(strategy.autocast());
+      out = model.forward(x);
+    }
+    if (tp && tp->vocab_parallel_output()) {
+      sums[0] += tp->vocab_cross_entropy(out, y).item<double>() * static_cast<double>(y.numel());
+      sums[1] += static_cast<double>(tp->vocab_correct(out, y));
+    } else {
+      sums[0] += cross_entropy(out, y, at::Reduction::Sum).item<double>();
+      sums[1] += out.argmax(-1).eq(y).sum().item<double>();
+    }
+    sums[2] += static_cast<double>(y.numel());
+  }
+  (pipeline ? world : comm).allreduce(sums, comm::ReduceOp::Sum, "evaluation totals");
+  model.train();
+  double count = std::max(1.0, sums[2].item<double>());
+  return {sums[0].item<double>() / count, sums[1].item<double>() / count};
+}
+
+}  // namespace dtorch::train

@@ -1,0 +1,65 @@
+// The final model file (model_file.h).
+#include "dtorch/train/model_file.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+
+namespace dtorch::train {
+namespace {
+
+// The whole model's state on pp rank 0 from every stage's `stage` state of this pipeline (a
+// parameter two stages hold, the tied embedding, taken once). Collective over the pp group.
+checkpoint::StateDict join_pipeline_stages(pp::Pipeline& pipeline,
+                                           const checkpoint::StateDict& stage) {
+  comm::Communicator& g = pipeline.group();
+  const std::vector<char> bytes = checkpoint::pickle_state_dict(stage);
+  const std::string mine(bytes.begin(), bytes.end());
+  checkpoint::StateDict full;
+  std::set<std::string> seen;
+  for (int r = 0; r < g.size(); ++r) {
+    const std::string got =
+        g.broadcast_string(r == g.rank() ? mine : std::string(), r, "pipeline stage state");
+    if (g.rank() != 0) continue;
+    for (auto& [name, t] : checkpoint::unpickle_state_dict(
+             std::vector<char>(got.begin(), got.end()), str("stage ", r)))
+      if (seen.insert(name).second) full.emplace_back(name, t);
+  }
+  return full;
+}
+
+}  // namespace
+
+void write_model_file(const TrainConfig& c, Parallelized& run, comm::Communicator& world) {
+  models::Model& model = *run.model;
+  const tp::TensorParallel* tensor_parallel = run.layout.tp.handle.get();
+  pp::Pipeline* pipeline = run.layout.pp.pipeline.get();
+  auto whole = run.strategy->whole_parameters();
+  checkpoint::StateDict full;
+  if (tensor_parallel) {
+    for (const auto& kv : tensor_parallel->full_state_dict(model))  // collective over tp
+      full.emplace_back(kv.key(), kv.value());
+  }
+  if (pipeline && run.layout.dp->rank() == 0)
+    full = join_pipeline_stages(*pipeline, tensor_parallel ? full : checkpoint::state_dict(model));
+  if (world.rank() == 0) {
+    const checkpoint::SaveFormat format = c.save_format;
+    const std::string path = c.out + "/model" + checkpoint::file_suffix(format);
+    if (!tensor_parallel && !pipeline) full = checkpoint::state_dict(model);
+    // For torch.load the tied weights under Python's names too (Note [Tied embedding]).
+    if (format == checkpoint::SaveFormat::Torch)
+      full = checkpoint::with_python_aliases(full, model.python_aliases());
+    checkpoint::write_file_atomically(path, checkpoint::serialize_state_dict(full, format));
+    log::info("wrote ", path,
+              format == checkpoint::SaveFormat::Torch
+                  ? " (a state_dict for Python's torch.load)"
+                  : " (safetensors: safetensors.torch.load_file)");
+  }
+  world.barrier("model file written");
+}
+
+}  // namespace dtorch::train

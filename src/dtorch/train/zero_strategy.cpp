@@ -1,0 +1,264 @@
+// The ZeRO stages as a strategy: sharded optimizer state, gradients and parameters over the dp
+// group, and sharded checkpoints that reload at any world size.
+#include "dtorch/train/strategy_parts.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <tuple>
+
+#include "dtorch/checkpoint/pipeline_checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
+#include "dtorch/checkpoint/sharded_join.h"
+#include "dtorch/checkpoint/state_dict.h"
+#include "dtorch/core/device.h"
+#include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
+#include "dtorch/core/torch_compat.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/models/stage_union.h"
+#include "dtorch/models/unit_seeds.h"
+#include "dtorch/parallel/optimizer_state.h"
+#include "dtorch/parallel/tp/optimizer_state.h"
+#include "dtorch/train/loss_scaler.h"
+#include "dtorch/train/zero_grad.h"
+
+namespace dtorch::train {
+namespace {
+
+// ZeRO-1/2/3: sharded optimizer state (and gradients, and parameters), sharded checkpoints
+// that reload at any world size (Note [Sharded checkpoint format]).
+class ZeroStrategy : public Strategy {
+ public:
+  ZeroStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
+               std::shared_ptr<comm::Communicator> comm, const TensorParallelism& tp,
+               PipelineParallelism pp)
+      : c_(c),
+        model_(std::move(model)),
+        comm_(std::move(comm)),
+        pp_(std::move(pp)),
+        device_(device_of(*model_)),
+        scaling_(c, step_groups(*comm_, tp.handle, pp_.pipeline)) {
+    if (pp_.pipeline) {
+      // Note [Pipeline checkpoints]
+      stage_folder_ =
+          checkpoint::pipeline_folder(pp_.stage(), static_cast<int>(pp_.plan.stages.size()));
+    }
+    if (tp.handle) {
+      // Note [Tensor-parallel checkpoints]: per tp index, inside the stage's folder.
+      const auto& g = tp.handle->group();
+      tp_folder_ = str("/tp", g->rank(), "-of-", g->size());
+      tp_ = tp.handle;
+    }
+    zero::Options o;
+    o.stage = zero_stage(c.kind);
+    o.bucket_cap_mb = c.ddp.bucket_cap_mb;
+    o.min_unit_params = c.min_unit_params;
+    o.reshard_root_after_forward = c.reshard_root_after_forward;
+    o.reshard_after_microbatch = c.reshard_after_microbatch;
+    o.param_dtype = compute_dtype(c);
+    o.reduce_dtype = c.reduce_dtype == ReduceDtype::BF16 ? torch::kBFloat16 : torch::kFloat;
+    o.broadcast_buffers = c.ddp.broadcast_buffers;
+    sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
+      return make_optimizer(c, std::move(p));
+    });
+  }
+
+  void backward(const torch::Tensor& loss, bool sync) override {
+    std::optional<zero::ShardedModel::NoSync> guard;
+    if (!sync) guard.emplace(sharded_->no_sync());
+    scaling_.scaled(loss).backward();
+  }
+
+  void backward_accumulated(const std::function<void()>& work) override {
+    {
+      auto guard = sharded_->accumulate_whole();
+      work();
+    }
+    sharded_->reduce_accumulated();
+  }
+
+  double step(double max_norm) override {
+    if (!scaling_.ready(sharded_->gradient_shards())) {
+      sharded_->zero_grad();
+      return 0;
+    }
+    zero::NormScope scope;
+    if (pp_.pipeline) {  // the norm of every stage's shards, a tied parameter counted once
+      scope.across = &pp_.pipeline->group();
+      scope.counted_elsewhere = pp_.pipeline->counted_elsewhere();
+    }
+    double norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm, scope) : 0;
+    sharded_->step();
+    sharded_->zero_grad();
+    return norm;
+  }
+
+  std::shared_ptr<void> whole_parameters() override {
+    return std::make_shared<zero::ShardedModel::FullParams>(sharded_.get());
+  }
+
+  void save(const std::string& out, const checkpoint::CheckpointData& data, int keep) override {
+    const std::string dir = out + stage_folder_ + tp_folder_;
+    checkpoint::ShardedCheckpointData d;
+    d.epoch = data.epoch;
+    d.global_step = data.global_step;
+    d.metadata_json = scaling_.with_state(data.metadata_json);
+    d.layouts = unit_layouts();
+    std::vector<checkpoint::ShardPiece> mine;
+    for (auto& s : sharded_->checkpoint_slices())
+      mine.push_back({s.key, s.full_numel, s.begin, s.data});
+    std::vector<std::pair<std::string, torch::Tensor>> full;
+    for (const auto& b : model_->named_buffers())
+      full.emplace_back("buffer/" + b.key(), b.value());
+    full.emplace_back("optim/step", torch::tensor({sharded_->optimizer_steps()}, torch::kLong));
+    full.emplace_back("rng_state", models::cpu_generator_state());
+    checkpoint::save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
+    if (pp_.pipeline && pp_.stage() == 0 && comm_->rank() == 0)
+      checkpoint::write_pipeline_layout(out, c_.model, pp_.plan, zero_stage_folders());
+    if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
+      // How each parameter is split across the tp folders, for `dtorch checkpoint consolidate`.
+      nlohmann::json spec = {{"tp", tp_->group()->size()}, {"sharded", nlohmann::json::object()}};
+      for (const auto& [name, split] : tp_->sharded())
+        spec["sharded"][name] = {{"dim", split.dim}, {"fused", split.fused}};
+      const std::string json = spec.dump() + "\n";
+      checkpoint::write_file_atomically(out + stage_folder_ + "/tensor_parallel.json",
+                                        std::vector<char>(json.begin(), json.end()));
+    }
+  }
+
+  // Note [Pipeline checkpoints]: a rank's shards hold all of its stages, in the folder of
+  // the first; pipeline.json names, for every stage, the folder that holds it.
+  std::vector<std::string> zero_stage_folders() const {
+    const int n = static_cast<int>(pp_.plan.stages.size());
+    const int ranks = pp_.pipeline->group().size();
+    std::vector<std::string> folders;
+    for (int s = 0; s < n; ++s)
+      folders.push_back(checkpoint::pipeline_folder(s % ranks, n));
+    return folders;
+  }
+
+  // Note [Resharding by name]: whatever units and stages wrote the shards, each of this
+  // rank's slices is read by parameter name, so ZeRO resumes at any --pp, schedule, dp size
+  // and wrap policy (the same --tp: Note [Tensor-parallel checkpoints]).
+  std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& run_dir) override {
+    std::vector<std::string> stages;  // the saved stages that overlap this rank's units
+    const models::UnitRange mine = model_->units();
+    for (const checkpoint::SavedStage& s : checkpoint::read_pipeline_layout(run_dir)) {
+      if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
+      if (std::find(stages.begin(), stages.end(), s.folder) == stages.end())
+        stages.push_back(s.folder);
+    }
+    if (stages.empty()) stages.push_back(run_dir);
+    std::vector<std::string> folders;
+    for (const auto& s : stages)
+      folders.push_back(s + tp_folder_);
+    auto saved = checkpoint::ShardedJoin::open(folders);
+    if (!saved) {
+      // DDP's whole checkpoints are not shards: named, not a silent fresh start.
+      for (const auto& s : stages)
+        DTORCH_CHECK_T(CheckpointError, checkpoint::list_checkpoints(s).empty(), s,
+                       " holds ddp's checkpoints, not ZeRO's shards: resume with --strategy ddp, ",
+                       "or start a new --out");
+      return std::nullopt;
+    }
+    check_layout(*saved);
+    torch::NoGradGuard no_grad;
+    sharded_->init_optimizer_state();
+    const auto layouts = unit_layouts();
+    for (auto& s : sharded_->checkpoint_slices()) {
+      // "param/<unit>" or "optim/<unit>/<state>"
+      const bool param = s.key.rfind("param/", 0) == 0;
+      const size_t cut = param ? s.key.size() : s.key.rfind('/');
+      const std::string unit = s.key.substr(6, cut - 6);
+      const std::string kind = param ? "param" : "optim" + s.key.substr(cut);
+      s.data.copy_(saved->read_range(layouts.at(unit), kind, s.begin, s.begin + s.data.numel(),
+                                     s.data.scalar_type()));
+    }
+    if (saved->has_full("optim/step")) {
+      sharded_->set_optimizer_steps(saved->read_full("optim/step").item<int64_t>());
+    }
+    for (const auto& b : model_->named_buffers()) {
+      b.value().copy_(saved->read_full("buffer/" + b.key()));
+    }
+    if (saved->has_full("rng_state")) {
+      // The generator of the stage that held this rank's first parameter.
+      models::set_cpu_generator_state(saved->read_full("rng_state", sharded_->param_names().at(0)));
+    }
+    sharded_->publish_params();
+    checkpoint::LoadedCheckpoint out;
+    out.path = saved->dir();
+    out.data.epoch = saved->data().epoch;
+    out.data.global_step = saved->data().global_step;
+    out.data.metadata_json = saved->data().metadata_json;
+    scaling_.restore(c_, out.data.metadata_json);
+    return out;
+  }
+
+  zero::MemoryStats memory() const override { return sharded_->memory(); }
+  zero::WaitSeconds comm_waits() const override { return sharded_->wait_seconds(); }
+
+  parallel::AutocastMode autocast() const override { return autocast_of(c_, device_); }
+  double loss_scale() const override { return scaling_.scale(); }
+  int64_t skipped_steps() const override { return scaling_.skipped(); }
+  at::Device device() const override { return device_; }
+  void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }
+
+  std::string describe() const override {
+    return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
+               name_of(c_.precision), " compute, ", name_of(c_.reduce_dtype),
+               " gradient reduction, on ", device_);
+  }
+
+ private:
+  // Each unit's parameters: names, shapes and offsets in its flat tensor.
+  std::map<std::string, std::vector<checkpoint::FlatLayoutEntry>> unit_layouts() const {
+    std::map<std::string, std::vector<checkpoint::FlatLayoutEntry>> layouts;
+    for (const auto& unit : sharded_->plan().units) {
+      auto& layout = layouts[unit.name];
+      for (const auto& e : unit.entries) {
+        layout.push_back(
+            {sharded_->param_names()[e.param], sharded_->param_shapes()[e.param], e.offset});
+      }
+    }
+    return layouts;
+  }
+
+  // The checkpoint must describe this model: same parameter names and shapes, in any units.
+  void check_layout(const checkpoint::ShardedJoin& saved) {
+    const auto& names = sharded_->param_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      auto shape = saved.shape(names[i]);
+      DTORCH_CHECK_T(CheckpointError, shape.has_value(), saved.dir(), " has no parameter ",
+                     names[i], ": it was written for another model; use a new --out directory");
+      DTORCH_CHECK_T(CheckpointError, *shape == sharded_->param_shapes()[i], saved.dir(),
+                     ": parameter ", names[i],
+                     " has another shape; it was written for another "
+                     "model configuration");
+    }
+  }
+
+  StrategyConfig c_;
+  std::shared_ptr<models::Model> model_;
+  std::shared_ptr<comm::Communicator> comm_;
+  PipelineParallelism pp_;
+  at::Device device_;
+  LossScaling scaling_;
+  std::shared_ptr<zero::ShardedModel> sharded_;
+  // "/pp<s>-of-<n>" under a pipeline, else empty
+  std::string stage_folder_;
+  // "/tp<i>-of-<n>" under tensor parallelism, inside the stage folder; else empty
+  std::string tp_folder_;
+  std::shared_ptr<tp::TensorParallel> tp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_zero_strategy(const StrategyConfig& c,
+                                             std::shared_ptr<models::Model> model,
+                                             std::shared_ptr<comm::Communicator> comm,
+                                             TensorParallelism tp, PipelineParallelism pp) {
+  return std::make_unique<ZeroStrategy>(c, std::move(model), std::move(comm), tp, std::move(pp));
+}
+
+}  // namespace dtorch::train
