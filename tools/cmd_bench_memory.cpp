@@ -38,12 +38,11 @@ struct MemoryFlags {
   int threads = 1;
   int64_t batch_size = 2;
   int64_t seq_len = 64;
-  int steps = 3;                     ///< timed steps, after one untimed
-  int tp = 1;                        ///< tensor-parallel degree (dp = world / tp)
-  train::PipelineConfig pp;          ///< pipeline stages (dp = world / (tp pp))
-  int activation_checkpointing = 0;  ///< recompute every K-th block in backward (0: off)
-  int64_t image_size = 0;            ///< image models: side of the square input (0: 28)
-  int64_t classes = 0;               ///< image models: classes (0: 10)
+  int steps = 3;  ///< timed steps, after one untimed
+  /// tp, pp (dp = world / (tp pp)) and recomputation, as `dtorch train` takes them
+  train::ParallelismConfig parallelism;
+  int64_t image_size = 0;  ///< image models: side of the square input (0: 28)
+  int64_t classes = 0;     ///< image models: classes (0: 10)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -60,9 +59,7 @@ int memory_worker(MemoryFlags f) {
   train::ParallelizeSpec spec;
   spec.model = f.model;
   spec.input = input;
-  spec.tp = f.tp;
-  spec.pipeline = f.pp;
-  spec.activation_checkpointing = f.activation_checkpointing;
+  spec.parallelism = f.parallelism;
   spec.strategy = f.strategy;
   spec.device = device;
   int64_t P_local = 0;  // what the rank's model holds before the strategy shards it
@@ -207,10 +204,10 @@ int memory_worker(MemoryFlags f) {
       {"torch", TORCH_VERSION},
       {"model", f.model},
       {"strategy", name_of(f.strategy.kind)},
-      {"precision", name_of(f.strategy.precision)},
+      {"precision", name_of(f.strategy.precision.compute)},
       {"nproc", world->size()},
       {"dp", n},
-      {"tp", f.tp},
+      {"tp", f.parallelism.tp},
       {"rank", world->rank()},
       {"params", P},
       {"params_local", P_local},
@@ -233,7 +230,7 @@ int memory_worker(MemoryFlags f) {
       {"samples_per_s", f.steps * f.batch_size * n / seconds},
       {"page_faults_per_step", faults_per_step},
       {"step_seconds", seconds / f.steps},
-      {"activation_checkpointing", f.activation_checkpointing},
+      {"activation_checkpointing", f.parallelism.activation_checkpointing},
       {"forward_backward_peak_bytes", step_peak_bytes},
       {"bytes_sent_per_step", per_step(traffic)},
       {"tp_bytes_sent_per_step", per_step(tp_traffic)},
@@ -251,12 +248,12 @@ int memory_worker(MemoryFlags f) {
   if (pipeline) {
     // The bubble as measured (time not spent in forward or backward, over the step) and as
     // the on-paper simulator gives it with equal F, B and W times.
-    const auto sim = pp::simulate(pipeline->schedule(), f.pp.microbatches);
+    const auto sim = pp::simulate(pipeline->schedule(), f.parallelism.microbatches);
     const int pp_rank = pipeline->group().rank();
-    j["pp"] = f.pp.pp;
+    j["pp"] = f.parallelism.pp;
     j["pp_rank"] = pp_rank;
-    j["schedule"] = name_of(f.pp.schedule);
-    j["microbatches"] = f.pp.microbatches;
+    j["schedule"] = name_of(f.parallelism.schedule);
+    j["microbatches"] = f.parallelism.microbatches;
     j["idle_fraction"] = 1.0 - compute_seconds / pipeline_seconds;
     j["simulated_idle_fraction"] = sim.idle_fraction[pp_rank];
     j["peak_activations"] = peak_activations;
@@ -274,9 +271,9 @@ int memory_worker(MemoryFlags f) {
 
 void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   auto f = std::make_shared<MemoryFlags>();
-  f->strategy.optimizer = train::OptimizerKind::AdamW;
-  f->strategy.weight_decay = 0.01;  // AdamW's default in PyTorch, as the peers run it
-  f->strategy.lr = 1e-4;
+  f->strategy.optimizer.kind = train::OptimizerKind::AdamW;
+  f->strategy.optimizer.weight_decay = 0.01;  // AdamW's default in PyTorch, as the peers run it
+  f->strategy.optimizer.lr = 1e-4;
   auto* cmd = bench.add_subcommand(
       "memory", "Model-state bytes per rank against the ZeRO formulas, peak RSS, traffic");
   cmd->add_option("--model", f->model)->capture_default_str();
@@ -286,33 +283,21 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--batch-size", f->batch_size, "per rank")->capture_default_str();
   cmd->add_option("--seq-len", f->seq_len, "tokens per sequence (gpt)")->capture_default_str();
   cmd->add_option("--steps", f->steps, "timed steps, after one untimed")->capture_default_str();
-  cmd->add_option("--tp", f->tp,
-                  "tensor-parallel degree (gpt-*, vit-*); the strategy runs over "
-                  "dp = world / tp")
-      ->capture_default_str();
-  cmd->add_option("--pp", f->pp.pp, "pipeline stages (the strategy runs over world / (tp pp))")
-      ->capture_default_str();
-  cmd->add_option("--microbatches", f->pp.microbatches,
-                  "with --pp (default 2 x pp, or the most below that which divides the batch)");
-  add_choice_option(cmd, "--schedule", f->pp.schedule,
-                    "with --pp: gpipe | 1f1b | interleaved | zb");
-  cmd->add_option("--activation-checkpointing", f->activation_checkpointing,
-                  "recompute every K-th block in backward (given alone: every block)")
-      ->expected(0, 1)
-      ->default_str("1");
+  add_parallelism_options(cmd, f->parallelism);
   cmd->add_option("--image-size", f->image_size,
                   "image models: random 3-channel images of this side (default: 1 x 28 x 28)");
   cmd->add_option("--classes", f->classes, "image models with --image-size: classes (1000)");
   cmd->callback([f, &exit_code] {
     DTORCH_CHECK_T(ConfigError,
                    f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
-                       f->batch_size >= 1 && f->seq_len >= 1 && f->tp >= 1 && f->pp.pp >= 1 &&
-                       f->activation_checkpointing >= 0 && f->image_size >= 0 && f->classes >= 0,
-                   "bench memory: --nproc-per-node, --threads, --steps, --batch-size, "
-                   "--seq-len, --tp and --pp must be >= 1, --activation-checkpointing, "
-                   "--image-size and --classes >= 0");
-    if (f->pp.pp > 1 && f->pp.microbatches == 0) {  // Note [Micro-batches]
-      f->pp.microbatches = train::default_microbatches(f->pp.pp, f->pp.schedule, f->batch_size);
+                       f->batch_size >= 1 && f->seq_len >= 1 && f->image_size >= 0 &&
+                       f->classes >= 0,
+                   "bench memory: --nproc-per-node, --threads, --steps, --batch-size and "
+                   "--seq-len must be >= 1, --image-size and --classes >= 0");
+    train::ParallelismConfig& p = f->parallelism;
+    train::validate(p);
+    if (p.pp > 1 && p.microbatches == 0) {  // Note [Micro-batches]
+      p.microbatches = train::default_microbatches(p.pp, p.schedule, f->batch_size);
     }
     train::validate(f->strategy);
     auto launched = self_launch_bench(f->nproc_per_node, true);

@@ -52,12 +52,14 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
     // The run writes <out>/config.json: when that is the file read, only with what it says.
     std::error_code in_ec, out_ec;
     const std::string in = paths::canonical(f.config_file, in_ec);
-    const std::string out = paths::canonical(paths::join(c.out, "config.json"), out_ec);
-    DTORCH_CHECK_T(
-        ConfigError, in_ec || out_ec || in != out || train::to_json(c) == train::to_json(file),
-        "--config ", f.config_file, " is the config.json this run writes into --out ", c.out,
-        ", and the flags given change it; give another --out, or pass a copy "
-        "of the file");
+    const std::string out =
+        paths::canonical(paths::join(c.checkpointing.out, "config.json"), out_ec);
+    DTORCH_CHECK_T(ConfigError,
+                   in_ec || out_ec || in != out || train::to_json(c) == train::to_json(file),
+                   "--config ", f.config_file, " is the config.json this run writes into --out ",
+                   c.checkpointing.out,
+                   ", and the flags given change it; give another --out, or pass a copy "
+                   "of the file");
   }
   if (reports_for_the_job(how)) {
     for (const auto& w : resolved.warnings)
@@ -100,7 +102,8 @@ void add_train_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber)
       ->group(sources);
   const char* launch = "Launch";
-  cmd->add_flag("--resume", f->config.resume, "continue from the newest good checkpoint in --out")
+  cmd->add_flag("--resume", f->config.checkpointing.resume,
+                "continue from the newest good checkpoint in --out")
       ->group(launch);
   cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node,
                   "launch this many local ranks (like `dtorch launch --standalone`)")

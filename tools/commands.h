@@ -13,6 +13,7 @@
 namespace dtorch::train {
 struct StrategyConfig;
 struct LoaderConfig;
+struct ParallelismConfig;
 struct TrainConfig;
 }  // namespace dtorch::train
 
@@ -29,6 +30,7 @@ void add_launch_command(CLI::App& app, int& exit_code);
 /// shown (config_options.cpp): the strategy's, the data loader's, or every setting of a run.
 void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s);
 void add_loader_options(CLI::App* cmd, train::LoaderConfig& l);
+void add_parallelism_options(CLI::App* cmd, train::ParallelismConfig& p);
 void add_config_options(CLI::App* cmd, train::TrainConfig& c);
 /// An option `name` taking one of the names of enum E (Note [Closed sets]) into `value`, its
 /// value when called shown as the default.

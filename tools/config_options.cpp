@@ -1,7 +1,8 @@
 // The flags of the run configuration, declared from its one list of fields (train/
 // run_config.h, Note [One list of settings]): each field's flag, help, choices and default,
 // its section as the option group. `dtorch train` takes them all; `dtorch bench memory` the
-// strategy's and `dtorch bench data` the loader's, so every command reads and shows them alike.
+// strategy's and the parallelism's, and `dtorch bench data` the loader's, so every command reads
+// and shows them alike.
 #include <cctype>
 
 #include "dtorch/train/run_config.h"
@@ -60,6 +61,10 @@ void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s) {
 
 void add_loader_options(CLI::App* cmd, train::LoaderConfig& l) {
   train::visit_fields(l, OptionDeclarer{cmd});
+}
+
+void add_parallelism_options(CLI::App* cmd, train::ParallelismConfig& p) {
+  train::visit_fields(p, OptionDeclarer{cmd});
 }
 
 void add_config_options(CLI::App* cmd, train::TrainConfig& c) {

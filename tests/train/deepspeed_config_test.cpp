@@ -151,8 +151,8 @@ TEST(DeepSpeedConfig, TheFp16BlockSetsPrecisionAndLossScaling) {
   EXPECT_TRUE(s.warnings.empty());
   TrainConfig c;
   EXPECT_TRUE(apply_deepspeed_config(s, {}, 1, c).empty());
-  EXPECT_EQ(c.strategy.precision, Precision::FP16);
-  const auto& ls = c.strategy.loss_scale;
+  EXPECT_EQ(c.strategy.precision.compute, Precision::FP16);
+  const auto& ls = c.strategy.precision.loss_scale;
   EXPECT_TRUE(ls.dynamic());
   EXPECT_EQ(ls.initial_scale_power, 12);
   EXPECT_EQ(ls.loss_scale_window, 500);
@@ -171,7 +171,7 @@ TEST(DeepSpeedConfig, TheFp16BlockSetsPrecisionAndLossScaling) {
   EXPECT_FALSE(defaults.loss_scale_window.has_value());
   TrainConfig d;
   apply_deepspeed_config(defaults, {}, 1, d);
-  EXPECT_EQ(d.strategy.loss_scale.loss_scale_window, 1000) << "DeepSpeed's default";
+  EXPECT_EQ(d.strategy.precision.loss_scale.loss_scale_window, 1000) << "DeepSpeed's default";
 
   // A static scale: the dynamic keys are unused, and DeepSpeed checks only their types.
   auto fixed = parse(R"({"fp16": {"enabled": true, "loss_scale": 128, "loss_scale_window": 0,
@@ -185,13 +185,13 @@ TEST(DeepSpeedConfig, LossScalingFlagsGivenWinOverTheFp16Block) {
   auto s = parse(R"({"fp16": {"enabled": true, "loss_scale_window": 500, "hysteresis": 4,
       "min_loss_scale": 2}})");
   TrainConfig c;
-  c.strategy.precision = Precision::BF16;
-  c.strategy.loss_scale.loss_scale_window = 20;
+  c.strategy.precision.compute = Precision::BF16;
+  c.strategy.precision.loss_scale.loss_scale_window = 20;
   auto notes = apply_deepspeed_config(s, {"--precision", "--loss-scale-window"}, 1, c);
-  EXPECT_EQ(c.strategy.precision, Precision::BF16);
-  EXPECT_EQ(c.strategy.loss_scale.loss_scale_window, 20);
-  EXPECT_EQ(c.strategy.loss_scale.hysteresis, 4);
-  EXPECT_EQ(c.strategy.loss_scale.min_loss_scale, 2);
+  EXPECT_EQ(c.strategy.precision.compute, Precision::BF16);
+  EXPECT_EQ(c.strategy.precision.loss_scale.loss_scale_window, 20);
+  EXPECT_EQ(c.strategy.precision.loss_scale.hysteresis, 4);
+  EXPECT_EQ(c.strategy.precision.loss_scale.min_loss_scale, 2);
   EXPECT_TRUE(mentions(notes, "--precision on the command line replaces the file's fp16.enabled"));
   EXPECT_TRUE(mentions(notes,
                        "--loss-scale-window on the command line replaces the file's "
@@ -297,44 +297,44 @@ TEST(DeepSpeedConfig, FlagsGivenWinOverTheFile) {
   TrainConfig c;
   auto notes = apply_deepspeed_config(s, {}, 2, c);
   EXPECT_TRUE(notes.empty());
-  EXPECT_EQ(c.batch_size, 8);
-  EXPECT_EQ(c.accum_steps, 2);
+  EXPECT_EQ(c.training.batch_size, 8);
+  EXPECT_EQ(c.training.accum_steps, 2);
   EXPECT_EQ(c.strategy.kind, StrategyKind::Zero2);
-  EXPECT_EQ(c.clip_grad_norm, 1);
-  EXPECT_EQ(c.strategy.optimizer, OptimizerKind::AdamW);
-  EXPECT_EQ(c.strategy.weight_decay, 0.2);
-  EXPECT_EQ(c.strategy.lr, 0.005) << "the scheduler's peak";
-  EXPECT_EQ(c.lr_schedule.kind, LrScheduleKind::DeepSpeedWarmupLR);
-  EXPECT_EQ(c.lr_schedule.warmup_steps, 7);
+  EXPECT_EQ(c.training.clip_grad_norm, 1);
+  EXPECT_EQ(c.strategy.optimizer.kind, OptimizerKind::AdamW);
+  EXPECT_EQ(c.strategy.optimizer.weight_decay, 0.2);
+  EXPECT_EQ(c.strategy.optimizer.lr, 0.005) << "the scheduler's peak";
+  EXPECT_EQ(c.training.lr_schedule.kind, LrScheduleKind::DeepSpeedWarmupLR);
+  EXPECT_EQ(c.training.lr_schedule.warmup_steps, 7);
 
   TrainConfig f;
   f.strategy.kind = StrategyKind::Zero1;
-  f.strategy.lr = 0.1;
-  f.batch_size = 4;
+  f.strategy.optimizer.lr = 0.1;
+  f.training.batch_size = 4;
   notes = apply_deepspeed_config(s, {"--strategy", "--lr", "--batch-size"}, 4, f);
   EXPECT_EQ(f.strategy.kind, StrategyKind::Zero1);
-  EXPECT_EQ(f.strategy.lr, 0.1);
-  EXPECT_EQ(f.batch_size, 4);
-  EXPECT_EQ(f.accum_steps, 2) << "32 = 4 x 2 x 4 ranks";
+  EXPECT_EQ(f.strategy.optimizer.lr, 0.1);
+  EXPECT_EQ(f.training.batch_size, 4);
+  EXPECT_EQ(f.training.accum_steps, 2) << "32 = 4 x 2 x 4 ranks";
   EXPECT_TRUE(mentions(notes,
                        "--strategy on the command line replaces the file's "
                        "zero_optimization.stage"));
 
   TrainConfig g;
-  g.lr_schedule.kind = LrScheduleKind::WarmupCosine;
+  g.training.lr_schedule.kind = LrScheduleKind::WarmupCosine;
   apply_deepspeed_config(s, {"--lr-schedule"}, 2, g);
-  EXPECT_EQ(g.lr_schedule.kind, LrScheduleKind::WarmupCosine);
-  EXPECT_EQ(g.strategy.lr, 0.001) << "the optimizer's lr; the scheduler was replaced";
+  EXPECT_EQ(g.training.lr_schedule.kind, LrScheduleKind::WarmupCosine);
+  EXPECT_EQ(g.strategy.optimizer.lr, 0.001) << "the optimizer's lr; the scheduler was replaced";
 
   TrainConfig bad;
   EXPECT_THROW(apply_deepspeed_config(s, {"--batch-size"}, 4, bad), ConfigError)
       << "--batch-size 64 x 2 x 4 ranks != 32";
   TrainConfig pipe;
-  pipe.pp = 2;
+  pipe.parallelism.pp = 2;
   apply_deepspeed_config(s, {}, 4, pipe);  // dp 2
-  EXPECT_EQ(pipe.batch_size, 16) << "a pipeline's batch is all its micro-batches";
-  EXPECT_EQ(pipe.microbatches, 2);
-  EXPECT_EQ(pipe.accum_steps, 1);
+  EXPECT_EQ(pipe.training.batch_size, 16) << "a pipeline's batch is all its micro-batches";
+  EXPECT_EQ(pipe.parallelism.microbatches, 2);
+  EXPECT_EQ(pipe.training.accum_steps, 1);
 }
 
 }  // namespace

@@ -36,13 +36,13 @@ DTORCH_TEST_WORKER(fp16_overflow) {
   auto model = models::make_model("gpt-debug");
   StrategyConfig c;
   c.kind = *value_named<StrategyKind>(strategy);
-  c.optimizer = OptimizerKind::AdamW;
-  c.lr = 1e-3;
-  c.precision = Precision::FP16;
-  c.loss_scale.initial_scale_power = 8;
+  c.optimizer.kind = OptimizerKind::AdamW;
+  c.optimizer.lr = 1e-3;
+  c.precision.compute = Precision::FP16;
+  c.precision.loss_scale.initial_scale_power = 8;
   // The overflow is absorbed by the hysteresis: the scale stays, so every later step runs at
   // the scale the reference's does (fp16 rounds gradients differently at another scale).
-  c.loss_scale.hysteresis = 2;
+  c.precision.loss_scale.hysteresis = 2;
   c.ddp.bucket_cap_mb = 0.01;
   auto s = make_strategy(c, model, comm);
   DTORCH_CHECK(s->loss_scale() == 256, "the scale starts at 2^8, not ", s->loss_scale());

@@ -62,19 +62,19 @@ TEST(RunConfig, EveryFieldGoesThroughItsJsonFormAndBack) {
     for (const auto& [flag, value] : j[section].items())
       EXPECT_NE(value, defaults[section][flag]) << section << "." << flag << " kept its default";
   }
-  EXPECT_EQ(back.strategy.lr, c.strategy.lr);
-  EXPECT_EQ(back.strategy.weight_decay, 0.07);
-  EXPECT_EQ(back.progress.mode, report::ProgressConfig::Mode::Off);
+  EXPECT_EQ(back.strategy.optimizer.lr, c.strategy.optimizer.lr);
+  EXPECT_EQ(back.strategy.optimizer.weight_decay, 0.07);
+  EXPECT_EQ(back.reporting.progress.mode, report::ProgressConfig::Mode::Off);
   EXPECT_EQ(back.strategy.ddp.compression, ddp::Compression::BF16);
 
   // A DeepSpeed schedule's parameters ride along.
   TrainConfig ds;
-  ds.lr_schedule.kind = LrScheduleKind::DeepSpeedWarmupDecayLR;
-  ds.lr_schedule.deepspeed.total_num_steps = 77;
-  ds.lr_schedule.deepspeed.warmup_type = "linear";
+  ds.training.lr_schedule.kind = LrScheduleKind::DeepSpeedWarmupDecayLR;
+  ds.training.lr_schedule.deepspeed.total_num_steps = 77;
+  ds.training.lr_schedule.deepspeed.warmup_type = "linear";
   const TrainConfig ds_back = from_json(to_json(ds), "config.json");
-  EXPECT_EQ(ds_back.lr_schedule.deepspeed.total_num_steps, 77);
-  EXPECT_EQ(ds_back.lr_schedule.deepspeed.warmup_type, "linear");
+  EXPECT_EQ(ds_back.training.lr_schedule.deepspeed.total_num_steps, 77);
+  EXPECT_EQ(ds_back.training.lr_schedule.deepspeed.warmup_type, "linear");
 }
 
 std::string run_json_error_of(const std::string& text) {
@@ -103,27 +103,27 @@ TEST(RunConfig, AFilesMistakesAreNamed) {
             std::string::npos);
   // A partial file sets what it gives; the rest keeps the defaults.
   const TrainConfig c = from_json(json::parse(R"({"training": {"epochs": 5}})"), "run.json");
-  EXPECT_EQ(c.epochs, 5);
-  EXPECT_EQ(c.batch_size, TrainConfig{}.batch_size);
+  EXPECT_EQ(c.training.epochs, 5);
+  EXPECT_EQ(c.training.batch_size, TrainConfig{}.training.batch_size);
 }
 
 TEST(RunConfig, FlagsGivenWinOverTheFile) {
   TrainConfig file;
-  file.strategy.lr = 0.5;
-  file.epochs = 7;
-  file.lr_schedule.kind = LrScheduleKind::DeepSpeedWarmupLR;
-  file.lr_schedule.deepspeed.warmup_min_lr = 0.25;
+  file.strategy.optimizer.lr = 0.5;
+  file.training.epochs = 7;
+  file.training.lr_schedule.kind = LrScheduleKind::DeepSpeedWarmupLR;
+  file.training.lr_schedule.deepspeed.warmup_min_lr = 0.25;
   TrainConfig flags;  // as the command line left it: defaults but for what it gave
-  flags.strategy.lr = 0.125;
-  flags.lr_schedule.kind = LrScheduleKind::WarmupCosine;
-  flags.resume = true;
+  flags.strategy.optimizer.lr = 0.125;
+  flags.training.lr_schedule.kind = LrScheduleKind::WarmupCosine;
+  flags.checkpointing.resume = true;
   const TrainConfig c = overlay_flags(file, flags, {"--lr", "--lr-schedule"});
-  EXPECT_EQ(c.strategy.lr, 0.125);
-  EXPECT_EQ(c.epochs, 7) << "not given: the file's";
-  EXPECT_EQ(c.lr_schedule.kind, LrScheduleKind::WarmupCosine);
+  EXPECT_EQ(c.strategy.optimizer.lr, 0.125);
+  EXPECT_EQ(c.training.epochs, 7) << "not given: the file's";
+  EXPECT_EQ(c.training.lr_schedule.kind, LrScheduleKind::WarmupCosine);
   EXPECT_EQ(to_json(c)["optimizer"].count("deepspeed-schedule"), 0u)
       << "the file's schedule parameters went with its schedule";
-  EXPECT_TRUE(c.resume) << "--resume is the invocation's";
+  EXPECT_TRUE(c.checkpointing.resume) << "--resume is the invocation's";
 }
 
 // `--global-batch-size 32 --pp 2` on 4 ranks once ran one micro-batch a batch whatever
@@ -138,33 +138,33 @@ TEST(ResolveConfig, MicroBatchesFollowNoteMicroBatches) {
     return c;
   };
   TrainConfig pipe;
-  pipe.model = "gpt-debug";
-  pipe.data = "text";
-  pipe.pp = 2;
+  pipe.model.name = "gpt-debug";
+  pipe.data.source = "text";
+  pipe.parallelism.pp = 2;
   TrainConfig c = resolved(pipe, {}, 32, 4);
-  EXPECT_EQ(c.batch_size, 16) << "32 over dp 2";
-  EXPECT_EQ(c.microbatches, 4) << "2 x pp";
-  pipe.microbatches = 8;
+  EXPECT_EQ(c.training.batch_size, 16) << "32 over dp 2";
+  EXPECT_EQ(c.parallelism.microbatches, 4) << "2 x pp";
+  pipe.parallelism.microbatches = 8;
   c = resolved(pipe, {"--microbatches"}, 32, 4);
-  EXPECT_EQ(c.microbatches, 8) << "given: kept";
-  EXPECT_EQ(c.batch_size, 16);
-  pipe.microbatches = 0;
-  pipe.schedule = pp::ScheduleKind::Interleaved;
+  EXPECT_EQ(c.parallelism.microbatches, 8) << "given: kept";
+  EXPECT_EQ(c.training.batch_size, 16);
+  pipe.parallelism.microbatches = 0;
+  pipe.parallelism.schedule = pp::ScheduleKind::Interleaved;
   c = resolved(pipe, {}, 32, 4);
-  EXPECT_EQ(c.microbatches, 4);
-  pipe.schedule = pp::ScheduleKind::OneFOneB;
-  pipe.batch_size = 6;
+  EXPECT_EQ(c.parallelism.microbatches, 4);
+  pipe.parallelism.schedule = pp::ScheduleKind::OneFOneB;
+  pipe.training.batch_size = 6;
   c = resolved(pipe, {"--batch-size"}, 0, 2);
-  EXPECT_EQ(c.microbatches, 3) << "the most below 2 x pp that divides 6";
-  pipe.schedule = pp::ScheduleKind::Interleaved;
+  EXPECT_EQ(c.parallelism.microbatches, 3) << "the most below 2 x pp that divides 6";
+  pipe.parallelism.schedule = pp::ScheduleKind::Interleaved;
   c = resolved(pipe, {"--batch-size"}, 0, 2);
-  EXPECT_EQ(c.microbatches, 2) << "interleaved: a multiple of pp";
-  pipe.batch_size = 5;
+  EXPECT_EQ(c.parallelism.microbatches, 2) << "interleaved: a multiple of pp";
+  pipe.training.batch_size = 5;
   EXPECT_THROW(resolved(pipe, {"--batch-size"}, 0, 2), ConfigError);
 
   // Conflicts name both values; a given value is never replaced.
-  pipe.schedule = pp::ScheduleKind::OneFOneB;
-  pipe.batch_size = 8;
+  pipe.parallelism.schedule = pp::ScheduleKind::OneFOneB;
+  pipe.training.batch_size = 8;
   try {
     resolved(pipe, {"--batch-size"}, 32, 4);
     ADD_FAILURE() << "no error";
@@ -173,8 +173,8 @@ TEST(ResolveConfig, MicroBatchesFollowNoteMicroBatches) {
               std::string::npos)
         << e.what();
   }
-  pipe.batch_size = 64;
-  pipe.microbatches = 3;
+  pipe.training.batch_size = 64;
+  pipe.parallelism.microbatches = 3;
   try {
     resolved(pipe, {"--microbatches"}, 32, 4);
     ADD_FAILURE() << "no error";
@@ -184,29 +184,62 @@ TEST(ResolveConfig, MicroBatchesFollowNoteMicroBatches) {
               std::string::npos)
         << e.what();
   }
-  pipe.batch_size = 16;
+  pipe.training.batch_size = 16;
   EXPECT_THROW(resolved(pipe, {"--microbatches"}, 0, 2), ConfigError) << "16 in 3 micro-batches";
 }
 
 TEST(ResolveConfig, SetsTheDefaultsThatFollowOtherSettings) {
   TrainConfig c;
-  c.strategy.optimizer = OptimizerKind::AdamW;
+  c.strategy.optimizer.kind = OptimizerKind::AdamW;
   resolve(c, {});
-  EXPECT_EQ(c.strategy.weight_decay, 0.01) << "PyTorch's AdamW default, written out";
-  c.strategy.optimizer = OptimizerKind::SGD;
+  EXPECT_EQ(c.strategy.optimizer.weight_decay, 0.01) << "PyTorch's AdamW default, written out";
+  c.strategy.optimizer.kind = OptimizerKind::SGD;
   resolve(c, {});
-  EXPECT_EQ(c.strategy.weight_decay, 0.01) << "once set, a setting stays";
+  EXPECT_EQ(c.strategy.optimizer.weight_decay, 0.01) << "once set, a setting stays";
   TrainConfig g;
   ConfigSources s;
   s.global_batch_size = 96;
   s.world_size = 4;
   s.given = {"--accum-steps"};
-  g.accum_steps = 3;
+  g.training.accum_steps = 3;
   const Resolution r = resolve(g, s);
-  EXPECT_EQ(g.batch_size, 8) << "96 = 8 x 3 x 4";
+  EXPECT_EQ(g.training.batch_size, 8) << "96 = 8 x 3 x 4";
   ASSERT_EQ(r.notes.size(), 1u);
   EXPECT_NE(r.notes[0].find("batch 8 per rank x 3 accumulation step(s) x 4"), std::string::npos)
       << r.notes[0];
+}
+
+std::string parallelism_error_of(const ParallelismConfig& p) {
+  try {
+    validate(p);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// The parallelism settings are one struct for dtorch train, dtorch bench memory and
+// parallelize(), checked in one place.
+TEST(ParallelismConfig, SettingsThatCannotHoldAreNamedWhereverTheyComeFrom) {
+  EXPECT_EQ(parallelism_error_of({}), "no error");
+  ParallelismConfig p;
+  p.microbatches = 4;
+  EXPECT_NE(parallelism_error_of(p).find("--microbatches and --pp-split apply to pipelines"),
+            std::string::npos);
+  p.pp = 2;
+  EXPECT_EQ(parallelism_error_of(p), "no error");
+  p.sequence_parallel = true;
+  EXPECT_NE(parallelism_error_of(p).find("--sequence-parallel"), std::string::npos);
+  p.tp = 2;
+  p.activation_checkpointing = -1;
+  EXPECT_NE(parallelism_error_of(p).find("--activation-checkpointing -1"), std::string::npos);
+  TrainConfig c;
+  c.parallelism = p;
+  EXPECT_THROW(validate(c), ConfigError) << "the run configuration checks the same struct";
+  // The data-parallel ranks are what tp x pp leave of the job.
+  p.activation_checkpointing = 0;
+  EXPECT_EQ(data_parallel_size(p, 8), 2);
+  EXPECT_EQ(data_parallel_size(p, 2), 1) << "never below 1: parallelize() names the misfit";
 }
 
 }  // namespace

@@ -22,8 +22,8 @@ namespace {
 StrategyConfig adamw(const std::string& strategy) {
   StrategyConfig c;
   c.kind = *value_named<StrategyKind>(strategy);
-  c.optimizer = OptimizerKind::AdamW;
-  c.lr = 1e-3;
+  c.optimizer.kind = OptimizerKind::AdamW;
+  c.optimizer.lr = 1e-3;
   c.ddp.bucket_cap_mb = 0.01;  // several units
   return c;
 }
@@ -149,8 +149,8 @@ DTORCH_TEST_WORKER(precision_curve) {
   torch::manual_seed(5);
   auto model = models::make_model("gpt-debug");
   auto c = adamw(args.at(2));
-  c.precision = *value_named<Precision>(args.at(1));
-  c.lr = 3e-3;
+  c.precision.compute = *value_named<Precision>(args.at(1));
+  c.optimizer.lr = 3e-3;
   auto s = make_strategy(c, model, comm);
   std::ofstream out(str(args.at(0), "/", args.at(1), "_", args.at(2), "_", comm->rank()));
   for (int i = 0; i < 30; ++i)
@@ -208,7 +208,7 @@ DTORCH_TEST_WORKER(bf16_resnet) {
     torch::manual_seed(3);
     auto model = models::make_model("resnet-debug");
     auto c = adamw(strategy);
-    c.precision = Precision::BF16;
+    c.precision.compute = Precision::BF16;
     auto s = make_strategy(c, model, comm);
     for (int i = 0; i < 2; ++i) {
       torch::manual_seed(10 * i + comm->rank());

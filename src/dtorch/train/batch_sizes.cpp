@@ -38,8 +38,8 @@ BatchSizes resolve_batch_sizes(std::optional<int64_t> train, std::optional<int64
 }
 
 void set_batch_sizes(const BatchSizes& b, TrainConfig& c) {
-  c.batch_size = b.micro;
-  c.accum_steps = static_cast<int>(b.accum);
+  c.training.batch_size = b.micro;
+  c.training.accum_steps = static_cast<int>(b.accum);
 }
 
 PipelineBatch resolve_pipeline_batch(std::optional<int64_t> total, std::optional<int64_t> batch,
@@ -81,9 +81,9 @@ PipelineBatch resolve_pipeline_batch(std::optional<int64_t> total, std::optional
 }
 
 void set_pipeline_batch_sizes(const PipelineBatch& b, TrainConfig& c) {
-  if (b.batch) c.batch_size = *b.batch;
-  if (b.microbatches > 0) c.microbatches = b.microbatches;
-  c.accum_steps = 1;
+  if (b.batch) c.training.batch_size = *b.batch;
+  if (b.microbatches > 0) c.parallelism.microbatches = b.microbatches;
+  c.training.accum_steps = 1;
 }
 
 }  // namespace dtorch::train

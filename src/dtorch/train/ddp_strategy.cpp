@@ -4,23 +4,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <tuple>
 
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
-#include "dtorch/checkpoint/sharded_checkpoint.h"
-#include "dtorch/checkpoint/sharded_join.h"
-#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
-#include "dtorch/core/log.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/models/stage_union.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/parallel/tp/optimizer_state.h"
-#include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/zero_grad.h"
 
 namespace dtorch::train {
@@ -56,11 +49,11 @@ class DdpStrategy : public Strategy {
         tp_(std::move(tp)),
         pp_(std::move(pp)),
         device_(device_of(*model_)),
-        scaling_(c, step_groups(*comm_, tp_.handle, pp_.pipeline)) {
+        scaling_(c.precision, step_groups(*comm_, tp_.handle, pp_.pipeline)) {
     ddp::Options o = c.ddp;
-    if (c.reduce_dtype == ReduceDtype::BF16) o.compression = ddp::Compression::BF16;
+    if (c.precision.reduce_dtype == ReduceDtype::BF16) o.compression = ddp::Compression::BF16;
     ddp_ = ddp::wrap(model_, comm_, o);
-    opt_ = make_optimizer(c, model_->parameters());
+    opt_ = make_optimizer(c.optimizer, model_->parameters());
   }
 
   void backward(const torch::Tensor& loss, bool sync) override {
@@ -105,7 +98,7 @@ class DdpStrategy : public Strategy {
       // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index gathers over its tp
       // group (the unsplit model, or the unsplit stages).
       full = build_full_model(tp_);
-      full_opt = make_optimizer(c_, full->parameters());
+      full_opt = make_optimizer(c_.optimizer, full->parameters());
       tp_.handle->load_into(*full, *model_);
       tp::gather_optimizer_state(*tp_.handle, *model_, *opt_, *full, *full_opt);
       model = full.get();
@@ -135,7 +128,7 @@ class DdpStrategy : public Strategy {
     }
     const auto& stages = merged->stages();
     for (size_t k = 0; k < stages.size(); ++k) {
-      auto stage_opt = make_optimizer(c_, stages[k]->parameters());
+      auto stage_opt = make_optimizer(c_.optimizer, stages[k]->parameters());
       for (const auto& p : stages[k]->parameters()) {
         auto it = opt.state().find(compat::optimizer_state_key(p));
         if (it != opt.state().end())
@@ -151,19 +144,19 @@ class DdpStrategy : public Strategy {
     std::vector<checkpoint::SavedStage> saved = checkpoint::read_pipeline_layout(dir);
     if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
     auto load = [&](models::Model& m, torch::optim::Optimizer& o) {
-      auto loaded = saved.empty()
-                        ? checkpoint::load_latest_checkpoint(dir, m, &o)
-                        : checkpoint::load_from_stages(saved, c_.model, c_.input, m, o,
-                                                       [this](std::vector<torch::Tensor> p) {
-                                                         return make_optimizer(c_, std::move(p));
-                                                       });
-      if (loaded) scaling_.restore(c_, loaded->data.metadata_json);
+      auto loaded = saved.empty() ? checkpoint::load_latest_checkpoint(dir, m, &o)
+                                  : checkpoint::load_from_stages(
+                                        saved, c_.model, c_.input, m, o,
+                                        [this](std::vector<torch::Tensor> p) {
+                                          return make_optimizer(c_.optimizer, std::move(p));
+                                        });
+      if (loaded) scaling_.restore(c_.precision, loaded->data.metadata_json);
       return loaded;
     };
     if (!tp_.handle) return load(*model_, *opt_);
     // Note [Tensor-parallel checkpoints]: into the unsplit model, then keep this rank's shards.
     auto full = build_full_model(tp_);
-    auto full_opt = make_optimizer(c_, full->parameters());
+    auto full_opt = make_optimizer(c_.optimizer, full->parameters());
     auto loaded = load(*full, *full_opt);
     if (!loaded) return loaded;
     tp_.handle->load_from(*model_, *full);
@@ -185,15 +178,16 @@ class DdpStrategy : public Strategy {
     return m;
   }
 
-  parallel::AutocastMode autocast() const override { return autocast_of(c_, device_); }
+  parallel::AutocastMode autocast() const override { return autocast_of(c_.precision, device_); }
   double loss_scale() const override { return scaling_.scale(); }
   int64_t skipped_steps() const override { return scaling_.skipped(); }
   at::Device device() const override { return device_; }
   void set_lr(double lr) override { set_lr_of(*opt_, lr); }
 
   std::string describe() const override {
-    return str("ddp (", ddp_->plan().buckets.size(), " buckets), ", name_of(c_.precision),
-               " compute, ", name_of(c_.reduce_dtype), " gradient reduction, on ", device_);
+    return str("ddp (", ddp_->plan().buckets.size(), " buckets), ", name_of(c_.precision.compute),
+               " compute, ", name_of(c_.precision.reduce_dtype), " gradient reduction, on ",
+               device_);
   }
 
  private:

@@ -393,9 +393,9 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
   take(ds.strategy, c.strategy.kind, "--strategy", "zero_optimization.stage");
   take(ds.bucket_cap_mb, c.strategy.ddp.bucket_cap_mb, "--bucket-cap-mb",
        "zero_optimization.reduce_bucket_size");
-  take(ds.precision, c.strategy.precision, "--precision",
+  take(ds.precision, c.strategy.precision.compute, "--precision",
        ds.precision == Precision::FP16 ? "fp16.enabled" : "bf16.enabled");
-  auto& ls = c.strategy.loss_scale;
+  auto& ls = c.strategy.precision.loss_scale;
   take(ds.loss_scale, ls.loss_scale, "--loss-scale", "fp16.loss_scale");
   take(ds.initial_scale_power, ls.initial_scale_power, "--initial-scale-power",
        "fp16.initial_scale_power");
@@ -404,17 +404,19 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
   take(ds.consecutive_hysteresis, ls.consecutive_hysteresis, "--consecutive-hysteresis",
        "fp16.consecutive_hysteresis");
   take(ds.min_loss_scale, ls.min_loss_scale, "--min-loss-scale", "fp16.min_loss_scale");
-  take(ds.reduce_dtype, c.strategy.reduce_dtype, "--reduce-dtype", "communication_data_type");
-  take(ds.clip_grad_norm, c.clip_grad_norm, "--clip-grad-norm", "gradient_clipping");
-  take(ds.optimizer, c.strategy.optimizer, "--optimizer", "optimizer.type");
-  take(ds.lr, c.strategy.lr, "--lr", "optimizer.params.lr");
-  take(ds.momentum, c.strategy.momentum, "--momentum", "optimizer.params.momentum");
-  take(ds.weight_decay, c.strategy.weight_decay, "--weight-decay", "optimizer.params.weight_decay");
-  take(ds.betas, c.strategy.betas, "--betas", "optimizer.params.betas");
-  take(ds.eps, c.strategy.eps, "--eps", "optimizer.params.eps");
-  take(ds.print_every, c.print_every, "--print-every", "steps_per_print");
-  take(ds.phase_times, c.phase_times, "--phase-times", "wall_clock_breakdown");
-  take(ds.tensorboard, c.tensorboard, "--tensorboard", "tensorboard.output_path");
+  take(ds.reduce_dtype, c.strategy.precision.reduce_dtype, "--reduce-dtype",
+       "communication_data_type");
+  take(ds.clip_grad_norm, c.training.clip_grad_norm, "--clip-grad-norm", "gradient_clipping");
+  take(ds.optimizer, c.strategy.optimizer.kind, "--optimizer", "optimizer.type");
+  take(ds.lr, c.strategy.optimizer.lr, "--lr", "optimizer.params.lr");
+  take(ds.momentum, c.strategy.optimizer.momentum, "--momentum", "optimizer.params.momentum");
+  take(ds.weight_decay, c.strategy.optimizer.weight_decay, "--weight-decay",
+       "optimizer.params.weight_decay");
+  take(ds.betas, c.strategy.optimizer.betas, "--betas", "optimizer.params.betas");
+  take(ds.eps, c.strategy.optimizer.eps, "--eps", "optimizer.params.eps");
+  take(ds.print_every, c.reporting.print_every, "--print-every", "steps_per_print");
+  take(ds.phase_times, c.reporting.phase_times, "--phase-times", "wall_clock_breakdown");
+  take(ds.tensorboard, c.reporting.tensorboard, "--tensorboard", "tensorboard.output_path");
   if (ds.lr_schedule) {
     const bool replaced =
         given.count("--lr-schedule") || given.count("--warmup-steps") || given.count("--min-lr");
@@ -423,30 +425,31 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
           "--lr-schedule, --warmup-steps or --min-lr on the command line replace "
           "the file's scheduler");
     } else {
-      c.lr_schedule = *ds.lr_schedule;
-      take(ds.schedule_peak_lr, c.strategy.lr, "--lr", "scheduler's peak learning rate");
+      c.training.lr_schedule = *ds.lr_schedule;
+      take(ds.schedule_peak_lr, c.strategy.optimizer.lr, "--lr", "scheduler's peak learning rate");
     }
   }
   // DeepSpeed's batch rule over the data-parallel ranks; the flags stand for the micro batch
   // and the accumulation steps (under a pipeline: a rank's batch and its micro-batches).
   if (ds.train_batch_size || ds.micro_batch_size || ds.accum_steps) {
-    const int dp = std::max(1, world_size / std::max(1, c.tp * c.pp));
-    if (c.pp > 1) {
+    const int dp = data_parallel_size(c.parallelism, world_size);
+    if (c.parallelism.pp > 1) {
       const bool batch = given.count("--batch-size") > 0;
       set_pipeline_batch_sizes(
           resolve_pipeline_batch(
-              ds.train_batch_size, batch ? std::optional<int64_t>(c.batch_size) : std::nullopt,
-              given.count("--microbatches") ? std::optional<int64_t>(c.microbatches)
+              ds.train_batch_size,
+              batch ? std::optional<int64_t>(c.training.batch_size) : std::nullopt,
+              given.count("--microbatches") ? std::optional<int64_t>(c.parallelism.microbatches)
                                             : ds.accum_steps,
               batch ? std::nullopt : ds.micro_batch_size, dp),
           c);
       return notes;
     }
-    auto micro =
-        given.count("--batch-size") ? std::optional<int64_t>(c.batch_size) : ds.micro_batch_size;
-    auto accum =
-        given.count("--accum-steps") ? std::optional<int64_t>(c.accum_steps) : ds.accum_steps;
-    if (!micro && !ds.train_batch_size) micro = c.batch_size;  // dtorch's default
+    auto micro = given.count("--batch-size") ? std::optional<int64_t>(c.training.batch_size)
+                                             : ds.micro_batch_size;
+    auto accum = given.count("--accum-steps") ? std::optional<int64_t>(c.training.accum_steps)
+                                              : ds.accum_steps;
+    if (!micro && !ds.train_batch_size) micro = c.training.batch_size;  // dtorch's default
     set_batch_sizes(resolve_batch_sizes(ds.train_batch_size, micro, accum, dp), c);
   }
   return notes;

@@ -47,8 +47,8 @@ void write_model_file(const TrainConfig& c, Parallelized& run, comm::Communicato
   if (pipeline && run.layout.dp->rank() == 0)
     full = join_pipeline_stages(*pipeline, tensor_parallel ? full : checkpoint::state_dict(model));
   if (world.rank() == 0) {
-    const checkpoint::SaveFormat format = c.save_format;
-    const std::string path = c.out + "/model" + checkpoint::file_suffix(format);
+    const checkpoint::SaveFormat format = c.checkpointing.save_format;
+    const std::string path = c.checkpointing.out + "/model" + checkpoint::file_suffix(format);
     if (!tensor_parallel && !pipeline) full = checkpoint::state_dict(model);
     // For torch.load the tied weights under Python's names too (Note [Tied embedding]).
     if (format == checkpoint::SaveFormat::Torch)

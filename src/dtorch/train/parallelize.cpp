@@ -1,6 +1,7 @@
 // parallelize() (parallelize.h): Note [Assembly order], step by step.
 #include "dtorch/train/parallelize.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "dtorch/core/device.h"
@@ -37,13 +38,13 @@ struct Groups {
 };
 Groups make_groups(const ParallelizeSpec& s, const std::shared_ptr<comm::Communicator>& world) {
   Groups g;
-  const int pp = s.pipeline.pp;
-  if (s.tp == 1 && pp == 1) {
+  const int tp = s.parallelism.tp, pp = s.parallelism.pp;
+  if (tp == 1 && pp == 1) {
     g.layout.dp = world;
     g.layout.plan = parallel::plan_mesh({0, 1}, world->size(), world->info().local_world_size);
     return g;
   }
-  parallel::Mesh mesh = parallel::make_mesh(world, {0, s.tp, pp});
+  parallel::Mesh mesh = parallel::make_mesh(world, {0, tp, pp});
   g.layout.dp = mesh.dp;
   g.layout.plan = mesh.plan;
   g.tp = mesh.tp;
@@ -53,7 +54,7 @@ Groups make_groups(const ParallelizeSpec& s, const std::shared_ptr<comm::Communi
 
 // Step 2 under a pipeline: the stage plan and this rank's stages.
 std::shared_ptr<models::Model> build_rank_stages(const ParallelizeSpec& s, Groups& g) {
-  const PipelineConfig& c = s.pipeline;
+  const ParallelismConfig& c = s.parallelism;
   std::vector<std::string> names;
   std::vector<int64_t> sizes;
   for (const auto& u : models::model_units(s.model, s.input)) {
@@ -62,8 +63,8 @@ std::shared_ptr<models::Model> build_rank_stages(const ParallelizeSpec& s, Group
   }
   const int v = pp::default_virtual_stages(c.schedule);
   PipelineParallelism& out = g.layout.pp;
-  out.plan = c.split.empty() ? pp::balance_stages(sizes, c.pp * v)
-                             : pp::split_stages_at(c.split, names, sizes, c.pp * v);
+  out.plan = c.pp_split.empty() ? pp::balance_stages(sizes, c.pp * v)
+                                : pp::split_stages_at(c.pp_split, names, sizes, c.pp * v);
   for (int k = 0; k < v; ++k)
     out.stages.push_back(g.pp->rank() + k * c.pp);
   return build_stages(s.model, out, s.input);
@@ -71,21 +72,48 @@ std::shared_ptr<models::Model> build_rank_stages(const ParallelizeSpec& s, Group
 
 }  // namespace
 
+int data_parallel_size(const ParallelismConfig& c, int world_size) {
+  return std::max(1, world_size / std::max(1, c.tp * c.pp));
+}
+
+void validate(const ParallelismConfig& c) {
+  DTORCH_CHECK_T(ConfigError, c.tp >= 1, "--tp must be >= 1 (got ", c.tp, ")");
+  DTORCH_CHECK_T(ConfigError, c.tp > 1 || !c.sequence_parallel,
+                 "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
+                 "--tp 2 or more");
+  DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
+  if (c.pp > 1) {
+    DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
+                   "--microbatches must be >= 1, or 0 for 2 x --pp");
+  } else {
+    DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
+                   "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
+  }
+  DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
+                 c.activation_checkpointing,
+                 ": give K >= 1 to recompute every K-th block (1: every block)");
+}
+
 Parallelized parallelize(const ParallelizeSpec& s, const std::shared_ptr<comm::Communicator>& world,
                          const std::function<void(const models::Model&)>& before_strategy) {
+  const ParallelismConfig& c = s.parallelism;
+  validate(c);
+  DTORCH_CHECK_T(ConfigError, c.pp == 1 || c.microbatches >= 1, "parallelize: --pp ", c.pp,
+                 " with microbatches 0: set the micro-batch count "
+                 "(train::default_microbatches gives the one dtorch train would take)");
   Groups g = make_groups(s, world);
   Parallelized out;
-  const bool pipelined = s.pipeline.pp > 1;
+  const bool pipelined = c.pp > 1;
   if (pipelined) {
     out.model = build_rank_stages(s, g);
-  } else if (s.strategy.kind == StrategyKind::Zero3 || s.tp > 1) {
+  } else if (s.strategy.kind == StrategyKind::Zero3 || c.tp > 1) {
     out.model = models::make_deferred_model(s.model, s.input);  // Note [Deferred initialisation]
   } else {
     out.model = models::make_model(s.model, {}, s.input);
   }
-  if (s.tp > 1) {
+  if (c.tp > 1) {
     g.layout.tp.handle =
-        tp::parallelize(*out.model, g.tp, tp::plan_for(*out.model, s.tp), {s.sequence_parallel});
+        tp::parallelize(*out.model, g.tp, tp::plan_for(*out.model, c.tp), {c.sequence_parallel});
     // Checkpoints are written as the unsplit model (Note [Tensor-parallel checkpoints]).
     g.layout.tp.make_full_model = [name = s.model, pp = g.layout.pp, input = s.input,
                                    pipelined]() -> std::shared_ptr<models::Model> {
@@ -98,16 +126,15 @@ Parallelized parallelize(const ParallelizeSpec& s, const std::shared_ptr<comm::C
         merged ? merged->stages() : std::vector<std::shared_ptr<models::Model>>{out.model};
     g.layout.pp.pipeline = std::make_shared<pp::Pipeline>(
         stages, g.pp,
-        pp::PipelineOptions{s.pipeline.schedule, s.pipeline.microbatches,
-                            pp::default_virtual_stages(s.pipeline.schedule)});
+        pp::PipelineOptions{c.schedule, c.microbatches, pp::default_virtual_stages(c.schedule)});
   }
   models::to_device(*out.model, s.device);
-  if (s.activation_checkpointing > 0) {
+  if (c.activation_checkpointing > 0) {
     DTORCH_CHECK_T(ConfigError, !out.model->block_names().empty(),
                    "--activation-checkpointing: ", s.model,
                    " has no repeating blocks to recompute (gpt-*, vit-* and resnet* have); leave "
                    "the flag out");
-    parallel::checkpoint_activations(*out.model, {s.activation_checkpointing});
+    parallel::checkpoint_activations(*out.model, {c.activation_checkpointing});
   }
   if (before_strategy) before_strategy(*out.model);
   StrategyConfig sc = s.strategy;

@@ -31,24 +31,40 @@ namespace dtorch::train {
 // host memory so no GPU ever holds a whole layer, recomputation wraps the blocks the rank
 // runs, and the strategy shards or buckets the parameters as they finally are.
 
-/// The pipeline's settings (--pp, --microbatches, --schedule, --pp-split).
-struct PipelineConfig {
+/// How a model is spread besides its data-parallel strategy: steps 1, 2, 3 and 5 of Note
+/// [Assembly order]. The data-parallel degree is what is left: world / (tp x pp).
+struct ParallelismConfig {
+  /// Tensor-parallel ranks per model replica (gpt-*, vit-*; parallel/parallel_dims.h).
+  int tp = 1;
+  /// Megatron's sequence parallelism inside each tp group (needs tp > 1).
+  bool sequence_parallel = false;
+  /// Pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs its own stages (1: none).
   int pp = 1;
-  int microbatches = 0;  ///< >= 1 under a pipeline (run_config.h's default_microbatches)
-  pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;
-  std::string split;  ///< --pp-split; empty: balanced by parameter count
+  /// Micro-batches per batch under a pipeline: >= 1 when parallelize() runs (run_config.h's
+  /// resolve() derives it; Note [Micro-batches]).
+  int microbatches = 0;
+  pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;  ///< under a pipeline
+  std::string pp_split;  ///< unit names where stages 1.. begin; empty: balanced
+  /// Recompute every K-th block's forward in backward instead of keeping its activations
+  /// (parallel/activation_checkpoint.h; 1: every block, 0: off).
+  int activation_checkpointing = 0;
 };
+
+/// The data-parallel ranks of a job of `world_size` ranks under `c`: world / (tp x pp), at
+/// least 1.
+int data_parallel_size(const ParallelismConfig& c, int world_size);
+
+/// Throws ConfigError naming the flag and the fix for a setting that cannot hold whatever the
+/// job and the model (those parallelize() checks).
+void validate(const ParallelismConfig& c);
 
 /// What parallelize() builds and applies.
 struct ParallelizeSpec {
-  std::string model;         ///< a models::model_names() entry
-  models::ImageInput input;  ///< what an image model is built for
-  int tp = 1;                ///< tensor-parallel ranks per replica
-  bool sequence_parallel = false;
-  PipelineConfig pipeline;           ///< pipeline.pp == 1: none
-  int activation_checkpointing = 0;  ///< recompute every K-th block (0: off)
-  StrategyConfig strategy;           ///< over the dp group (its model and input are set from above)
-  at::Device device = at::kCPU;      ///< the rank's device (resolve_run_device)
+  std::string model;              ///< a models::model_names() entry
+  models::ImageInput input;       ///< what an image model is built for
+  ParallelismConfig parallelism;  ///< the mesh, the stages, the tp split, recomputation
+  StrategyConfig strategy;        ///< over the dp group (its model and input are set from above)
+  at::Device device = at::kCPU;   ///< the rank's device (resolve_run_device)
 };
 
 /// A model spread over the job: the mesh's groups with the tensor and pipeline parallelism,

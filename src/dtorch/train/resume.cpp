@@ -20,9 +20,9 @@ void check_tensor_parallel_layout(const TrainConfig& c) {
   int saved_tp = 1;
   std::error_code ec;
   // In the run's folder, or in its pipeline stage folders (Note [Pipeline checkpoints]).
-  std::vector<std::string> folders{c.out};
-  for (const std::string& name : paths::list_directory(c.out, ec))
-    if (name.rfind("pp", 0) == 0) folders.push_back(paths::join(c.out, name));
+  std::vector<std::string> folders{c.checkpointing.out};
+  for (const std::string& name : paths::list_directory(c.checkpointing.out, ec))
+    if (name.rfind("pp", 0) == 0) folders.push_back(paths::join(c.checkpointing.out, name));
   for (const auto& folder : folders) {
     for (const std::string& name : paths::list_directory(folder, ec)) {
       auto of = name.find("-of-");
@@ -32,11 +32,12 @@ void check_tensor_parallel_layout(const TrainConfig& c) {
     }
   }
   if (saved_tp == 1) return;  // no per-tp folders: no tensor parallelism, or ddp's whole files
-  DTORCH_CHECK_T(CheckpointError, saved_tp == c.tp && c.strategy.kind != StrategyKind::DDP,
-                 "the ZeRO checkpoints in ", c.out, " were written with --tp ", saved_tp,
-                 " and this run has --tp ", c.tp, " (", name_of(c.strategy.kind),
-                 "): resume with --strategy zero1 or zero2 and --tp ", saved_tp,
-                 " (only ddp's tensor-parallel checkpoints fit any --tp)");
+  DTORCH_CHECK_T(CheckpointError,
+                 saved_tp == c.parallelism.tp && c.strategy.kind != StrategyKind::DDP,
+                 "the ZeRO checkpoints in ", c.checkpointing.out, " were written with --tp ",
+                 saved_tp, " and this run has --tp ", c.parallelism.tp, " (",
+                 name_of(c.strategy.kind), "): resume with --strategy zero1 or zero2 and --tp ",
+                 saved_tp, " (only ddp's tensor-parallel checkpoints fit any --tp)");
 }
 
 }  // namespace
@@ -62,7 +63,7 @@ std::optional<Schedule> schedule_of(const std::string& metadata_json, const std:
 std::string config_json(const TrainConfig& c, int world, const Schedule& schedule,
                         const models::ImageInput& input) {
   nlohmann::json j = {
-      {"model", c.model},
+      {"model", c.model.name},
       {"config", to_json(c)},
       {"input", {{"channels", input.channels}, {"size", input.size}, {"classes", input.classes}}},
       {"world_size", world},
@@ -78,15 +79,15 @@ StartPoint resume_run(const TrainConfig& c, Strategy& strategy, comm::Communicat
   // torchrun scripts reload their snapshot: the checkpoints in `out` are this job's own.
   const int restart = comm.info().restart_count;
   const int64_t round = env::get_int("DTORCH_ELASTIC_ROUND").value_or(0);
-  start.resumed = c.resume || restart > 0 || round > 0;
+  start.resumed = c.checkpointing.resume || restart > 0 || round > 0;
   if (lead && restart > 0) {
-    log::info("restart ", restart, " of the group: resuming from ", c.out);
+    log::info("restart ", restart, " of the group: resuming from ", c.checkpointing.out);
   } else if (lead && round > 0) {
-    log::info("elastic round ", round, ": resuming from ", c.out);
+    log::info("elastic round ", round, ": resuming from ", c.checkpointing.out);
   }
   if (!start.resumed) return start;
   check_tensor_parallel_layout(c);
-  if (auto ck = strategy.load_latest(c.out)) {
+  if (auto ck = strategy.load_latest(c.checkpointing.out)) {
     start.epoch = ck->data.epoch;
     start.global_step = ck->data.global_step;
     if (lead) log::info("resuming from ", ck->path, " (", start.epoch, " epoch(s) done)");
@@ -101,13 +102,13 @@ StartPoint resume_run(const TrainConfig& c, Strategy& strategy, comm::Communicat
       start.schedule = *saved;
     }
   } else if (lead) {
-    log::info("--resume: no checkpoint in ", c.out, ", starting from scratch");
+    log::info("--resume: no checkpoint in ", c.checkpointing.out, ", starting from scratch");
   }
   // Every rank must resume from the same epoch, or their steps would not match.
   auto e = torch::tensor({double(start.epoch), -double(start.epoch)}, torch::kDouble);
   comm.allreduce(e, comm::ReduceOp::Max, "resume epoch check");
   DTORCH_CHECK_T(CheckpointError, e[0].item<double>() == -e[1].item<double>(),
-                 "ranks found different checkpoints in ", c.out,
+                 "ranks found different checkpoints in ", c.checkpointing.out,
                  " (is --out on a file system every node shares?)");
   return start;
 }

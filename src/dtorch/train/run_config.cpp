@@ -126,8 +126,8 @@ json to_json(const TrainConfig& config) {
   for (const auto& s : config_sections())
     j[s] = json::object();
   visit_fields(c, Writer{j});
-  if (is_deepspeed_schedule(c.lr_schedule.kind))
-    j["optimizer"][kDeepSpeedSchedule] = json(c.lr_schedule)["deepspeed"];
+  if (is_deepspeed_schedule(c.training.lr_schedule.kind))
+    j["optimizer"][kDeepSpeedSchedule] = json(c.training.lr_schedule)["deepspeed"];
   return j;
 }
 
@@ -151,9 +151,9 @@ TrainConfig from_json(const json& j, const std::string& file, const TrainConfig&
   auto opt = sections.find("optimizer");
   if (opt != sections.end() && opt->second.has(kDeepSpeedSchedule)) {
     try {
-      json schedule = c.lr_schedule;
+      json schedule = c.training.lr_schedule;
       schedule["deepspeed"] = *opt->second.get(kDeepSpeedSchedule);
-      c.lr_schedule.deepspeed = schedule.get<LrScheduleConfig>().deepspeed;
+      c.training.lr_schedule.deepspeed = schedule.get<LrScheduleConfig>().deepspeed;
     } catch (const json::exception&) {
       DTORCH_FAIL(ConfigError, file, ": optimizer.", kDeepSpeedSchedule,
                   " must hold DeepSpeed's scheduler parameters as a config.json of dtorch "
@@ -198,74 +198,62 @@ TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_conf
       j["optimizer"][kDeepSpeedSchedule] = given["optimizer"][kDeepSpeedSchedule];
   }
   TrainConfig c = from_json(j, "the command line");
-  c.resume = flags_config.resume;
-  c.progress = flags_config.progress;
-  if (!flags.count("--progress")) c.progress.mode = file.progress.mode;
+  c.checkpointing.resume = flags_config.checkpointing.resume;
+  c.reporting.progress = flags_config.reporting.progress;
+  if (!flags.count("--progress")) c.reporting.progress.mode = file.reporting.progress.mode;
   return c;
 }
 
 void validate(const TrainConfig& c) {
+  const TrainingConfig& t = c.training;
+  const ParallelismConfig& p = c.parallelism;
+  const StrategyConfig& s = c.strategy;
   auto names = models::model_names();
-  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model) != names.end(),
-                 "unknown model '", c.model, "'; choose one of: ", joined(names));
-  DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
-                 c.activation_checkpointing,
-                 ": give K >= 1 to recompute every K-th block (1: every block)");
-  validate_data(c.data, c.loader, c.model.rfind("gpt", 0) == 0);
-  DTORCH_CHECK_T(ConfigError, c.epochs >= 1, "--epochs must be >= 1 (got ", c.epochs, ")");
-  DTORCH_CHECK_T(ConfigError, c.batch_size >= 1, "--batch-size must be >= 1 (got ", c.batch_size,
+  DTORCH_CHECK_T(ConfigError, std::find(names.begin(), names.end(), c.model.name) != names.end(),
+                 "unknown model '", c.model.name, "'; choose one of: ", joined(names));
+  validate_data(c.data.source, c.data.loader, c.model.name.rfind("gpt", 0) == 0);
+  DTORCH_CHECK_T(ConfigError, t.epochs >= 1, "--epochs must be >= 1 (got ", t.epochs, ")");
+  DTORCH_CHECK_T(ConfigError, t.batch_size >= 1, "--batch-size must be >= 1 (got ", t.batch_size,
                  ")");
-  DTORCH_CHECK_T(ConfigError, c.seq_len >= 0,
-                 "--seq-len must be >= 1, or 0 for the model's "
-                 "longest sequence (got ",
-                 c.seq_len, ")");
-  DTORCH_CHECK_T(ConfigError, c.strategy.lr > 0, "--lr must be positive (got ", c.strategy.lr, ")");
-  validate(c.lr_schedule, c.strategy.lr);
-  DTORCH_CHECK_T(ConfigError, c.accum_steps >= 1, "--accum-steps must be >= 1");
-  DTORCH_CHECK_T(ConfigError, c.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
-  DTORCH_CHECK_T(ConfigError, !c.out.empty(), "--out must name a directory");
-  DTORCH_CHECK_T(ConfigError, c.tp >= 1, "--tp must be >= 1 (got ", c.tp, ")");
-  DTORCH_CHECK_T(ConfigError, c.tp > 1 || !c.sequence_parallel,
-                 "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
-                 "--tp 2 or more");
-  DTORCH_CHECK_T(ConfigError, c.tp == 1 || c.clip_grad_norm == 0,
+  DTORCH_CHECK_T(ConfigError, c.model.seq_len >= 0,
+                 "--seq-len must be >= 1, or 0 for the model's longest sequence (got ",
+                 c.model.seq_len, ")");
+  validate(s.optimizer);
+  validate(t.lr_schedule, s.optimizer.lr);
+  DTORCH_CHECK_T(ConfigError, t.accum_steps >= 1, "--accum-steps must be >= 1");
+  DTORCH_CHECK_T(ConfigError, t.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off)");
+  DTORCH_CHECK_T(ConfigError, !c.checkpointing.out.empty(), "--out must name a directory");
+  DTORCH_CHECK_T(ConfigError, c.checkpointing.keep >= 1, "--keep-checkpoints must be >= 1");
+  DTORCH_CHECK_T(ConfigError, c.reporting.print_every >= 0,
+                 "--print-every must be >= 1, or 0 for a line per epoch only");
+  validate(p);
+  DTORCH_CHECK_T(ConfigError, p.tp == 1 || t.clip_grad_norm == 0,
                  "--clip-grad-norm with --tp is not supported yet (the norm of split parameters "
                  "needs a sum across the tp group); leave it at 0");
-  DTORCH_CHECK_T(ConfigError, c.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1");
-  DTORCH_CHECK_T(ConfigError, c.print_every >= 0,
-                 "--print-every must be >= 1, or 0 for a line per epoch only");
-  DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
-  if (c.pp > 1) {
-    DTORCH_CHECK_T(ConfigError, c.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
+  if (p.pp > 1) {
+    DTORCH_CHECK_T(ConfigError, t.accum_steps == 1, "--accum-steps with --pp: the pipeline ",
                    "already accumulates over its micro-batches; raise --microbatches and ",
                    "--batch-size instead");
-    DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
-                   "--microbatches must be >= 1, or 0 for 2 x --pp");
-    DTORCH_CHECK_T(ConfigError, c.microbatches == 0 || c.batch_size % c.microbatches == 0,
-                   "--batch-size ", c.batch_size, " cannot be cut into --microbatches ",
-                   c.microbatches, " equal micro-batches; make it a multiple of ", c.microbatches);
+    DTORCH_CHECK_T(ConfigError, p.microbatches == 0 || t.batch_size % p.microbatches == 0,
+                   "--batch-size ", t.batch_size, " cannot be cut into --microbatches ",
+                   p.microbatches, " equal micro-batches; make it a multiple of ", p.microbatches);
     // Note [ZeRO-3 under a pipeline]
     DTORCH_CHECK_T(ConfigError,
-                   !c.strategy.reshard_after_microbatch ||
-                       c.schedule == pp::ScheduleKind::OneFOneB ||
-                       c.schedule == pp::ScheduleKind::GPipe,
-                   "--reshard-after-microbatch with --schedule ", name_of(c.schedule),
+                   !s.reshard_after_microbatch || p.schedule == pp::ScheduleKind::OneFOneB ||
+                       p.schedule == pp::ScheduleKind::GPipe,
+                   "--reshard-after-microbatch with --schedule ", name_of(p.schedule),
                    ": ZeRO-3 then gathers a unit as each micro-batch's backward reaches it, which "
                    "this schedule does not signal; use --schedule 1f1b or gpipe, or leave the "
                    "flag out (units gathered once per step)");
-  } else {
-    DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
-                   "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
   }
-  DTORCH_CHECK_T(
-      ConfigError,
-      !c.strategy.reshard_after_microbatch || (c.strategy.kind == StrategyKind::Zero3 && c.pp > 1),
-      "--reshard-after-microbatch releases ZeRO-3's units between a pipeline's "
-      "micro-batches: it needs --strategy zero3 and --pp 2 or more (got --strategy ",
-      name_of(c.strategy.kind), ", --pp ", c.pp, ")");
-  StrategyConfig s = c.strategy;
-  s.model = c.model;
-  validate(s);
+  DTORCH_CHECK_T(ConfigError,
+                 !s.reshard_after_microbatch || (s.kind == StrategyKind::Zero3 && p.pp > 1),
+                 "--reshard-after-microbatch releases ZeRO-3's units between a pipeline's "
+                 "micro-batches: it needs --strategy zero3 and --pp 2 or more (got --strategy ",
+                 name_of(s.kind), ", --pp ", p.pp, ")");
+  StrategyConfig named = s;
+  named.model = c.model.name;
+  validate(named);
 }
 
 int default_microbatches(int pp, pp::ScheduleKind schedule, int64_t batch) {
@@ -285,12 +273,15 @@ Resolution resolve(TrainConfig& c, const ConfigSources& src) {
     r.warnings = ds.warnings;
     r.notes = apply_deepspeed_config(ds, src.command_line, src.world_size, c);
     r.notes.push_back(str("--deepspeed-config ", src.deepspeed_config, ": ",
-                          name_of(c.strategy.kind), ", ", name_of(c.strategy.precision), ", ",
-                          name_of(c.strategy.optimizer), " lr ", c.strategy.lr, ", batch ",
-                          c.batch_size, " per rank x ", c.accum_steps,
-                          " accumulation step(s), schedule ", name_of(c.lr_schedule.kind)));
+                          name_of(c.strategy.kind), ", ", name_of(c.strategy.precision.compute),
+                          ", ", name_of(c.strategy.optimizer.kind), " lr ", c.strategy.optimizer.lr,
+                          ", batch ", c.training.batch_size, " per rank x ", c.training.accum_steps,
+                          " accumulation step(s), schedule ",
+                          name_of(c.training.lr_schedule.kind)));
   }
-  const int dp = std::max(1, src.world_size / std::max(1, c.tp * c.pp));
+  ParallelismConfig& p = c.parallelism;
+  TrainingConfig& t = c.training;
+  const int dp = data_parallel_size(p, src.world_size);
   if (src.global_batch_size > 0) {
     // --global-batch-size: the batch per rank follows the job's size, by DeepSpeed's rule, so an
     // elastic job that goes on with fewer nodes takes the same optimizer steps over the same
@@ -299,33 +290,33 @@ Resolution resolve(TrainConfig& c, const ConfigSources& src) {
       return given(name) && v > 0 ? std::optional<int64_t>(v) : std::nullopt;
     };
     const BatchNames names{"--global-batch-size", "--batch-size", "--accum-steps"};
-    if (c.pp > 1) {
+    if (p.pp > 1) {
       set_pipeline_batch_sizes(
-          resolve_pipeline_batch(src.global_batch_size, flag("--batch-size", c.batch_size),
-                                 flag("--microbatches", c.microbatches), std::nullopt, dp,
+          resolve_pipeline_batch(src.global_batch_size, flag("--batch-size", t.batch_size),
+                                 flag("--microbatches", p.microbatches), std::nullopt, dp,
                                  {"--global-batch-size", "--batch-size", "--microbatches"}),
           c);
     } else {
-      set_batch_sizes(resolve_batch_sizes(src.global_batch_size, flag("--batch-size", c.batch_size),
-                                          flag("--accum-steps", c.accum_steps), dp, names),
+      set_batch_sizes(resolve_batch_sizes(src.global_batch_size, flag("--batch-size", t.batch_size),
+                                          flag("--accum-steps", t.accum_steps), dp, names),
                       c);
     }
   }
-  if (c.pp > 1 && c.microbatches == 0) {  // Note [Micro-batches]
-    c.microbatches = default_microbatches(c.pp, c.schedule, c.batch_size);
-    if (c.microbatches != 2 * c.pp) {
-      r.notes.push_back(str("--microbatches ", c.microbatches, ": 2 x --pp (", 2 * c.pp,
-                            ") does not divide --batch-size ", c.batch_size));
+  if (p.pp > 1 && p.microbatches == 0) {  // Note [Micro-batches]
+    p.microbatches = default_microbatches(p.pp, p.schedule, t.batch_size);
+    if (p.microbatches != 2 * p.pp) {
+      r.notes.push_back(str("--microbatches ", p.microbatches, ": 2 x --pp (", 2 * p.pp,
+                            ") does not divide --batch-size ", t.batch_size));
     }
   }
   if (src.global_batch_size > 0) {
-    r.notes.push_back(str("--global-batch-size ", src.global_batch_size, ": batch ", c.batch_size,
+    r.notes.push_back(str("--global-batch-size ", src.global_batch_size, ": batch ", t.batch_size,
                           " per rank",
-                          c.pp > 1 ? str(" in ", c.microbatches, " micro-batch(es)")
-                                   : str(" x ", c.accum_steps, " accumulation step(s)"),
+                          p.pp > 1 ? str(" in ", p.microbatches, " micro-batch(es)")
+                                   : str(" x ", t.accum_steps, " accumulation step(s)"),
                           " x ", dp, " data-parallel rank(s)"));
   }
-  c.strategy.weight_decay = weight_decay_of(c.strategy);
+  c.strategy.optimizer.weight_decay = weight_decay_of(c.strategy.optimizer);
   validate(c);
   return r;
 }

@@ -22,47 +22,57 @@
 
 namespace dtorch::train {
 
-struct TrainConfig {
-  std::string model = "mnist-cnn";  ///< a name from models::model_names()
-  /// fashion-mnist or mnist (IDX files in data_dir), cifar10:DIR or imagefolder:DIR for image
+// Note [The run configuration's tree]
+// A run's settings are a tree of plain structs, one per part of the run, each the one home of
+// its settings: what parallelize() takes (ParallelismConfig, StrategyConfig with its optimizer
+// and precision) is the same struct the run configuration holds, and `dtorch bench memory`
+// and C++ programs fill in the same ones. The JSON form (<out>/config.json) groups the same
+// settings by section as users think of them (visit_fields below says which section holds
+// which field): the strategy's optimizer and precision are its sections "optimizer" and
+// "precision", the data-parallel strategy sits in "parallelism" beside tp and pp, and the
+// learning-rate schedule and clipping, which the loop applies, in "optimizer".
+
+/// Which model (section "model").
+struct ModelConfig {
+  std::string name = "mnist-cnn";  ///< a name from models::model_names()
+  int64_t seq_len = 0;             ///< text: tokens per window (0: the model's maximum, at most 64)
+};
+
+/// What the run trains and evaluates on (section "data").
+struct DataConfig {
+  /// fashion-mnist or mnist (IDX files in `dir`), cifar10:DIR or imagefolder:DIR for image
   /// models (train/train_data.h); text or text:PATH (byte tokens; default corpus: Debian's
   /// fortunes) for language models (gpt-*).
-  std::string data = "fashion-mnist";
-  std::string data_dir;  ///< empty: Debian's dataset-fashion-mnist folder
-  LoaderConfig loader;   ///< loader threads, image size, augmentation, unreadable images
-  int64_t seq_len = 0;   ///< text: tokens per window (0: the model's maximum, at most 64)
+  std::string source = "fashion-mnist";
+  std::string dir;            ///< empty: Debian's dataset-fashion-mnist folder
+  int64_t train_samples = 0;  ///< use the first N training samples (0: all)
+  int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all)
+  LoaderConfig loader;        ///< loader threads, image size, augmentation, unreadable images
+};
+
+/// The loop (section "training"; the schedule and clipping are in section "optimizer").
+struct TrainingConfig {
   int epochs = 2;
   int64_t batch_size = 64;  ///< samples per rank per step (under --pp, split into micro-batches)
-  /// ddp | zero1 | zero2 | zero3 over the data-parallel group, with the optimizer, its peak
-  /// learning rate and the precision (its `model` is filled in from `model`).
-  StrategyConfig strategy;
-  LrScheduleConfig lr_schedule;  ///< every optimizer step's rate, peaking at strategy.lr
-  /// Tensor-parallel ranks per model replica (gpt-*, vit-*); the strategy runs over the
-  /// remaining data-parallel degree, world / tp (parallel/parallel_dims.h).
-  int tp = 1;
-  /// Megatron's sequence parallelism inside each tp group (needs tp > 1).
-  bool sequence_parallel = false;
-  /// Pipeline stages (gpt-*, resnet*, vit-*): each rank builds and runs one stage; the
-  /// strategy (ddp or zero1) runs over world / pp data-parallel replicas.
-  int pp = 1;
-  /// Micro-batches per batch under --pp; 0 until resolve() derives it (Note [Micro-batches]).
-  int microbatches = 0;
-  pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;  ///< under --pp
-  std::string pp_split;       ///< unit names where stages 1.. begin; empty: balanced
-  double clip_grad_norm = 0;  ///< clip the whole gradient to this norm (0: off)
-  /// Recompute every K-th block's forward in backward instead of keeping its activations
-  /// (parallel/activation_checkpoint.h; 1: every block, 0: off).
-  int activation_checkpointing = 0;
-  uint64_t seed = 1;                ///< model init and data order
+  int accum_steps = 1;      ///< batches per optimizer step (no_sync for all but last)
+  uint64_t seed = 1;        ///< model init and data order
+  int threads = 0;          ///< intra-op threads per rank (0: leave as is)
+  LrScheduleConfig lr_schedule;  ///< every optimizer step's rate, peaking at the optimizer's lr
+  double clip_grad_norm = 0;     ///< clip the whole gradient to this norm (0: off)
+};
+
+/// Where the run writes (section "checkpointing").
+struct CheckpointingConfig {
   std::string out = "runs/latest";  ///< config.json, metrics.jsonl, checkpoints, model.pt
   /// The final model file: pt (model.pt, torch.load) or safetensors (model.safetensors).
   checkpoint::SaveFormat save_format = checkpoint::SaveFormat::Torch;
-  bool resume = false;        ///< continue from the newest good checkpoint in `out`
-  int accum_steps = 1;        ///< batches per optimizer step (no_sync for all but last)
-  int threads = 0;            ///< intra-op threads per rank (0: leave as is)
-  int64_t train_samples = 0;  ///< use the first N training samples (0: all)
-  int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all)
-  int keep_checkpoints = 2;
+  int keep = 2;         ///< the newest checkpoints kept in `out`
+  bool resume = false;  ///< continue from the newest good checkpoint in `out`
+};
+
+/// What the run tells as it goes (section "reporting").
+struct ReportingConfig {
+  report::ProgressConfig progress;
   /// A log line and a "step" record in metrics.jsonl every this many optimizer steps (loss,
   /// learning rate, samples/s; 0: per epoch only). DeepSpeed's steps_per_print.
   int64_t print_every = 0;
@@ -72,7 +82,20 @@ struct TrainConfig {
   /// A folder for TensorBoard event files (rank 0's): every optimizer step's loss and lr,
   /// every epoch's record (report/tensorboard.h). Empty: none.
   std::string tensorboard;
-  report::ProgressConfig progress;
+};
+
+/// Every setting of a training run. Note [The run configuration's tree]
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  /// Tensor, sequence and pipeline parallelism and recomputation (train/parallelize.h).
+  ParallelismConfig parallelism;
+  /// ddp | zero1 | zero2 | zero3 over the remaining data-parallel ranks, with its optimizer and
+  /// precision (its `model` and `input` are filled in by parallelize()).
+  StrategyConfig strategy;
+  CheckpointingConfig checkpointing;
+  ReportingConfig reporting;
 };
 
 /// Throws ConfigError naming the first bad field, its flag and the fix.
@@ -174,9 +197,9 @@ void visit_fields(StrategyConfig& s, V&& v) {
   v(Field{"precision", "precision",
           "fp32 | bf16 (bf16 compute, fp32 master weights) | fp16 (fp16 compute, fp32 master "
           "weights; on the CPU with LibTorch 2.x; dynamic loss scaling, --loss-scale)"},
-    named(s.precision));
+    named(s.precision.compute));
   // DeepSpeed's "fp16" block, key for key (Note [Loss scaling]).
-  auto& ls = s.loss_scale;
+  auto& ls = s.precision.loss_scale;
   v(Field{"precision", "loss-scale",
           "fp16: 0 scales the loss dynamically; a value > 0 is a static scale"},
     ls.loss_scale);
@@ -197,15 +220,49 @@ void visit_fields(StrategyConfig& s, V&& v) {
           "run"},
     ls.min_loss_scale);
   v(Field{"precision", "reduce-dtype", "gradient reduction dtype: fp32 | bf16"},
-    named(s.reduce_dtype));
-  v(Field{"optimizer", "optimizer", "sgd (with --momentum) | adam | adamw"}, named(s.optimizer));
-  v(Field{"optimizer", "lr", "learning rate (a schedule's peak)"}, s.lr);
-  v(Field{"optimizer", "momentum", "sgd momentum"}, s.momentum);
+    named(s.precision.reduce_dtype));
+  v(Field{"optimizer", "optimizer", "sgd (with --momentum) | adam | adamw"},
+    named(s.optimizer.kind));
+  v(Field{"optimizer", "lr", "learning rate (a schedule's peak)"}, s.optimizer.lr);
+  v(Field{"optimizer", "momentum", "sgd momentum"}, s.optimizer.momentum);
   v(Field{"optimizer", "weight-decay",
           "weight decay (default: 0.01 for adamw, 0 for sgd and adam)"},
-    s.weight_decay);
-  v(Field{"optimizer", "betas", "adam and adamw: beta1,beta2"}, s.betas);
-  v(Field{"optimizer", "eps", "adam and adamw: added to the denominator"}, s.eps);
+    s.optimizer.weight_decay);
+  v(Field{"optimizer", "betas", "adam and adamw: beta1,beta2"}, s.optimizer.betas);
+  v(Field{"optimizer", "eps", "adam and adamw: added to the denominator"}, s.optimizer.eps);
+}
+
+/// How the model is spread besides its strategy (`dtorch train` and `dtorch bench memory`).
+template <class V>
+void visit_fields(ParallelismConfig& p, V&& v) {
+  v(Field{"parallelism", "tp",
+          "tensor-parallel ranks per model replica (gpt-*, vit-*): consecutive ranks split every "
+          "layer; the strategy runs over the rest (dp = world / tp)"},
+    p.tp);
+  v(Field{"parallelism", "sequence-parallel",
+          "with --tp: also split norms and residuals along the sequence"},
+    p.sequence_parallel);
+  v(Field{"parallelism", "pp",
+          "pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs one stage (two under "
+          "--schedule interleaved); the strategy runs over the rest (dp = world / (tp x pp))"},
+    p.pp);
+  v(Field{"parallelism", "microbatches",
+          "with --pp: micro-batches per batch (default 2 x pp, or the most below that which "
+          "divides the batch)"},
+    p.microbatches);
+  v(Field{"parallelism", "schedule",
+          "with --pp: gpipe | 1f1b | interleaved (1F1B over 2 stages per rank) | zb (zero-bubble "
+          "ZB-H1)"},
+    named(p.schedule));
+  v(Field{"parallelism", "pp-split",
+          "with --pp: units where stages 1.. begin, e.g. transformer.h.6 (default: balanced by "
+          "parameter count; `dtorch pipeline show` lists the units)"},
+    p.pp_split);
+  v(Field{"model", "activation-checkpointing",
+          "recompute every K-th block's forward in backward instead of keeping its activations "
+          "(given alone: every block)",
+          "1"},
+    p.activation_checkpointing);
 }
 
 /// Every setting of a training run.
@@ -214,95 +271,68 @@ void visit_fields(TrainConfig& c, V&& v) {
   v(Field{"model", "model",
           "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | vit-debug | "
           "gpt-small | gpt-large | gpt-debug"},
-    c.model);
+    c.model.name);
   v(Field{"model", "seq-len",
           "text: tokens per training sequence (default: the model's block size, at most 64)"},
-    c.seq_len);
-  v(Field{"model", "activation-checkpointing",
-          "recompute every K-th block's forward in backward instead of keeping its activations "
-          "(given alone: every block)",
-          "1"},
-    c.activation_checkpointing);
+    c.model.seq_len);
   v(Field{"data", "data",
           "fashion-mnist | mnist (IDX images), cifar10:DIR (CIFAR-10's binary files), "
           "imagefolder:DIR (DIR/<class>/*.jpg|png, or DIR/train and DIR/val so), text | "
           "text:PATH (byte tokens, for gpt-*; default corpus: Debian's fortunes)"},
-    c.data);
+    c.data.source);
   v(Field{"data", "data-dir",
           "folder with the IDX files (default: where Debian's dataset-fashion-mnist puts them)"},
-    c.data_dir);
+    c.data.dir);
   v(Field{"data", "train-samples", "use only the first N training samples (0: all)"},
-    c.train_samples);
-  v(Field{"data", "test-samples", "evaluate on the first N test samples (0: all)"}, c.test_samples);
-  visit_fields(c.loader, v);
-  v(Field{"training", "epochs", "passes over the training data"}, c.epochs);
+    c.data.train_samples);
+  v(Field{"data", "test-samples", "evaluate on the first N test samples (0: all)"},
+    c.data.test_samples);
+  visit_fields(c.data.loader, v);
+  v(Field{"training", "epochs", "passes over the training data"}, c.training.epochs);
   v(Field{"training", "batch-size",
           "samples per rank per step (under --pp: split into --microbatches)"},
-    c.batch_size);
-  v(Field{"training", "accum-steps", "batches per optimizer step"}, c.accum_steps);
-  v(Field{"training", "seed", "model initialisation and data order"}, c.seed);
-  v(Field{"training", "threads", "intra-op threads per rank (0: default)"}, c.threads);
-  v(Field{"parallelism", "tp",
-          "tensor-parallel ranks per model replica (gpt-*, vit-*): consecutive ranks split every "
-          "layer; the strategy runs over the rest (dp = world / tp)"},
-    c.tp);
-  v(Field{"parallelism", "sequence-parallel",
-          "with --tp: also split norms and residuals along the sequence"},
-    c.sequence_parallel);
-  v(Field{"parallelism", "pp",
-          "pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs one stage (two under "
-          "--schedule interleaved); the strategy (ddp, zero1 or zero2) runs over the rest (dp = "
-          "world / pp)"},
-    c.pp);
-  v(Field{"parallelism", "microbatches",
-          "with --pp: micro-batches per batch (default 2 x pp, or the most below that which "
-          "divides the batch)"},
-    c.microbatches);
-  v(Field{"parallelism", "schedule",
-          "with --pp: gpipe | 1f1b | interleaved (1F1B over 2 stages per rank) | zb (zero-bubble "
-          "ZB-H1)"},
-    named(c.schedule));
-  v(Field{"parallelism", "pp-split",
-          "with --pp: units where stages 1.. begin, e.g. transformer.h.6 (default: balanced by "
-          "parameter count; `dtorch pipeline show` lists the units)"},
-    c.pp_split);
+    c.training.batch_size);
+  v(Field{"training", "accum-steps", "batches per optimizer step"}, c.training.accum_steps);
+  v(Field{"training", "seed", "model initialisation and data order"}, c.training.seed);
+  v(Field{"training", "threads", "intra-op threads per rank (0: default)"}, c.training.threads);
+  visit_fields(c.parallelism, v);
   visit_fields(c.strategy, v);
   v(Field{"optimizer", "clip-grad-norm", "clip the whole gradient to this norm (0: off)"},
-    c.clip_grad_norm);
+    c.training.clip_grad_norm);
   v(Field{"optimizer", "lr-schedule",
           "constant | warmup-linear | warmup-cosine | onecycle (as PyTorch's LinearLR, "
           "CosineAnnealingLR and OneCycleLR), over the whole run's optimizer steps; DeepSpeed's "
           "WarmupLR | WarmupDecayLR | WarmupCosineLR | OneCycle come with a --deepspeed-config "
           "scheduler"},
-    named(c.lr_schedule.kind));
+    named(c.training.lr_schedule.kind));
   v(Field{"optimizer", "warmup-steps",
           "optimizer steps of linear warm-up to --lr (onecycle: of rising; 0 there: 30% of the "
           "run)"},
-    c.lr_schedule.warmup_steps);
+    c.training.lr_schedule.warmup_steps);
   v(Field{"optimizer", "min-lr",
           "where warmup-linear, warmup-cosine and onecycle end (onecycle 0: lr / 25e4)"},
-    c.lr_schedule.min_lr);
+    c.training.lr_schedule.min_lr);
   v(Field{"checkpointing", "out",
           "output folder: config.json, metrics.jsonl, checkpoints, model.pt"},
-    c.out);
+    c.checkpointing.out);
   v(Field{"checkpointing", "save-format",
           "final model file: pt (model.pt for torch.load) or safetensors (model.safetensors)"},
-    named(c.save_format));
+    named(c.checkpointing.save_format));
   v(Field{"checkpointing", "keep-checkpoints", "the newest checkpoints kept in --out"},
-    c.keep_checkpoints);
-  v(Field{"reporting", "progress", "auto | bar | lines | off"}, named(c.progress.mode));
+    c.checkpointing.keep);
+  v(Field{"reporting", "progress", "auto | bar | lines | off"}, named(c.reporting.progress.mode));
   v(Field{"reporting", "print-every",
           "a log line and a \"step\" record in metrics.jsonl every N optimizer steps (loss, lr, "
           "samples/s)"},
-    c.print_every);
+    c.reporting.print_every);
   v(Field{"reporting", "phase-times",
           "time each step's phases (data, forward, backward, step): means per step in the log "
           "lines and metrics.jsonl"},
-    c.phase_times);
+    c.reporting.phase_times);
   v(Field{"reporting", "tensorboard",
           "write TensorBoard event files into DIR: each optimizer step's loss and lr, each "
           "epoch's record"},
-    c.tensorboard);
+    c.reporting.tensorboard);
 }
 
 /// The JSON form: {"model": {"model": "gpt-debug", "seq-len": 32, ...}, "data": {...}, ...},

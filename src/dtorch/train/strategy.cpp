@@ -54,19 +54,19 @@ int zero_stage(StrategyKind k) {
   return 0;
 }
 
-double weight_decay_of(const StrategyConfig& c) {
-  return c.weight_decay.value_or(c.optimizer == OptimizerKind::AdamW ? 0.01 : 0.0);
+double weight_decay_of(const OptimizerConfig& c) {
+  return c.weight_decay.value_or(c.kind == OptimizerKind::AdamW ? 0.01 : 0.0);
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
                                                         std::vector<torch::Tensor> params) {
   const double decay = weight_decay_of(c);
-  if (c.optimizer == OptimizerKind::SGD) {
+  if (c.kind == OptimizerKind::SGD) {
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(decay));
   }
   const std::tuple<double, double> betas{c.betas.at(0), c.betas.at(1)};
-  if (c.optimizer == OptimizerKind::Adam) {
+  if (c.kind == OptimizerKind::Adam) {
     return std::make_unique<torch::optim::Adam>(
         params, torch::optim::AdamOptions(c.lr).betas(betas).eps(c.eps).weight_decay(decay));
   }
@@ -79,8 +79,8 @@ void set_lr_of(torch::optim::Optimizer& opt, double lr) {
     group.options().set_lr(lr);
 }
 
-at::ScalarType compute_dtype(const StrategyConfig& c) {
-  switch (c.precision) {
+at::ScalarType compute_dtype(const PrecisionConfig& c) {
+  switch (c.compute) {
     case Precision::BF16:
       return at::kBFloat16;
     case Precision::FP16:
@@ -91,8 +91,8 @@ at::ScalarType compute_dtype(const StrategyConfig& c) {
   return at::kFloat;
 }
 
-parallel::AutocastMode autocast_of(const StrategyConfig& c, at::Device device) {
-  return {c.precision != Precision::FP32, device.type(), compute_dtype(c)};
+parallel::AutocastMode autocast_of(const PrecisionConfig& c, at::Device device) {
+  return {c.compute != Precision::FP32, device.type(), compute_dtype(c)};
 }
 
 at::Device device_of(const torch::nn::Module& model) {
@@ -114,9 +114,9 @@ std::vector<at::Tensor> gradients_of(const torch::nn::Module& model) {
   return out;
 }
 
-LossScaling::LossScaling(const StrategyConfig& c, std::vector<comm::Communicator*> groups)
+LossScaling::LossScaling(const PrecisionConfig& c, std::vector<comm::Communicator*> groups)
     : groups_(std::move(groups)) {
-  if (c.precision == Precision::FP16) scaler_.emplace(c.loss_scale);
+  if (c.compute == Precision::FP16) scaler_.emplace(c.loss_scale);
 }
 
 bool LossScaling::ready(std::vector<at::Tensor> grads) {
@@ -139,14 +139,15 @@ std::string LossScaling::with_state(const std::string& metadata_json) const {
   return j.dump();
 }
 
-void LossScaling::restore(const StrategyConfig& c, const std::string& metadata_json) {
+void LossScaling::restore(const PrecisionConfig& c, const std::string& metadata_json) {
   if (!scaler_) return;
   auto j = nlohmann::json::parse(metadata_json, nullptr, false);
   if (!j.is_object() || !j.contains("loss_scaler")) return;
   scaler_ = LossScaler::from_json(c.loss_scale, j.at("loss_scaler"));
 }
 
-void validate(const StrategyConfig& c) {
+void validate(const OptimizerConfig& c) {
+  DTORCH_CHECK_T(ConfigError, c.lr > 0, "--lr must be positive (got ", c.lr, ")");
   DTORCH_CHECK_T(ConfigError, weight_decay_of(c) >= 0, "--weight-decay must be >= 0 (got ",
                  weight_decay_of(c), ")");
   DTORCH_CHECK_T(ConfigError, c.betas.size() == 2, "--betas takes two numbers, as 0.9,0.999 (got ",
@@ -155,17 +156,21 @@ void validate(const StrategyConfig& c) {
                  c.betas[0] >= 0 && c.betas[0] < 1 && c.betas[1] >= 0 && c.betas[1] < 1, "--betas ",
                  c.betas[0], ",", c.betas[1], ": each must lie in [0, 1), as 0.9,0.999");
   DTORCH_CHECK_T(ConfigError,
-                 c.optimizer != OptimizerKind::SGD || (c.betas == std::vector<double>{0.9, 0.999}),
+                 c.kind != OptimizerKind::SGD || (c.betas == std::vector<double>{0.9, 0.999}),
                  "--betas apply to adam and adamw; with --optimizer sgd set --momentum instead");
   DTORCH_CHECK_T(ConfigError, c.eps > 0 && c.eps < 1, "--eps ", c.eps,
                  " must lie between 0 and 1 (PyTorch's default: 1e-8)");
+}
+
+void validate(const StrategyConfig& c) {
+  validate(c.optimizer);
   DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
   DTORCH_CHECK_T(ConfigError, !c.reshard_root_after_forward || c.kind == StrategyKind::Zero3,
                  "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "
                  "zero3 (got ",
                  name_of(c.kind), ")");
-  validate(c.loss_scale);
+  validate(c.precision.loss_scale);
 }
 
 at::Device resolve_run_device(DeviceKind spec, const launch::RankInfo& job) {
@@ -182,7 +187,8 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         TensorParallelism tp, PipelineParallelism pp) {
   validate(c);
   DTORCH_CHECK_T(
-      ConfigError, c.precision != Precision::FP16 || device_of(*model).is_cuda() || compat::kTorch2,
+      ConfigError,
+      c.precision.compute != Precision::FP16 || device_of(*model).is_cuda() || compat::kTorch2,
       "--precision fp16 on the CPU needs LibTorch 2.x's CPU autocast (this is ", TORCH_VERSION,
       ", whose CPU autocast has bfloat16 only): use --precision bf16, or "
       "--device cuda");

@@ -37,27 +37,37 @@ const NameTable<OptimizerKind>& names(OptimizerKind);
 /// The ZeRO stage of a strategy (0 for ddp).
 int zero_stage(StrategyKind k);
 
-/// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch
-/// train` and `dtorch bench memory`, whose flags are one option group (tools/
-/// strategy_options.cpp).
-struct StrategyConfig {
-  StrategyKind kind = StrategyKind::DDP;
-  /// Where each rank computes (Note [One GPU per rank] in core/device.h; resolved by
-  /// resolve_run_device).
-  DeviceKind device = DeviceKind::CPU;
-  /// The compute precision; master weights stay fp32; fp16 scales the loss (Note [Loss
-  /// scaling] in train/loss_scaler.h).
-  Precision precision = Precision::FP32;
-  ReduceDtype reduce_dtype = ReduceDtype::FP32;  ///< gradient reduction
-  OptimizerKind optimizer = OptimizerKind::SGD;  ///< sgd (with momentum) | adam | adamw
-  double lr = 0.01;                              ///< a schedule's peak (train/lr_schedule.h)
-  double momentum = 0.9;                         ///< sgd
+/// The optimizer a strategy steps.
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::SGD;  ///< sgd (with momentum) | adam | adamw
+  double lr = 0.01;                         ///< a schedule's peak (train/lr_schedule.h)
+  double momentum = 0.9;                    ///< sgd
   /// Every optimizer (adamw decoupled, sgd and adam as L2); unset: 0.01 for adamw
   /// (PyTorch's default), 0 for sgd and adam.
   std::optional<double> weight_decay;
   std::vector<double> betas{0.9, 0.999};  ///< adam, adamw
   double eps = 1e-8;                      ///< adam, adamw: added to the denominator
-  int64_t min_unit_params = 0;            ///< zero3 wrap policy (0: one unit per block)
+};
+
+/// What a step computes and reduces in. Master weights stay fp32 whatever `compute` is.
+struct PrecisionConfig {
+  /// The compute precision; fp16 scales the loss (Note [Loss scaling] in train/loss_scaler.h).
+  Precision compute = Precision::FP32;
+  ReduceDtype reduce_dtype = ReduceDtype::FP32;  ///< gradient reduction
+  /// fp16's loss scaling (Note [Loss scaling]); the flags of DeepSpeed's "fp16" block
+  LossScaleConfig loss_scale;
+};
+
+/// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch
+/// train`, `dtorch bench memory` and C++ programs (train/parallelize.h).
+struct StrategyConfig {
+  StrategyKind kind = StrategyKind::DDP;
+  /// Where each rank computes (Note [One GPU per rank] in core/device.h; resolved by
+  /// resolve_run_device).
+  DeviceKind device = DeviceKind::CPU;
+  OptimizerConfig optimizer;
+  PrecisionConfig precision;
+  int64_t min_unit_params = 0;  ///< zero3 wrap policy (0: one unit per block)
   /// zero3: release the root unit after forward too (zero::Options::reshard_root_after_forward)
   bool reshard_root_after_forward = false;
   /// zero3 under --pp: release units between micro-batches (zero::Options::
@@ -66,16 +76,15 @@ struct StrategyConfig {
   std::string model;         ///< the model's registry name (to rebuild saved stages)
   models::ImageInput input;  ///< what an image model was built for (the same)
   ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units
-  /// fp16's loss scaling (Note [Loss scaling]); the flags of DeepSpeed's "fp16" block
-  LossScaleConfig loss_scale;
 };
 
-/// Throws ConfigError naming the bad field and the fix.
+/// Throw ConfigError naming the bad field and the fix.
+void validate(const OptimizerConfig& c);
 void validate(const StrategyConfig& c);
 
 /// The weight decay `c` trains with: the one given, else 0.01 for adamw (PyTorch's default)
 /// and 0 for sgd and adam.
-double weight_decay_of(const StrategyConfig& c);
+double weight_decay_of(const OptimizerConfig& c);
 
 /// The device this process trains on: `spec` (--device) for the job's rank
 /// `job` (its LOCAL_RANK and LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA

@@ -14,14 +14,14 @@
 namespace dtorch::train {
 
 /// The optimizer `c` names over `params`, at c.lr with its weight decay.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const StrategyConfig& c,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
                                                         std::vector<torch::Tensor> params);
 /// Sets every parameter group's learning rate.
 void set_lr_of(torch::optim::Optimizer& opt, double lr);
-/// The dtype forward computes in under c.precision.
-at::ScalarType compute_dtype(const StrategyConfig& c);
+/// The dtype forward computes in under `c`.
+at::ScalarType compute_dtype(const PrecisionConfig& c);
 /// The autocast a step runs forward under on `device` (off for fp32).
-parallel::AutocastMode autocast_of(const StrategyConfig& c, at::Device device);
+parallel::AutocastMode autocast_of(const PrecisionConfig& c, at::Device device);
 /// The device of a model's parameters (the CPU for a model without any).
 at::Device device_of(const torch::nn::Module& model);
 /// The groups a strategy's step spans: its dp group, and the tp and pp groups beside it.
@@ -40,7 +40,7 @@ std::vector<at::Tensor> gradients_of(const torch::nn::Module& model);
 // checkpoint's metadata ("loss_scaler"), so a resumed run goes on with its scale.
 class LossScaling {
  public:
-  LossScaling(const StrategyConfig& c, std::vector<comm::Communicator*> groups);
+  LossScaling(const PrecisionConfig& c, std::vector<comm::Communicator*> groups);
   double scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   int64_t skipped() const { return scaler_ ? scaler_->skipped() : 0; }
   torch::Tensor scaled(const torch::Tensor& loss) const {
@@ -52,7 +52,7 @@ class LossScaling {
   /// `metadata_json` with the scaler's state added (unchanged without a scaler).
   std::string with_state(const std::string& metadata_json) const;
   /// Takes the state a checkpoint's metadata holds, when both have one.
-  void restore(const StrategyConfig& c, const std::string& metadata_json);
+  void restore(const PrecisionConfig& c, const std::string& metadata_json);
 
  private:
   std::vector<comm::Communicator*> groups_;

@@ -75,10 +75,11 @@ std::string describe_device(at::Device device, DeviceKind asked) {
 // default keeps CPU steps quick; gpt-debug's block is 32).
 int64_t window_length(const TrainConfig& c, const models::Model& m) {
   const int64_t longest = m.max_sequence_length();
-  if (c.seq_len == 0) return std::min<int64_t>(64, longest);
-  DTORCH_CHECK_T(ConfigError, c.seq_len <= longest, "--seq-len ", c.seq_len, " is longer than ",
-                 c.model, "'s block size ", longest, "; use --seq-len ", longest, " or less");
-  return c.seq_len;
+  if (c.model.seq_len == 0) return std::min<int64_t>(64, longest);
+  DTORCH_CHECK_T(ConfigError, c.model.seq_len <= longest, "--seq-len ", c.model.seq_len,
+                 " is longer than ", c.model.name, "'s block size ", longest, "; use --seq-len ",
+                 longest, " or less");
+  return c.model.seq_len;
 }
 
 // One step of the pipeline (Note [Pipeline execution]) under the strategy: every micro-batch's
@@ -113,26 +114,29 @@ void log_run(const TrainConfig& c, const TrainData& data, int world, const Paral
   const Layout& layout = run.layout;
   const bool tensor_parallel = layout.tp.handle != nullptr;
   const bool pipeline = layout.pp.pipeline != nullptr;
-  log::info("training ", c.model, " on ", data.describe, ", ", world, " rank(s) x batch ",
-            c.batch_size, ", ", c.epochs, " epoch(s), ", name_of(c.strategy.optimizer), " lr ",
-            c.strategy.lr, ", seed ", c.seed, ", ", torch::get_num_threads(),
-            " thread(s) per rank -> ", c.out);
-  if (c.activation_checkpointing > 0) {
+  log::info("training ", c.model.name, " on ", data.describe, ", ", world, " rank(s) x batch ",
+            c.training.batch_size, ", ", c.training.epochs, " epoch(s), ",
+            name_of(c.strategy.optimizer.kind), " lr ", c.strategy.optimizer.lr, ", seed ",
+            c.training.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ",
+            c.checkpointing.out);
+  if (c.parallelism.activation_checkpointing > 0) {
     const size_t blocks = model->block_names().size();
     log::info("activation checkpointing: ",
-              (blocks + c.activation_checkpointing - 1) / c.activation_checkpointing, " of ",
-              blocks, " block(s)", pipeline ? " of this stage" : "",
+              (blocks + c.parallelism.activation_checkpointing - 1) /
+                  c.parallelism.activation_checkpointing,
+              " of ", blocks, " block(s)", pipeline ? " of this stage" : "",
               " recompute their forward in backward");
   }
   if (tensor_parallel && !pipeline) {
     log::info("mesh: ", parallel::describe(layout.plan),
-              c.sequence_parallel ? " (sequence parallel)" : "");
+              c.parallelism.sequence_parallel ? " (sequence parallel)" : "");
   }
   if (pipeline) {
     std::vector<std::string> names = model->unit_names();
     log::info("mesh: ", parallel::describe(layout.plan),
-              c.sequence_parallel ? " (sequence parallel)" : "", ", schedule ", name_of(c.schedule),
-              ", ", c.microbatches, " micro-batches per batch");
+              c.parallelism.sequence_parallel ? " (sequence parallel)" : "", ", schedule ",
+              name_of(c.parallelism.schedule), ", ", c.parallelism.microbatches,
+              " micro-batches per batch");
     std::istringstream stages(pp::describe(layout.pp.plan, names));
     for (std::string line; std::getline(stages, line);)
       log::info(line);
@@ -167,8 +171,8 @@ struct Epochs {
 // What rank 0 shows: a bar while stepping, or plain lines when --print-every prints its own.
 report::ProgressConfig progress_config(const TrainConfig& c, bool lead) {
   if (!lead) return report::ProgressConfig{report::ProgressConfig::Mode::Off};
-  report::ProgressConfig shown = c.progress;
-  if (c.print_every > 0 && shown.mode == report::ProgressConfig::Mode::Auto) {
+  report::ProgressConfig shown = c.reporting.progress;
+  if (c.reporting.print_every > 0 && shown.mode == report::ProgressConfig::Mode::Auto) {
     // The step lines report the progress; a redrawn bar would break them up.
     shown.mode = report::ProgressConfig::Mode::Lines;
     shown.every_steps = 0;
@@ -193,7 +197,7 @@ void report_window(Epochs& e, int64_t epoch, const LossTally& window, int64_t st
                                        {"samples_per_s", rate}};
   for (const auto& [phase, v] : ms)
     record[phase + "_ms"] = v;
-  if (e.c.strategy.precision == Precision::FP16) {
+  if (e.c.strategy.precision.compute == Precision::FP16) {
     record["loss_scale"] = e.run.strategy->loss_scale();
     record["skipped_steps"] = static_cast<double>(e.run.strategy->skipped_steps());
   }
@@ -210,9 +214,9 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
   pp::Pipeline* pipeline = e.run.layout.pp.pipeline.get();
   const int64_t dp_size = e.run.layout.dp->size();
   e.sampler.set_epoch(epoch);
-  auto batches = data::make_batches(e.sampler.indices(), c.batch_size);
+  auto batches = data::make_batches(e.sampler.indices(), c.training.batch_size);
   const bool to_gpu = e.device.is_cuda();
-  data::Prefetcher loader(static_cast<int64_t>(batches.size()), c.loader.workers,
+  data::Prefetcher loader(static_cast<int64_t>(batches.size()), c.data.loader.workers,
                           [&, epoch, to_gpu](int64_t k) {
                             auto [x, y] = e.data.train.batch(batches[k], epoch);
                             if (!to_gpu) return std::make_pair(x, y);
@@ -223,11 +227,11 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
     auto [x, y] = loader.next();
     e.copier->start({x, y});
   }
-  e.progress->start_epoch(epoch, c.epochs, static_cast<int64_t>(batches.size()));
+  e.progress->start_epoch(epoch, c.training.epochs, static_cast<int64_t>(batches.size()));
   model.train();
   LossTally epoch_tally;
   // The window a --print-every line reports on: the steps since the last line this epoch.
-  PhaseTimes window_phases(c.phase_times, e.device);
+  PhaseTimes window_phases(c.reporting.phase_times, e.device);
   LossTally window;
   int64_t window_steps = 0;
   LossTally step_tally;  // the batches of this optimizer step, for TensorBoard
@@ -248,11 +252,11 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
     lap("data");
     // A step fp16 skipped does not advance the schedule (Note [Loss scaling]).
     strategy.set_lr(e.schedule.at(e.global_step - strategy.skipped_steps()));
-    bool last_micro = (i + 1) % c.accum_steps == 0 || i + 1 == batches.size();
+    bool last_micro = (i + 1) % c.training.accum_steps == 0 || i + 1 == batches.size();
     double l = 0;
     bool stepped = last_micro;
     if (pipeline) {
-      l = pipeline_step(*pipeline, strategy, x, y, c.clip_grad_norm, tensor_parallel, lap);
+      l = pipeline_step(*pipeline, strategy, x, y, c.training.clip_grad_norm, tensor_parallel, lap);
       stepped = true;
     } else {
       torch::Tensor loss;
@@ -261,10 +265,10 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
         loss = cross_entropy(model.forward(x), y, tensor_parallel);
       }
       lap("forward");
-      strategy.backward(loss / c.accum_steps, last_micro);
+      strategy.backward(loss / c.training.accum_steps, last_micro);
       lap("backward");
       if (last_micro) {
-        strategy.step(c.clip_grad_norm);
+        strategy.step(c.training.clip_grad_norm);
         lap("step");
       }
       l = loss.item<double>();
@@ -283,7 +287,7 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       step_tally = {};
     }
     e.progress->update(static_cast<int64_t>(i) + 1, l, epoch_tally.samples);
-    if (stepped && c.print_every > 0 && e.global_step % c.print_every == 0) {
+    if (stepped && c.reporting.print_every > 0 && e.global_step % c.reporting.print_every == 0) {
       report_window(e, epoch, window, window_steps, window_phases, seconds_since(window_start));
       window = {};
       window_steps = 0;
@@ -302,7 +306,7 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
   auto mean_loss = torch::tensor({tally.mean()}, torch::kDouble);
   e.world.allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
   auto [test_loss, test_acc] =
-      evaluate(*e.run.model, e.data.test, e.c.test_samples, strategy, *layout.dp, e.world,
+      evaluate(*e.run.model, e.data.test, e.c.data.test_samples, strategy, *layout.dp, e.world,
                layout.tp.handle.get(), layout.pp.pipeline.get());
   report::EpochRecord r;
   r.epoch = epoch;
@@ -319,13 +323,13 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
     r.more["gpu_peak_allocated_bytes"] = static_cast<double>(m.peak_allocated);
     r.more["gpu_peak_reserved_bytes"] = static_cast<double>(m.peak_reserved);
   }
-  if (e.c.strategy.precision == Precision::FP16) {
+  if (e.c.strategy.precision.compute == Precision::FP16) {
     r.more["loss_scale"] = strategy.loss_scale();
     r.more["skipped_steps"] = static_cast<double>(strategy.skipped_steps());
   }
   if (!e.lead) return r;
-  log::info("epoch ", epoch + 1, "/", e.c.epochs, ": train loss ", r.train_loss, ", test loss ",
-            r.test_loss, ", test accuracy ", 100.0 * r.test_accuracy, "%, ",
+  log::info("epoch ", epoch + 1, "/", e.c.training.epochs, ": train loss ", r.train_loss,
+            ", test loss ", r.test_loss, ", test accuracy ", 100.0 * r.test_accuracy, "%, ",
             static_cast<int64_t>(r.samples_per_s), " samples/s, ", r.seconds, " s",
             describe_phases(r.phase_ms), describe_more(r.more));
   e.metrics->write_epoch(r);
@@ -345,24 +349,21 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
 std::vector<report::EpochRecord> train_run(const TrainConfig& c,
                                            std::shared_ptr<comm::Communicator> comm,
                                            report::MemoryContext& memory) {
-  if (c.threads > 0) torch::set_num_threads(c.threads);
+  if (c.training.threads > 0) torch::set_num_threads(c.training.threads);
   const bool lead = comm->rank() == 0;
   const at::Device device = resolve_run_device(c.strategy.device, comm->info());
   memory.device = device;
   if (lead) log::info(describe_device(device, c.strategy.device));
   // What this run is, before it starts: `dtorch train --config` reruns it.
-  if (lead) write_config_file(c, paths::join(c.out, "config.json"));
+  if (lead) write_config_file(c, paths::join(c.checkpointing.out, "config.json"));
   // Image data first: the model is built for its channels, size and classes.
-  TrainData data = open_data(c.data, c.data_dir, c.loader, c.seed);
-  torch::manual_seed(c.seed);
+  TrainData data = open_data(c.data.source, c.data.dir, c.data.loader, c.training.seed);
+  torch::manual_seed(c.training.seed);
   // The model spread over the job (Note [Assembly order]).
   ParallelizeSpec spec;
-  spec.model = c.model;
+  spec.model = c.model.name;
   spec.input = data.input;
-  spec.tp = c.tp;
-  spec.sequence_parallel = c.sequence_parallel;
-  spec.pipeline = {c.pp, c.microbatches, c.schedule, c.pp_split};
-  spec.activation_checkpointing = c.activation_checkpointing;
+  spec.parallelism = c.parallelism;
   spec.strategy = c.strategy;
   spec.device = device;
   Parallelized run = parallelize(spec, comm, [&](const models::Model& m) {
@@ -371,15 +372,19 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   });
   const std::shared_ptr<comm::Communicator>& dp = run.layout.dp;
   memory.ranks = dp->size();
-  if (run.model->takes_tokens()) add_text_windows(data, c.data, window_length(c, *run.model));
+  if (run.model->takes_tokens())
+    add_text_windows(data, c.data.source, window_length(c, *run.model));
   if (lead) log_run(c, data, comm->size(), run);
   const int64_t n_train =
-      c.train_samples > 0 ? std::min(c.train_samples, data.train.size) : data.train.size;
-  data::DistributedSampler sampler(n_train, dp->rank(), dp->size(), c.seed);
+      c.data.train_samples > 0 ? std::min(c.data.train_samples, data.train.size) : data.train.size;
+  data::DistributedSampler sampler(n_train, dp->rank(), dp->size(), c.training.seed);
   // Every epoch has the same number of batches (the sampler pads), hence of optimizer steps.
-  const int64_t batches_per_epoch = data::num_batches(sampler.samples_per_rank(), c.batch_size);
-  const int64_t steps_per_epoch = (batches_per_epoch + c.accum_steps - 1) / c.accum_steps;
-  Schedule own_schedule{c.lr_schedule, c.strategy.lr, steps_per_epoch * c.epochs};
+  const int64_t batches_per_epoch =
+      data::num_batches(sampler.samples_per_rank(), c.training.batch_size);
+  const int64_t steps_per_epoch =
+      (batches_per_epoch + c.training.accum_steps - 1) / c.training.accum_steps;
+  Schedule own_schedule{c.training.lr_schedule, c.strategy.optimizer.lr,
+                        steps_per_epoch * c.training.epochs};
   validate(own_schedule.config, own_schedule.lr, own_schedule.total_steps);
   const StartPoint start = resume_run(c, *run.strategy, *comm, own_schedule, lead);
 
@@ -390,24 +395,25 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
            sampler,
            device,
            start.schedule,
-           steps_per_epoch * c.epochs,
+           steps_per_epoch * c.training.epochs,
            start.global_step,
            lead};
   if (lead) {
-    log::info("optimizer ", name_of(c.strategy.optimizer), ", learning rate ",
+    log::info("optimizer ", name_of(c.strategy.optimizer.kind), ", learning rate ",
               describe(e.schedule.config, e.schedule.lr, e.schedule.total_steps), ", ",
               steps_per_epoch, " step(s) per epoch");
-    e.metrics = std::make_unique<report::MetricsWriter>(c.out + "/metrics.jsonl", start.resumed);
-    if (!c.tensorboard.empty()) {
-      e.board = std::make_unique<report::TensorBoardWriter>(c.tensorboard);
+    e.metrics = std::make_unique<report::MetricsWriter>(c.checkpointing.out + "/metrics.jsonl",
+                                                        start.resumed);
+    if (!c.reporting.tensorboard.empty()) {
+      e.board = std::make_unique<report::TensorBoardWriter>(c.reporting.tensorboard);
       log::info("TensorBoard events: ", e.board->path());
     }
   }
   e.progress = std::make_unique<report::ProgressReporter>(progress_config(c, lead));
-  e.epoch_phases = std::make_unique<PhaseTimes>(c.phase_times, device);
+  e.epoch_phases = std::make_unique<PhaseTimes>(c.reporting.phase_times, device);
   e.copier = std::make_unique<DeviceCopier>(device);
   std::vector<report::EpochRecord> records;
-  for (int64_t epoch = start.epoch; epoch < c.epochs; ++epoch) {
+  for (int64_t epoch = start.epoch; epoch < c.training.epochs; ++epoch) {
     const auto t0 = Clock::now();
     const int64_t first_step = e.global_step;
     reset_peak_memory(device);
@@ -416,10 +422,11 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
     e.progress->finish_epoch();
     records.push_back(finish_epoch(e, epoch, tally, t0, train_seconds, first_step));
     run.strategy->save(
-        c.out, {epoch + 1, e.global_step, config_json(c, comm->size(), e.schedule, data.input)},
-        c.keep_checkpoints);
+        c.checkpointing.out,
+        {epoch + 1, e.global_step, config_json(c, comm->size(), e.schedule, data.input)},
+        c.checkpointing.keep);
     if (lead && !run.layout.pp.pipeline)
-      checkpoint::forget_pipeline_layout(c.out);  // the stage folders are older now
+      checkpoint::forget_pipeline_layout(c.checkpointing.out);  // the stage folders are older now
   }
   write_model_file(c, run, *comm);
   return records;
@@ -434,12 +441,12 @@ std::vector<report::EpochRecord> train(const TrainConfig& config,
   report::MemoryContext memory;
   memory.rank = comm->rank();
   memory.ranks = comm->size();
-  memory.model = c.model;
+  memory.model = c.model.name;
   memory.zero_stage = zero_stage(c.strategy.kind);
-  memory.optimizer = name_of(c.strategy.optimizer);
-  memory.optimizer_bytes = c.strategy.optimizer == OptimizerKind::SGD ? 4 : 8;
-  memory.batch_size = c.batch_size;
-  memory.activation_checkpointing = c.activation_checkpointing > 0;
+  memory.optimizer = name_of(c.strategy.optimizer.kind);
+  memory.optimizer_bytes = c.strategy.optimizer.kind == OptimizerKind::SGD ? 4 : 8;
+  memory.batch_size = c.training.batch_size;
+  memory.activation_checkpointing = c.parallelism.activation_checkpointing > 0;
   try {
     return train_run(c, std::move(comm), memory);
   } catch (const std::exception& e) {

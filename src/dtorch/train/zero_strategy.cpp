@@ -5,7 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <tuple>
 
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
 #include "dtorch/checkpoint/sharded_checkpoint.h"
@@ -13,14 +12,8 @@
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
-#include "dtorch/core/log.h"
-#include "dtorch/core/torch_compat.h"
-#include "dtorch/models/registry.h"
-#include "dtorch/models/stage_union.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/optimizer_state.h"
-#include "dtorch/parallel/tp/optimizer_state.h"
-#include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/zero_grad.h"
 
 namespace dtorch::train {
@@ -38,7 +31,7 @@ class ZeroStrategy : public Strategy {
         comm_(std::move(comm)),
         pp_(std::move(pp)),
         device_(device_of(*model_)),
-        scaling_(c, step_groups(*comm_, tp.handle, pp_.pipeline)) {
+        scaling_(c.precision, step_groups(*comm_, tp.handle, pp_.pipeline)) {
     if (pp_.pipeline) {
       // Note [Pipeline checkpoints]
       stage_folder_ =
@@ -56,11 +49,12 @@ class ZeroStrategy : public Strategy {
     o.min_unit_params = c.min_unit_params;
     o.reshard_root_after_forward = c.reshard_root_after_forward;
     o.reshard_after_microbatch = c.reshard_after_microbatch;
-    o.param_dtype = compute_dtype(c);
-    o.reduce_dtype = c.reduce_dtype == ReduceDtype::BF16 ? torch::kBFloat16 : torch::kFloat;
+    o.param_dtype = compute_dtype(c.precision);
+    o.reduce_dtype =
+        c.precision.reduce_dtype == ReduceDtype::BF16 ? torch::kBFloat16 : torch::kFloat;
     o.broadcast_buffers = c.ddp.broadcast_buffers;
     sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
-      return make_optimizer(c, std::move(p));
+      return make_optimizer(c.optimizer, std::move(p));
     });
   }
 
@@ -191,14 +185,14 @@ class ZeroStrategy : public Strategy {
     out.data.epoch = saved->data().epoch;
     out.data.global_step = saved->data().global_step;
     out.data.metadata_json = saved->data().metadata_json;
-    scaling_.restore(c_, out.data.metadata_json);
+    scaling_.restore(c_.precision, out.data.metadata_json);
     return out;
   }
 
   zero::MemoryStats memory() const override { return sharded_->memory(); }
   zero::WaitSeconds comm_waits() const override { return sharded_->wait_seconds(); }
 
-  parallel::AutocastMode autocast() const override { return autocast_of(c_, device_); }
+  parallel::AutocastMode autocast() const override { return autocast_of(c_.precision, device_); }
   double loss_scale() const override { return scaling_.scale(); }
   int64_t skipped_steps() const override { return scaling_.skipped(); }
   at::Device device() const override { return device_; }
@@ -206,7 +200,7 @@ class ZeroStrategy : public Strategy {
 
   std::string describe() const override {
     return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
-               name_of(c_.precision), " compute, ", name_of(c_.reduce_dtype),
+               name_of(c_.precision.compute), " compute, ", name_of(c_.precision.reduce_dtype),
                " gradient reduction, on ", device_);
   }
 
