@@ -1,7 +1,7 @@
 // Note [Elastic rendezvous] on an in-memory store, one thread per launcher: numbering on
 // arrival, closing at MIN when nobody else is alive, a late node joining at the next round,
 // lost nodes, --max-restarts, the join timeout's message, and the store's host waiting (boundedly)
-// for the others to leave.
+// for the others to leave; a static job's rounds, with node ranks given and MIN = MAX.
 #include "dtorch/launch/elastic_rendezvous.h"
 
 #include <gtest/gtest.h>
@@ -34,9 +34,10 @@ struct Job {
     cfg.conf.keep_alive_interval = 0.05;
     cfg.conf.keep_alive_max_attempt = 4;
   }
-  std::unique_ptr<ElasticRendezvous> launcher(const std::string& host) {
+  std::unique_ptr<ElasticRendezvous> launcher(const std::string& host, int node_rank = -1) {
     ElasticConfig c = cfg;
     c.host = host;
+    c.node_rank = node_rank;
     c10::intrusive_ptr<c10d::Store> s = store;
     return std::make_unique<ElasticRendezvous>(
         s, [s] { return s; }, c);
@@ -252,6 +253,106 @@ TEST(ElasticRendezvous, TheJoinTimeoutNamesWhoCame) {
     EXPECT_NE(m.find("rendezvous failed after 0.3 s"), std::string::npos) << m;
     EXPECT_NE(m.find("1 of at least 2 node(s) arrived (hostA)"), std::string::npos) << m;
   }
+}
+
+// A static job (Note [One rendezvous for launchers]): node ranks given, MIN = MAX.
+TEST(StaticRounds, NodesMeetAtTheirGivenRanksAndSeeEachOthersHosts) {
+  Job job(2, 2);
+  std::vector<std::unique_ptr<ElasticRendezvous>> nodes;
+  nodes.push_back(job.launcher("hostB", 1));  // node 1 comes first: ranks are not arrivals
+  nodes.push_back(job.launcher("hostA", 0));
+  std::vector<Round> rounds = join_all(nodes);
+  ASSERT_EQ(rounds.size(), 2u);
+  EXPECT_EQ(rounds[0].node_rank, 1);
+  EXPECT_EQ(rounds[1].node_rank, 0);
+  for (const Round& r : rounds) {
+    EXPECT_EQ(r.number, 0);
+    EXPECT_EQ(r.nnodes, 2);
+    EXPECT_EQ(r.hosts, (std::vector<std::string>{"hostA", "hostB"}));
+  }
+}
+
+TEST(StaticRounds, MissingNodesAreNamedByRankAfterTheTimeoutWhileTheWaitSaysSo) {
+  Job job(4, 4);
+  job.cfg.conf.join_timeout = 0.3;
+  job.cfg.join_timeout_flag = "--rdzv-timeout";
+  std::vector<std::unique_ptr<ElasticRendezvous>> nodes;
+  nodes.push_back(job.launcher("hostA", 0));
+  nodes.push_back(job.launcher("hostC", 2));
+  std::vector<std::future<std::string>> errors;
+  for (auto& n : nodes) {
+    errors.push_back(std::async(std::launch::async, [&n] {
+      try {
+        n->join();
+      } catch (const CommError& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }));
+  }
+  for (auto& e : errors) {
+    const std::string m = e.get();
+    EXPECT_NE(m.find("rendezvous failed after 0.3 s (--rdzv-timeout): 2 of 4 node(s) arrived "
+                     "(node 0 on hostA, node 2 on hostC); missing node rank(s): 1, 3"),
+              std::string::npos)
+        << m;
+  }
+}
+
+TEST(StaticRounds, ARankGivenTwiceIsRefusedNamingWhoHasIt) {
+  Job job(2, 2);
+  job.cfg.conf.join_timeout = 0.5;
+  auto first = job.launcher("hostA", 1);
+  auto second = job.launcher("hostB", 1);
+  std::thread t([&] { EXPECT_THROW(first->join(), CommError); });  // node 0 never comes
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  try {
+    second->join();
+    FAIL() << "no error";
+  } catch (const CommError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("node rank 1 is taken: the launcher on hostA joined this job with "
+                     "--node-rank 1 first"),
+              std::string::npos)
+        << m;
+  }
+  t.join();
+}
+
+TEST(StaticRounds, AFailedWorkerRestartsEveryNodeTogetherUntilMaxRestarts) {
+  Job job(2, 2, /*max_restarts=*/1);
+  std::vector<std::unique_ptr<ElasticRendezvous>> nodes;
+  nodes.push_back(job.launcher("hostA", 0));
+  nodes.push_back(job.launcher("hostB", 1));
+  join_all(nodes);
+  EXPECT_FALSE(nodes[1]->end_round(RoundCause::Failure, "rank 3 exited with code 1").fail);
+  std::optional<RoundEnd> seen = poll_until_the_round_ends(*nodes[0]);
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->why, "rank 3 exited with code 1") << "node 0 stops its workers too";
+  std::vector<Round> again = join_all(nodes);
+  ASSERT_EQ(again.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(again[i].number, 1);
+    EXPECT_EQ(again[i].node_rank, static_cast<int>(i)) << "ranks stay as given";
+    EXPECT_EQ(again[i].restarts, 1);
+  }
+  RoundEnd last = nodes[0]->end_round(RoundCause::Failure, "rank 0 exited with code 1");
+  EXPECT_TRUE(last.fail);
+  EXPECT_TRUE(poll_until_the_round_ends(*nodes[1])->fail);
+}
+
+TEST(StaticRounds, ALostNodeEndsTheJobOnTheOthers) {
+  Job job(2, 2);
+  std::vector<std::unique_ptr<ElasticRendezvous>> nodes;
+  nodes.push_back(job.launcher("hostA", 0));
+  nodes.push_back(job.launcher("hostB", 1));
+  join_all(nodes);
+  nodes[1].reset();  // its launcher ends without finishing
+  std::optional<RoundEnd> end = poll_until_the_round_ends(*nodes[0]);
+  ASSERT_TRUE(end.has_value());
+  EXPECT_TRUE(end->fail);
+  EXPECT_NE(end->why.find("lost node 1 (hostB)"), std::string::npos) << end->why;
+  EXPECT_NE(end->why.find("the job needs all 2 nodes (--nnodes 2"), std::string::npos) << end->why;
 }
 
 }  // namespace

@@ -8,12 +8,16 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/launch/node_rendezvous.h"
+#include "dtorch/launch/store.h"
 
 namespace dtorch::launch {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kTick = std::chrono::milliseconds(50);
+// A wait for a round says who it waits for after this long, and again every time it passes.
+constexpr auto kNoticeEvery = std::chrono::seconds(10);
 
 std::vector<uint8_t> bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
@@ -54,6 +58,11 @@ std::string joined(const std::vector<std::string>& v) {
 //   join_timeout with fewer than MIN, or at once when lost launchers leave fewer than MIN alive;
 //   while round r-1 still runs the clock does not run, so a node waiting to join a full job waits
 //   for the job.
+// - A static job's nodes have their node ranks given (--node-rank) and MIN = MAX = --nnodes:
+//   round r needs no leader. A node takes r<r>/rank/<k> (a second launcher with the same rank
+//   is refused, naming the first one's host), announces r<r>/node/<k> = id and waits for all
+//   (Note [Announce and wait], the workers' loop too) until join_timeout (--rdzv-timeout), then
+//   names the node ranks missing and the hosts of those that came.
 // - While workers run, each launcher polls r<r>/verdict, the round's next arrivals and the
 //   beats of its peers. The first to see a reason (its worker failed, a peer was lost, a node
 //   waits below MAX) claims the round (add(r<r>/claim) == 1) and writes the verdict for all:
@@ -138,7 +147,14 @@ std::vector<int> ElasticRendezvous::live_launchers(std::vector<std::string>* los
   return live;
 }
 
-std::optional<Round> ElasticRendezvous::join() {
+std::optional<Round> ElasticRendezvous::join(const Waiting& waiting) {
+  waiting_ = waiting;
+  waiting_since_ = Clock::now();
+  next_notice_ = waiting_since_ + kNoticeEvery;
+  struct Forget {
+    Waiting& w;
+    ~Forget() { w = nullptr; }
+  } forget{waiting_};
   int r = 0;
   if (current_) {
     r = current_->number + 1;
@@ -169,6 +185,7 @@ bool ElasticRendezvous::job_ended() {
 }
 
 std::optional<Round> ElasticRendezvous::arrive(int r, Clock::time_point since) {
+  if (cfg_.node_rank >= 0) return arrive_at_rank(r);
   int k = static_cast<int>(store_->add(round_key(r, "arrive"), 1) - 1);
   store_->set(round_key(r, "node/" + std::to_string(k)), bytes(std::to_string(id_)));
   if (k == 0) {
@@ -191,8 +208,66 @@ std::optional<Round> ElasticRendezvous::arrive(int r, Clock::time_point since) {
       fail_round(r, str("rendezvous round ", r, " failed: the launcher that opened it (on ",
                         host_of(leader), ") was lost before closing it"));
     }
+    tell_waiting(r);
     std::this_thread::sleep_for(kTick);
   }
+}
+
+std::optional<Round> ElasticRendezvous::arrive_at_rank(int r) {
+  const int k = cfg_.node_rank, n = cfg_.max_nodes;
+  const std::string prefix = round_key(r, "node/");
+  if (store_->add(round_key(r, "rank/" + std::to_string(k)), 1) > 1) {
+    auto v = store_->get(prefix + std::to_string(k));  // the first one's id, written just after
+    DTORCH_FAIL(CommError, "node rank ", k, " is taken: the launcher on ",
+                host_of(std::stoi(std::string(v.begin(), v.end()))),
+                " joined this job with --node-rank ", k, " first",
+                "\n---> HINT: give each node its own --node-rank, 0..", n - 1);
+  }
+  // The roll by node rank, for messages: what each node announced is its launcher's id.
+  auto roll_of = [&](const Arrivals& a) {
+    NodeRoll roll{n, std::vector<std::string>(static_cast<std::size_t>(n))};
+    for (std::size_t i = 0; i < a.values.size(); ++i)
+      if (!a.values[i].empty()) roll.hosts[i] = host_of(std::stoi(a.values[i]));
+    return roll;
+  };
+  WaitNotice notice;
+  notice.after = kNoticeEvery;
+  notice.say = [&](const Arrivals& a, double seconds) {
+    if (waiting_) waiting_(describe_missing_nodes(roll_of(a)), seconds);
+  };
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(cfg_.conf.join_timeout));
+  Arrivals came;
+  bool all = false;
+  try {
+    all = announce_and_wait(*store_, prefix, k, std::to_string(id_), n, deadline, came, notice);
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    DTORCH_FAIL(CommError, "rendezvous failed: the store went away while this node waited (",
+                why.substr(0, why.find('\n')), "), so node 0's launcher gave up or exited; ",
+                describe_missing_nodes(roll_of(came)), " as far as this node saw");
+  }
+  DTORCH_CHECK_T(CommError, all, "rendezvous failed after ", cfg_.conf.join_timeout, " s (",
+                 cfg_.join_timeout_flag, "): ", describe_missing_nodes(roll_of(came)),
+                 "\n---> HINT: start `dtorch launch --node-rank <i>` on each missing node with the "
+                 "same --nnodes, --master-addr and --master-port (in a batch job, check that the "
+                 "job step runs on every node), or raise --rdzv-timeout if they start late");
+  return roll(r, k, n);
+}
+
+std::string ElasticRendezvous::who_came(int r) {
+  const int count = static_cast<int>(store_->add(round_key(r, "arrive"), 0));
+  std::vector<std::string> hosts;
+  for (int id : arrivals(r, count))
+    if (id >= 0) hosts.push_back(host_of(id));
+  return str(count, " of at least ", cfg_.min_nodes, " node(s) arrived (", joined(hosts), ")");
+}
+
+void ElasticRendezvous::tell_waiting(int r) {
+  const auto now = Clock::now();
+  if (!waiting_ || now < next_notice_) return;
+  next_notice_ = now + kNoticeEvery;
+  waiting_(who_came(r), secs(now - waiting_since_));
 }
 
 void ElasticRendezvous::lead(int r, Clock::time_point since) {
@@ -224,6 +299,7 @@ void ElasticRendezvous::lead(int r, Clock::time_point since) {
                         return std::find(came.begin(), came.end(), l) != came.end();
                       });
       if (all_came || secs(now - min_reached) >= cfg_.conf.last_call_timeout) return close(count);
+      tell_waiting(r);
       continue;
     }
     if (!lost.empty() && static_cast<int>(live.size()) < lo) {
@@ -233,17 +309,14 @@ void ElasticRendezvous::lead(int r, Clock::time_point since) {
                         " more node(s), or run with a smaller MIN (--nnodes MIN:MAX)"));
     }
     if (secs(now - since) >= cfg_.conf.join_timeout) {
-      std::vector<std::string> hosts;
-      for (int id : arrivals(r, count))
-        if (id >= 0) hosts.push_back(host_of(id));
-      fail_round(r, str("rendezvous failed after ", cfg_.conf.join_timeout,
-                        " s (--rdzv-conf join_timeout, or --rdzv-timeout): ", count,
-                        " of at least ", lo, " node(s) arrived (", joined(hosts), ")",
-                        lost.empty() ? "" : "; lost: " + joined(lost),
-                        "\n---> HINT: start `dtorch launch` with the same --rdzv-endpoint and "
-                        "--rdzv-id on every node (in a batch job, check that the job step runs "
-                        "on every node), or raise join_timeout if they start late"));
+      fail_round(
+          r, str("rendezvous failed after ", cfg_.conf.join_timeout, " s (", cfg_.join_timeout_flag,
+                 "): ", who_came(r), lost.empty() ? "" : "; lost: " + joined(lost),
+                 "\n---> HINT: start `dtorch launch` with the same --rdzv-endpoint and "
+                 "--rdzv-id on every node (in a batch job, check that the job step runs "
+                 "on every node), or raise join_timeout if they start late"));
     }
+    tell_waiting(r);
   }
 }
 
@@ -319,7 +392,12 @@ RoundEnd ElasticRendezvous::end_round(RoundCause cause, const std::string& why, 
     RoundEnd v{false, why};
     int left = current_->nnodes - lost;
     if (cause == RoundCause::Lost && left < cfg_.min_nodes) {
-      v = {true, str(why, "; ", left, " node(s) left, fewer than --nnodes MIN ", cfg_.min_nodes)};
+      v = {true,
+           cfg_.node_rank >= 0
+               ? str(why, "; the job needs all ", cfg_.max_nodes, " nodes (--nnodes ",
+                     cfg_.max_nodes,
+                     "; under --rdzv-backend c10d, --nnodes MIN:MAX goes on with fewer)")
+               : str(why, "; ", left, " node(s) left, fewer than --nnodes MIN ", cfg_.min_nodes)};
     } else if (cause != RoundCause::Join) {
       int failures = static_cast<int>(store_->add(key("failures"), 1));
       if (failures > cfg_.max_restarts) {

@@ -32,6 +32,11 @@ struct ElasticConfig {
   RdzvConf conf;
   int max_restarts = 0;  ///< failure restarts the job may take (joins are free)
   std::string host;      ///< this launcher's host name, for the others' messages
+  /// A static job's node (--node-rank): its node rank in every round, where MIN = MAX and node
+  /// rank 0 leads. -1: numbered on arrival.
+  int node_rank = -1;
+  /// The flag that sets conf.join_timeout, for messages.
+  std::string join_timeout_flag = "--rdzv-conf join_timeout, or --rdzv-timeout";
 };
 
 /// One round's membership: the same on every node of the round.
@@ -68,10 +73,16 @@ class ElasticRendezvous {
   ElasticRendezvous(const ElasticRendezvous&) = delete;
   ElasticRendezvous& operator=(const ElasticRendezvous&) = delete;
 
+  /// What a long wait for a round says, after 10 s and every 10 s after: who came so far
+  /// ("1 of 2 node(s) arrived (node 0 on hostA); missing node rank(s): 1") and the seconds
+  /// waited.
+  using Waiting = std::function<void(const std::string& who, double seconds)>;
+
   /// Joins the next round and returns it once it has closed. Throws CommError when the round
   /// fails (fewer than MIN nodes by join_timeout, or lost nodes leave fewer than MIN), naming
-  /// the nodes; returns nullopt when the job finished while this launcher waited to join.
-  std::optional<Round> join();
+  /// the nodes, or when this node's given rank is another's; returns nullopt when the job
+  /// finished while this launcher waited to join.
+  std::optional<Round> join(const Waiting& waiting = {});
 
   /// Called while the workers run: the end of the current round once any node has asked for
   /// it, after asking for it itself when a node of the round stopped beating or a node waits to
@@ -99,6 +110,13 @@ class ElasticRendezvous {
   std::string key(const std::string& k) const;
   std::string round_key(int round, const std::string& k) const;
   std::optional<Round> arrive(int round, std::chrono::steady_clock::time_point since);
+  /// A static job's round: takes this node's given rank (CommError naming the host that holds
+  /// it), announces it and waits for all.
+  std::optional<Round> arrive_at_rank(int round);
+  /// Who has come to `round`, by arrival.
+  std::string who_came(int round);
+  /// Says who has come when the wait has gone on for another 10 s.
+  void tell_waiting(int round);
   Round roll(int round, int node_rank, int nnodes);
   void lead(int round, std::chrono::steady_clock::time_point since);
   /// The launchers that took arrival numbers 0..count-1 of `round`, in that order; -1 for a
@@ -122,6 +140,8 @@ class ElasticRendezvous {
   ElasticConfig cfg_;
   int id_ = -1;
   std::optional<Round> current_;
+  Waiting waiting_;  // while join() runs
+  std::chrono::steady_clock::time_point waiting_since_, next_notice_;
   std::vector<int> members_;  // launcher ids of the current round, by node rank
   bool finished_ = false;
   struct Seen {

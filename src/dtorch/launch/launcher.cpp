@@ -627,47 +627,25 @@ std::map<std::string, std::string> launcher_env() {
   return env;
 }
 
-const char* node_zero_note(const LaunchOptions& o) {
-  return o.node_rank == 0 ? " (served here)" : " (served by node 0's launcher)";
-}
-
-// Every node's launcher, node 0's included, joins the store through --master-addr as its
-// workers will: an address that does not reach node 0 fails here, by name, before any worker
-// starts. Then all nodes wait for each other (Note [Node rendezvous]).
-void meet_other_nodes(Plan& plan, Console& console) {
+// A static job's connection to node 0's store. Every node's launcher, node 0's included,
+// connects through --master-addr as its workers will: an address that does not reach node 0
+// fails here, by name, before any worker starts.
+c10::intrusive_ptr<c10d::Store> connect_to_node_zero(const Plan& plan) {
   const LaunchOptions& o = plan.opts;
   auto timeout = std::chrono::milliseconds(static_cast<long long>(o.rdzv_timeout_seconds * 1000));
-  c10::intrusive_ptr<c10d::Store> client;
-  if (o.node_rank == 0) {
-    // The store is local: a working address answers at once, so do not wait long on a bad one.
-    auto t = std::min(timeout, std::chrono::milliseconds(30000));
-    try {
-      client = connect_store(plan.master_addr, plan.master_port, t);
-    } catch (const CommError& e) {
-      std::string why = e.what();
-      DTORCH_FAIL(
-          CommError, "node 0 serves the rendezvous store on port ", plan.master_port,
-          " but cannot reach it through --master-addr ", plan.master_addr,
-          ", so the other nodes and the workers could not either: ", why.substr(0, why.find('\n')),
-          "\n---> HINT: give --master-addr a name or address of this host (node 0) "
-          "that every node can reach");
-    }
-  } else {
-    client = connect_store(plan.master_addr, plan.master_port, timeout);
-  }
-  WaitNotice notice;
-  notice.say = [&](const Arrivals& a, double seconds) {
-    console.message(str("dtorch launch: node ", o.node_rank, " waiting for the other nodes at ",
-                        plan.master_addr, ":", plan.master_port, " for ", std::lround(seconds),
-                        " s of --rdzv-timeout ", o.rdzv_timeout_seconds,
-                        " s: ", describe_missing_nodes(NodeRoll{o.nnodes, a.values})));
-  };
-  NodeRoll roll = meet_nodes(*client, o.node_rank, o.nnodes, short_hostname(), timeout, notice);
-  if (o.nnodes > 1 && o.node_rank == 0) {
-    std::string who;
-    for (int i = 0; i < o.nnodes; ++i)
-      who += str(i ? ", " : "", "n", i, " ", roll.hosts[static_cast<std::size_t>(i)]);
-    console.message(str("dtorch launch: all ", o.nnodes, " nodes arrived (", who, ")"));
+  if (o.node_rank != 0) return connect_store(plan.master_addr, plan.master_port, timeout);
+  // The store is local: a working address answers at once, so do not wait long on a bad one.
+  try {
+    return connect_store(plan.master_addr, plan.master_port,
+                         std::min(timeout, std::chrono::milliseconds(30000)));
+  } catch (const CommError& e) {
+    std::string why = e.what();
+    DTORCH_FAIL(
+        CommError, "node 0 serves the rendezvous store on port ", plan.master_port,
+        " but cannot reach it through --master-addr ", plan.master_addr,
+        ", so the other nodes and the workers could not either: ", why.substr(0, why.find('\n')),
+        "\n---> HINT: give --master-addr a name or address of this host (node 0) "
+        "that every node can reach");
   }
 }
 
@@ -723,18 +701,52 @@ int run_plan(const Plan& plan, Console& console) {
   }
 }
 
-// The c10d backend: rounds of Note [Elastic rendezvous]. Each round's node 0 serves a fresh
-// store for the workers on a free port and gives them its host name (torchrun's MASTER_ADDR and
-// MASTER_PORT), so workers of one round never meet keys of another.
-int run_elastic(const Plan& base, Console& console) {
+// A c10d round's store for its workers: node 0 serves it on a free port (or, for LibTorch
+// 1.13's workers, leaves the port to rank 0) and publishes where; the other nodes read it.
+c10::intrusive_ptr<c10d::Store> round_store(Plan& plan, const Round& round, ElasticRendezvous& rdzv,
+                                            std::chrono::milliseconds timeout) {
+  plan.round = round.number;
+  plan.agent_store = compat::kTorch2;  // Note [Torchrun's environment by version]
+  c10::intrusive_ptr<c10d::Store> store;
+  if (round.node_rank == 0) {
+    if (plan.agent_store) {
+      store = serve_store(0, plan.world_size, timeout);
+      plan.master_port = served_port(store);
+    } else {
+      plan.master_port = free_port();
+    }
+    plan.master_addr = fqdn();
+    rdzv.publish("master", plan.master_addr + " " + std::to_string(plan.master_port));
+  } else {
+    std::string m = rdzv.read("master");
+    plan.master_addr = m.substr(0, m.find(' '));
+    plan.master_port = std::stoi(m.substr(m.find(' ') + 1));
+  }
+  return store;
+}
+
+// Note [One rendezvous for launchers]
+// Every job of several nodes runs in rounds of Note [Elastic rendezvous]. A c10d job's
+// launchers meet at --rdzv-endpoint, are numbered on arrival and go on with MIN..MAX nodes;
+// each round's node 0 serves a fresh store for the workers on a free port and gives them its
+// host name (torchrun's MASTER_ADDR and MASTER_PORT), so workers of one round never meet keys
+// of another. A static job (--node-rank given) is the same rounds with the node ranks given and
+// MIN = MAX = --nnodes: node 0's launcher serves the store at --master-addr:--master-port for
+// the whole job, the launchers meet there, and the workers use it too (each restart in a
+// namespace of its own, TORCHELASTIC_RESTART_COUNT). So a static job's nodes watch each
+// other's heartbeats, a failed worker stops and restarts every node's workers together (or
+// ends the job, naming the rank, on every node), and a node whose launcher is lost ends the job
+// within the heartbeat's timeout.
+int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Store> served) {
   const LaunchOptions& o = base.opts;
+  const bool fixed = o.rdzv_backend == RdzvBackend::Static;
   const RdzvConf& conf = o.rdzv_conf;
-  const double join_s = conf.join_timeout_given ? conf.join_timeout : o.rdzv_timeout_seconds;
+  const double join_s =
+      !fixed && conf.join_timeout_given ? conf.join_timeout : o.rdzv_timeout_seconds;
   const auto join_ms = std::chrono::milliseconds(static_cast<long long>(join_s * 1000));
-  const Endpoint& at = o.rdzv_endpoint;
+  const Endpoint at = fixed ? Endpoint{base.master_addr, base.master_port} : o.rdzv_endpoint;
   // The endpoint's host serves the store; with several launchers on that host, the first does.
-  c10::intrusive_ptr<c10d::Store> served;
-  if (is_local_host(at.host)) {
+  if (!fixed && is_local_host(at.host)) {
     try {
       served = serve_store(at.port, 1, join_ms);
     } catch (const CommError&) {
@@ -751,7 +763,17 @@ int run_elastic(const Plan& base, Console& console) {
   cfg.conf.join_timeout = join_s;
   cfg.max_restarts = o.max_restarts;
   cfg.host = short_hostname();
-  ElasticRendezvous rdzv(connect(), connect, cfg);
+  if (fixed) {
+    cfg.node_rank = o.node_rank;
+    cfg.join_timeout_flag = "--rdzv-timeout";
+  }
+  ElasticRendezvous rdzv(fixed ? connect_to_node_zero(base) : connect(), connect, cfg);
+  const ElasticRendezvous::Waiting waiting = [&](const std::string& who, double seconds) {
+    console.message(str("dtorch launch: ", fixed ? str("node ", o.node_rank, " ") : "",
+                        "waiting for the other nodes at ", at.host, ":", at.port, " for ",
+                        std::lround(seconds), " s of ", fixed ? "--rdzv-timeout" : "join_timeout",
+                        " ", join_s, " s: ", who));
+  };
   std::optional<Clock::time_point> deadline;
   if (o.timeout_seconds > 0) {
     deadline =
@@ -771,7 +793,7 @@ int run_elastic(const Plan& base, Console& console) {
   for (bool first = true;; first = false) {
     std::optional<Round> round;
     try {
-      round = rdzv.join();
+      round = rdzv.join(waiting);
     } catch (const CommError&) {
       leave(bool(served), 1);
       throw;
@@ -784,30 +806,21 @@ int run_elastic(const Plan& base, Console& console) {
     plan.opts.node_rank = round->node_rank;
     plan.opts.nnodes = round->nnodes;
     plan.world_size = round->nnodes * o.nproc_per_node;
-    plan.round = round->number;
-    c10::intrusive_ptr<c10d::Store> workers_store;
-    plan.agent_store = compat::kTorch2;  // Note [Torchrun's environment by version]
-    if (round->node_rank == 0) {
-      if (plan.agent_store) {
-        workers_store = serve_store(0, plan.world_size, join_ms);
-        plan.master_port = served_port(workers_store);
-      } else {
-        plan.master_port = free_port();
-      }
-      plan.master_addr = fqdn();
-      rdzv.publish("master", plan.master_addr + " " + std::to_string(plan.master_port));
-    } else {
-      std::string m = rdzv.read("master");
-      plan.master_addr = m.substr(0, m.find(' '));
-      plan.master_port = std::stoi(m.substr(m.find(' ') + 1));
-    }
     std::string who;
     for (int i = 0; i < round->nnodes; ++i)
       who += str(i ? ", " : "", "n", i, " ", round->hosts[static_cast<std::size_t>(i)]);
-    int first_rank = round->node_rank * o.nproc_per_node;
-    console.message(str("dtorch launch: round ", round->number, ": ", round->nnodes, " node(s) (",
-                        who, "); this node is n", round->node_rank, ", ranks ", first_rank, "..",
-                        first_rank + o.nproc_per_node - 1, " of ", plan.world_size));
+    // A static job's workers meet in node 0's store, as the launchers did.
+    c10::intrusive_ptr<c10d::Store> workers_store;
+    if (fixed) {
+      if (first && o.node_rank == 0)
+        console.message(str("dtorch launch: all ", o.nnodes, " nodes arrived (", who, ")"));
+    } else {
+      workers_store = round_store(plan, *round, rdzv, join_ms);
+      const int first_rank = round->node_rank * o.nproc_per_node;
+      console.message(str("dtorch launch: round ", round->number, ": ", round->nnodes, " node(s) (",
+                          who, "); this node is n", round->node_rank, ", ranks ", first_rank, "..",
+                          first_rank + o.nproc_per_node - 1, " of ", plan.world_size));
+    }
     RankLogs logs(plan.opts, !first);
     // Per round: between rounds a signal ends the launcher at once (its heartbeat stops, and the
     // others count it lost).
@@ -862,8 +875,13 @@ int run_elastic(const Plan& base, Console& console) {
       console.message(str("dtorch launch: the job fails: ", ended->why));
       return leave(bool(served), code);
     }
-    console.message(str("dtorch launch: round ", round->number, " ends: ", ended->why,
-                        "; stopping this node's workers and meeting again"));
+    if (fixed) {
+      console.message(str("dtorch launch: ", ended->why, "; restarting all workers (restart ",
+                          round->restarts + 1, " of ", o.max_restarts, ")"));
+    } else {
+      console.message(str("dtorch launch: round ", round->number, " ends: ", ended->why,
+                          "; stopping this node's workers and meeting again"));
+    }
   }
 }
 
@@ -896,36 +914,39 @@ int run(const LaunchOptions& opts) {
   if (plan.run_id.empty()) plan.run_id = opts.standalone ? random_run_id() : "none";
   ErrorDir error_dir;
   plan.error_dir = error_dir.path;
-  if (opts.rdzv_backend == RdzvBackend::C10d) {
-    try {
-      return run_elastic(plan, console);
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      std::string why = e.what();
-      DTORCH_FAIL(CommError, "the rendezvous store at ", opts.rdzv_endpoint.host, ":",
-                  opts.rdzv_endpoint.port, " failed (", why.substr(0, why.find('\n')),
-                  "): the launcher on that host has probably ended; see its log");
-    }
-  }
-  RankLogs logs(opts);
-  plan.logs = &logs;
-
-  // Node 0's launcher serves the store for the whole run, restarts included, so workers that
-  // come back find it where it was (TORCHELASTIC_USE_AGENT_STORE=True).
+  const bool c10d = opts.rdzv_backend == RdzvBackend::C10d;
+  // A static job's node 0 serves the store for the whole run, restarts included, so workers
+  // that come back find it where it was (TORCHELASTIC_USE_AGENT_STORE=True).
   c10::intrusive_ptr<c10d::Store> store;
   plan.master_addr = opts.standalone ? "127.0.0.1" : opts.master_addr;
   plan.master_port = opts.master_port;
-  if (opts.node_rank == 0) {
+  if (!c10d && opts.node_rank == 0) {
     store = serve_store(
         opts.standalone ? 0 : opts.master_port, plan.world_size,
         std::chrono::milliseconds(static_cast<long long>(opts.rdzv_timeout_seconds * 1000)));
     plan.master_port = served_port(store);
   }
-  if (!opts.standalone) meet_other_nodes(plan, console);
+  if (c10d || opts.nnodes > 1) {  // Note [One rendezvous for launchers]
+    try {
+      return run_rounds(plan, console, store);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      std::string why = e.what();
+      DTORCH_FAIL(CommError, "the rendezvous store at ",
+                  c10d ? opts.rdzv_endpoint.host : plan.master_addr, ":",
+                  c10d ? opts.rdzv_endpoint.port : plan.master_port, " failed (",
+                  why.substr(0, why.find('\n')),
+                  "): the launcher on that host has probably ended; see its log");
+    }
+  }
+  // One node: nothing to meet, but the workers reach the store through --master-addr.
+  if (!opts.standalone) connect_to_node_zero(plan);
+  RankLogs logs(opts);
+  plan.logs = &logs;
   log::debug("launch: ", opts.nproc_per_node, " worker(s) on node ", opts.node_rank, " of ",
              opts.nnodes, " (world size ", plan.world_size, "), store at ", plan.master_addr, ":",
-             plan.master_port, node_zero_note(opts), ", run id ", plan.run_id, ", max restarts ",
+             plan.master_port, " (served here), run id ", plan.run_id, ", max restarts ",
              opts.max_restarts, ", program ", plan.program_path);
   return run_plan(plan, console);
 }

@@ -1,5 +1,4 @@
-// Node-level rendezvous through the launcher's store (see node_rendezvous.h): one key per node,
-// polled, so a missing node is named by its rank.
+// Rolls of nodes and this host's names (see node_rendezvous.h).
 #include "dtorch/launch/node_rendezvous.h"
 
 #include <arpa/inet.h>
@@ -9,8 +8,6 @@
 #include <unistd.h>
 
 #include <cstring>
-
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "dtorch/core/error.h"
 
@@ -94,54 +91,6 @@ bool is_local_host(const std::string& host) {
   }
   ::freeaddrinfo(found);
   return local;
-}
-
-// Note [Node rendezvous]
-// Workers also rendezvous (Communicator::create names missing ranks), but only after
-// DTORCH_TIMEOUT, and a rank number does not say which machine never started. Launchers meet
-// first, under --rdzv-timeout, one key per node (Note [Announce and wait], the workers' loop
-// too): when a node is missing, the message names its node rank and the hosts of those that
-// came. Every node waits for all, so no worker anywhere
-// starts before the job is whole; node 0, which serves the store, also waits until every node
-// has seen the roll complete, so it cannot finish and take the store away before they have.
-NodeRoll meet_nodes(c10d::Store& store, int node_rank, int nnodes, const std::string& host,
-                    std::chrono::milliseconds timeout, const WaitNotice& notice) {
-  const std::string me = host.empty() ? "?" : host;  // a host without a name still arrives
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  const std::string ready_prefix = "dtorch/launch/ready/";
-  // Note [Announce and wait]; a store that goes away means node 0's launcher did.
-  auto meet = [&](const std::string& prefix) {
-    Arrivals seen;
-    try {
-      announce_and_wait(store, prefix, node_rank, me, nnodes, deadline, seen, notice);
-      return NodeRoll{nnodes, seen.values};
-    } catch (const std::exception& e) {
-      std::string why = e.what();
-      DTORCH_FAIL(CommError, "rendezvous failed: the store went away while this node waited (",
-                  why.substr(0, why.find('\n')), "), so node 0's launcher gave up or exited; ",
-                  describe_missing_nodes(NodeRoll{nnodes, seen.values}),
-                  " as far as this node saw");
-    }
-  };
-  // Phase 1: every node's arrival. Phase 2 (node 0 only): every node has seen phase 1 end.
-  // Node 0 serves the store and leaves once its workers are done; without phase 2 a job whose
-  // workers finish at once could end before a slower node saw the roll complete.
-  NodeRoll roll = meet("dtorch/launch/node/");
-  if (roll.missing().empty()) {
-    if (node_rank != 0) {
-      store.set(ready_prefix + std::to_string(node_rank),
-                std::vector<uint8_t>(me.begin(), me.end()));
-      return roll;
-    }
-    NodeRoll ready = meet(ready_prefix);
-    if (ready.missing().empty()) return roll;
-    roll = ready;  // the nodes that never confirmed count as missing
-  }
-  DTORCH_FAIL(CommError, "rendezvous failed after ", timeout.count() / 1000.0,
-              " s (--rdzv-timeout): ", describe_missing_nodes(roll),
-              "\n---> HINT: start `dtorch launch --node-rank <i>` on each missing node with the "
-              "same --nnodes, --master-addr and --master-port (in a batch job, check that the "
-              "job step runs on every node), or raise --rdzv-timeout if they start late");
 }
 
 }  // namespace dtorch::launch

@@ -1,16 +1,9 @@
-// The launchers of a multi-node job meet in node 0's store before any worker starts, so a node
-// that never comes is named after --rdzv-timeout instead of surfacing later as a hung collective.
+// What launchers know of nodes: a roll of node ranks and the hosts that came (named in the
+// rendezvous's messages, launch/elastic_rendezvous.h), and this host's names.
 #pragma once
 
-#include <chrono>
 #include <string>
 #include <vector>
-
-#include "dtorch/launch/store.h"
-
-namespace c10d {
-class Store;
-}
 
 namespace dtorch::launch {
 
@@ -20,14 +13,6 @@ struct NodeRoll {
   std::vector<std::string> hosts;
   std::vector<int> missing() const;
 };
-
-/// Registers this node in `store` under "dtorch/launch/node/<node_rank>" (value: `host`), then
-/// waits until all `nnodes` have, polling until `timeout` (Note [Announce and wait]; `notice`
-/// says what a long wait waits for). Returns the roll on success; throws CommError naming how
-/// many nodes arrived and the node ranks missing (see describe_missing_nodes) when the timeout
-/// passes first.
-NodeRoll meet_nodes(c10d::Store& store, int node_rank, int nnodes, const std::string& host,
-                    std::chrono::milliseconds timeout, const WaitNotice& notice = {});
 
 /// "1 of 2 node(s) arrived (node 0 on hostA); missing node rank(s): 1".
 std::string describe_missing_nodes(const NodeRoll& roll);

@@ -57,12 +57,12 @@ struct WaitNotice {
 };
 
 /// Note [Announce and wait]: the one way the parties of a job meet in a store, launchers
-/// (meet_nodes) and workers (comm::Communicator) alike. Party `self` sets "<prefix><self>" to
-/// `value` (which names it; self < 0 announces nothing), then every party's key is polled until
-/// all `count` have arrived or `deadline` passes. `arrivals` is filled as parties are seen, so
-/// that it says who is missing for the caller's message, also when the store goes away (the
-/// call then throws what the store threw). Returns whether all arrived. A wait is never
-/// silent: `notice` says what it waits for after 10 s and every 10 s after.
+/// (a static job's rounds, launch/elastic_rendezvous.h) and workers (comm::Communicator) alike.
+/// Party `self` sets "<prefix><self>" to `value` (which names it; self < 0 announces nothing), then
+/// every party's key is polled until all `count` have arrived or `deadline` passes. `arrivals` is
+/// filled as parties are seen, so that it says who is missing for the caller's message, also when
+/// the store goes away (the call then throws what the store threw). Returns whether all arrived. A
+/// wait is never silent: `notice` says what it waits for after 10 s and every 10 s after.
 bool announce_and_wait(c10d::Store& store, const std::string& prefix, int self,
                        const std::string& value, int count,
                        std::chrono::steady_clock::time_point deadline, Arrivals& arrivals,
