@@ -33,6 +33,12 @@ double secs(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+// The host in what a static job's node announced: "<launcher id> <host>".
+std::string host_announced(const std::string& value) {
+  const auto space = value.find(' ');
+  return space == std::string::npos ? "?" : value.substr(space + 1);
+}
+
 std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v)
@@ -60,9 +66,9 @@ std::string joined(const std::vector<std::string>& v) {
 //   for the job.
 // - A static job's nodes have their node ranks given (--node-rank) and MIN = MAX = --nnodes:
 //   round r needs no leader. A node takes r<r>/rank/<k> (a second launcher with the same rank
-//   is refused, naming the first one's host), announces r<r>/node/<k> = id and waits for all
-//   (Note [Announce and wait], the workers' loop too) until join_timeout (--rdzv-timeout), then
-//   names the node ranks missing and the hosts of those that came.
+//   is refused, naming the first one's host), announces r<r>/node/<k> = "<id> <host>" and waits
+//   for all (Note [Announce and wait], the workers' loop too) until join_timeout
+//   (--rdzv-timeout), then names the node ranks missing and the hosts of those that came.
 // - While workers run, each launcher polls r<r>/verdict, the round's next arrivals and the
 //   beats of its peers. The first to see a reason (its worker failed, a peer was lost, a node
 //   waits below MAX) claims the round (add(r<r>/claim) == 1) and writes the verdict for all:
@@ -217,17 +223,18 @@ std::optional<Round> ElasticRendezvous::arrive_at_rank(int r) {
   const int k = cfg_.node_rank, n = cfg_.max_nodes;
   const std::string prefix = round_key(r, "node/");
   if (store_->add(round_key(r, "rank/" + std::to_string(k)), 1) > 1) {
-    auto v = store_->get(prefix + std::to_string(k));  // the first one's id, written just after
+    auto v = store_->get(prefix + std::to_string(k));  // the first one announces just after
     DTORCH_FAIL(CommError, "node rank ", k, " is taken: the launcher on ",
-                host_of(std::stoi(std::string(v.begin(), v.end()))),
+                host_announced(std::string(v.begin(), v.end())),
                 " joined this job with --node-rank ", k, " first",
                 "\n---> HINT: give each node its own --node-rank, 0..", n - 1);
   }
-  // The roll by node rank, for messages: what each node announced is its launcher's id.
+  // Each node announces "<launcher id> <host>" (arrivals() reads the id), so the roll names
+  // the hosts without asking the store, which may have gone away.
   auto roll_of = [&](const Arrivals& a) {
     NodeRoll roll{n, std::vector<std::string>(static_cast<std::size_t>(n))};
     for (std::size_t i = 0; i < a.values.size(); ++i)
-      if (!a.values[i].empty()) roll.hosts[i] = host_of(std::stoi(a.values[i]));
+      if (!a.values[i].empty()) roll.hosts[i] = host_announced(a.values[i]);
     return roll;
   };
   WaitNotice notice;
@@ -240,7 +247,8 @@ std::optional<Round> ElasticRendezvous::arrive_at_rank(int r) {
   Arrivals came;
   bool all = false;
   try {
-    all = announce_and_wait(*store_, prefix, k, std::to_string(id_), n, deadline, came, notice);
+    const std::string me = str(id_, " ", cfg_.host.empty() ? "?" : cfg_.host);
+    all = announce_and_wait(*store_, prefix, k, me, n, deadline, came, notice);
   } catch (const std::exception& e) {
     std::string why = e.what();
     DTORCH_FAIL(CommError, "rendezvous failed: the store went away while this node waited (",
