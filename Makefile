@@ -69,7 +69,7 @@ test: deps-test
 bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
-	bench/bench_ddp.py --dtorch build/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_ddp.py --dtorch build/dtorch --dtorch2 build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_collectives.py --dtorch build-pip/dtorch
 	bench/bench_memory.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON) --nprocs 2
 	bench/bench_tensor_parallel.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)

@@ -15,13 +15,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
 import sys
 
-from benchlib import run_json
+from benchlib import machine, run_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,17 +41,14 @@ def short_version(v):
     return m.group(1) if m else str(v)
 
 
-def cpu_name():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtorch", default=os.path.join(ROOT, "build", "dtorch"))
+    ap.add_argument("--dtorch", default=os.path.join(ROOT, "build", "dtorch"),
+                    help="dtorch built on the first peer's LibTorch (Debian's 1.13)")
+    pip_dtorch = os.path.join(ROOT, "build-pip", "dtorch")
+    ap.add_argument("--dtorch2", default=pip_dtorch if os.path.exists(pip_dtorch) else None,
+                    help="dtorch built on the second peer's LibTorch (PyPI's 2.x; default "
+                    "build-pip/dtorch when it exists, else the first dtorch faces both peers)")
     ap.add_argument("--peer", default=os.path.join(ROOT, "..", "shared", "peers",
                                                    "torch_ddp_mnist.py"))
     ap.add_argument("--python", default="/usr/bin/python3",
@@ -68,6 +64,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     a = ap.parse_args()
     a.dtorch = os.path.abspath(a.dtorch)
+    # dtorches[i] faces peer i: each on the same LibTorch, so the BLAS and kernels are the same.
+    dtorches = [a.dtorch] + ([os.path.abspath(a.dtorch2)] if a.dtorch2 and a.python2 else [])
     a.peer = os.path.abspath(a.peer)
     if not os.path.exists(a.peer):
         sys.exit(f"bench: the peer {a.peer} is missing (it ships in shared/peers beside the repo)")
@@ -77,18 +75,22 @@ def main():
             sys.exit(f"bench: no Python at {py} (make deps-bench makes .venv; --python2 names "
                      "another)")
 
-    # rows[(model, n)]: ours = dtorch's median, peers = one median per Python, in `pythons` order.
+    # rows[(model, n)]: ours = each dtorch's median, peers = one median per Python, in `pythons`
+    # order; peer i is compared with ours[min(i, len(ours) - 1)].
     rows = {}
+    versus = [min(i, len(dtorches) - 1) for i in range(len(pythons))]
     peer_torch = [None] * len(pythons)  # each peer's torch.__version__, as it printed it
     port = 29600
     for model in ("mnist-mlp", "mnist-cnn"):
         for n in (1, 2):
-            ours, peers, last = [], [[] for _ in pythons], None
+            ours, peers, last = [[] for _ in dtorches], [[] for _ in pythons], []
             for _ in range(a.repeats):
-                last = run_json([a.dtorch, "bench", "ddp", "--model", model, "--nproc-per-node",
-                                 str(n), "--threads", "1", "--batch-size", str(a.batch),
-                                 "--steps", str(a.steps), "--warmup", str(a.warmup)])
-                ours.append(last["samples_per_s"])
+                last = [run_json([d, "bench", "ddp", "--model", model, "--nproc-per-node",
+                                  str(n), "--threads", "1", "--batch-size", str(a.batch),
+                                  "--steps", str(a.steps), "--warmup", str(a.warmup)])
+                        for d in dtorches]
+                for k, r in enumerate(last):
+                    ours[k].append(r["samples_per_s"])
                 for i, py in enumerate(pythons):
                     port += 1
                     p = run_json([py, a.peer, "--model", model, "--nproc", str(n), "--threads",
@@ -96,14 +98,18 @@ def main():
                                   "--warmup", str(a.warmup), "--port", str(port)])
                     peers[i].append(p["samples_per_s"])
                     peer_torch[i] = p.get("torch")
-                print(f"{model} x{n}: dtorch {ours[-1]:.0f}  " + "  ".join(
-                    f"peer {v} {x[-1]:.0f}" for v, x in zip(peer_torch, peers)) + " samples/s",
-                    file=sys.stderr)
-            rows[(model, n)] = dict(ours=statistics.median(ours),
+                print(f"{model} x{n}: " + "  ".join(
+                    f"dtorch {r.get('torch')} {x[-1]:.0f}" for r, x in zip(last, ours)) + "  " +
+                    "  ".join(f"peer {v} {x[-1]:.0f}" for v, x in zip(peer_torch, peers)) +
+                    " samples/s", file=sys.stderr)
+            rows[(model, n)] = dict(ours=[statistics.median(x) for x in ours],
                                     peers=[statistics.median(x) for x in peers],
-                                    breakdown=last["ms_per_step"], dtorch_torch=last.get("torch"))
-    # Column names carry the peers' PyTorch versions ("PyTorch 1.13 DDP", "PyTorch 2.15 DDP").
+                                    breakdown=last[0]["ms_per_step"],
+                                    dtorch_torch=[r.get("torch") for r in last])
+    # Column names carry the versions ("PyTorch 1.13 DDP", "dtorch on LibTorch 2.15").
     names = ["PyTorch %s DDP" % short_version(v) for v in peer_torch]
+    ours_names = ["dtorch on LibTorch %s" % short_version(v)
+                  for v in rows[("mnist-cnn", 1)]["dtorch_torch"]]
 
     # The allreduce itself: dtorch's shared-memory path against the same ranks over Gloo
     # (DTORCH_SHM=0: c10d's ProcessGroupGloo, what PyTorch's DDP uses on CPU).
@@ -124,10 +130,13 @@ def main():
         "",
         "Measured by `%s` on %s." % (cmd, datetime.date.today().isoformat()),
         "",
-        "- Machine: %s, %d cores; BLAS: `%s`; PyTorch (peers) %s; LibTorch (dtorch) %s." %
-        (cpu_name(), os.cpu_count(), active_blas(),
+        "- Machine: %s; BLAS of Debian's LibTorch: `%s` (PyPI's wheels bring MKL); "
+        "PyTorch (peers) %s; LibTorch (dtorch) %s. Each peer faces dtorch built on the same "
+        "LibTorch." %
+        (machine(), active_blas(),
          " and ".join("%s (`%s`)" % (v, py) for v, py in zip(peer_torch, pythons)),
-         rows[("mnist-cnn", 1)]["dtorch_torch"]),
+         " and ".join("%s (`%s`)" % (v, os.path.relpath(d, ROOT))
+                      for v, d in zip(rows[("mnist-cnn", 1)]["dtorch_torch"], dtorches))),
         "- Protocol: the peer's (`shared/peers/torch_ddp_mnist.py`): uniformly random batches "
         "of %d per rank from Fashion-MNIST, SGD lr 0.01 momentum 0.9, cross-entropy, "
         "%d warm-up steps untimed, %d timed steps, 1 thread per rank. "
@@ -139,26 +148,30 @@ def main():
         "",
         "## DDP throughput (samples/s, all ranks together)",
         "",
-        "| model | ranks | dtorch | " + " | ".join(names) + " | " +
-        " | ".join("dtorch / %s" % m.replace(" DDP", "") for m in names) + " |",
-        "|---|---|---|" + "---|" * (2 * len(names)),
+        "| model | ranks | " + " | ".join(
+            "%s | %s | dtorch / peer" % (ours_names[versus[i]], m) for i, m in enumerate(names)) +
+        " |",
+        "|---|---|" + "---|---|---|" * len(names),
     ]
     for (model, n), r in rows.items():
-        lines.append("| %s | %d | %.0f | " % (model, n, r["ours"]) +
-                     " | ".join("%.0f" % x for x in r["peers"]) + " | " +
-                     " | ".join("%.2fx" % (r["ours"] / x) for x in r["peers"]) + " |")
+        lines.append("| %s | %d | " % (model, n) + " | ".join(
+            "%.0f | %.0f | %.2fx" % (r["ours"][versus[i]], x, r["ours"][versus[i]] / x)
+            for i, x in enumerate(r["peers"])) + " |")
     lines += ["", "## Scaling efficiency (2-rank samples/s over twice the 1-rank figure)", "",
-              "| model | dtorch | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+              "| model | " + " | ".join(ours_names) + " | " + " | ".join(names) + " |",
+              "|---|" + "---|" * (len(ours_names) + len(names))]
     for model in ("mnist-mlp", "mnist-cnn"):
         one, two = rows[(model, 1)], rows[(model, 2)]
-        lines.append("| %s | %.2f | " % (model, two["ours"] / (2 * one["ours"])) + " | ".join(
-            "%.2f" % (b / (2 * a1)) for a1, b in zip(one["peers"], two["peers"])) + " |")
+        lines.append("| %s | " % model + " | ".join(
+            "%.2f" % (b / (2 * a1))
+            for a1, b in zip(one["ours"] + one["peers"], two["ours"] + two["peers"])) + " |")
     lines += ["", "## Allreduce between 2 ranks (`dtorch bench allreduce`, ms per call)", "",
               "| bytes | dtorch shared memory | Gloo (DTORCH_SHM=0) | speed-up |",
               "|---|---|---|---|"]
     for nbytes, shm, gloo in allreduce:
         lines.append("| %d | %.3f | %.3f | %.0fx |" % (nbytes, shm, gloo, gloo / shm))
-    lines += ["", "## Where a dtorch step's time goes (ms per step, rank 0, last run)", "",
+    lines += ["", "## Where a dtorch step's time goes (ms per step, rank 0, last run, %s)" %
+              ours_names[0], "",
               "Backward includes the time blocked on gradient communication at its end "
               "(`comm wait`); the rest of the allreduce overlaps with backward.", "",
               "| model | ranks | data | forward | backward (incl. wait) | comm wait | optimizer |",

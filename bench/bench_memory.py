@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from benchlib import parse_with_peer, publish
+from benchlib import machine, parse_with_peer, publish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
@@ -163,15 +163,16 @@ def main():
         START,
         "## Memory per rank by strategy (`dtorch bench memory`)",
         "",
-        "Measured by `make bench` (`%s`) on %s: %s, P = %d parameters (%.1f M), fp32 AdamW, "
-        "batch %d x %d tokens per rank, 1 thread per rank. Model state is what dtorch holds in "
-        "its own buffers after a step (parameters, gradients, optimizer state); the formula is "
-        "the ZeRO paper's (Rajbhandari et al. 2020, section 5) with 4 + 4 + 8 bytes per "
-        "parameter; peak RSS is the largest of the ranks' (`getrusage`), which also holds "
+        "Measured by `make bench` (`%s`) on %s (%s): %s, P = %d parameters (%.1f M), fp32 "
+        "AdamW, batch %d x %d tokens per rank, 1 thread per rank. Model state is what dtorch "
+        "holds in its own buffers after a step (parameters, gradients, optimizer state); the "
+        "formula is the ZeRO paper's (Rajbhandari et al. 2020, section 5) with 4 + 4 + 8 bytes "
+        "per parameter; peak RSS is the largest of the ranks' (`getrusage`), which also holds "
         "activations, gradients in flight, the fp32 model as built before it is sharded (not "
         "under zero3, which never builds it whole: Note [Deferred initialisation]), and "
         "LibTorch itself. The references are the formula and, in the last table, %s"
-        % (cmd, datetime.date.today().isoformat(), a.model, P, P / 1e6, a.batch, a.seq_len,
+        % (cmd, datetime.date.today().isoformat(), machine(), a.model, P, P / 1e6, a.batch,
+           a.seq_len,
            peer_sentence(a, peers, torch2, deepspeed, fsdp)),
         "",
         "| strategy | N | params | grads | optimizer | model state | formula | state / "

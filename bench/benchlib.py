@@ -1,13 +1,26 @@
-"""What the benchmark scripts share: running a dtorch or peer command for its JSON result, and
-rewriting one marked block of BENCHMARKS.md while leaving the others' blocks alone."""
+"""What the benchmark scripts share: the machine's name, running a dtorch or peer command for its
+JSON result, and rewriting one marked block of BENCHMARKS.md while leaving the others' blocks
+alone."""
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def machine():
+    """What a table's figures were measured on, as "Intel(R) Xeon(R) Processor, 2 cores"."""
+    name = platform.processor()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return "%s, %d cores" % (name, os.cpu_count())
 
 
 def parse_with_peer(ap):
