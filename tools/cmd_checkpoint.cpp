@@ -1,7 +1,6 @@
 // `dtorch checkpoint inspect|consolidate`: what a sharded checkpoint holds and whether its files
 // are intact, and the whole model as one state dict that Python's torch.load reads.
 #include <algorithm>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -13,6 +12,8 @@
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
+#include "dtorch/core/json_config.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/tp/tensor_parallel.h"
@@ -101,14 +102,26 @@ int run_inspect(const CheckpointFlags& f) {
 checkpoint::StateDict consolidate_tensor_parallel(const std::string& dir,
                                                   checkpoint::CheckpointData* data,
                                                   std::string* source) {
-  std::ifstream in(dir + "/tensor_parallel.json");
+  const std::string path = dir + "/tensor_parallel.json";
   nlohmann::json spec;
+  int tp = 0;
   try {
-    in >> spec;
+    std::string why;
+    if (!json_config::try_parse(read_input_file<CheckpointError>(path, "tensor-parallel layout"),
+                                &spec, &why))
+      throw std::runtime_error(why);
+    tp = json_config::whole_number<int>(spec.at("tp"), "\"tp\"");
+    if (tp < 1 || tp > 65536) throw std::runtime_error(str("\"tp\" is ", tp));
+    for (const auto& [name, split] : spec.at("sharded").items()) {
+      json_config::whole_number<int64_t>(split.at("dim"), "\"" + name + "\".dim");
+      json_config::whole_number<int64_t>(split.at("fused"), "\"" + name + "\".fused");
+    }
+  } catch (const CheckpointError&) {
+    throw;
   } catch (const std::exception& e) {
-    DTORCH_FAIL(CheckpointError, dir, "/tensor_parallel.json is unreadable (", e.what(), ")");
+    DTORCH_FAIL(CheckpointError, path, " is unreadable (", json_config::reason(e),
+                "): restore it from the run that wrote the tp folders");
   }
-  const int tp = spec.at("tp").get<int>();
   std::vector<std::map<std::string, torch::Tensor>> slices(tp);
   checkpoint::StateDict first;
   for (int i = 0; i < tp; ++i) {
@@ -136,8 +149,15 @@ checkpoint::StateDict consolidate_tensor_parallel(const std::string& dir,
                      name);
       parts.push_back(slices[i][name]);
     }
-    out.emplace_back(
-        name, tp::unshard(parts, {(*it)["dim"].get<int64_t>(), (*it)["fused"].get<int64_t>()}));
+    const int64_t dim = (*it)["dim"].get<int64_t>(), fused = (*it)["fused"].get<int64_t>();
+    for (const auto& part : parts)
+      DTORCH_CHECK_T(CheckpointError,
+                     part.dim() == t.dim() && dim >= 0 && dim < t.dim() && fused >= 1 &&
+                         part.size(dim) % fused == 0,
+                     path, " splits ", name, " along dim ", dim, " in ", fused,
+                     " fused part(s), which its slices of shape ", part.sizes(),
+                     " do not allow: restore it from the run that wrote the tp folders");
+    out.emplace_back(name, tp::unshard(parts, {dim, fused}));
   }
   return out;
 }
@@ -189,7 +209,34 @@ std::vector<models::PythonAlias> aliases_of(const std::string& metadata_json) {
   return models::python_aliases(name);
 }
 
+// consolidate writes one file beside the checkpoint it reads: never one it reads, never into a
+// step folder (the run's checkpoints, which a later --resume reads), never under a checkpoint's
+// .dtc name. Checked before anything is read, so a refused OUT costs nothing.
+void refuse_output_that_is_input(const std::string& out, const std::string& in) {
+  const std::string fix = "; write DIR/model.pt or DIR/model.safetensors outside the checkpoints";
+  DTORCH_CHECK_T(ConfigError, !paths::file_name(out).empty() && !paths::is_directory(out), "OUT ",
+                 out, " is a folder, not a file name", fix);
+  DTORCH_CHECK_T(ConfigError, paths::extension(out) != ".dtc", "OUT ", out,
+                 " has a checkpoint's name (.dtc), which --resume would read as one", fix);
+  std::error_code ec;
+  const std::string parent = paths::parent_path(out);
+  const std::string folder = paths::canonical(parent.empty() ? "." : parent, ec);
+  if (ec) return;  // a missing folder: the write names it
+  DTORCH_CHECK_T(ConfigError,
+                 !paths::exists(paths::join(folder, "metadata.json")) &&
+                     !starts_with(paths::file_name(folder), "step-"),
+                 "OUT ", out, " is inside the sharded checkpoint ", folder,
+                 ", which writing it would change", fix);
+  const std::string target = paths::join(folder, paths::file_name(out));
+  for (const std::string& input : {in, in + "/tensor_parallel.json", in + "/pipeline.json"}) {
+    const std::string read = paths::canonical(input, ec);
+    DTORCH_CHECK_T(ConfigError, ec || read != target, "OUT ", out, " is ", input,
+                   ", which consolidate reads", fix);
+  }
+}
+
 int run_consolidate(const CheckpointFlags& f) {
+  refuse_output_that_is_input(f.out, f.dir);
   checkpoint::StateDict state;
   std::string source;
   checkpoint::CheckpointData data;

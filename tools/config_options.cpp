@@ -4,6 +4,9 @@
 // strategy's and the parallelism's, and `dtorch bench data` the loader's, so every command reads
 // and shows them alike.
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <type_traits>
 
 #include "dtorch/train/run_config.h"
 #include "tools/commands.h"
@@ -18,6 +21,17 @@ std::string title(const char* section) {
   return s;
 }
 
+// inf and nan parse as numbers; no setting takes them (--lr inf trained a model of NaNs).
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(s.c_str(), &end);
+        return std::isfinite(x) ? "" : "not a finite number (got " + s + ")";
+      },
+      "FINITE");
+}
+
 struct OptionDeclarer {
   CLI::App* cmd;
 
@@ -25,6 +39,7 @@ struct OptionDeclarer {
   template <class T>
   void operator()(const train::Field& f, T& v) {
     CLI::Option* o = cmd->add_option(std::string("--") + f.flag, v, f.doc);
+    if constexpr (std::is_floating_point_v<T>) o->check(finite_number());
     if (f.alone) {
       o->expected(0, 1)->default_str(f.alone);
     } else {
@@ -37,11 +52,13 @@ struct OptionDeclarer {
   }
   void operator()(const train::Field& f, std::optional<double>& v) {
     finish(cmd->add_option_function<double>(
-               std::string("--") + f.flag, [&v](double x) { v = x; }, f.doc),
+                  std::string("--") + f.flag, [&v](double x) { v = x; }, f.doc)
+               ->check(finite_number()),
            f);
   }
   void operator()(const train::Field& f, std::vector<double>& v) {
     finish(cmd->add_option(std::string("--") + f.flag, v, f.doc)
+               ->check(finite_number())
                ->delimiter(',')
                ->expected(static_cast<int>(v.size()))
                ->capture_default_str(),

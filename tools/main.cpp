@@ -4,7 +4,6 @@
 #include <torch/version.h>
 
 #include <iostream>
-#include <regex>
 #include <typeinfo>
 
 #include "dtorch/comm/communicator.h"
@@ -44,9 +43,7 @@ namespace {
 // for plain dtorch::Error alone.
 std::string user_message(const Error& e) {
   if (typeid(e) == typeid(Error)) return e.what();
-  static const std::regex where(
-      R"( \[(src/dtorch|tools|tests|examples)/[A-Za-z0-9_./-]+:[0-9]+\])");
-  return std::regex_replace(e.what(), where, "");
+  return without_locations(e.what());
 }
 
 // `dtorch version`: what this build was made against, for bug reports and job logs.

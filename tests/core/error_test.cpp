@@ -18,6 +18,22 @@ TEST(ErrorLocation, IsRelativeToTheRepository) {
   EXPECT_EQ(detail::where("elsewhere.cpp", 3), "elsewhere.cpp:3");
 }
 
+TEST(ErrorLocation, WarningsAndNestedMessagesLoseTheirLocations) {
+  // A caught error's message inside a warning ("checkpoint X is unusable (...)") or another
+  // error keeps its words and loses " [file:line]", wherever it stands.
+  std::string inner;
+  try {
+    DTORCH_FAIL(CheckpointError, "metadata.json is malformed");
+  } catch (const CheckpointError& e) {
+    inner = e.what();
+  }
+  ASSERT_NE(inner.find(" [tests/core/error_test.cpp:"), std::string::npos) << inner;
+  EXPECT_EQ(
+      without_locations("checkpoint a is unusable (" + inner + "); using b [src/dtorch/x.cpp:9]"),
+      "checkpoint a is unusable (metadata.json is malformed); using b");
+  EXPECT_EQ(without_locations("a list [1, 2] stays"), "a list [1, 2] stays");
+}
+
 TEST(ErrorLocation, CliErrorsDoNotNameTheBuildMachinesPath) {
   auto r = testing::run_command("error_path", {DTORCH_CLI, "launch", "--no-such-flag", "x"}, 60);
   EXPECT_NE(r.exit_code(), 0);

@@ -65,5 +65,51 @@ TEST(JsonConfig, GettersCheckTypesAndRangesAndAutoIsAbsent) {
             std::string::npos);
 }
 
+TEST(JsonConfig, DeepNestingAndHugeNumbersAreErrorsNotCrashes) {
+  // Code walking a value recurses per level: 100000 levels overflowed the stack (SIGSEGV).
+  for (const std::string open : {"[", "{\"a\":"}) {
+    std::string text;
+    for (int i = 0; i < 100000; ++i)
+      text += open;
+    const std::string why = testing::error_of([&] { parse(text, "deep.json"); });
+    EXPECT_NE(why.find("deep.json: nests objects and arrays more than 64 deep"), std::string::npos)
+        << why;
+  }
+  std::string ok = "1";
+  for (int i = 1; i < kMaxDepth; ++i)
+    ok = "[" + ok + "]";
+  EXPECT_NO_THROW(parse(ok, "f.json")) << kMaxDepth - 1 << " levels are fine";
+  const std::string why = testing::error_of([] { parse(R"({"epochs": 1e400})", "big.json"); });
+  EXPECT_NE(why.find("big.json: not valid JSON (number overflow parsing '1e400'): numbers must lie "
+                     "within +-1.8e308"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find("json.exception"), std::string::npos) << "no library text: " << why;
+
+  nlohmann::json j;
+  std::string reason;
+  EXPECT_FALSE(try_parse("[[1", &j, &reason));
+  EXPECT_EQ(reason.find("[src/"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("1:4: not valid JSON"), std::string::npos) << reason;
+}
+
+TEST(JsonConfig, WholeNumbersAreCheckedBeforeTheyAreConverted) {
+  const auto j = parse(R"([7, 7.0, 7.5, 1e30, -1, 3000000000, "7"])", "f.json");
+  EXPECT_EQ(whole_number<int>(j[0], "n"), 7);
+  EXPECT_EQ(whole_number<int>(j[1], "n"), 7);
+  for (const int i : {2, 3, 5, 6})
+    EXPECT_THROW(whole_number<int>(j[i], "n"), std::out_of_range) << j[i];
+  EXPECT_THROW(whole_number<uint32_t>(j[4], "n"), std::out_of_range);
+  EXPECT_EQ(whole_number<int64_t>(j[5], "n"), 3000000000);
+  try {
+    whole_number<int64_t>(j[3], "\"numel\"");
+    FAIL() << "1e30 is no int64";
+  } catch (const std::out_of_range& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "\"numel\" must be a whole number from -9223372036854775808 to 9223372036854775807 "
+              "(got 1e+30)");
+  }
+}
+
 }  // namespace
 }  // namespace dtorch::json_config

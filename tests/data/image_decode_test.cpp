@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <zlib.h>
+
 #include <fstream>
 
 #include "dtorch/core/error.h"
@@ -110,7 +112,29 @@ TEST(ImageDecode, FailuresNameTheFileAndTheReason) {
   EXPECT_TRUE(m.find("neither a JPEG nor a PNG") != std::string::npos) << m;
   write_bytes(dir + "/empty.jpg", "");
   EXPECT_TRUE(message_of(dir + "/empty.jpg").find("empty") != std::string::npos);
-  EXPECT_TRUE(message_of(dir + "/missing.jpg").find("cannot open") != std::string::npos);
+  EXPECT_TRUE(message_of(dir + "/missing.jpg").find("no such file") != std::string::npos);
+
+  // A header announcing 65535 x 65535 pixels is refused before 12 GiB are allocated.
+  std::string huge_png = png;
+  for (const size_t at : {16, 20})
+    huge_png.replace(at, 4, "\x00\x00\xff\xff", 4);  // IHDR's width and height
+  const uint32_t crc =
+      static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(huge_png.data() + 12), 17));
+  for (int k = 0; k < 4; ++k)
+    huge_png[29 + k] = static_cast<char>(crc >> (24 - 8 * k));
+  write_bytes(dir + "/huge.png", huge_png);
+  EXPECT_NE(message_of(dir + "/huge.png").find("huge.png: announces 65535x65535 pixels"),
+            std::string::npos)
+      << message_of(dir + "/huge.png");
+  std::string huge_jpg = bytes;
+  const size_t sof = huge_jpg.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  // SOF0's height and width (libjpeg itself refuses sides above 65500)
+  huge_jpg.replace(sof + 5, 4, "\xea\x60\xea\x60", 4);
+  write_bytes(dir + "/huge.jpg", huge_jpg);
+  EXPECT_NE(message_of(dir + "/huge.jpg").find("huge.jpg: announces 60000x60000 pixels"),
+            std::string::npos)
+      << message_of(dir + "/huge.jpg");
 }
 
 TEST(ImageDecode, KnowsImageExtensions) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "dtorch/core/error.h"
+#include "dtorch/launch/store.h"
 
 namespace dtorch::launch {
 namespace {
@@ -253,6 +254,47 @@ TEST(ElasticRendezvous, TheJoinTimeoutNamesWhoCame) {
     EXPECT_NE(m.find("rendezvous failed after 0.3 s"), std::string::npos) << m;
     EXPECT_NE(m.find("1 of at least 2 node(s) arrived (hostA)"), std::string::npos) << m;
   }
+}
+
+// Note [One job per store]: a launcher of another --rdzv-id that reaches the store is refused
+// before it writes any of the job's keys, and the job's own launchers go on.
+TEST(ElasticRendezvous, ALauncherOfAnotherJobIsRefused) {
+  Job job(1, 2);
+  job.cfg.endpoint = "node0:29400";
+  auto first = job.launcher("a");
+  Job other = job;
+  other.cfg.run_id = "other";
+  std::string why;
+  try {
+    other.launcher("stray");
+  } catch (const CommError& e) {
+    why = e.what();
+  }
+  EXPECT_NE(why.find("the rendezvous store at node0:29400 belongs to job 'test', not to this "
+                     "launcher's job 'other' (--rdzv-id)"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("each job its own --master-port"), std::string::npos) << why;
+  EXPECT_EQ(job.store->add("dtorch/rdzv/test/launchers", 0), 1) << "the stray was never counted";
+  EXPECT_FALSE(job.store->check({"dtorch/rdzv/other/launchers"}));
+  auto second = job.launcher("b");  // the job's own still join
+  std::vector<std::unique_ptr<ElasticRendezvous>> nodes;
+  nodes.push_back(std::move(first));
+  nodes.push_back(std::move(second));
+  EXPECT_EQ(join_all(nodes).size(), 2u);
+
+  // A worker checks the job, and joins a store nobody claimed (PyTorch's torchrun serves it).
+  EXPECT_NO_THROW(check_store_job(*job.store, "test", "node0:29400"));
+  why = "";
+  try {
+    check_store_job(*job.store, "other", "node0:29400");
+  } catch (const CommError& e) {
+    why = e.what();
+  }
+  EXPECT_NE(why.find("belongs to job 'test', but this worker's TORCHELASTIC_RUN_ID is 'other'"),
+            std::string::npos)
+      << why;
+  EXPECT_NO_THROW(check_store_job(*c10::make_intrusive<c10d::HashStore>(), "x", "h:1"));
 }
 
 // A static job (Note [One rendezvous for launchers]): node ranks given, MIN = MAX.

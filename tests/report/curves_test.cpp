@@ -66,7 +66,7 @@ TEST(Curves, BadFilesAreNamed) {
     read_run_curves("/nonexistent/run", "x");
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
-    EXPECT_TRUE(contains(e.what(), "cannot read /nonexistent/run/metrics.jsonl: give the --out"))
+    EXPECT_TRUE(contains(e.what(), "/nonexistent/run/metrics.jsonl: no such file; give the --out"))
         << e.what();
   }
 }

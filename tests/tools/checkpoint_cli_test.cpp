@@ -1,6 +1,7 @@
 // `dtorch checkpoint inspect|consolidate` as a user runs them, on the toy checkpoint that 4
 // ranks saved (checkpoint/sharded_fixture.h); PyTorch itself loads the consolidated model.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 
 #include "checkpoint/sharded_fixture.h"
@@ -143,6 +144,34 @@ TEST(CheckpointCli, NotACheckpointIsAClearError) {
                   {DTORCH_CLI, "checkpoint", "consolidate", dir, dir + "/model.pt"});
   EXPECT_EQ(r.exit_code(), 1);
   EXPECT_FALSE(paths::exists(dir + "/model.pt"));
+}
+
+// consolidate never writes over what it reads: a checkpoint's file, a step folder, a .dtc name,
+// a folder or a FIFO as OUT is refused before anything is read, and the checkpoint stays whole.
+TEST(CheckpointCli, AnOutputThatIsAnInputIsRefused) {
+  const std::string dir = testing::toy_checkpoint_copy("ckpt-cli-out-is-in");
+  std::string step;
+  for (const auto& name : paths::list_directory(dir))
+    if (name.rfind("step-", 0) == 0) step = dir + "/" + name;
+  ASSERT_FALSE(step.empty());
+  ASSERT_EQ(::mkfifo((dir + "/fifo.pt").c_str(), 0600), 0);
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {step + "/metadata.json", "is inside the sharded checkpoint"},
+      {step + "/model.pt", "is inside the sharded checkpoint"},
+      {dir + "/checkpoint-000003.dtc", "has a checkpoint's name (.dtc)"},
+      {step, "is a folder, not a file name"},
+      {dir + "/fifo.pt", "is a FIFO (named pipe), and dtorch replaces only regular files"},
+  };
+  for (const auto& [out, why] : refused) {
+    auto r =
+        run_command("ckpt-cli-out-is-in-cmd", {DTORCH_CLI, "checkpoint", "consolidate", dir, out});
+    EXPECT_NE(r.exit_code(), 0) << out;
+    EXPECT_TRUE(contains(r.err, why)) << out << ": " << r.err;
+    EXPECT_FALSE(contains(r.out, "wrote")) << r.out;
+  }
+  auto r = run_command("ckpt-cli-out-is-in-inspect", {DTORCH_CLI, "checkpoint", "inspect", dir});
+  EXPECT_EQ(r.exit_code(), 0) << "the checkpoint is intact: " << r.err;
+  EXPECT_EQ(paths::kind(dir + "/fifo.pt"), "a FIFO (named pipe)");
 }
 
 }  // namespace

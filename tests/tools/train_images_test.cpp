@@ -98,7 +98,7 @@ TEST(TrainCli, LoaderFlagsThatDoNotFitTheDataAreRefused) {
       {"fashion-mnist", {"--augment", "crop-flip"}, "--augment crop-flip applies to"},
       {"imagefolder:", {}, "names no folder"},
       {"imagefolder:" + dir + "/none", {}, "does not exist"},
-      {"cifar10:" + dir, {}, "data_batch_1.bin is missing"},
+      {"cifar10:" + dir, {}, "data_batch_1.bin: no such file"},
       {"fashion-mnist", {"--data-workers", "-1"}, "--data-workers -1"},
       {"cifar10:" + dir, {"--model", "gpt-debug"}, "use --data text"},
   };

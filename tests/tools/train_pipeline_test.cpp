@@ -8,6 +8,7 @@
 // [Resharding by name]).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -199,6 +200,18 @@ TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
 // with Adam's moments (Note [Resharding by name]).
 TEST(TrainPipeline, ZeroCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
   expect_resumes_at_other_layouts(testing::scratch_dir("pp_zero_any_layout"), "zero1", "zero2");
+}
+
+// A run stopped before its first save leaves config.json and metrics.jsonl in --out: --resume
+// (and --max-restarts, which resumes) starts it afresh, as without a pipeline.
+TEST(TrainPipeline, ResumingARunStoppedBeforeItsFirstSaveStartsAfresh) {
+  const std::string out = testing::scratch_dir("pp_resume_early");
+  std::ofstream(out + "/metrics.jsonl") << "{\"kind\": \"step\", \"step\": 1}\n";
+  auto r = testing::run_command(
+      "pp_resume_early", with(pipeline_train_args(out, "ddp", 2, 1), {"--pp", "2", "--resume"}),
+      300);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(paths::exists(out + "/pipeline.json")) << r.err;
 }
 
 TEST(TrainPipeline, BadPipelineFlagsAndOtherLayoutsAreNamed) {

@@ -5,10 +5,12 @@
 #include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <set>
 
+#include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
+#include "dtorch/core/json_config.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/registry.h"
@@ -40,19 +42,27 @@ std::vector<SavedStage> read_pipeline_layout(const std::string& out) {
   if (!paths::exists(path)) return {};
   std::vector<SavedStage> stages;
   try {
-    std::ifstream in(path);
     nlohmann::json j;
-    in >> j;
+    std::string why;
+    if (!json_config::try_parse(read_input_file<CheckpointError>(path, "pipeline layout"), &j,
+                                &why))
+      throw std::runtime_error(why);
     const auto& list = j.at("stages");
+    // Each stage is a folder of its own: more stages than ranks could ever run is damage.
+    if (list.size() > 65536) throw std::runtime_error(str(list.size(), " stages"));
     for (size_t s = 0; s < list.size(); ++s) {
       const std::string folder =
           j.contains("folders")
               ? j["folders"].at(s).get<std::string>()
               : pipeline_folder(static_cast<int>(s), static_cast<int>(list.size()));
-      stages.push_back({out + folder, {list[s].at(0).get<int>(), list[s].at(1).get<int>()}});
+      stages.push_back({out + folder,
+                        {json_config::whole_number<int>(list[s].at(0), "a stage's first unit"),
+                         json_config::whole_number<int>(list[s].at(1), "a stage's end")}});
     }
+  } catch (const CheckpointError&) {
+    throw;
   } catch (const std::exception& e) {
-    DTORCH_FAIL(CheckpointError, path, " is unreadable (", e.what(),
+    DTORCH_FAIL(CheckpointError, path, " is unreadable (", json_config::reason(e),
                 "): restore it from the run that wrote the stage folders, or start a new --out");
   }
   return stages;
@@ -72,9 +82,13 @@ std::optional<LoadedCheckpoint> load_from_stages(
   for (const SavedStage& s : saved) {
     if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
     if (list_checkpoints(s.folder).empty()) {
-      DTORCH_CHECK_T(CheckpointError, !paths::exists(s.folder) || paths::is_empty(s.folder),
-                     s.folder, " holds no whole-stage checkpoint but other files (ZeRO's ",
-                     "shards?): resume with the --strategy, --pp and --pp-split that wrote it");
+      // A run stopped before its first save leaves only its own files (config.json,
+      // metrics.jsonl) there: it starts afresh. ZeRO's shards would be lost on the way.
+      DTORCH_CHECK_T(CheckpointError,
+                     list_sharded_checkpoints(s.folder).empty() &&
+                         !paths::exists(s.folder + "/tensor_parallel.json"),
+                     s.folder, " holds no whole-stage checkpoint but ZeRO's shards: resume with ",
+                     "the --strategy, --pp and --pp-split that wrote it");
       DTORCH_CHECK_T(CheckpointError, !result, s.folder, " has no checkpoint but ", result->path,
                      " does: the run stopped while saving; remove the newer stage checkpoints ",
                      "or start a new --out");

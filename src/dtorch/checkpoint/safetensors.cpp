@@ -45,8 +45,9 @@ std::vector<char> safetensors_bytes(
   std::vector<at::Tensor> data;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : state) {
+    const auto type = tensor.scalar_type();  // a lambda may not capture a binding in clang 14
     auto it = std::find_if(dtype_names().begin(), dtype_names().end(),
-                           [&](const auto& e) { return e.first == tensor.scalar_type(); });
+                           [&](const auto& e) { return e.first == type; });
     DTORCH_CHECK_T(CheckpointError, it != dtype_names().end(), "safetensors has no dtype for ",
                    name, " (", tensor.scalar_type(), "); save it as .pt instead");
     DTORCH_CHECK_T(CheckpointError, !header.contains(name), "state dict key ", name,

@@ -15,6 +15,7 @@
 #include "dtorch/checkpoint/crc32.h"
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/json_config.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
 
@@ -340,8 +341,19 @@ std::string file_problem(const std::string& path, int64_t expect_bytes, uint32_t
 
 template <typename T>
 T field(const json& j, const char* key) {
-  if (!j.contains(key)) throw std::runtime_error(str("lacks \"", key, "\""));
-  return j.at(key).get<T>();
+  if (!j.is_object() || !j.contains(key)) throw std::runtime_error(str("lacks \"", key, "\""));
+  if constexpr (std::is_integral_v<T>) {
+    return json_config::whole_number<T>(j.at(key), str("\"", key, "\""));
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    const json& list = j.at(key);
+    if (!list.is_array()) throw std::runtime_error(str("\"", key, "\" is not a list"));
+    std::vector<int64_t> out;
+    for (const auto& v : list)
+      out.push_back(json_config::whole_number<int64_t>(v, str("an entry of \"", key, "\"")));
+    return out;
+  } else {
+    return j.at(key).get<T>();
+  }
 }
 
 }  // namespace
@@ -501,9 +513,13 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
   DTORCH_CHECK_T(CheckpointError, paths::exists(path), "checkpoint ", dir, " is incomplete: ", path,
                  " is missing, so the save that wrote it did not finish; ", kDamaged);
   std::vector<char> bytes = read_file(path);
-  json m = json::parse(bytes.begin(), bytes.end(), nullptr, false);
-  DTORCH_CHECK_T(CheckpointError, !m.is_discarded() && m.is_object(), path,
-                 " is not valid JSON (interrupted write or damaged file); ", kDamaged);
+  json m;
+  std::string why;
+  DTORCH_CHECK_T(
+      CheckpointError,
+      json_config::try_parse(std::string(bytes.begin(), bytes.end()), &m, &why) && m.is_object(),
+      path, " is not valid JSON", why.empty() ? "" : " (" + why + ")",
+      " (interrupted write or damaged file); ", kDamaged);
   try {
     DTORCH_CHECK_T(CheckpointError, field<std::string>(m, "format") == kFormat, path,
                    " is not the metadata of a dtorch sharded checkpoint");
@@ -525,11 +541,13 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
     for (const auto& [key, k] : m.at("flat").items()) {
       FlatTensorInfo info;
       info.numel = field<int64_t>(k, "numel");
+      if (info.numel < 0) throw std::runtime_error(str("\"", key, "\" has numel ", info.numel));
       auto dtype = dtype_from_name(field<std::string>(k, "dtype"));
       if (!dtype) throw std::runtime_error("unknown dtype for " + key);
       info.dtype = *dtype;
       for (const auto& r : k.at("ranges"))
-        info.ranges.emplace_back(r.at(0).get<int64_t>(), r.at(1).get<int64_t>());
+        info.ranges.emplace_back(json_config::whole_number<int64_t>(r.at(0), "a range's begin"),
+                                 json_config::whole_number<int64_t>(r.at(1), "a range's end"));
       if (static_cast<int>(info.ranges.size()) != world)
         throw std::runtime_error(
             str("\"", key, "\" has ", info.ranges.size(), " ranges for ", world, " ranks"));
@@ -542,6 +560,32 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
       auto dtype = dtype_from_name(field<std::string>(k, "dtype"));
       if (!dtype) throw std::runtime_error("unknown dtype for " + key);
       full[key] = {field<std::vector<int64_t>>(k, "shape"), *dtype};
+      int64_t n = 1;
+      for (const int64_t s : full[key].shape) {
+        if (s < 0 || (s > 0 && n > (int64_t{1} << 50) / s))
+          throw std::runtime_error(str("\"", key, "\" has an impossible shape"));
+        n *= s;
+      }
+    }
+    // The readers multiply shapes and index flat tensors with offsets: each parameter must lie
+    // inside its unit's flat tensor, checked without overflow before anything is allocated
+    // (Note [Input files] in core/input_file.h).
+    for (const auto& [unit, layout] : data.layouts) {
+      const auto it = flat.find("param/" + unit);
+      const int64_t numel = it == flat.end() ? int64_t{1} << 40 : it->second.numel;
+      for (const auto& e : layout) {
+        int64_t n = 1;
+        for (const int64_t s : e.shape) {
+          if (s < 0 || (s > 0 && n > numel / s))
+            throw std::runtime_error(str("parameter \"", e.name, "\" of unit \"", unit,
+                                         "\" has a shape beyond the unit's ", numel, " elements"));
+          n *= s;
+        }
+        if (e.offset < 0 || e.offset > numel - n)
+          throw std::runtime_error(str("parameter \"", e.name, "\" of unit \"", unit,
+                                       "\" has offset ", e.offset, " outside the unit's ", numel,
+                                       " elements"));
+      }
     }
     for (const auto& [name, f] : m.at("files").items())
       files[name] = {field<int64_t>(f, "bytes"), field<uint32_t>(f, "crc32")};
@@ -552,7 +596,7 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& e) {
-    DTORCH_FAIL(CheckpointError, path, " is malformed (", e.what(), "); ", kDamaged);
+    DTORCH_FAIL(CheckpointError, path, " is malformed (", json_config::reason(e), "); ", kDamaged);
   }
 }
 

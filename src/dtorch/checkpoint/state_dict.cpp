@@ -18,6 +18,7 @@
 #include "dtorch/checkpoint/torch_save.h"
 #include "dtorch/core/atomic_file.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 
 namespace dtorch::checkpoint {
 namespace {
@@ -214,11 +215,12 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 }
 
 std::vector<char> read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  DTORCH_CHECK_T(CheckpointError, fd >= 0, "cannot open ", path, ": ", errno_text());
+  uint64_t size = 0;
+  std::string problem;
+  const int fd = open_input_file(path, kAnySize, &size, &problem);
+  DTORCH_CHECK_T(CheckpointError, fd >= 0, path, ": ", problem);
   std::vector<char> out;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  out.reserve(size);
   char buf[1 << 16];
   for (;;) {
     ssize_t r = ::read(fd, buf, sizeof buf);

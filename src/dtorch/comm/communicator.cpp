@@ -348,6 +348,8 @@ std::shared_ptr<Communicator> Communicator::create(const launch::RankInfo& info,
   // Like torchrun: the launcher serves the store if it says so, otherwise rank 0 does.
   if (info.launcher_hosts_store || info.rank != 0) {
     m.root_store = launch::connect_store(info.master_addr, info.master_port, opts.timeout);
+    launch::check_store_job(*m.root_store, info.run_id,
+                            str(info.master_addr, ":", info.master_port));
   } else {
     m.root_store = launch::serve_store(info.master_port, info.world_size, opts.timeout);
   }

@@ -25,6 +25,11 @@ std::optional<std::string> write_file_atomically(const std::string& path, const 
   const std::string dir = parent.empty() ? "." : parent;
   const std::string tmp = str(path, ".", ::getpid(), ".tmp");
   const std::string hint = "; the previous file at that path, if any, is untouched";
+  // rename() would replace a device node or a FIFO itself, and a directory's emptiness decides
+  // whether it goes: only a file is ever replaced (Note [Input files] in core/input_file.h).
+  if (const std::string kind = paths::kind(path); !kind.empty() && kind != "a regular file")
+    return str("will not write ", path, ": it is ", kind,
+               ", and dtorch replaces only regular files; give the path of a file");
 
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

@@ -11,7 +11,8 @@ namespace dtorch {
 
 /// Writes `n` bytes at `data` to `path` atomically: a temporary file in the same directory
 /// (named with this process's id, so two writers of one path never share it), fsync, rename,
-/// fsync of the directory. Returns nothing on success; on failure the temporary is removed,
+/// fsync of the directory. A `path` holding anything but a regular file (a directory, a device,
+/// a FIFO) is refused, untouched. Returns nothing on success; on failure the temporary is removed,
 /// whatever was at `path` is untouched, and the result says what failed ("cannot write
 /// PATH: ... (disk full or not writable?)"), for the caller to throw as its kind of error.
 std::optional<std::string> write_file_atomically(const std::string& path, const char* data,

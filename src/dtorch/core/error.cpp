@@ -1,6 +1,7 @@
 // Formatting of the source location that DTORCH_CHECK appends to a message.
 #include "dtorch/core/error.h"
 
+#include <regex>
 #include <string>
 
 namespace dtorch::detail {
@@ -20,6 +21,12 @@ std::string where(const char* file, int line) {
 }  // namespace dtorch::detail
 
 namespace dtorch {
+
+std::string without_locations(const std::string& text) {
+  static const std::regex where(
+      R"( \[(src/dtorch|tools|tests|examples)/[A-Za-z0-9_./-]+:[0-9]+\])");
+  return std::regex_replace(text, where, "");
+}
 
 std::string joined(const std::vector<std::string>& words, const std::string& separator) {
   std::string s;

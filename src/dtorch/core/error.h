@@ -33,6 +33,10 @@ class CommError : public Error {
 class CheckpointError : public Error {
   using Error::Error;
 };
+/// Training cannot go on: the loss diverged to NaN or infinity.
+class TrainingError : public Error {
+  using Error::Error;
+};
 /// An allocation failed: the message says which rank, what it held, and what would fit.
 class OutOfMemoryError : public Error {
   using Error::Error;
@@ -53,6 +57,12 @@ template <typename... Args>
 std::string str(Args&&... args) {
   return detail::cat(std::forward<Args>(args)...);
 }
+
+/// `text` without the source locations DTORCH_CHECK appends (" [src/dtorch/x.cpp:12]"), wherever
+/// they stand: the words a user reads when an error's message becomes part of a warning or of
+/// another message. A location helps only with dtorch's own bugs (tools/main.cpp keeps it for
+/// a plain dtorch::Error).
+std::string without_locations(const std::string& text);
 
 /// "a, b, c": the choices a message lists.
 std::string joined(const std::vector<std::string>& words, const std::string& separator = ", ");

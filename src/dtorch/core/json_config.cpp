@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 
 namespace dtorch::json_config {
 namespace {
@@ -82,7 +83,13 @@ std::string nearest(const std::string& key, const Keys& known) {
 nlohmann::json parse(const std::string& text, const std::string& name) {
   std::vector<std::vector<std::string>> open;  // the keys seen in each open object
   std::optional<std::string> duplicate;
-  auto check = [&](int, json::parse_event_t event, json& parsed) {
+  auto check = [&](int depth, json::parse_event_t event, json& parsed) {
+    const bool opens =
+        event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+    // Thrown from inside the parser, so nothing deeper is ever built (Note [Input files]).
+    DTORCH_CHECK_T(ConfigError, !opens || depth < kMaxDepth, name,
+                   ": nests objects and arrays more than ", kMaxDepth,
+                   " deep; no file dtorch reads has more than a few levels");
     if (event == json::parse_event_t::object_start) open.emplace_back();
     if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
     if (event == json::parse_event_t::key && !open.empty() && !duplicate) {
@@ -116,7 +123,37 @@ nlohmann::json parse(const std::string& text, const std::string& name) {
                  comma_line, ", column ", comma_column);
     }
     DTORCH_FAIL(ConfigError, name, ":", line, ":", column, ": not valid JSON (", what, ")", hint);
+  } catch (const json::out_of_range& e) {
+    // The one such error parsing raises: a number beyond a double's range (1e400).
+    std::string what = e.what();
+    if (auto bracket = what.find("] "); bracket != std::string::npos)
+      what = what.substr(bracket + 2);
+    DTORCH_FAIL(ConfigError, name, ": not valid JSON (", what,
+                "): numbers must lie within +-1.8e308");
   }
+}
+
+bool try_parse(const std::string& text, nlohmann::json* out, std::string* why) {
+  try {
+    *out = parse(text, "");
+    return true;
+  } catch (const ConfigError& e) {
+    // Drops the empty name and its ": " or ":" (line and column stay).
+    const std::string m = without_locations(e.what());
+    *why = m.rfind(": ", 0) == 0 ? m.substr(2) : m.rfind(":", 0) == 0 ? m.substr(1) : m;
+    return false;
+  }
+}
+
+std::string reason(const std::exception& e) {
+  std::string what = without_locations(e.what());
+  if (what.rfind("[json.exception.", 0) == 0)
+    if (const auto end = what.find("] "); end != std::string::npos) what = what.substr(end + 2);
+  return what;
+}
+
+nlohmann::json read_file(const std::string& path, const std::string& what) {
+  return parse(read_input_file<ConfigError>(path, what), path);
 }
 
 Section::Section(const json& j, std::string path, std::string file,

@@ -6,8 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -19,10 +22,57 @@ using Keys = std::vector<std::string>;
 /// out ("warmup_steps" in "warmup_num_steps"), else the fewest edits away.
 std::string nearest(const std::string& word, const Keys& known);
 
+/// The deepest nesting of objects and arrays a JSON file dtorch reads may have. Code that walks
+/// a JSON value (dump, comparison, conversion) recurses once per level, so a file nested
+/// 100000 deep would overflow the stack; real files nest fewer than ten.
+constexpr int kMaxDepth = 64;
+
 /// Parses `text` (`name`, the file, starts every message). ConfigError "NAME:LINE:COLUMN: not
-/// valid JSON (...)" for bad syntax, pointing out a comma before '}' or ']', and for a key
-/// given twice in one object.
+/// valid JSON (...)" for bad syntax, pointing out a comma before '}' or ']', for a key given
+/// twice in one object, for nesting deeper than kMaxDepth and for a number beyond a double's
+/// range.
 nlohmann::json parse(const std::string& text, const std::string& name);
+/// As parse, for JSON whose faults the caller reports in its own words (a checkpoint's
+/// metadata): false with `why` set to parse's message without the name.
+bool try_parse(const std::string& text, nlohmann::json* out, std::string* why);
+
+/// Reads the JSON file at `path` (`what` names it in messages: "--config"): a regular file of at
+/// most kMaxTextFileBytes (Note [Input files] in core/input_file.h), parsed as parse does.
+/// ConfigError when it cannot be read or parsed.
+nlohmann::json read_file(const std::string& path, const std::string& what);
+
+/// `v` as a whole number of type T (an integer, or a float with no fraction, within T's range),
+/// checked before it is converted: nlohmann's get<T>() casts a float such as 1e30 to an integer
+/// unchecked, which is undefined behaviour. Throws std::out_of_range "WHAT must be a whole number
+/// from LO to HI (got V)" for anything else, for a caller that wraps what it reads in its own
+/// message (a checkpoint's "is malformed (...)").
+template <typename T>
+T whole_number(const nlohmann::json& v, const std::string& what) {
+  constexpr double lo = static_cast<double>(std::numeric_limits<T>::min());
+  constexpr double hi = static_cast<double>(std::numeric_limits<T>::max());
+  bool ok = false;
+  if (v.is_number_unsigned()) {
+    ok = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  } else if (v.is_number_integer()) {
+    const int64_t n = v.get<int64_t>();
+    ok = (std::numeric_limits<T>::is_signed || n >= 0) && static_cast<double>(n) >= lo &&
+         static_cast<double>(n) <= hi;
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    // For a 64-bit T, hi is its max rounded up to 2^63 or 2^64: stay below it.
+    ok = std::trunc(d) == d && d >= lo && (sizeof(T) < 8 ? d <= hi : d < hi);
+  }
+  if (!ok)
+    throw std::out_of_range(
+        what + " must be a whole number from " + std::to_string(std::numeric_limits<T>::min()) +
+        " to " + std::to_string(std::numeric_limits<T>::max()) + " (got " + v.dump() + ")");
+  return v.is_number_float() ? static_cast<T>(v.get<double>()) : v.get<T>();
+}
+
+/// What a JSON library or conversion error says, without nlohmann's
+/// "[json.exception.type_error.302] " prefix and dtorch's source locations: "type must be number,
+/// but is string".
+std::string reason(const std::exception& e);
 
 /// One JSON object of a file. A value null counts as absent, and so does "auto" (Hugging Face's
 /// placeholder for "let the program decide") unless `auto_is_absent` is false (a format whose

@@ -51,7 +51,8 @@ bool enabled(Level level) {
 void write(Level level, const std::string& msg) {
   std::string line = "dtorch";
   if (g_rank >= 0) line += str("[rank ", g_rank.load(), "]");
-  line += str(" ", name(level), ": ", msg, "\n");
+  // Lines are for users: a caught error's source location is noise there (debug lines keep it).
+  line += str(" ", name(level), ": ", level == Level::Debug ? msg : without_locations(msg), "\n");
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }

@@ -164,6 +164,21 @@ bool is_regular_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+std::string kind_of_mode(unsigned mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+std::string kind(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 ? kind_of_mode(st.st_mode) : "";
+}
+
 bool is_symlink(const std::string& p) {
   struct stat st;
   return ::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode);

@@ -67,6 +67,12 @@ std::string lexically_normal(const std::string& p);
 bool exists(const std::string& p);
 bool is_directory(const std::string& p);
 bool is_regular_file(const std::string& p);
+/// What is at `p` (a symlink counts as what it points to), for messages: "a regular file", "a
+/// directory", "a FIFO (named pipe)", "a character device", "a block device", "a socket"; ""
+/// when nothing is.
+std::string kind(const std::string& p);
+/// The same for a stat(2) st_mode.
+std::string kind_of_mode(unsigned mode);
 /// Whether `p` itself is a symbolic link (not followed).
 bool is_symlink(const std::string& p);
 /// A directory with no entries, or a regular file of 0 bytes.

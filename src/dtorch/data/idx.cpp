@@ -2,6 +2,7 @@
 // gunzip the dataset or not. Every failure names the file and what is wrong with it.
 #include "dtorch/data/idx.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -10,13 +11,14 @@
 #include <vector>
 
 #include "dtorch/core/error.h"
-#include "dtorch/core/paths.h"
+#include "dtorch/core/input_file.h"
 
 namespace dtorch::data {
 namespace {
 
-// More data than this means a corrupt header, not a dataset: refuse before allocating.
-constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+// Deflate expands a byte to at most 1032 (zlib's technical notes): a header announcing more data
+// than the file could hold, even compressed, is corrupt, and is refused before allocating.
+constexpr uint64_t kMaxDeflateRatio = 1032;
 // gzread takes an unsigned int length and returns an int, so read big files in pieces.
 constexpr uint64_t kChunk = uint64_t{1} << 30;
 
@@ -82,9 +84,12 @@ uint32_t big_endian_u32(const unsigned char* b) {
 }  // namespace
 
 torch::Tensor read_idx(const std::string& path) {
-  DTORCH_CHECK_T(DataError, paths::exists(path), "IDX file ", path, ": no such file");
-  DTORCH_CHECK_T(DataError, !paths::is_directory(path), "IDX file ", path,
-                 ": is a directory, expected an IDX file");
+  std::string problem;
+  uint64_t file_bytes = 0;
+  const int fd = open_input_file(path, kAnySize, &file_bytes, &problem);
+  DTORCH_CHECK_T(DataError, fd >= 0, "IDX file ", path, ": ", problem);
+  ::close(fd);
+  const uint64_t max_bytes = file_bytes * kMaxDeflateRatio;
   GzFile f(path);
 
   // Header: two zero bytes, the element type, the number of dimensions, then one
@@ -114,8 +119,9 @@ torch::Tensor read_idx(const std::string& path) {
     sizes.push_back(static_cast<int64_t>(n));
     shape += (d ? "x" : "") + std::to_string(n);
     // Check before multiplying so a garbage header cannot overflow the product.
-    DTORCH_CHECK_T(DataError, n == 0 || total <= kMaxBytes / n, "IDX file ", path,
-                   ": header announces an implausible size (", shape, "...): the file is corrupt");
+    DTORCH_CHECK_T(DataError, n == 0 || total <= max_bytes / n, "IDX file ", path,
+                   ": header announces ", shape, "... bytes, more than its ", file_bytes,
+                   " bytes could hold: the file is corrupt");
     total *= n;
   }
 

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
 
@@ -133,10 +134,11 @@ constexpr int64_t kCifarRecord = 1 + 3 * kCifarSide * kCifarSide;
 class CifarSource : public ImageSource {
  public:
   void read(const std::string& file) {
+    const std::string problem = input_file_problem(file);
+    DTORCH_CHECK_T(DataError, problem.empty(), file, ": ", problem,
+                   "; --data cifar10:DIR expects CIFAR-10's binary version (data_batch_1.bin ... "
+                   "data_batch_5.bin, test_batch.bin) in DIR");
     std::ifstream in(file, std::ios::binary);
-    DTORCH_CHECK_T(DataError, in.good(), file,
-                   " is missing or unreadable: --data cifar10:DIR expects CIFAR-10's binary "
-                   "version (data_batch_1.bin ... data_batch_5.bin, test_batch.bin) in DIR");
     // Read straight onto the end of records_: one copy of the data set in memory, not two.
     std::error_code ec;
     const uint64_t size = paths::file_size(file, ec);  // 0 when unreadable

@@ -11,14 +11,24 @@
 #include <algorithm>
 #include <cctype>
 #include <csetjmp>
-#include <fstream>
 #include <iterator>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 #include "dtorch/core/paths.h"
 
 namespace dtorch::data {
 namespace {
+
+// A header's size is checked before its pixels are allocated: a few bytes of JPEG can announce
+// 65535 x 65535 pixels (12 GiB of RGB). 2^28 pixels (768 MiB) is far beyond any training image.
+constexpr uint64_t kMaxPixels = uint64_t{1} << 28;
+
+void check_pixels(uint64_t width, uint64_t height, const std::string& name) {
+  DTORCH_CHECK_T(DataError, width * height <= kMaxPixels, name, ": announces ", width, "x", height,
+                 " pixels, more than the ", kMaxPixels,
+                 " dtorch decodes (a damaged file, or resize the image)");
+}
 
 // libjpeg calls error_exit on a fatal error and expects it not to return; we jump back to
 // decode_jpeg with the message. Warnings (a truncated file: "Premature end of JPEG file",
@@ -54,6 +64,11 @@ RgbImage decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& name,
   jpeg_create_decompress(&info);
   jpeg_mem_src(&info, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&info, TRUE);
+  if (static_cast<uint64_t>(info.image_width) * info.image_height > kMaxPixels) {
+    const uint64_t width = info.image_width, height = info.image_height;
+    jpeg_destroy_decompress(&info);
+    check_pixels(width, height, name);
+  }
   info.out_color_space = JCS_RGB;  // libjpeg converts grey and YCbCr; CMYK fails above
   info.scale_num = 8;
   info.scale_denom = 8;
@@ -85,6 +100,10 @@ RgbImage decode_png(const std::vector<uint8_t>& bytes, const std::string& name) 
     DTORCH_FAIL(DataError, name, ": not a readable PNG image (", why.empty() ? when : why, ")");
   };
   if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) failed("header");
+  if (static_cast<uint64_t>(png.width) * png.height > kMaxPixels) {
+    png_image_free(&png);
+    check_pixels(png.width, png.height, name);
+  }
   // Composited onto black when it has alpha, like PIL's convert("RGB") drops alpha.
   png.format = PNG_FORMAT_RGB;
   RgbImage image;
@@ -111,12 +130,9 @@ RgbImage decode_image(const std::vector<uint8_t>& bytes, const std::string& name
 }
 
 RgbImage decode_image_file(const std::string& path, int64_t min_side) {
-  std::ifstream in(path, std::ios::binary);
-  DTORCH_CHECK_T(DataError, in.good(), path, ": cannot open the file (removed, or not readable?)");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-  DTORCH_CHECK_T(DataError, !in.bad(), path, ": read error");
-  return decode_image(bytes, path, min_side);
+  // No photograph is a gigabyte: a larger file is something else, refused before it is read.
+  const std::string text = read_input_file<DataError>(path, "image", uint64_t{1} << 30);
+  return decode_image(std::vector<uint8_t>(text.begin(), text.end()), path, min_side);
 }
 
 bool is_image_file(const std::string& path) {

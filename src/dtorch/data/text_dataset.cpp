@@ -3,10 +3,10 @@
 #include "dtorch/data/text_dataset.h"
 
 #include <algorithm>
-#include <fstream>
 #include <iterator>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 #include "dtorch/core/paths.h"
 
 namespace dtorch::data {
@@ -41,10 +41,10 @@ std::vector<std::string> text_files(const std::string& dir) {
 }
 
 void append_file(const std::string& path, std::string* bytes, const std::string& hint) {
-  std::ifstream in(path, std::ios::binary);
-  DTORCH_CHECK_T(DataError, in.good(), "cannot read text file ", path, ": ", hint);
-  bytes->append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  DTORCH_CHECK_T(DataError, !in.bad(), "error while reading text file ", path);
+  std::string text, problem;
+  DTORCH_CHECK_T(DataError, read_input_file(path, kAnySize, &text, &problem), "text file ", path,
+                 ": ", problem, "; ", hint);
+  bytes->append(text);
 }
 
 }  // namespace

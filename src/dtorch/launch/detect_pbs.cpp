@@ -4,6 +4,7 @@
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 #include "dtorch/launch/detect.h"
 
 namespace dtorch::launch {
@@ -16,9 +17,10 @@ std::optional<JobAllocation> pbs_allocation() {
   a.scheduler = "PBS";
   a.job_id = id.value_or("");
   if (nodefile) {
+    const std::string problem = input_file_problem(*nodefile, kMaxTextFileBytes);
+    DTORCH_CHECK_T(ConfigError, problem.empty(), "PBS_NODEFILE=", *nodefile, ": ", problem,
+                   "; run inside the PBS job that wrote it, or unset PBS_NODEFILE");
     std::ifstream in(*nodefile);
-    DTORCH_CHECK_T(ConfigError, in.good(), "PBS_NODEFILE=", *nodefile,
-                   " cannot be read; run inside the PBS job that wrote it, or unset PBS_NODEFILE");
     // One line per MPI slot (chunk x mpiprocs); the hosts are the distinct lines, in order.
     for (std::string line; std::getline(in, line);) {
       auto end = line.find_last_not_of(" \t\r");

@@ -43,6 +43,7 @@ std::optional<Detected> detect_torchrun() {
   }
   r.restart_count = static_cast<int>(env::get_int("TORCHELASTIC_RESTART_COUNT").value_or(0));
   r.launcher_hosts_store = env::get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+  r.run_id = env::get("TORCHELASTIC_RUN_ID").value_or("");
   d.set_by_launcher = env::get("TORCHELASTIC_RUN_ID") || env::get("GROUP_RANK");
   return d;
 }

@@ -82,6 +82,7 @@ std::string joined(const std::vector<std::string>& v) {
 ElasticRendezvous::ElasticRendezvous(c10::intrusive_ptr<c10d::Store> store, Connect connect,
                                      ElasticConfig cfg)
     : store_(std::move(store)), cfg_(std::move(cfg)) {
+  claim_store_for_job(*store_, cfg_.run_id, cfg_.endpoint);
   id_ = static_cast<int>(store_->add(key("launchers"), 1) - 1);
   store_->set(key("launcher/" + std::to_string(id_)), bytes(cfg_.host.empty() ? "?" : cfg_.host));
   store_->add(key("beat/" + std::to_string(id_)), 1);

@@ -26,7 +26,9 @@ class Store;
 namespace dtorch::launch {
 
 struct ElasticConfig {
-  std::string run_id = "none";  ///< --rdzv-id: jobs sharing a store keep apart by it
+  /// --rdzv-id: the store belongs to one job (Note [One job per store] in launch/store.h).
+  std::string run_id = "none";
+  std::string endpoint;  ///< where the store is ("host:port"), for messages
   int min_nodes = 1;
   int max_nodes = 1;
   RdzvConf conf;

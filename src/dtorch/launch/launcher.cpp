@@ -163,7 +163,9 @@ class Console {
       cr_owner = text.back() == '\r' ? owner : kNone;
   }
   /// A line of the launcher's own, on stderr.
-  void message(const std::string& line) { write(STDERR_FILENO, kLauncher, line + "\n"); }
+  void message(const std::string& line) {
+    write(STDERR_FILENO, kLauncher, without_locations(line) + "\n");
+  }
 
  private:
   static constexpr int kNone = -1;
@@ -712,6 +714,7 @@ c10::intrusive_ptr<c10d::Store> round_store(Plan& plan, const Round& round, Elas
     if (plan.agent_store) {
       store = serve_store(0, plan.world_size, timeout);
       plan.master_port = served_port(store);
+      claim_store_for_job(*store, plan.run_id, str("port ", plan.master_port));
     } else {
       plan.master_port = free_port();
     }
@@ -757,6 +760,7 @@ int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Stor
   auto connect = [&] { return connect_store(at.host, at.port, join_ms); };
   ElasticConfig cfg;
   cfg.run_id = base.run_id;
+  cfg.endpoint = str(at.host, ":", at.port);
   cfg.min_nodes = min_nodes(o);
   cfg.max_nodes = o.nnodes;
   cfg.conf = conf;
@@ -925,6 +929,7 @@ int run(const LaunchOptions& opts) {
         opts.standalone ? 0 : opts.master_port, plan.world_size,
         std::chrono::milliseconds(static_cast<long long>(opts.rdzv_timeout_seconds * 1000)));
     plan.master_port = served_port(store);
+    claim_store_for_job(*store, plan.run_id, str("port ", plan.master_port));
   }
   if (c10d || opts.nnodes > 1) {  // Note [One rendezvous for launchers]
     try {

@@ -20,6 +20,9 @@ struct RankInfo {
   /// The launcher (torchrun's agent, or `dtorch launch`) already serves the rendezvous store
   /// at master_addr:master_port (TORCHELASTIC_USE_AGENT_STORE=True): connect as a client.
   bool launcher_hosts_store = false;
+  /// The job's run id (TORCHELASTIC_RUN_ID, --rdzv-id); "" without a launcher. Note [One job per
+  /// store] in launch/store.h.
+  std::string run_id;
 };
 
 /// Reads the launch environment: torchrun's variables, else Open MPI's, Cray PALS's, PMI's or

@@ -15,6 +15,7 @@
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/launch/store_probe.h"
 
 namespace dtorch::launch {
 namespace {
@@ -119,6 +120,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
   o.isServer = false;
   o.waitWorkers = false;
   o.timeout = timeout;
+  check_store_dialect(addr, port);  // Note [TCPStore dialects]
   try {
     return make_tcp_store(addr, o);
   } catch (const std::exception& e) {
@@ -128,6 +130,32 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
                 "rank 0 or the launcher of node 0 is running, and that no firewall blocks the "
                 "port");
   }
+}
+
+namespace {
+const std::string kJobKey = "dtorch/job";
+const std::string kOneJob =
+    "\n---> HINT: another job uses that port. Give every node of one job the same --rdzv-id, and "
+    "each job its own --master-port (--rdzv-endpoint)";
+}  // namespace
+
+void claim_store_for_job(c10d::Store& store, const std::string& run_id, const std::string& where) {
+  const std::vector<uint8_t> mine(run_id.begin(), run_id.end());
+  // compareSet sets the key only where it is absent, and answers with what it holds then.
+  const auto held = store.compareSet(kJobKey, {}, mine);
+  DTORCH_CHECK_T(CommError, held == mine, "the rendezvous store at ", where, " belongs to job '",
+                 std::string(held.begin(), held.end()), "', not to this launcher's job '", run_id,
+                 "' (--rdzv-id)", kOneJob);
+}
+
+void check_store_job(c10d::Store& store, const std::string& run_id, const std::string& where) {
+  if (!store.check({kJobKey})) return;  // served by another launcher (torchrun) or by rank 0
+  const auto held = store.get(kJobKey);
+  DTORCH_CHECK_T(CommError, std::string(held.begin(), held.end()) == run_id,
+                 "the rendezvous store at ", where, " belongs to job '",
+                 std::string(held.begin(), held.end()),
+                 "', but this worker's TORCHELASTIC_RUN_ID is '", run_id,
+                 "': it was started for another job", kOneJob);
 }
 
 std::vector<int> Arrivals::missing() const {

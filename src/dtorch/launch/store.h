@@ -41,6 +41,21 @@ int free_port();
 c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
                                               std::chrono::milliseconds timeout);
 
+/// Note [One job per store]
+/// A store belongs to one job: the launcher that serves it, or the first launcher to reach it,
+/// claims it for the job's run id (--rdzv-id, TORCHELASTIC_RUN_ID to the workers) under the key
+/// "dtorch/job". A launcher of another job that reaches it (another job given the same port, a
+/// stale launcher from an earlier job) is refused, naming both ids, before it writes any of the
+/// job's keys; so is a dtorch worker whose TORCHELASTIC_RUN_ID is another job's. A store nobody
+/// claimed (served by PyTorch's torchrun, or by rank 0) is joined as before.
+
+/// Claims `store`, reached at `where` ("host:port"), for job `run_id`, or checks that job
+/// `run_id` holds it; CommError naming both jobs when another does.
+void claim_store_for_job(c10d::Store& store, const std::string& run_id, const std::string& where);
+
+/// For a worker: CommError when `store` was claimed by a job other than `run_id`.
+void check_store_job(c10d::Store& store, const std::string& run_id, const std::string& where);
+
 /// Who had arrived when announce_and_wait returned: values[i] is what party i announced, ""
 /// for a party that had not.
 struct Arrivals {

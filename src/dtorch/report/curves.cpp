@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <limits>
 #include <sstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 #include "dtorch/report/metrics.h"
 
 namespace dtorch::report {
@@ -243,12 +243,10 @@ RunCurves parse_run_curves(const std::string& text, const std::string& name,
 
 RunCurves read_run_curves(const std::string& run_dir, const std::string& label) {
   const std::string path = run_dir + "/metrics.jsonl";
-  std::ifstream in(path);
-  DTORCH_CHECK_T(ConfigError, in.good(), "cannot read ", path,
-                 ": give the --out folder of a dtorch train run");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_run_curves(text.str(), path, label);
+  std::string text, problem;
+  DTORCH_CHECK_T(ConfigError, read_input_file(path, uint64_t{1} << 32, &text, &problem), path, ": ",
+                 problem, "; give the --out folder of a dtorch train run");
+  return parse_run_curves(text, path, label);
 }
 
 Picture draw_curves(const std::vector<RunCurves>& runs, const std::string& title) {

@@ -58,6 +58,10 @@ MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path)
   const std::string parent = paths::parent_path(path);
   std::error_code ec;
   if (!parent.empty()) paths::create_directories(parent, ec);
+  // Opening a FIFO to write would block until a reader comes; a device would take the lines.
+  const std::string kind = paths::kind(path);
+  DTORCH_CHECK_T(ConfigError, kind.empty() || kind == "a regular file", "metrics file ", path,
+                 " is ", kind, ", not a file; move it away or train into another --out");
   f_ = std::fopen(path.c_str(), append ? "a" : "w");
   DTORCH_CHECK_T(ConfigError, f_ != nullptr, "cannot open metrics file ", path, ": ",
                  std::strerror(errno),

@@ -6,11 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 #include "dtorch/core/json_config.h"
 #include "dtorch/train/batch_sizes.h"
 #include "dtorch/train/loss_scaler.h"
@@ -369,12 +369,11 @@ DeepSpeedSettings parse_deepspeed_config(const std::string& text, const std::str
 }
 
 DeepSpeedSettings read_deepspeed_config(const std::string& path) {
-  std::ifstream in(path);
-  DTORCH_CHECK_T(ConfigError, in.good(), "--deepspeed-config ", path,
-                 ": cannot read the file; give the path of a DeepSpeed JSON configuration");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_deepspeed_config(text.str(), path);
+  std::string text, problem;
+  DTORCH_CHECK_T(ConfigError, read_input_file(path, kMaxTextFileBytes, &text, &problem),
+                 "--deepspeed-config ", path, ": ", problem,
+                 "; give the path of a DeepSpeed JSON configuration");
+  return parse_deepspeed_config(text, path);
 }
 
 std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cfloat>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -15,6 +14,7 @@
 
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
 #include "dtorch/core/json_config.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
@@ -164,15 +164,11 @@ TrainConfig from_json(const json& j, const std::string& file, const TrainConfig&
 }
 
 TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys) {
-  DTORCH_CHECK_T(ConfigError, paths::is_regular_file(path), "--config ", path,
-                 ": no such file; give the config.json of a run (dtorch train writes one into "
-                 "its --out), or one --print-config printed");
-  std::ifstream in(path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  DTORCH_CHECK_T(ConfigError, in.good() || in.eof(), "--config ", path,
-                 ": cannot read the file; check its permissions");
-  return from_json(json_config::parse(text.str(), path), path, {}, keys);
+  const std::string problem = input_file_problem(path, kMaxTextFileBytes);
+  DTORCH_CHECK_T(ConfigError, problem.empty(), "--config ", path, ": ", problem,
+                 "; give the config.json of a run (dtorch train writes one into its --out), or "
+                 "one --print-config printed");
+  return from_json(json_config::read_file(path, "--config"), path, {}, keys);
 }
 
 void write_config_file(const TrainConfig& c, const std::string& path) {

@@ -164,7 +164,10 @@ void validate(const OptimizerConfig& c) {
 
 void validate(const StrategyConfig& c) {
   validate(c.optimizer);
-  DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0, "--bucket-cap-mb must be positive");
+  // Checked before it becomes a byte count: 1e30 MiB would overflow it.
+  DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0 && c.ddp.bucket_cap_mb <= 1 << 20,
+                 "--bucket-cap-mb must lie above 0 and at most 1048576 (1 TiB) (got ",
+                 c.ddp.bucket_cap_mb, "); PyTorch's default is 25");
   DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
   DTORCH_CHECK_T(ConfigError, !c.reshard_root_after_forward || c.kind == StrategyKind::Zero3,
                  "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "

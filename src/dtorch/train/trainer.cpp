@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -273,6 +274,16 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       }
       l = loss.item<double>();
     }
+    // A loss that is not finite reaches every parameter at the next reduction, and every later
+    // loss is NaN: stop at the step it appears, naming it. fp16's dynamic loss scaling skips
+    // such steps itself (Note [Loss scaling]).
+    DTORCH_CHECK_T(TrainingError,
+                   std::isfinite(l) || c.strategy.precision.compute == Precision::FP16,
+                   "the loss is ", l, " on rank ", e.world.rank(), " at step ", e.global_step + 1,
+                   " (epoch ", epoch, ", batch ", i + 1,
+                   "): the model diverged or a batch holds NaN. Lower --lr, "
+                   "add --clip-grad-norm 1.0, or train in --precision fp32; --resume continues "
+                   "from the last checkpoint");
     const int64_t batch_samples = x.size(0) * dp_size;
     step_tally.add(l, batch_samples);
     epoch_tally.add(l, batch_samples);

@@ -796,8 +796,11 @@ std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
   auto& state = impl.optimizer->state();
   for (size_t u = 0; u < impl.units.size(); ++u) {
     const Unit& unit = impl.plan.units[u];
-    auto [begin, end] = unit.owned(impl.rank());
-    auto slice = [&](const at::Tensor& t) { return t.narrow(0, 0, end - begin); };
+    // Not a structured binding: clang before 16 lets no lambda capture one (the sanitizer and
+    // fuzz builds use clang 14).
+    const std::pair<int64_t, int64_t> owned = unit.owned(impl.rank());
+    const int64_t begin = owned.first, length = owned.second - owned.first;
+    auto slice = [&](const at::Tensor& t) { return t.narrow(0, 0, length); };
     out.push_back({"param/" + unit.name, unit.numel, begin, slice(impl.units[u].master)});
     auto it = state.find(compat::optimizer_state_key(impl.units[u].master));
     if (it == state.end()) continue;
