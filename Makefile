@@ -23,7 +23,7 @@ else
 $(error TORCH=$(TORCH) is not one of debian, pip)
 endif
 
-.PHONY: all build demo test bench deps-build deps-test deps-bench format clean
+.PHONY: all build demo test bench faults deps-build deps-test deps-bench format clean
 
 all: build
 
@@ -81,6 +81,14 @@ bench: deps-bench
 	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
 	  $(VENV_PYTHON) bench/bench_gpu.py --dtorch build-pip/dtorch --publish BENCHMARKS.md; \
 	else echo "make bench: nvidia-smi finds no GPU here: bench/bench_gpu.py skipped"; fi
+
+# The fault matrix (not in CI; about 45 minutes on 2 cores): for ddp, zero3, tp 2, pp 2 (1f1b
+# and zb) and an elastic 2:3 job, kill -9 or SIGSTOP one random worker at a random moment, 20
+# trials each; every trial must end within DTORCH_TIMEOUT + 10 s naming the rank, leave no
+# process behind, and resume to the uninterrupted run's result (bench/faults.py says how).
+faults:
+	$(MAKE) build TORCH=debian
+	nice -n 10 bench/faults.py --dtorch build/dtorch --trials 20
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')
