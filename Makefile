@@ -23,7 +23,7 @@ else
 $(error TORCH=$(TORCH) is not one of debian, pip)
 endif
 
-.PHONY: all build demo test bench faults deps-build deps-test deps-bench format clean
+.PHONY: all build demo test bench faults fuzz deps-build deps-test deps-bench format clean
 
 all: build
 
@@ -89,6 +89,12 @@ bench: deps-bench
 faults:
 	$(MAKE) build TORCH=debian
 	nice -n 10 bench/faults.py --dtorch build/dtorch --trials 20
+
+# The readers' libFuzzer harnesses (tests/fuzz, clang with ASan and UBSan, not in CI): each for
+# FUZZ_SECONDS (default 60) on seeds made from real files; findings go to build-fuzz/findings.
+FUZZ_SECONDS ?= 60
+fuzz:
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp')

@@ -87,6 +87,21 @@ TEST(StateDict, UnreadableFilesAreCheckpointErrors) {
   auto bytes = torch::pickle_save(c10::IValue(int64_t{7}));
   std::ofstream(dir + "/int.pt", std::ios::binary).write(bytes.data(), bytes.size());
   EXPECT_THROW(load_state_dict(*m, dir + "/int.pt"), CheckpointError);
+  // A truncated file is refused before LibTorch's reader, which reads outside a truncated
+  // archive's buffer (found by tests/fuzz/torch_save_fuzz).
+  save_state_dict(*m, dir + "/whole.pt");
+  auto whole = read_file(dir + "/whole.pt");
+  whole.resize(whole.size() / 2);
+  std::ofstream(dir + "/half.pt", std::ios::binary).write(whole.data(), whole.size());
+  try {
+    load_state_dict(*m, dir + "/half.pt");
+    ADD_FAILURE() << "no error";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("half.pt is not a readable state dict: it has no "
+                                         "end-of-central-directory record"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(StateDict, FailedWriteKeepsThePreviousFile) {

@@ -62,6 +62,18 @@ TEST(Curves, BadFilesAreNamed) {
     EXPECT_TRUE(contains(e.what(), "runs/x/metrics.jsonl:7: not a JSON object")) << e.what();
   }
   EXPECT_THROW(parse_run_curves("", "empty.jsonl", "e"), ConfigError);
+  // Found by tests/fuzz/run_curves_fuzz: fields of the wrong type are named, not a JSON library's
+  // type_error.
+  EXPECT_THROW(parse_run_curves("{\"kind\": 5.2, \"epoch\": 0}\n", "k", "k"), ConfigError)
+      << "a record of no known kind is skipped: nothing to plot";
+  try {
+    parse_run_curves("{\"kind\": \"epoch\", \"epoch\": \"one\"}\n", "runs/y/metrics.jsonl", "y");
+    ADD_FAILURE() << "no error";
+  } catch (const DataError& e) {
+    EXPECT_TRUE(
+        contains(e.what(), "runs/y/metrics.jsonl:1: an epoch record whose \"epoch\" is not"))
+        << e.what();
+  }
   try {
     read_run_curves("/nonexistent/run", "x");
     ADD_FAILURE() << "no error";

@@ -131,6 +131,8 @@ Parsed parse(const std::string& path) {
   Parsed out;
   // The CRC matched, so a failure below means a writer bug or a foreign file; still, say so
   // rather than crash. toInt() and friends throw c10::Error on a field of the wrong type.
+  const std::string problem = zip_archive_problem(payload);
+  require(problem.empty(), "its payload ", problem);
   try {
     c10::IValue root = torch::pickle_load(payload);
     require(root.isGenericDict(), "payload is not a dict");

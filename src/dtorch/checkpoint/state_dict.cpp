@@ -110,6 +110,9 @@ std::vector<char> pickle_state_dict(const StateDict& state) {
 
 StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {
   c10::IValue value;
+  const std::string problem = zip_archive_problem(bytes);
+  DTORCH_CHECK_T(CheckpointError, problem.empty(), source, " is not a readable state dict: it ",
+                 problem);
   try {
     value = torch::pickle_load(bytes);
   } catch (const c10::Error& e) {

@@ -5,6 +5,8 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include "dtorch/core/error.h"
+
 namespace dtorch::checkpoint {
 
 // Note [Files torch.load reads]
@@ -39,6 +41,49 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
                                      writer);
   writer.writeEndOfFile();
   return out;
+}
+
+namespace {
+
+uint64_t little_endian(const unsigned char* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i)
+    v = v << 8 | p[i];
+  return v;
+}
+
+}  // namespace
+
+std::string zip_archive_problem(const std::vector<char>& bytes) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  const uint64_t n = bytes.size();
+  constexpr uint64_t kRecord = 22;  // the end-of-central-directory record without its comment
+  if (n < kRecord) return str("holds ", n, " bytes, too few for a zip archive");
+  // The record ends the archive, followed only by its comment (at most 65535 bytes).
+  const uint64_t lowest = n > kRecord + 65535 ? n - kRecord - 65535 : 0;
+  uint64_t at = n - kRecord;
+  while (!(little_endian(b + at, 4) == 0x06054b50 &&
+           at + kRecord + little_endian(b + at + 20, 2) == n)) {
+    if (at == lowest)
+      return "has no end-of-central-directory record (a truncated file, or not a zip archive)";
+    --at;
+  }
+  uint64_t size = little_endian(b + at + 12, 4), offset = little_endian(b + at + 16, 4);
+  uint64_t end = at;
+  if (size == 0xFFFFFFFF || offset == 0xFFFFFFFF || little_endian(b + at + 10, 2) == 0xFFFF) {
+    // zip64: a 20-byte locator before the record points to the 56-byte zip64 record.
+    if (at < 20 || little_endian(b + at - 20, 4) != 0x07064b50) return "lacks its zip64 locator";
+    const uint64_t record = little_endian(b + at - 12, 8);
+    if (record > at - 20 || at - 20 - record < 56 || little_endian(b + record, 4) != 0x06064b50)
+      return "has its zip64 record outside the file (truncated?)";
+    size = little_endian(b + record + 40, 8);
+    offset = little_endian(b + record + 48, 8);
+    end = record;
+  }
+  if (offset > end || size > end - offset)
+    return str("has its central directory (", size, " bytes at ", offset, ") outside its ", n,
+               " bytes (truncated?)");
+  return "";
 }
 
 }  // namespace dtorch::checkpoint

@@ -4,6 +4,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <string>
 #include <vector>
 
 namespace dtorch::checkpoint {
@@ -12,5 +13,11 @@ namespace dtorch::checkpoint {
 /// record per tensor storage. Dicts, lists, strings, numbers, None and CPU tensors only; a dict
 /// becomes a plain Python dict (insertion order kept).
 std::vector<char> torch_save_bytes(const c10::IValue& value);
+
+/// Why `bytes` cannot be a whole zip archive, or "": its end-of-central-directory record (zip64's
+/// too) must be there and its central directory inside the bytes. Checked before LibTorch's
+/// reader sees the bytes: LibTorch 1.13's pickle_load reads outside the buffer of a truncated
+/// archive (AddressSanitizer: heap-buffer-overflow in mz_zip_reader_init).
+std::string zip_archive_problem(const std::vector<char>& bytes);
 
 }  // namespace dtorch::checkpoint

@@ -201,8 +201,15 @@ RunCurves parse_run_curves(const std::string& text, const std::string& name,
     DTORCH_CHECK_T(DataError, j.is_object(), name, ":", line_number,
                    ": not a JSON object; metrics.jsonl holds one record per line (a run that was "
                    "killed mid-write leaves a partial last line: delete it)");
-    const std::string kind = j.value("kind", "");
-    if (kind == "epoch" && j.contains("epoch")) epochs[j["epoch"].get<int64_t>()] = j;
+    const std::string kind =
+        j.contains("kind") && j["kind"].is_string() ? j["kind"].get<std::string>() : "";
+    const double epoch = number(j, "epoch");
+    DTORCH_CHECK_T(
+        DataError, kind != "epoch" || (std::trunc(epoch) == epoch && epoch >= 0 && epoch < 1e9),
+        name, ":", line_number, ": an epoch record whose \"epoch\" is not a whole number ",
+        "from 0 (got ", j.contains("epoch") ? j["epoch"].dump() : "none",
+        "); metrics.jsonl is written by dtorch train: restore it or plot another run");
+    if (kind == "epoch") epochs[static_cast<int64_t>(epoch)] = j;
     if (kind == "step") steps.push_back(j);
   }
   DTORCH_CHECK_T(ConfigError, !epochs.empty() || !steps.empty(), name,
