@@ -339,6 +339,17 @@ std::string file_problem(const std::string& path, int64_t expect_bytes, uint32_t
   return "";
 }
 
+// The elements of `shape`, or -1 when a dimension is negative or they would exceed `limit`
+// (checked before each multiplication, so a damaged shape cannot overflow).
+int64_t elements_within(const std::vector<int64_t>& shape, int64_t limit) {
+  int64_t n = 1;
+  for (const int64_t s : shape) {
+    if (s < 0 || (s > 0 && n > limit / s)) return -1;
+    n *= s;
+  }
+  return n;
+}
+
 template <typename T>
 T field(const json& j, const char* key) {
   if (!j.is_object() || !j.contains(key)) throw std::runtime_error(str("lacks \"", key, "\""));
@@ -560,12 +571,8 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
       auto dtype = dtype_from_name(field<std::string>(k, "dtype"));
       if (!dtype) throw std::runtime_error("unknown dtype for " + key);
       full[key] = {field<std::vector<int64_t>>(k, "shape"), *dtype};
-      int64_t n = 1;
-      for (const int64_t s : full[key].shape) {
-        if (s < 0 || (s > 0 && n > (int64_t{1} << 50) / s))
-          throw std::runtime_error(str("\"", key, "\" has an impossible shape"));
-        n *= s;
-      }
+      if (elements_within(full[key].shape, int64_t{1} << 50) < 0)
+        throw std::runtime_error(str("\"", key, "\" has an impossible shape"));
     }
     // The readers multiply shapes and index flat tensors with offsets: each parameter must lie
     // inside its unit's flat tensor, checked without overflow before anything is allocated
@@ -574,13 +581,10 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
       const auto it = flat.find("param/" + unit);
       const int64_t numel = it == flat.end() ? int64_t{1} << 40 : it->second.numel;
       for (const auto& e : layout) {
-        int64_t n = 1;
-        for (const int64_t s : e.shape) {
-          if (s < 0 || (s > 0 && n > numel / s))
-            throw std::runtime_error(str("parameter \"", e.name, "\" of unit \"", unit,
-                                         "\" has a shape beyond the unit's ", numel, " elements"));
-          n *= s;
-        }
+        const int64_t n = elements_within(e.shape, numel);
+        if (n < 0)
+          throw std::runtime_error(str("parameter \"", e.name, "\" of unit \"", unit,
+                                       "\" has a shape beyond the unit's ", numel, " elements"));
         if (e.offset < 0 || e.offset > numel - n)
           throw std::runtime_error(str("parameter \"", e.name, "\" of unit \"", unit,
                                        "\" has offset ", e.offset, " outside the unit's ", numel,

@@ -52,12 +52,4 @@ std::string read_input_file(const std::string& path, const std::string& what,
   return bytes;
 }
 
-/// Throws ErrorType "WHAT PATH: PROBLEM" unless `path` is a regular file of at most `max_bytes`.
-template <typename ErrorType>
-void check_input_file(const std::string& path, const std::string& what,
-                      uint64_t max_bytes = kAnySize) {
-  const std::string problem = input_file_problem(path, max_bytes);
-  DTORCH_CHECK_T(ErrorType, problem.empty(), what, " ", path, ": ", problem);
-}
-
 }  // namespace dtorch

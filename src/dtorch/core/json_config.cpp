@@ -7,7 +7,6 @@
 #include <limits>
 
 #include "dtorch/core/error.h"
-#include "dtorch/core/input_file.h"
 
 namespace dtorch::json_config {
 namespace {
@@ -125,10 +124,7 @@ nlohmann::json parse(const std::string& text, const std::string& name) {
     DTORCH_FAIL(ConfigError, name, ":", line, ":", column, ": not valid JSON (", what, ")", hint);
   } catch (const json::out_of_range& e) {
     // The one such error parsing raises: a number beyond a double's range (1e400).
-    std::string what = e.what();
-    if (auto bracket = what.find("] "); bracket != std::string::npos)
-      what = what.substr(bracket + 2);
-    DTORCH_FAIL(ConfigError, name, ": not valid JSON (", what,
+    DTORCH_FAIL(ConfigError, name, ": not valid JSON (", reason(e),
                 "): numbers must lie within +-1.8e308");
   }
 }
@@ -150,10 +146,6 @@ std::string reason(const std::exception& e) {
   if (what.rfind("[json.exception.", 0) == 0)
     if (const auto end = what.find("] "); end != std::string::npos) what = what.substr(end + 2);
   return what;
-}
-
-nlohmann::json read_file(const std::string& path, const std::string& what) {
-  return parse(read_input_file<ConfigError>(path, what), path);
 }
 
 Section::Section(const json& j, std::string path, std::string file,

@@ -36,11 +36,6 @@ nlohmann::json parse(const std::string& text, const std::string& name);
 /// metadata): false with `why` set to parse's message without the name.
 bool try_parse(const std::string& text, nlohmann::json* out, std::string* why);
 
-/// Reads the JSON file at `path` (`what` names it in messages: "--config"): a regular file of at
-/// most kMaxTextFileBytes (Note [Input files] in core/input_file.h), parsed as parse does.
-/// ConfigError when it cannot be read or parsed.
-nlohmann::json read_file(const std::string& path, const std::string& what);
-
 /// `v` as a whole number of type T (an integer, or a float with no fraction, within T's range),
 /// checked before it is converted: nlohmann's get<T>() casts a float such as 1e30 to an integer
 /// unchecked, which is undefined behaviour. Throws std::out_of_range "WHAT must be a whole number

@@ -164,11 +164,12 @@ TrainConfig from_json(const json& j, const std::string& file, const TrainConfig&
 }
 
 TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys) {
-  const std::string problem = input_file_problem(path, kMaxTextFileBytes);
-  DTORCH_CHECK_T(ConfigError, problem.empty(), "--config ", path, ": ", problem,
+  std::string text, problem;
+  DTORCH_CHECK_T(ConfigError, read_input_file(path, kMaxTextFileBytes, &text, &problem),
+                 "--config ", path, ": ", problem,
                  "; give the config.json of a run (dtorch train writes one into its --out), or "
                  "one --print-config printed");
-  return from_json(json_config::read_file(path, "--config"), path, {}, keys);
+  return from_json(json_config::parse(text, path), path, {}, keys);
 }
 
 void write_config_file(const TrainConfig& c, const std::string& path) {
