@@ -4,18 +4,43 @@
 #   TORCH=debian (default)  Debian 12's libtorch-dev 1.13 (CPU, Gloo), from apt; build in build/
 #   TORCH=pip               PyPI's torch 2.x wheel (CUDA, NCCL) in the virtual environment
 #                           $(VENV); build in build-pip/. Its Python is the peer tests compare with.
+# SANITIZE=1 builds with clang, AddressSanitizer and UndefinedBehaviorSanitizer in a folder of its
+# own (build-asan/, build-asan-pip/); `make test SANITIZE=1` then runs the unit and multirank
+# suites (about 3x the plain suite's time; Note [Sanitized suite] in tests/lsan.supp).
 TORCH ?= debian
 VENV ?= .venv
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 VENV_PYTHON = $(abspath $(VENV))/bin/python
+SANITIZE ?=
+CTEST_FLAGS ?=
+ifeq ($(SANITIZE),1)
+ASAN_SUFFIX = -asan
+CMAKE_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DDTORCH_SANITIZE=ON
+SANITIZE_DEPS = scripts/install-deps clang
+CTEST_FLAGS += -L "unit|multirank"
+# Every report goes to a file of its own: a test that expects its command to fail would pass
+# over a report on that command's stderr.
+SANITIZER_REPORTS = $(abspath $(BUILD))/sanitizer-reports
+export ASAN_OPTIONS ?= detect_leaks=1:log_path=$(SANITIZER_REPORTS)/asan
+export LSAN_OPTIONS ?= suppressions=$(abspath tests/lsan.supp):print_suppressions=0
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1:log_path=$(SANITIZER_REPORTS)/ubsan
+# Fails the target when any process left a report, and says which kinds.
+SANITIZER_CHECK = if [ -n "$$(ls -A $(SANITIZER_REPORTS))" ]; then \
+  echo "make test SANITIZE=1: sanitizer reports in $(SANITIZER_REPORTS):"; \
+  grep -h -m1 -E "ERROR:|runtime error:" $(SANITIZER_REPORTS)/* | sort | uniq -c; status=1; \
+  else echo "make test SANITIZE=1: no sanitizer reports"; fi;
+else
+SANITIZE_DEPS = true
+SANITIZER_CHECK =
+endif
 
 ifeq ($(TORCH),debian)
-BUILD ?= build
+BUILD ?= build$(ASAN_SUFFIX)
 TORCH_FLAGS =
 VENV_DEPS = true
 else ifeq ($(TORCH),pip)
-BUILD ?= build-pip
+BUILD ?= build$(ASAN_SUFFIX)-pip
 TORCH_FLAGS = -DCMAKE_PREFIX_PATH="$$($(VENV_PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
   -DDTORCH_PYTHON=$(VENV_PYTHON)
 VENV_DEPS = scripts/install-deps venv && scripts/install-venv $(VENV)
@@ -55,9 +80,14 @@ demo: deps-build $(BUILD)/build.ninja
 # Configures again (seconds): a build folder that `make demo` configured before GoogleTest was
 # installed has no tests yet.
 test: deps-test
+	@$(SANITIZE_DEPS)
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) $(TORCH_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+ifeq ($(SANITIZE),1)
+	rm -rf $(SANITIZER_REPORTS) && mkdir -p $(SANITIZER_REPORTS)
+endif
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 $(CTEST_FLAGS); \
+	  status=$$?; $(SANITIZER_CHECK) exit $$status
 
 # dtorch on both LibTorch versions: DDP on Debian's 1.13 against PyTorch 1.13 and 2.x; Gloo's
 # own collectives (2.x only) against dtorch's; the sharded strategies on LibTorch 2.x against
@@ -88,7 +118,7 @@ bench: deps-bench
 # process behind, and resume to the uninterrupted run's result (bench/faults.py says how).
 faults:
 	$(MAKE) build TORCH=debian
-	nice -n 10 bench/faults.py --dtorch build/dtorch --trials 20
+	nice -n 10 bench/faults.py --dtorch build/dtorch --trials 20 --markdown docs/reliability.md
 
 # The readers' libFuzzer harnesses (tests/fuzz, clang with ASan and UBSan, not in CI): each for
 # FUZZ_SECONDS (default 60) on seeds made from real files; findings go to build-fuzz/findings.

@@ -23,7 +23,7 @@ The binary and the libdtorch it links from its folder are copied into the work f
 a rebuild during the trials does not change what is tested (--no-copy runs --dtorch itself).
 Usage: nice -n 10 bench/faults.py [--dtorch build/dtorch] [--trials 20]
            [--configs ddp,zero3,tp2,pp2-1f1b,pp2-zb,elastic] [--seed S] [--timeout 10]
-           [--markdown docs/reliability-table.md] [--keep]
+           [--markdown docs/reliability.md] [--keep]
 """
 import argparse
 import datetime
@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import ROOT, libtorch_version, machine
+from benchlib import ROOT, libtorch_version, machine, replace_block
 
 MLP = ["--model", "mnist-mlp", "--epochs", "2", "--train-samples", "512", "--test-samples",
        "128", "--batch-size", "32"]
@@ -368,7 +368,8 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
     ap.add_argument("--timeout", type=int, default=10, help="DTORCH_TIMEOUT for every run")
-    ap.add_argument("--markdown", help="write the table, command and machine into this file")
+    ap.add_argument("--markdown", help="put the table, command and machine into this file "
+                    "(between its faults:start and faults:end markers)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--no-copy", action="store_true", help="run --dtorch in place")
     a = ap.parse_args()
@@ -405,14 +406,13 @@ def main():
     print("\n" + "\n".join(lines))
     minutes = (time.monotonic() - started) / 60
     print("\nfaults: %.1f min" % minutes)
-    if a.markdown:
-        with open(a.markdown, "w") as f:
-            f.write("# Reliability under injected faults\n\n"
-                    "`%s` (seed %d), %s, on %s with %s (LibTorch %s), DTORCH_TIMEOUT=%d, "
-                    "%.0f min.\n\n" % (command, a.seed, datetime.date.today().isoformat(),
-                                        machine(), os.path.relpath(a.dtorch, ROOT),
-                                        version,
-                                        a.timeout, minutes) + "\n".join(lines) + "\n")
+    if a.markdown:  # between the file's faults markers, or appended
+        replace_block(a.markdown, "<!-- faults:start -->", "<!-- faults:end -->", "\n".join([
+            "<!-- faults:start -->",
+            "`%s` (seed %d), %s, on %s with %s (LibTorch %s), DTORCH_TIMEOUT=%d, %.0f min." % (
+                command, a.seed, datetime.date.today().isoformat(), machine(),
+                os.path.relpath(a.dtorch, ROOT), version, a.timeout, minutes), "",
+            *lines, "<!-- faults:end -->"]))
     failed = any(isinstance(ts, str) or any(not t.get("finished_first") and not t["passed"]
                                             for t in ts) for ts in results.values())
     if a.keep or failed:

@@ -136,7 +136,10 @@ int memory_worker(MemoryFlags f) {
       step_base = meter->current();
       meter->reset_peak();
     }
-    auto [x, y] = batch();
+    // Named members, not a structured binding: lambdas below use them (C++17 cannot capture one).
+    const auto xy = batch();
+    const torch::Tensor& x = xy.first;
+    const torch::Tensor& y = xy.second;
     if (pipeline) {
       pp::PipelineStepResult r;
       strategy->backward_accumulated([&] {

@@ -86,6 +86,7 @@ DTORCH_TEST_WORKER(comm_collectives) {
   }
   report << "recv " << in[0].item<float>() << "\n";
   report << "string " << c->broadcast_string(r == 0 ? "hello from 0" : "", 0) << "\n";
+  report << "empty [" << c->broadcast_string("", 0) << "]\n";  // no bytes to copy
   c->barrier();
   std::ofstream(args.at(0) + "/rank" + std::to_string(r)) << report.str();
 }
@@ -99,7 +100,7 @@ TEST_P(CommunicatorPath, CollectivesOnThreeRanks) {
     std::string got = read_file(dir + "/rank" + std::to_string(r));
     std::string want = std::string("sum 6\navg 1\nmax 2 -1\nisum 3\nbf16 4.5 1\nasync 3000 6\n") +
                        "bcast 2\ngather 0 10 20\nrecv " + std::to_string((r + 2) % 3) +
-                       "\nstring hello from 0\n";
+                       "\nstring hello from 0\nempty []\n";
     EXPECT_EQ(got, want) << "rank " << r;
   }
 }

@@ -6,6 +6,7 @@
 // naming the lost host; two hosts give workers the environment torchrun gives them there.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <fstream>
@@ -13,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "dtorch/core/error.h"
+#include "dtorch/launch/store.h"
 #include "launch/namespace_hosts.h"
 #include "models/python_peer.h"
 #include "support/command.h"
@@ -177,6 +180,58 @@ TEST(ElasticLaunch, ALateNodeJoinsAtTheNextRound) {
     EXPECT_TRUE(contains(x.err, "round 1: 3 node(s)")) << x.err;
   for (int rank = 0; rank < 3; ++rank)
     EXPECT_TRUE(contains(all, "rank " + std::to_string(rank) + " of 3 in round 1")) << all;
+}
+
+// Note [One job per store]: a launcher of another job given the same endpoint, and a worker
+// started for another job, are refused with both jobs named while the job waits for its second
+// node; neither joins it, and the job then runs on its own two nodes.
+TEST(ElasticLaunch, ALauncherOrWorkerOfAnotherJobIsRefusedAndNeverJoins) {
+  const int port = testing::free_port();
+  const std::string endpoint = "127.0.0.1:" + std::to_string(port);
+  auto launcher = [&](const std::string& job, int i) {
+    return testing::start_command(
+        testing::scratch_dir("other-job-" + job + std::to_string(i)),
+        {DTORCH_CLI, "launch", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         endpoint, "--rdzv-id", job, "--rdzv-conf", "join_timeout=60", "--timeout", "60", "--",
+         "sh", "-c", "echo rank $RANK of $WORLD_SIZE in job $TORCHELASTIC_RUN_ID"});
+  };
+  testing::Command first = launcher("jobA", 0);
+  // Its store is claimed once it serves (launch/store.h).
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        try {
+          return testing::listening(port) &&
+                 connect_store("127.0.0.1", port, std::chrono::seconds(1))->check({"dtorch/job"});
+        } catch (const CommError&) {
+          return false;
+        }
+      },
+      30))
+      << read_file(first.dir + "/stderr");
+
+  const auto stray = testing::finish_command(launcher("jobB", 0), 30);
+  EXPECT_NE(stray.exit_code(), 0) << stray.err;
+  EXPECT_TRUE(contains(stray.err, "belongs to job 'jobA', not to this launcher's job 'jobB'"))
+      << stray.err;
+  EXPECT_FALSE(contains(stray.out, "rank ")) << "a worker of the stray ran: " << stray.out;
+
+  const auto worker =
+      testing::run_second_worker("other-job-worker", port, 30, {"TORCHELASTIC_RUN_ID=jobB"});
+  EXPECT_EQ(worker.exit_code(), 1) << worker.err;
+  EXPECT_TRUE(contains(worker.err,
+                       "belongs to job 'jobA', but this worker's TORCHELASTIC_RUN_ID "
+                       "is 'jobB'"))
+      << worker.err;
+
+  testing::Command second = launcher("jobA", 1);
+  const auto r0 = testing::finish_command(first, 90);
+  const auto r1 = testing::finish_command(second, 60);
+  EXPECT_EQ(r0.exit_code(), 0) << r0.err;
+  EXPECT_EQ(r1.exit_code(), 0) << r1.err;
+  const std::string all = r0.out + r1.out;
+  EXPECT_TRUE(contains(all, "rank 0 of 2 in job jobA")) << all;
+  EXPECT_TRUE(contains(all, "rank 1 of 2 in job jobA")) << all;
+  EXPECT_FALSE(contains(all, "jobB")) << all;
 }
 
 // ---- several hosts --------------------------------------------------------------------------

@@ -57,14 +57,8 @@ TEST(PythonStoreOfAnotherPyTorch, AWorkerNamesBothVersionsWithinSeconds) {
   EXPECT_NE(launch::probe_store_dialect("127.0.0.1", port, mine), mine);
   EXPECT_NE(launch::probe_store_dialect("127.0.0.1", port, mine), launch::StoreDialect::Unknown);
 
-  const auto r = testing::run_command(
-      "store-dialect-worker",
-      {DTORCH_CLI, "train", "--model", "mnist-mlp", "--epochs", "1", "--train-samples", "64",
-       "--out", dir + "/run"},
-      30,
-      {"RANK=1", "LOCAL_RANK=1", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",
-       "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
-       "TORCHELASTIC_USE_AGENT_STORE=True", "DTORCH_TIMEOUT=20"});
+  const auto r =
+      testing::run_second_worker("store-dialect-worker", port, 30, {"DTORCH_TIMEOUT=20"});
   EXPECT_EQ(r.exit_code(), 1) << r.err;
   EXPECT_LT(r.seconds, 15) << r.err;
   EXPECT_TRUE(contains(r.err, TORCH_VERSION_MAJOR < 2 ? "speaks PyTorch 2.x's TCPStore protocol"

@@ -3,6 +3,9 @@
 #include "dtorch/launch/store.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dtorch/core/error.h"
@@ -57,6 +60,45 @@ TEST(Store, PortInUseAndUnreachableStoreAreNamed) {
   } catch (const CommError& e) {
     EXPECT_TRUE(testing::contains(e.what(), "127.0.0.1:" + std::to_string(port))) << e.what();
   }
+}
+
+// A port that accepts connections (the kernel completes them from the backlog) and never
+// answers: a stopped store server, or a program on the port that is not a store.
+class SilentPort {
+ public:
+  SilentPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    struct sockaddr_in a = {};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(fd_, 16) != 0 || ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw std::runtime_error("SilentPort: cannot listen on 127.0.0.1");
+    port_ = ntohs(a.sin_port);
+  }
+  ~SilentPort() { ::close(fd_); }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
+// Note [Store watchdog]: a worker whose store never answers says what it waits for after 10 s
+// and ends, naming the store, when the wait outlives its timeout, on either LibTorch (1.13's
+// client alone would wait forever).
+TEST(Store, AWorkerWhoseStoreNeverAnswersEndsWithinItsTimeout) {
+  SilentPort silent;
+  const std::string where = "127.0.0.1:" + std::to_string(silent.port());
+  const auto r =
+      testing::run_second_worker("store-silent-worker", silent.port(), 60, {"DTORCH_TIMEOUT=12"});
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  // The dialect probes (at most 4 s), the timeout and the watchdog's 10 s past it.
+  EXPECT_LT(r.seconds, 4 + 12 + 10 + 5) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "waiting 1")) << r.err;  // "waiting 10 s so far ..."
+  EXPECT_TRUE(testing::contains(r.err, where)) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "DTORCH_TIMEOUT")) << r.err;
+  EXPECT_FALSE(testing::contains(r.err, "frame #")) << r.err;
 }
 
 }  // namespace

@@ -83,6 +83,17 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+bool listening(int port) {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(s);
+  return ok;
+}
+
 Command start_command(const std::string& dir, const std::vector<std::string>& args,
                       const std::vector<std::string>& env) {
   std::vector<std::string> a = args;
@@ -130,6 +141,25 @@ CommandResult finish_command(const Command& c, double limit) {
 CommandResult run_command(const std::string& name, const std::vector<std::string>& argv,
                           double limit, const std::vector<std::string>& env) {
   return finish_command(start_command(scratch_dir(name), argv, env), limit);
+}
+
+CommandResult run_second_worker(const std::string& name, int port, double limit,
+                                const std::vector<std::string>& env) {
+  std::vector<std::string> all = {"RANK=1",
+                                  "LOCAL_RANK=1",
+                                  "WORLD_SIZE=2",
+                                  "LOCAL_WORLD_SIZE=2",
+                                  "GROUP_RANK=0",
+                                  "MASTER_ADDR=127.0.0.1",
+                                  "MASTER_PORT=" + std::to_string(port),
+                                  "TORCHELASTIC_USE_AGENT_STORE=True"};
+  all.insert(all.end(), env.begin(), env.end());
+  const std::string dir = scratch_dir(name);
+  return finish_command(start_command(dir,
+                                      {DTORCH_CLI, "train", "--model", "mnist-mlp", "--epochs", "1",
+                                       "--train-samples", "64", "--out", dir + "/run"},
+                                      all),
+                        limit);
 }
 
 }  // namespace dtorch::testing

@@ -34,8 +34,26 @@ CommandResult finish_command(const Command& c, double limit = 20);
 CommandResult run_command(const std::string& name, const std::vector<std::string>& argv,
                           double limit = 20, const std::vector<std::string>& env = {});
 
+/// Whether this build runs under AddressSanitizer (make test SANITIZE=1), whose shadow memory
+/// needs terabytes of address space: a command under `ulimit -v` cannot start.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+constexpr bool kAddressSanitizer = __has_feature(address_sanitizer);
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
+/// Whether something accepts connections on 127.0.0.1:port.
+bool listening(int port);
+
+/// A tiny `dtorch train` run started as rank 1 of 2 whose store is at 127.0.0.1:port, as
+/// torchrun's agent would start it (its own --out folder); `env` adds variables or overrides
+/// those (later entries win). For tests of what a worker makes of the store it finds.
+CommandResult run_second_worker(const std::string& name, int port, double limit,
+                                const std::vector<std::string>& env = {});
 
 /// `dtorch launch ARGS`, started like start_command.
 Command start_launch(const std::string& dir, std::vector<std::string> args,

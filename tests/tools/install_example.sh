@@ -8,8 +8,11 @@ mkdir -p "$build/test-scratch"
 work=$(mktemp -d "$build/test-scratch/install-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
+# The compiler that built the library (clang for make test SANITIZE=1, whose runtimes it links).
+compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
 cmake -S "$src/examples/ddp_custom_model" -B "$work/example" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_BUILD_TYPE=Release \
+  ${compiler:+-DCMAKE_CXX_COMPILER="$compiler"} >/dev/null
 cmake --build "$work/example" >/dev/null
 out=$("$work/prefix/bin/dtorch" launch --standalone --nproc-per-node 2 -- "$work/example/ddp_custom_model")
 echo "$out"

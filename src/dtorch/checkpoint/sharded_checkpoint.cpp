@@ -149,7 +149,7 @@ std::vector<json> gather_descriptions(comm::Communicator& comm, const json& mine
   for (const auto& t : lengths)
     longest = std::max(longest, t.item<int64_t>());
   torch::Tensor buf = torch::zeros({longest}, torch::kByte);
-  std::memcpy(buf.data_ptr(), text.data(), text.size());
+  if (!text.empty()) std::memcpy(buf.data_ptr(), text.data(), text.size());
   std::vector<torch::Tensor> all(n);
   for (auto& t : all)
     t = torch::empty({longest}, torch::kByte);

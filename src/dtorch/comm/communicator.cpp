@@ -879,6 +879,7 @@ std::string Communicator::broadcast_string(const std::string& s, int root,
   if (size() == 1) return s;
   at::Tensor n = at::full({1}, static_cast<int64_t>(s.size()), at::kLong);
   broadcast(n, root, what + " length");
+  if (n.item<int64_t>() == 0) return std::string();  // an empty tensor's data_ptr() is null
   at::Tensor bytes = at::empty({n.item<int64_t>()}, at::kByte);
   if (rank() == root) std::memcpy(bytes.data_ptr(), s.data(), s.size());
   broadcast(bytes, root, what);

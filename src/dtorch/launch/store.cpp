@@ -16,6 +16,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/launch/store_probe.h"
+#include "dtorch/launch/watched_store.h"
 
 namespace dtorch::launch {
 namespace {
@@ -78,7 +79,10 @@ c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
   o.waitWorkers = false;
   o.timeout = timeout;
   try {
-    return make_tcp_store("0.0.0.0", o);
+    auto store = make_tcp_store("0.0.0.0", o);
+    const int served = store->getPort();
+    return watched_store(std::move(store),
+                         str("port ", served, " of this host"));  // Note [Store watchdog]
   } catch (const std::exception& e) {
     DTORCH_FAIL(CommError, "cannot serve the rendezvous store on port ", port, ": ", e.what(),
                 "\n---> HINT: another job probably uses this port; pick another with "
@@ -87,13 +91,13 @@ c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
 }
 
 int served_port(const c10::intrusive_ptr<c10d::Store>& store) {
-  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(&unwatched(*store));
   DTORCH_CHECK(tcp, "served_port: not a TCPStore");
   return tcp->getPort();
 }
 
 bool served_by_libuv(const c10::intrusive_ptr<c10d::Store>& store) {
-  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(&unwatched(*store));
   DTORCH_CHECK(tcp, "served_by_libuv: not a TCPStore");
   return store_uses_libuv(*tcp);
 }
@@ -122,7 +126,8 @@ c10::intrusive_ptr<c10d::Store> connect_store(const std::string& addr, int port,
   o.timeout = timeout;
   check_store_dialect(addr, port);  // Note [TCPStore dialects]
   try {
-    return make_tcp_store(addr, o);
+    // Note [Store watchdog]
+    return watched_connect(str(addr, ":", port), timeout, [&] { return make_tcp_store(addr, o); });
   } catch (const std::exception& e) {
     DTORCH_FAIL(CommError, "cannot reach the rendezvous store at ", addr, ":", port, " within ",
                 timeout.count() / 1000.0, " s: ", e.what(),

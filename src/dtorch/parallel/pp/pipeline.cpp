@@ -143,8 +143,10 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<models::Model>> stages,
     Impl::Tied t;
     t.group = pp_->split(members, str("tied", index));
     for (const auto& name : names)
-      for (const auto& s : stages_)
-        if (auto* p = s->named_parameters().find(name)) t.params.push_back(*p);
+      for (const auto& s : stages_) {
+        const auto params = s->named_parameters();  // find() points into it: keep it alive
+        if (const auto* p = params.find(name)) t.params.push_back(*p);
+      }
     if (t.group->rank() != 0) impl_->counted_elsewhere.insert(names.begin(), names.end());
     impl_->tied.push_back(std::move(t));
   }
