@@ -120,8 +120,9 @@ faults:
 	$(MAKE) build TORCH=debian
 	nice -n 10 bench/faults.py --dtorch build/dtorch --trials 20 --markdown docs/reliability.md
 
-# The readers' libFuzzer harnesses (tests/fuzz, clang with ASan and UBSan, not in CI): each for
-# FUZZ_SECONDS (default 60) on seeds made from real files; findings go to build-fuzz/findings.
+# The readers' libFuzzer harnesses (tests/fuzz, clang with ASan and UBSan): each for FUZZ_SECONDS
+# (default 60) on seeds made from real files; findings go to build-fuzz/findings. CI runs the same
+# harnesses for a few seconds of random mutations each (FuzzSmoke.*, Note [Two drivers]).
 FUZZ_SECONDS ?= 60
 fuzz:
 	tests/fuzz/run.sh $(FUZZ_SECONDS)

@@ -3,20 +3,15 @@
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
-#include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "dtorch/checkpoint/checkpoint.h"
-#include "dtorch/checkpoint/pipeline_checkpoint.h"
+#include "dtorch/checkpoint/consolidate.h"
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
-#include "dtorch/core/input_file.h"
-#include "dtorch/core/json_config.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/parallel/tp/tensor_parallel.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -96,108 +91,6 @@ int run_inspect(const CheckpointFlags& f) {
   return 0;
 }
 
-// A ZeRO run with --tp N keeps one sharded checkpoint per tp index (Note [Tensor-parallel
-// checkpoints] in train/ddp_strategy.cpp) and the split of each parameter in tensor_parallel.json:
-// consolidate each, then join the tp slices.
-checkpoint::StateDict consolidate_tensor_parallel(const std::string& dir,
-                                                  checkpoint::CheckpointData* data,
-                                                  std::string* source) {
-  const std::string path = dir + "/tensor_parallel.json";
-  nlohmann::json spec;
-  int tp = 0;
-  try {
-    std::string why;
-    if (!json_config::try_parse(read_input_file<CheckpointError>(path, "tensor-parallel layout"),
-                                &spec, &why))
-      throw std::runtime_error(why);
-    tp = json_config::whole_number<int>(spec.at("tp"), "\"tp\"");
-    if (tp < 1 || tp > 65536) throw std::runtime_error(str("\"tp\" is ", tp));
-    for (const auto& [name, split] : spec.at("sharded").items()) {
-      json_config::whole_number<int64_t>(split.at("dim"), "\"" + name + "\".dim");
-      json_config::whole_number<int64_t>(split.at("fused"), "\"" + name + "\".fused");
-    }
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    DTORCH_FAIL(CheckpointError, path, " is unreadable (", json_config::reason(e),
-                "): restore it from the run that wrote the tp folders");
-  }
-  std::vector<std::map<std::string, torch::Tensor>> slices(tp);
-  checkpoint::StateDict first;
-  for (int i = 0; i < tp; ++i) {
-    checkpoint::ShardedCheckpointReader reader(str(dir, "/tp", i, "-of-", tp));
-    auto state = checkpoint::consolidate_model(reader);
-    if (i == 0) {
-      first = state;
-      data->epoch = reader.data().epoch;
-      data->global_step = reader.data().global_step;
-      data->metadata_json = reader.data().metadata_json;
-      *source = str(reader.dir(), " and its ", tp - 1, " tensor-parallel sibling(s)");
-    }
-    slices[i] = std::map<std::string, torch::Tensor>(state.begin(), state.end());
-  }
-  checkpoint::StateDict out;
-  for (const auto& [name, t] : first) {
-    auto it = spec.at("sharded").find(name);
-    if (it == spec.at("sharded").end()) {
-      out.emplace_back(name, t);
-      continue;
-    }
-    std::vector<torch::Tensor> parts;
-    for (int i = 0; i < tp; ++i) {
-      DTORCH_CHECK_T(CheckpointError, slices[i].count(name), dir, "/tp", i, "-of-", tp, " has no ",
-                     name);
-      parts.push_back(slices[i][name]);
-    }
-    const int64_t dim = (*it)["dim"].get<int64_t>(), fused = (*it)["fused"].get<int64_t>();
-    for (const auto& part : parts)
-      DTORCH_CHECK_T(CheckpointError,
-                     part.dim() == t.dim() && dim >= 0 && dim < t.dim() && fused >= 1 &&
-                         part.size(dim) % fused == 0,
-                     path, " splits ", name, " along dim ", dim, " in ", fused,
-                     " fused part(s), which its slices of shape ", part.sizes(),
-                     " do not allow: restore it from the run that wrote the tp folders");
-    out.emplace_back(name, tp::unshard(parts, {dim, fused}));
-  }
-  return out;
-}
-
-// A pipeline run keeps one checkpoint per stage (Note [Pipeline checkpoints]): DDP's whole
-// stage files, ZeRO's shards, or under --tp ZeRO's shards per tp index; each parameter is
-// taken from the first stage holding it.
-checkpoint::StateDict consolidate_pipeline(const std::vector<checkpoint::SavedStage>& stages,
-                                           checkpoint::CheckpointData* data, std::string* source) {
-  checkpoint::StateDict out;
-  std::set<std::string> seen, folders;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    // ZeRO keeps an interleaved rank's stages in one folder: read it once.
-    if (!folders.insert(stages[s].folder).second) continue;
-    checkpoint::StateDict part;
-    checkpoint::CheckpointData d;
-    auto files = checkpoint::list_checkpoints(stages[s].folder);
-    std::string unused;
-    if (paths::exists(stages[s].folder + "/tensor_parallel.json")) {
-      part = consolidate_tensor_parallel(stages[s].folder, &d, &unused);
-    } else if (!files.empty()) {
-      std::tie(part, d) = checkpoint::read_checkpoint_model(files.front());
-    } else {
-      checkpoint::ShardedCheckpointReader reader(stages[s].folder);
-      part = checkpoint::consolidate_model(reader);
-      d.epoch = reader.data().epoch;
-      d.global_step = reader.data().global_step;
-      d.metadata_json = reader.data().metadata_json;
-    }
-    DTORCH_CHECK_T(CheckpointError, s == 0 || d.epoch == data->epoch, stages[s].folder,
-                   "'s newest checkpoint is from epoch ", d.epoch, " but stage 0's from epoch ",
-                   data->epoch, ": the run stopped while saving; delete the newer ones");
-    *data = d;
-    for (auto& [name, t] : part)
-      if (seen.insert(name).second) out.emplace_back(name, t);
-  }
-  *source = str(stages.size(), " pipeline stage folder(s) ", stages.front().folder, " ...");
-  return out;
-}
-
 // The Python aliases of the model the trainer recorded in a checkpoint's metadata ("model");
 // none when it names none (a checkpoint written through the library's own API).
 std::vector<models::PythonAlias> aliases_of(const std::string& metadata_json) {
@@ -237,25 +130,7 @@ void refuse_output_that_is_input(const std::string& out, const std::string& in) 
 
 int run_consolidate(const CheckpointFlags& f) {
   refuse_output_that_is_input(f.out, f.dir);
-  checkpoint::StateDict state;
-  std::string source;
-  checkpoint::CheckpointData data;
-  if (paths::exists(f.dir + "/tensor_parallel.json")) {
-    state = consolidate_tensor_parallel(f.dir, &data, &source);
-  } else if (auto stages = checkpoint::read_pipeline_layout(f.dir); !stages.empty()) {
-    state = consolidate_pipeline(stages, &data, &source);
-  } else if (f.dir.size() > 4 && f.dir.compare(f.dir.size() - 4, 4, ".dtc") == 0) {
-    // A whole-model checkpoint (DDP's, tensor-parallel runs' included): its model as is.
-    std::tie(state, data) = checkpoint::read_checkpoint_model(f.dir);
-    source = f.dir;
-  } else {
-    checkpoint::ShardedCheckpointReader reader(f.dir);
-    state = checkpoint::consolidate_model(reader);
-    source = reader.dir();
-    data.epoch = reader.data().epoch;
-    data.global_step = reader.data().global_step;
-    data.metadata_json = reader.data().metadata_json;
-  }
+  auto [state, data, source] = checkpoint::consolidate(f.dir);
   // The format follows the file name: .safetensors gets safetensors, anything else torch.save's,
   // which also holds the model's tied weights under their Python names (Note [Tied embedding]).
   const bool st = f.out.size() >= 12 && f.out.compare(f.out.size() - 12, 12, ".safetensors") == 0;

@@ -203,6 +203,28 @@ TEST(StateDict, SafetensorsRoundTripAndDamagedFiles) {
   trailing.push_back(0);
   expect_error(trailing, "belong to none");
   expect_error({'P', 'K', 3, 4, 0, 0, 0, 0, 0}, "not a safetensors file");
+  // Headers a fuzzer wrote: each refused before anything is allocated for the shape it gives.
+  auto with_header = [](std::string json) {
+    json += std::string((8 - json.size() % 8) % 8, ' ');
+    std::vector<char> b(8, 0);
+    for (int i = 0; i < 8; ++i)
+      b[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+    b.insert(b.end(), json.begin(), json.end());
+    b.resize(b.size() + 16, 0);
+    return b;
+  };
+  expect_error(with_header(R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,16]}})"),
+               "need more within a data section of 16 bytes");
+  expect_error(
+      with_header(
+          R"({"t":{"dtype":"F32","shape":[1000000000,1000000000,1000000000],"data_offsets":[0,16]}})"),
+      "need more within");
+  expect_error(with_header(R"({"t":{"dtype":7,"shape":[4],"data_offsets":[0,16]}})"),
+               "tensor t is malformed (type must be string, but is number)");
+  expect_error(with_header(R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,-16]}})"),
+               "tensor t is malformed (a data offset must be a whole number from 0");
+  expect_error(with_header(R"({"t":{"dtype":"F32","shape":4,"data_offsets":[0,16]}})"),
+               "tensor t is malformed (\"shape\" is not a list)");
   EXPECT_THROW(safetensors_bytes({{"c", torch::zeros({2}, torch::kComplexFloat)}}),
                CheckpointError);
 }

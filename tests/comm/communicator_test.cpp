@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <fstream>
+#include <stdexcept>
 #include <thread>
 
 #include "dtorch/core/error.h"
@@ -161,12 +164,20 @@ TEST_P(CommunicatorPath, DeadRankIsNamed) {
   EXPECT_NE(msg.find("rank(s) 1 died"), std::string::npos) << msg;
 }
 
-// Rank 1 runs one collective fewer and exits cleanly: rank 0 is told it finished early.
+// Rank 1 runs one collective fewer and exits cleanly: rank 0 is told it finished early. Gloo's
+// write to rank 1's closed socket must be an error, not SIGPIPE (Note [Broken pipes]): rank 0
+// first writes to a closed pipe of its own, so the test fails every time rather than by race.
 DTORCH_TEST_WORKER(comm_left) {
   choose_path(args);
   setenv("DTORCH_TIMEOUT", "10", 1);
   auto c = Communicator::from_env();
   if (c->rank() == 1) return;
+  int fds[2];
+  if (::pipe(fds) != 0) throw std::runtime_error("pipe() failed");
+  ::close(fds[0]);
+  const bool epipe = ::write(fds[1], "x", 1) < 0 && errno == EPIPE;
+  ::close(fds[1]);
+  if (!epipe) throw std::runtime_error("a write to a closed pipe did not fail with EPIPE");
   auto t = torch::ones({8});
   try {
     c->allreduce(t);
@@ -181,6 +192,113 @@ TEST_P(CommunicatorPath, RankThatFinishedEarlyIsNamed) {
   EXPECT_NE(testing::run_ranks(2, "comm_left", {dir, GetParam()}, 60), 0);
   std::string msg = read_file(dir + "/error");
   EXPECT_NE(msg.find("rank(s) 1 had already finished"), std::string::npos) << msg;
+}
+
+// Rank 0 serves the job's store (as LibTorch 1.13's workers do in an elastic round, and under
+// torchrun 1.13) and is stopped after the rendezvous: rank 1's allreduce times out, and its
+// diagnosis finds the store silent too and says so within its short deadline (Note [Failure
+// diagnosis]) rather than the whole window. args: DIR PATH PORT.
+DTORCH_TEST_WORKER(comm_store_stopped) {
+  choose_path(args);
+  setenv("DTORCH_TIMEOUT", "3", 1);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "False", 1);
+  setenv("MASTER_PORT", args.at(2).c_str(), 1);
+  auto c = Communicator::from_env();
+  c->barrier();
+  if (c->rank() == 0) {
+    ::raise(SIGSTOP);  // the launcher continues and ends it when rank 1 fails
+    return;
+  }
+  auto t = torch::ones({8});
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    c->allreduce(t);
+  } catch (const CommError& e) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(args.at(0) + "/error") << e.what() << "\nseconds " << s;
+    throw;
+  }
+}
+
+TEST(Communicator, StoreServedByAStoppedRankIsNamedSoon) {
+  std::string dir = testing::scratch_dir("comm_store_stopped");
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(testing::run_ranks(2, "comm_store_stopped",
+                               {dir, "gloo", std::to_string(testing::free_port())}, 60),
+            0);
+  // Rank 1 exits without waiting on the store again (the watchdog would end it 11 s later), and
+  // the launcher continues the stopped rank 0 to end it.
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 12);
+  std::string msg = read_file(dir + "/error");
+  EXPECT_NE(msg.find("is unreachable too"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(rank 0) has exited or is stopped"), std::string::npos) << msg;
+  const double seconds = std::stod(msg.substr(msg.rfind("seconds ") + 8));
+  EXPECT_LT(seconds, 3 + 2 + 1.5) << "the timeout, the store's 2 s, slack; not the 5 s window";
+}
+
+// Rank 1 stops itself (SIGSTOP) after the rendezvous: rank 0's allreduce names it as stopped
+// (its process on this host is in state T) without the diagnosis window's wait for it.
+DTORCH_TEST_WORKER(comm_stopped) {
+  choose_path(args);
+  setenv("DTORCH_TIMEOUT", "2", 1);
+  auto c = Communicator::from_env();
+  c->barrier();
+  if (c->rank() == 1) {
+    ::raise(SIGSTOP);  // the launcher continues and ends it when rank 0 fails
+    return;
+  }
+  auto t = torch::ones({8});
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    c->allreduce(t);
+  } catch (const CommError& e) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(args.at(0) + "/error") << e.what() << "\nseconds " << s;
+    throw;
+  }
+}
+
+TEST_P(CommunicatorPath, StoppedRankIsNamedAsStopped) {
+  std::string dir = testing::scratch_dir("comm_stopped");
+  EXPECT_NE(testing::run_ranks(2, "comm_stopped", {dir, GetParam()}, 60), 0);
+  std::string msg = read_file(dir + "/error");
+  EXPECT_NE(msg.find("rank(s) 1 are stopped (SIGSTOP or ^Z)"), std::string::npos) << msg;
+  const double seconds = std::stod(msg.substr(msg.rfind("seconds ") + 8));
+  EXPECT_LT(seconds, 2 + 2.5) << "the timeout and slack; not the 5 s diagnosis window";
+}
+
+// Rank 0 cannot make its Gloo device (an interface that does not exist) and leaves without
+// posting its address: rank 1's process group creation fails naming rank 0, whose process is gone.
+DTORCH_TEST_WORKER(comm_gloo_missing) {
+  setenv("DTORCH_SHM", "0", 1);
+  setenv("DTORCH_TIMEOUT", "3", 1);
+  if (std::string(std::getenv("RANK")) == "0") {
+    setenv("GLOO_SOCKET_IFNAME", "dtorch-noif0", 1);
+    try {
+      Communicator::from_env();
+    } catch (const std::exception&) {
+      _exit(0);  // exit 0, so the launcher does not stop rank 1 first
+    }
+    _exit(2);
+  }
+  try {
+    Communicator::from_env();
+  } catch (const CommError& e) {
+    std::ofstream(args.at(0) + "/error") << e.what();
+    throw;
+  }
+}
+
+TEST(Communicator, RankMissingFromTheProcessGroupIsNamed) {
+  std::string dir = testing::scratch_dir("comm_gloo_missing");
+  EXPECT_NE(testing::run_ranks(2, "comm_gloo_missing", {dir}, 60), 0);
+  std::string msg = read_file(dir + "/error");
+  EXPECT_NE(msg.find("creating the process group failed on rank 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank(s) 0 (its process on this host is gone) had not posted their Gloo "
+                     "address"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("GLOO_SOCKET_IFNAME"), std::string::npos) << msg;
 }
 
 // Large tensors cross several shared-memory chunks; odd sizes leave uneven shares.

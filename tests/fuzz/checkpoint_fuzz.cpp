@@ -6,7 +6,7 @@
 #include "checkpoint_target.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(checkpoint) {
   using namespace dtorch;
   static const std::string path = paths::join(fuzz::scratch(), "checkpoint-000001.dtc");
   fuzz::write_file(path, data, size);

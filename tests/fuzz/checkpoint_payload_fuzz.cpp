@@ -18,7 +18,7 @@ void put_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(checkpoint_payload) {
   using namespace dtorch;
   static const std::string path = paths::join(fuzz::scratch(), "checkpoint-000001.dtc");
   std::vector<uint8_t> file{'D', 'T', 'O', 'R', 'C', 'H', 'C', 'K'};

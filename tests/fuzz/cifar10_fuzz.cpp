@@ -7,7 +7,7 @@
 #include "dtorch/data/image_dataset.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(cifar10) {
   using namespace dtorch;
   static const std::string dir = [] {
     std::string d = paths::join(fuzz::scratch(), "cifar-10-batches-bin");

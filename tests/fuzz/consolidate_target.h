@@ -1,29 +1,29 @@
-// `dtorch checkpoint inspect` and `consolidate` as the command line runs them, for the harnesses
-// that fuzz the layout files those commands read: tools/cmd_checkpoint.cpp is compiled into the
-// harness, because the tensor-parallel layout's reader is private to it.
+// What `dtorch checkpoint inspect` and `consolidate` do with a checkpoint, for the harnesses that
+// fuzz the layout files those commands read.
 #pragma once
 
-#include <iostream>
 #include <string>
 
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/checkpoint/consolidate.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "fuzz_support.h"
-#include "tools/cmd_checkpoint.cpp"
 
 namespace dtorch::fuzz {
 
-/// `dtorch checkpoint inspect DIR` (when `inspect`), then `dtorch checkpoint consolidate DIR
-/// scratch()/model.pt`, their printing thrown away.
+/// Reads the sharded checkpoint at `dir` and verifies its files (when `inspect`), then writes its
+/// whole model to scratch()/model.pt as consolidate does.
 inline void inspect_and_consolidate(const std::string& dir, bool inspect) {
-  static const bool quiet = [] {
-    std::cout.rdbuf(nullptr);
-    return true;
-  }();
-  (void)quiet;
-  tools::CheckpointFlags f;
-  f.dir = dir;
-  f.out = paths::join(scratch(), "model.pt");
-  if (inspect) (void)tools::run_inspect(f);
-  (void)tools::run_consolidate(f);
+  if (inspect) {
+    checkpoint::ShardedCheckpointReader reader(dir);
+    (void)reader.check_files();
+    (void)reader.flat_tensors();
+    (void)reader.full_tensors();
+  }
+  const checkpoint::Consolidated model = checkpoint::consolidate(dir);
+  checkpoint::write_file_atomically(
+      paths::join(scratch(), "model.pt"),
+      checkpoint::serialize_state_dict(model.state, checkpoint::SaveFormat::Torch));
 }
 
 }  // namespace dtorch::fuzz

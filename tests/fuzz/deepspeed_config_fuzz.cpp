@@ -6,7 +6,7 @@
 #include "dtorch/train/run_config.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(deepspeed_config) {
   using namespace dtorch;
   static const std::string path = paths::join(fuzz::scratch(), "ds_config.json");
   fuzz::write_file(path, data, size);

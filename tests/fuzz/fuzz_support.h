@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <system_error>
 
@@ -14,6 +15,40 @@
 #include "dtorch/core/paths.h"
 
 namespace dtorch::fuzz {
+
+// Note [Two drivers]
+// A harness is one function, DTORCH_FUZZ_TARGET(name) { ... } in tests/fuzz/NAME_fuzz.cpp,
+// driven two ways. `make fuzz` (run.sh) builds each as a program of its own with clang, where it
+// is libFuzzer's LLVMFuzzerTestOneInput: coverage-guided, under ASan and UBSan, for minutes. The
+// test suite compiles all of them into dtorch_tests with whatever compiler builds it, where each
+// is registered by name and FuzzSmoke.* (smoke_test.cpp) gives it its seeds, then random mutations
+// of them for a few seconds: no coverage feedback and no sanitizers (unless the suite itself is
+// sanitized), but every CI run tries new inputs and replays what make_seeds.sh makes.
+
+/// A harness: one input in, 0 out (libFuzzer's "keep going"); a finding throws or aborts.
+using Target = int (*)(const uint8_t* data, size_t size);
+
+/// The harnesses compiled into this program, by name (the test suite's driver).
+inline std::map<std::string, Target>& targets() {
+  static std::map<std::string, Target> all;
+  return all;
+}
+
+inline bool register_target(const char* name, Target target) {
+  targets()[name] = target;
+  return true;
+}
+
+#ifdef DTORCH_FUZZ_IN_TESTS
+#define DTORCH_FUZZ_TARGET(name)                                   \
+  static int name##_fuzz_target(const uint8_t* data, size_t size); \
+  [[maybe_unused]] static const bool name##_fuzz_registered =      \
+      ::dtorch::fuzz::register_target(#name, &name##_fuzz_target); \
+  static int name##_fuzz_target(const uint8_t* data, size_t size)
+#else
+#define DTORCH_FUZZ_TARGET(name) \
+  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size)
+#endif
 
 // Note [What a finding is]
 // A reader answers bad input with a dtorch::Error (ConfigError, DataError, CheckpointError, ...)

@@ -5,7 +5,7 @@
 #include "dtorch/data/idx.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(idx) {
   using namespace dtorch;
   static const std::string path = paths::join(fuzz::scratch(), "images-idx3-ubyte");
   fuzz::write_file(path, data, size);

@@ -6,7 +6,7 @@
 #include "dtorch/data/image_decode.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(image_decode) {
   using namespace dtorch;
   const std::vector<uint8_t> bytes(data, data + size);
   for (int64_t min_side : {0, 32}) {

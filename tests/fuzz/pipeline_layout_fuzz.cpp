@@ -7,7 +7,7 @@
 #include "consolidate_target.h"
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(pipeline_layout) {
   using namespace dtorch;
   static const std::string run = fuzz::folder_of_links("run", fuzz::fixture("pipeline"));
   fuzz::write_file(paths::join(run, "pipeline.json"), data, size);

@@ -6,7 +6,7 @@
 #include "dtorch/report/curves.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(run_curves) {
   using namespace dtorch;
   const std::string text(reinterpret_cast<const char*>(data), size);
   return fuzz::accept_errors([&] {

@@ -6,7 +6,7 @@
 
 #include "consolidate_target.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(sharded_metadata) {
   using namespace dtorch;
   static const std::string step = [] {
     const std::string run = paths::join(fuzz::scratch(), "run");

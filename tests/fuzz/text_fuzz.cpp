@@ -6,7 +6,7 @@
 #include "dtorch/data/text_dataset.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(text) {
   using namespace dtorch;
   static const std::string path = paths::join(fuzz::scratch(), "corpus.txt");
   fuzz::write_file(path, data, size);

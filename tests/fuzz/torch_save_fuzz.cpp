@@ -8,7 +8,7 @@
 #include "dtorch/models/registry.h"
 #include "fuzz_support.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+DTORCH_FUZZ_TARGET(torch_save) {
   using namespace dtorch;
   static const std::shared_ptr<models::Model> model = models::make_model("gpt-debug");
   static const std::string path = paths::join(fuzz::scratch(), "model.pt");

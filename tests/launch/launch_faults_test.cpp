@@ -156,12 +156,12 @@ TEST(LaunchFaults, MasterAddressThatIsNotThisHostFailsOnNodeZero) {
 
 TEST(LaunchFaults, StoppedWorkerIsNamedByItsPeersAndKilled) {
   // Rank 1 is stopped (SIGSTOP) in the middle of the allreduce loop. Rank 0's allreduce times
-  // out after DTORCH_TIMEOUT and names rank 1 and the collective; the launcher stops the group,
-  // which takes SIGKILL for the stopped process, and reports.
+  // out after DTORCH_TIMEOUT and names rank 1 and the collective; the launcher stops the group
+  // with SIGTERM and continues the stopped process, which then ends without the grace period.
   std::string dir = testing::scratch_dir("faults-sigstop");
   auto cli = testing::start_launch(
       dir,
-      {"--nproc-per-node", "2", "--standalone", "--grace-period", "1", "--timeout", "60", "--",
+      {"--nproc-per-node", "2", "--standalone", "--grace-period", "6", "--timeout", "60", "--",
        self_exe(), "--dtorch-worker", "fault_allreduce_loop", dir},
       {"DTORCH_TIMEOUT=3"});
   auto pids = wait_for_pids(dir, {0, 1}, 30);
@@ -170,19 +170,17 @@ TEST(LaunchFaults, StoppedWorkerIsNamedByItsPeersAndKilled) {
   auto t0 = Clock::now();
   auto r = testing::finish_command(cli, 60);
   double took = seconds_since(t0);
-  // DTORCH_TIMEOUT, the diagnosis window (5 s), the grace period, and start-up slack.
-  EXPECT_LT(took, 3 + 5 + 1 + 6.0) << r.err;
+  // DTORCH_TIMEOUT and slack: neither the diagnosis window (a stopped rank on this host is
+  // known at once) nor the 6 s grace period.
+  EXPECT_LT(took, 3 + 5.0) << r.err;
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(contains(r.err, "[n0 r0] ")) << r.err;
   EXPECT_TRUE(contains(r.err, "rank 0: allreduce #")) << r.err;
   EXPECT_TRUE(contains(r.err, "test step")) << r.err;
-  EXPECT_TRUE(contains(r.err, "rank(s) 1 did not reach or did not finish this collective"))
+  EXPECT_TRUE(contains(r.err, "rank(s) 1 are stopped (SIGSTOP or ^Z)"))
       << r.err;
   EXPECT_TRUE(contains(r.err, "dtorch launch: rank 0 (node 0, local rank 0")) << r.err;
-  EXPECT_TRUE(contains(r.err,
-                       "dtorch launch: rank(s) 1 still running 1 s after SIGTERM "
-                       "(--grace-period); sending SIGKILL"))
-      << r.err;
+  EXPECT_FALSE(contains(r.err, "after SIGTERM (--grace-period); sending SIGKILL")) << r.err;
   EXPECT_FALSE(alive(pids[1])) << "the stopped worker outlived the launcher";
   EXPECT_FALSE(alive(pids[0]));
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <utility>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
@@ -94,6 +95,14 @@ TEST(Curves, TicksAreRoundNumbersCoveringTheRange) {
   EXPECT_GE(t.back(), 1510);
   EXPECT_EQ(t, (std::vector<double>{1200, 1300, 1400, 1500, 1600}));
   EXPECT_GE(nice_ticks(3, 3).size(), 2u) << "an empty range still gets an axis";
+  // Ranges from a damaged metrics file: wider than a double holds, or steps lost to rounding.
+  for (auto [lo, hi] :
+       {std::pair{-1e308, 1e308}, std::pair{1e17, 1e17 + 16}, std::pair{1e300, 1e300}}) {
+    const auto ends = nice_ticks(lo, hi);
+    ASSERT_GE(ends.size(), 2u) << lo << " " << hi;
+    EXPECT_LE(ends.front(), lo);
+    EXPECT_GE(ends.back(), hi);
+  }
 }
 
 TEST(Curves, PanelsAndLegendAreDrawn) {

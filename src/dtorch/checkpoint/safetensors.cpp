@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
+#include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/json_config.h"
 
 namespace dtorch::checkpoint {
 namespace {
@@ -109,20 +112,35 @@ StateDict parse_safetensors(const std::vector<char>& bytes, const std::string& s
                    info.is_object() && info.contains("dtype") && info.contains("shape") &&
                        info.contains("data_offsets") && info["data_offsets"].size() == 2,
                    where, " lacks dtype, shape or data_offsets");
-    const std::string dtype = info["dtype"].get<std::string>();
+    std::string dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;
+    try {
+      dtype = info.at("dtype").get<std::string>();
+      if (!info.at("shape").is_array()) throw std::runtime_error("\"shape\" is not a list");
+      for (const auto& d : info.at("shape"))
+        shape.push_back(json_config::whole_number<int64_t>(d, "a dimension of \"shape\""));
+      begin = json_config::whole_number<uint64_t>(info.at("data_offsets").at(0), "a data offset");
+      end = json_config::whole_number<uint64_t>(info.at("data_offsets").at(1), "a data offset");
+    } catch (const std::exception& e) {
+      DTORCH_FAIL(CheckpointError, where, " is malformed (", json_config::reason(e),
+                  "); the file is truncated or corrupt");
+    }
     auto it = std::find_if(dtype_names().begin(), dtype_names().end(),
                            [&](const auto& e) { return dtype == e.second; });
     DTORCH_CHECK_T(CheckpointError, it != dtype_names().end(), where, " has dtype ", dtype,
                    ", which dtorch does not read");
-    std::vector<int64_t> shape = info["shape"].get<std::vector<int64_t>>();
-    const uint64_t begin = info["data_offsets"][0].get<uint64_t>();
-    const uint64_t end = info["data_offsets"][1].get<uint64_t>();
+    // The shape is checked against the bytes there are before anything is allocated for it.
+    const auto item = static_cast<int64_t>(c10::elementSize(it->first));
+    const int64_t elements = elements_within(shape, static_cast<int64_t>(buffer) / item);
+    const uint64_t need = elements < 0 ? 0 : static_cast<uint64_t>(elements * item);
+    DTORCH_CHECK_T(
+        CheckpointError, elements >= 0 && begin <= end && end <= buffer && end - begin == need,
+        where, " has bytes [", begin, ", ", end, ") but its shape ", c10::IntArrayRef(shape),
+        " and dtype ", dtype, " need ", elements < 0 ? "more" : std::to_string(need),
+        " within a data section of ", buffer, " bytes; the file is truncated or corrupt");
     at::Tensor t = at::empty(shape, at::TensorOptions().dtype(it->first));
-    DTORCH_CHECK_T(CheckpointError, begin <= end && end <= buffer && end - begin == t.nbytes(),
-                   where, " has bytes [", begin, ", ", end, ") but its shape and dtype need ",
-                   t.nbytes(), " within a data section of ", buffer, " bytes; the file is ",
-                   "truncated or corrupt");
-    if (t.nbytes() > 0) std::memcpy(t.data_ptr(), base + begin, t.nbytes());
+    if (need > 0) std::memcpy(t.data_ptr(), base + begin, need);
     entries.push_back({begin, end, name, t});
   }
   std::sort(entries.begin(), entries.end(),

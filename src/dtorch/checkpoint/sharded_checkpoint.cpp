@@ -339,17 +339,6 @@ std::string file_problem(const std::string& path, int64_t expect_bytes, uint32_t
   return "";
 }
 
-// The elements of `shape`, or -1 when a dimension is negative or they would exceed `limit`
-// (checked before each multiplication, so a damaged shape cannot overflow).
-int64_t elements_within(const std::vector<int64_t>& shape, int64_t limit) {
-  int64_t n = 1;
-  for (const int64_t s : shape) {
-    if (s < 0 || (s > 0 && n > limit / s)) return -1;
-    n *= s;
-  }
-  return n;
-}
-
 template <typename T>
 T field(const json& j, const char* key) {
   if (!j.is_object() || !j.contains(key)) throw std::runtime_error(str("lacks \"", key, "\""));

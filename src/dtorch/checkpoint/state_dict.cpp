@@ -101,6 +101,15 @@ StateDict without_python_aliases(const torch::nn::Module& module, const StateDic
 
 }  // namespace
 
+int64_t elements_within(const std::vector<int64_t>& shape, int64_t limit) {
+  int64_t n = 1;
+  for (const int64_t s : shape) {
+    if (s < 0 || (s > 0 && n > limit / s)) return -1;
+    n *= s;
+  }
+  return n;
+}
+
 std::vector<char> pickle_state_dict(const StateDict& state) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, tensor] : host_copy(state))

@@ -38,6 +38,11 @@ std::vector<char> pickle_state_dict(const StateDict& state);
 /// CheckpointError naming `source` when the bytes are not a dict of tensors.
 StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source);
 
+/// The elements of `shape` as a file gave it, or -1 when a dimension is negative or they would
+/// exceed `limit` (checked before each multiplication, so a damaged shape cannot overflow): what
+/// a reader asks before it allocates a tensor of that shape.
+int64_t elements_within(const std::vector<int64_t>& shape, int64_t limit);
+
 /// Checks that `state` has exactly the module's keys with the same shapes, without changing
 /// anything; throws CheckpointError listing missing keys, unexpected keys and shape
 /// mismatches, naming `source` (a file name, for the message). A dtorch model's Python

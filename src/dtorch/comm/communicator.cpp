@@ -14,11 +14,14 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "dtorch/comm/backend_compat.h"
@@ -39,9 +42,13 @@ using std::chrono::milliseconds;
 // saying which rank is at fault. On failure every rank posts "failed/<rank>" (with the
 // collective it was in) to the store and waits a short window for the others: ranks that
 // post nothing are dead or stalled (dead for sure when they ran on this host and their pid is
-// gone, which ends the wait at once), ranks that posted "left/<rank>" finished early, and
-// differing collectives mean the ranks called collectives in different orders.
+// gone, stopped when that process is in state T: either ends the wait at once), ranks that
+// posted "left/<rank>" finished early, and differing collectives mean the ranks called
+// collectives in different orders. The first post has a shorter deadline of its own: a store
+// that does not answer it is served by a process that is stopped or gone (rank 0, when the
+// workers serve their own store), and saying so sooner ends the job sooner.
 constexpr milliseconds kDiagnosisWindow{5000};
+constexpr milliseconds kStoreAnswers{2000};
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -129,22 +136,56 @@ void ring_reduce_scatter(Backend& pg, const at::Tensor& in, int rank, int n, lon
   }
 }
 
-// Whether rank r ran on this host (its rendezvous entry says "<host> pid <pid>") and that
-// process no longer exists: dead for sure, rather than stopped or stuck.
-bool process_gone(c10d::Store& store, int r) {
+// What this host knows of rank r's process, when r ran here (its rendezvous entry says "<host>
+// pid <pid>"): gone (dead for sure), stopped (SIGSTOP, ^Z: state T in /proc), or nothing (another
+// host, running, or the store cannot say).
+enum class LocalProcess { Unknown, Gone, Stopped };
+
+LocalProcess local_process(c10d::Store& store, int r) {
   try {
     auto v = store.get("arrived/" + std::to_string(r));
     std::string entry(v.begin(), v.end());
     auto at = entry.rfind(" pid ");
-    if (at == std::string::npos) return false;
+    if (at == std::string::npos) return LocalProcess::Unknown;
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
-    if (entry.substr(0, at) != host) return false;
+    if (entry.substr(0, at) != host) return LocalProcess::Unknown;
     pid_t pid = static_cast<pid_t>(std::stol(entry.substr(at + 5)));
-    return ::kill(pid, 0) != 0 && errno == ESRCH;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return LocalProcess::Gone;
+    // /proc/PID/stat: "pid (comm) S ...", the state after the last ')'.
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    const std::string fields((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+    const auto close = fields.rfind(')');
+    if (close != std::string::npos && close + 2 < fields.size() && fields[close + 2] == 'T')
+      return LocalProcess::Stopped;
   } catch (const std::exception&) {
-    return false;
   }
+  return LocalProcess::Unknown;
+}
+
+// The ranks that had not posted their Gloo address to the store when creating the process group
+// failed, each with what this host knows of its process ("0 (stopped: SIGSTOP or ^Z)"); empty
+// when the store cannot tell. Gloo's key for rank R's address is "gloo/0/rank_R" under the
+// job's store, checked against this rank's own, which it posted before it waited for the others.
+std::string missing_from_gloo(c10d::Store& store, int rank, int world,
+                              const std::function<std::string(int)>& name) {
+  std::string missing;
+  try {
+    auto posted = [&](int r) { return store.check({str("gloo/0/rank_", r)}); };
+    if (!posted(rank)) return "";
+    for (int r = 0; r < world; ++r) {
+      if (r == rank || posted(r)) continue;
+      const LocalProcess here = local_process(store, r);
+      missing += str(missing.empty() ? "" : ", ", name(r),
+                     here == LocalProcess::Gone      ? " (its process on this host is gone)"
+                     : here == LocalProcess::Stopped ? " (stopped: SIGSTOP or ^Z)"
+                                                     : "");
+    }
+  } catch (const std::exception&) {
+    return "";
+  }
+  return missing;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -152,6 +193,43 @@ std::string join(const std::vector<std::string>& v) {
   for (size_t i = 0; i < v.size(); ++i)
     s += (i ? ", " : "") + v[i];
   return s;
+}
+
+// Posts each (key, value) to `store` and asks it one check (a set need not wait for an answer);
+// false when that takes longer than `limit`. Asked from a thread of its own, because a LibTorch 2.x
+// client blocks on a stopped server past any timeout of its own (the watchdog ends such a call
+// only at its timeout + 3 s, Note [Store watchdog]): a thread that never returns is left
+// behind, and the caller gives the store up. The store's own errors are rethrown.
+bool posted_within(c10::intrusive_ptr<c10d::Store> store,
+                   std::vector<std::pair<std::string, std::string>> posts, milliseconds limit) {
+  auto answered = std::make_shared<std::promise<void>>();
+  std::future<void> answer = answered->get_future();
+  std::thread([store, posts = std::move(posts), answered] {
+    try {
+      for (const auto& [key, value] : posts)
+        store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+      (void)store->check({posts.back().first});
+      answered->set_value();
+    } catch (...) {
+      answered->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (answer.wait_for(limit) == std::future_status::timeout) return false;
+  answer.get();
+  return true;
+}
+
+// Note [Broken pipes]
+// Gloo writes to its sockets with writev, which raises SIGPIPE once the peer has closed its end,
+// and SIGPIPE's default action ends the process without a word: a rank whose peer finished early
+// or died would vanish (the launcher reports "killed by signal 13") instead of naming that peer.
+// Python ignores SIGPIPE at start-up, which is why PyTorch never meets this. A worker ignores it
+// when it connects, unless the program installed a handler of its own; the write then fails with
+// EPIPE, Gloo throws, and the collective's diagnosis names the rank.
+void ignore_broken_pipes() {
+  struct sigaction current;
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
 }
 
 }  // namespace
@@ -290,6 +368,7 @@ bool Work::completed() const {
 struct Communicator::Impl {
   c10::intrusive_ptr<c10d::Store> root_store;  // the TCPStore (or a HashStore alone)
   c10::intrusive_ptr<c10d::Store> store;       // namespaced to this restart attempt
+  bool store_silent = false;  // a failure's diagnosis found it not answering: given up
   c10::intrusive_ptr<Backend> gloo;
   c10::intrusive_ptr<Backend> nccl;
   std::unique_ptr<ShmAllreduce> shm;      // Note [Shared-memory allreduce], single node only
@@ -319,7 +398,7 @@ Communicator::Communicator(launch::RankInfo info, CommOptions opts)
     : info_(std::move(info)), opts_(std::move(opts)), impl_(std::make_unique<Impl>()) {}
 
 Communicator::~Communicator() {
-  if (size() > 1 && impl_->store) {
+  if (size() > 1 && impl_->store && !impl_->store_silent) {
     // Lets a peer still waiting in a collective tell "finished early" from "died".
     try {
       impl_->root_store->setTimeout(milliseconds(1000));
@@ -474,6 +553,7 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
                  "that every node runs the launcher with the same --master-addr/--master-port "
                  "and --nnodes, or raise DTORCH_TIMEOUT");
 
+  ignore_broken_pipes();  // Note [Broken pipes]
   try {
     if (opts.backend != "nccl") {
       auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
@@ -490,11 +570,18 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
     }
 #endif
   } catch (const std::exception& e) {
-    DTORCH_FAIL(CommError, "creating the process group", group_name().empty() ? "" : " ",
-                group_name(), " failed on rank ", describe_rank(info.rank), ": ",
-                first_line(e.what()),
-                "\n---> HINT: on several hosts, set GLOO_SOCKET_IFNAME to the network "
-                "interface the nodes share (e.g. ib0 or eth0)");
+    m.root_store->setTimeout(kStoreAnswers);
+    const std::string missing = missing_from_gloo(*m.store, info.rank, info.world_size,
+                                                  [this](int r) { return describe_rank(r); });
+    DTORCH_FAIL(
+        CommError, "creating the process group", group_name().empty() ? "" : " ", group_name(),
+        " failed on rank ", describe_rank(info.rank), ": ", first_line(e.what()),
+        missing.empty() ? "" : str("; rank(s) ", missing, " had not posted their Gloo address"),
+        missing.empty()
+            ? "\n---> HINT: on several hosts, set GLOO_SOCKET_IFNAME to the network "
+              "interface the nodes share (e.g. ib0 or eth0)"
+            : "\n---> HINT: those ranks died, were stopped or were stuck before creating "
+              "it (look at their logs first); a slow start needs a longer DTORCH_TIMEOUT");
   }
   m.worker = std::make_unique<OrderedThread>();
   setup_shared_memory();
@@ -522,7 +609,13 @@ void Communicator::setup_shared_memory() {
   std::vector<at::Tensor> v{ok};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::MIN;
-  m.gloo->allreduce(v, o)->wait(opts_.timeout);
+  try {
+    m.gloo->allreduce(v, o)->wait(opts_.timeout);
+  } catch (const std::exception& e) {
+    // Unnumbered (sequence 0): the user's first collective stays #1. Note [Failure diagnosis]
+    fail(str("allreduce (whether every rank can use shared memory, ", describe(ok), ")"), 0,
+         e.what(), -1);
+  }
   if (ok.item<int>() == 1) return;
   m.shm.reset();
   if (!why.empty()) log::warn("shared-memory allreduce unavailable (", why, "); using Gloo");
@@ -891,12 +984,16 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
   try {
     impl_->root_store->setTimeout(kDiagnosisWindow);
     auto& store = *impl_->store;
-    std::string mine = op;
-    store.set(str("failed/", seq, "/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+    const std::string mine = op;
     // Also under a key without the number: a peer that had already moved on to the next
     // collective (or not reached this one) fails there, and is then not silent.
-    store.set(str("failing/", rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
-    std::vector<int> silent, left, failed, elsewhere, dead;
+    if (!posted_within(impl_->store,
+                       {{str("failed/", seq, "/", rank()), mine}, {str("failing/", rank()), mine}},
+                       kStoreAnswers)) {
+      impl_->store_silent = true;
+      throw std::runtime_error(str("no answer within ", kStoreAnswers.count() / 1000.0, " s"));
+    }
+    std::vector<int> silent, left, failed, elsewhere, dead, stopped;
     auto deadline = Clock::now() + kDiagnosisWindow;
     for (;;) {
       silent.clear();
@@ -904,6 +1001,7 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
       failed.clear();
       elsewhere.clear();
       dead.clear();
+      stopped.clear();
       for (int r = 0; r < size(); ++r) {
         if (r == rank() || (peer >= 0 && r != peer)) continue;
         if (store.check({str("failed/", seq, "/", r)})) {
@@ -912,10 +1010,12 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
           elsewhere.push_back(r);
         } else if (store.check({str("left/", r)})) {
           left.push_back(r);
-        } else if (process_gone(store, r)) {
-          dead.push_back(r);
         } else {
-          silent.push_back(r);
+          const LocalProcess here = local_process(store, r);
+          (here == LocalProcess::Gone      ? dead
+           : here == LocalProcess::Stopped ? stopped
+                                           : silent)
+              .push_back(r);
         }
       }
       if (silent.empty() || Clock::now() > deadline) break;
@@ -931,13 +1031,17 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
     if (!dead.empty()) {
       os << "rank(s) " << join(dead) << " died: their processes on this host are gone";
     }
+    if (!stopped.empty()) {
+      os << (dead.empty() ? "" : "; ") << "rank(s) " << join(stopped)
+         << " are stopped (SIGSTOP or ^Z): their processes on this host are in state T";
+    }
     if (!silent.empty()) {
-      if (!dead.empty()) os << "; ";
-      os << "rank(s) " << join(silent) << " did not reach or did not finish this collective: "
+      os << (dead.empty() && stopped.empty() ? "" : "; ") << "rank(s) " << join(silent)
+         << " did not reach or did not finish this collective: "
          << "dead, stopped, or stuck in other work (look at their logs first)";
     }
     if (!left.empty()) {
-      os << (silent.empty() && dead.empty() ? "" : "; ") << "rank(s) " << join(left)
+      os << (os.tellp() > 0 ? "; " : "") << "rank(s) " << join(left)
          << " had already finished: they ran fewer collectives than this rank";
     }
     std::vector<std::string> disagree;
@@ -952,11 +1056,11 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
          << std::string(v.begin(), v.end());
     }
     for (const auto& d : disagree)
-      os << "; " << d;
+      os << (os.tellp() > 0 ? "; " : "") << d;
     if (!disagree.empty()) {
       os << " (every rank must issue the same collectives in the same order)";
     }
-    if (silent.empty() && dead.empty() && left.empty() && disagree.empty() && elsewhere.empty()) {
+    if (os.tellp() == 0) {
       os << (peer >= 0 ? str("rank ", describe_rank(peer), " failed in it too")
                        : std::string("every other rank failed in the same collective"));
     }
@@ -965,7 +1069,7 @@ void Communicator::fail(const std::string& op, long seq, const std::string& caus
     diagnosis = str("the rendezvous store at ", info_.master_addr, ":", info_.master_port,
                     " is unreachable too (", first_line(e.what()), "): the process serving it ",
                     info_.launcher_hosts_store ? "(the launcher of node 0)" : "(rank 0)",
-                    " has probably exited");
+                    " has exited or is stopped");
   }
   DTORCH_FAIL(CommError, "rank ", describe_rank(rank()), ": ", op, " failed: ", first_line(cause),
               "\n  ", diagnosis, "\n---> HINT: a rank that is merely slow (long data loading, a ",

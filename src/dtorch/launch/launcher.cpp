@@ -476,6 +476,10 @@ class Attempt {
 
   void tear_down(int sig) {
     kill_running(sig);
+    // A stopped worker (SIGSTOP, ^Z, a debugger gone) keeps SIGTERM pending until it is
+    // continued and would cost the whole grace period: continue it so that it can end now, as
+    // systemd does.
+    if (sig != SIGKILL) kill_running(SIGCONT);
     kill_at_ = Clock::now() +
                std::chrono::milliseconds(static_cast<long long>(plan_.opts.grace_seconds * 1000));
   }

@@ -22,7 +22,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 constexpr auto kNoticeEvery = std::chrono::seconds(10);
-constexpr auto kGrace = std::chrono::seconds(10);  // for the client's own timeout to end it first
+constexpr auto kGrace = std::chrono::seconds(3);  // for the client's own timeout to end it first
 
 long long whole_seconds(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::seconds>(d).count();

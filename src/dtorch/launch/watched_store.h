@@ -22,7 +22,7 @@ namespace dtorch::launch {
 /// serve_store and connect_store make are watched: one thread per process looks at the calls
 /// in flight every second. A call that has waited 10 s is announced (what it waits for, where,
 /// for how long of what timeout, and DTORCH_TIMEOUT, which sets it), again every 10 s; a call
-/// that outlives its timeout by 10 s, which the client's own timeout did not end, is named as an
+/// that outlives its timeout by 3 s, which the client's own timeout did not end, is named as an
 /// error and the process exits with status 1. Nothing else can end it: the call sits in a
 /// receive inside LibTorch. The launcher then names the rank that ended, as for any failure.
 

@@ -169,7 +169,11 @@ void draw_phase_panel(Picture& p, const std::vector<RunCurves>& runs, double lef
 
 std::vector<double> nice_ticks(double lo, double hi, int count) {
   if (!(hi > lo)) hi = lo + 1;
-  const double raw = (hi - lo) / std::max(1, count);
+  count = std::max(1, count);
+  const double raw = (hi - lo) / count;
+  // A range wider than a double holds, or too narrow for its magnitude to step through (values
+  // from a damaged metrics file): just its ends.
+  if (!std::isfinite(raw) || !(raw > 0)) return {lo, hi};
   const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
   double step = magnitude;
   for (double m : {1.0, 2.0, 5.0, 10.0}) {
@@ -178,12 +182,13 @@ std::vector<double> nice_ticks(double lo, double hi, int count) {
   }
   std::vector<double> ticks;
   const double first = std::floor(lo / step);
-  for (int i = 0;; ++i) {
+  for (int i = 0; i <= count + 2; ++i) {
     const double t = (first + i) * step;
+    if (!ticks.empty() && !(t > ticks.back())) break;  // steps lost to rounding
     ticks.push_back(t);
-    if (t >= hi) break;
+    if (t >= hi) return ticks;
   }
-  return ticks;
+  return {lo, hi};
 }
 
 RunCurves parse_run_curves(const std::string& text, const std::string& name,
