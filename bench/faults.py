@@ -3,7 +3,8 @@
 promises about it: the launcher fails within the timeout, names the rank, leaves nothing
 behind, and `--resume` ends with the uninterrupted run's final epoch record.
 
-Per layout (--configs): one uninterrupted reference run, then --trials trials. A trial starts the
+Per layout (--configs): one uninterrupted reference run, then --trials counted trials (at most
+2 * --trials draws: a run that finished first is drawn again). A trial starts the
 same run in a fresh --out folder, waits a random 1 s .. 90% of the reference's duration, picks a
 random worker (a process whose parent is a launcher) and sends it SIGKILL or SIGSTOP (random).
 It records the rank (the worker's RANK), the seconds from the signal until the launcher exited
@@ -398,7 +399,12 @@ def main():
         print("%-8s reference: %.2f s, final %s" % (
             config, ref_s, ", ".join("%s %s" % (k, ref_rec[k]) for k in FIELDS)), flush=True)
         results[config] = []
-        for n in range(1, a.trials + 1):
+        # --trials counts trials whose fault landed; a run that finished first is drawn again,
+        # up to 2 * --trials draws in all.
+        n = 0
+        while sum(not t.get("finished_first") for t in results[config]) < a.trials and \
+                n < 2 * a.trials:
+            n += 1
             t = trial(a, rng, config, n, ref_s, ref_rec, work)
             results[config].append(t)
             print(describe(t), flush=True)

@@ -53,6 +53,10 @@ TEST(DataIdx, EmptyDatasetIsFine) {
   auto dir = dtorch::testing::scratch_dir("idx-empty");
   dtorch::testing::write_bytes(dir + "/e", idx_bytes({0, 28, 28}, {}));
   EXPECT_EQ(read_idx(dir + "/e").sizes(), (std::vector<int64_t>{0, 28, 28}));
+  // A fuzzer's header: no data, but the other dimensions' strides would overflow int64.
+  dtorch::testing::write_bytes(dir + "/huge",
+                               idx_bytes({0, 0x3cef2717, 0xb2ee4f0d, 0xbe3bdabe, 0xedce37ac}, {}));
+  expect_data_error(dir + "/huge", "dimensions no data set has");
 }
 
 TEST(DataIdx, MissingFileNamesIt) {

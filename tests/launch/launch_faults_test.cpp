@@ -177,8 +177,7 @@ TEST(LaunchFaults, StoppedWorkerIsNamedByItsPeersAndKilled) {
   EXPECT_TRUE(contains(r.err, "[n0 r0] ")) << r.err;
   EXPECT_TRUE(contains(r.err, "rank 0: allreduce #")) << r.err;
   EXPECT_TRUE(contains(r.err, "test step")) << r.err;
-  EXPECT_TRUE(contains(r.err, "rank(s) 1 are stopped (SIGSTOP or ^Z)"))
-      << r.err;
+  EXPECT_TRUE(contains(r.err, "rank(s) 1 are stopped (SIGSTOP or ^Z)")) << r.err;
   EXPECT_TRUE(contains(r.err, "dtorch launch: rank 0 (node 0, local rank 0")) << r.err;
   EXPECT_FALSE(contains(r.err, "after SIGTERM (--grace-period); sending SIGKILL")) << r.err;
   EXPECT_FALSE(alive(pids[1])) << "the stopped worker outlived the launcher";

@@ -538,6 +538,13 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
         layout.push_back({field<std::string>(e, "name"), field<std::vector<int64_t>>(e, "shape"),
                           field<int64_t>(e, "offset")});
     }
+    // A flat tensor's elements are in the shard files, so no more than the bytes recorded for
+    // them hold: checked here, before read_range allocates a tensor of that many.
+    int64_t file_bytes = 0;
+    for (const auto& [name, f] : m.at("files").items())
+      file_bytes = std::min(
+          file_bytes + std::clamp<int64_t>(field<int64_t>(f, "bytes"), 0, int64_t{1} << 50),
+          int64_t{1} << 60);
     for (const auto& [key, k] : m.at("flat").items()) {
       FlatTensorInfo info;
       info.numel = field<int64_t>(k, "numel");
@@ -545,6 +552,10 @@ void ShardedCheckpointReader::Impl::parse_metadata() {
       auto dtype = dtype_from_name(field<std::string>(k, "dtype"));
       if (!dtype) throw std::runtime_error("unknown dtype for " + key);
       info.dtype = *dtype;
+      const auto item = static_cast<int64_t>(c10::elementSize(info.dtype));
+      if (elements_within({info.numel}, file_bytes / item) < 0)
+        throw std::runtime_error(str("\"", key, "\" has numel ", info.numel, ", more than the ",
+                                     file_bytes, " bytes of its files hold"));
       for (const auto& r : k.at("ranges"))
         info.ranges.emplace_back(json_config::whole_number<int64_t>(r.at(0), "a range's begin"),
                                  json_config::whole_number<int64_t>(r.at(1), "a range's end"));

@@ -166,14 +166,18 @@ LocalProcess local_process(c10d::Store& store, int r) {
 
 // The ranks that had not posted their Gloo address to the store when creating the process group
 // failed, each with what this host knows of its process ("0 (stopped: SIGSTOP or ^Z)"); empty
-// when the store cannot tell. Gloo's key for rank R's address is "gloo/0/rank_R" under the
-// job's store, checked against this rank's own, which it posted before it waited for the others.
+// when the store cannot tell. Gloo's key for rank R's address under the job's store is
+// "gloo/0/rank_R" in LibTorch 1.13 and "gloo/0/R" in 2.x: the one that holds this rank's own
+// address, which it posted before it waited for the others, is the one to look at.
 std::string missing_from_gloo(c10d::Store& store, int rank, int world,
                               const std::function<std::string(int)>& name) {
   std::string missing;
   try {
-    auto posted = [&](int r) { return store.check({str("gloo/0/rank_", r)}); };
-    if (!posted(rank)) return "";
+    std::string prefix;
+    for (const char* p : {"gloo/0/rank_", "gloo/0/"})
+      if (prefix.empty() && store.check({str(p, rank)})) prefix = p;
+    if (prefix.empty()) return "";
+    auto posted = [&](int r) { return store.check({str(prefix, r)}); };
     for (int r = 0; r < world; ++r) {
       if (r == rank || posted(r)) continue;
       const LocalProcess here = local_process(store, r);
@@ -200,22 +204,34 @@ std::string join(const std::vector<std::string>& v) {
 // client blocks on a stopped server past any timeout of its own (the watchdog ends such a call
 // only at its timeout + 3 s, Note [Store watchdog]): a thread that never returns is left
 // behind, and the caller gives the store up. The store's own errors are rethrown.
+// (A mutex and condition variable, not std::future::wait_for, whose libstdc++ symbol PyTorch's
+// wheels export a copy of: LinkedSymbols.*)
 bool posted_within(c10::intrusive_ptr<c10d::Store> store,
                    std::vector<std::pair<std::string, std::string>> posts, milliseconds limit) {
-  auto answered = std::make_shared<std::promise<void>>();
-  std::future<void> answer = answered->get_future();
-  std::thread([store, posts = std::move(posts), answered] {
+  struct Answer {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  auto answer = std::make_shared<Answer>();
+  std::thread([store, posts = std::move(posts), answer] {
+    std::exception_ptr error;
     try {
       for (const auto& [key, value] : posts)
         store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
       (void)store->check({posts.back().first});
-      answered->set_value();
     } catch (...) {
-      answered->set_exception(std::current_exception());
+      error = std::current_exception();
     }
+    std::lock_guard<std::mutex> lock(answer->mu);
+    answer->done = true;
+    answer->error = error;
+    answer->cv.notify_all();
   }).detach();
-  if (answer.wait_for(limit) == std::future_status::timeout) return false;
-  answer.get();
+  std::unique_lock<std::mutex> lock(answer->mu);
+  if (!answer->cv.wait_for(lock, limit, [&] { return answer->done; })) return false;
+  if (answer->error) std::rethrow_exception(answer->error);
   return true;
 }
 

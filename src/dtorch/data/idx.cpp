@@ -113,6 +113,7 @@ torch::Tensor read_idx(const std::string& path) {
                  ": truncated inside its header (", ndims, " dimensions announced)");
   std::vector<int64_t> sizes;
   uint64_t total = 1;
+  uint64_t span = 1;  // the non-zero dimensions' product: the strides of an empty tensor too
   std::string shape;
   for (int d = 0; d < ndims; ++d) {
     uint32_t n = big_endian_u32(&dim_bytes[4 * d]);
@@ -122,7 +123,12 @@ torch::Tensor read_idx(const std::string& path) {
     DTORCH_CHECK_T(DataError, n == 0 || total <= max_bytes / n, "IDX file ", path,
                    ": header announces ", shape, "... bytes, more than its ", file_bytes,
                    " bytes could hold: the file is corrupt");
+    DTORCH_CHECK_T(DataError, n == 0 || span <= (uint64_t{1} << 40) / n, "IDX file ", path,
+                   ": header announces ", shape,
+                   "..., dimensions no data set has: the file is "
+                   "corrupt");
     total *= n;
+    if (n != 0) span *= n;
   }
 
   torch::Tensor out = torch::empty({static_cast<int64_t>(total)}, torch::kUInt8);

@@ -22,7 +22,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 constexpr auto kNoticeEvery = std::chrono::seconds(10);
-constexpr auto kGrace = std::chrono::seconds(3);  // for the client's own timeout to end it first
+// How long past its timeout a call may run, for the client's own timeout to end it first: a call
+// on a connected store ends within its timeout, but the connection's handshake retries with a
+// backoff that can take it one delay (seconds, growing) past its own.
+constexpr milliseconds kCallGrace{3000};
+constexpr milliseconds kHandshakeGrace{10000};
 
 long long whole_seconds(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::seconds>(d).count();
@@ -33,6 +37,7 @@ struct Call {
   std::string where;
   Clock::time_point start;
   milliseconds timeout;  // zero: none (c10d's kNoTimeout), so the call is announced, never ended
+  milliseconds grace;    // kCallGrace or kHandshakeGrace
   Clock::time_point next_notice;
 };
 
@@ -50,7 +55,8 @@ class Watchdog {
     return *w;
   }
 
-  uint64_t begin(std::string what, const std::string& where, milliseconds timeout) {
+  uint64_t begin(std::string what, const std::string& where, milliseconds timeout,
+                 milliseconds grace) {
     std::lock_guard<std::mutex> lock(mu_);
     // A process forked from one that watched has no watchdog thread: start its own.
     if (thread_pid_ != ::getpid()) {
@@ -58,7 +64,8 @@ class Watchdog {
       std::thread([this] { loop(); }).detach();
     }
     const auto now = Clock::now();
-    calls_[++last_id_] = Call{std::move(what), where, now, limit_of(timeout), now + kNoticeEvery};
+    calls_[++last_id_] =
+        Call{std::move(what), where, now, limit_of(timeout), grace, now + kNoticeEvery};
     return last_id_;
   }
 
@@ -79,7 +86,7 @@ class Watchdog {
         const auto waited = now - c.start;
         const auto seconds = whole_seconds(waited);
         const bool limited = c.timeout > milliseconds::zero();
-        if (limited && waited >= c.timeout + kGrace) {
+        if (limited && waited >= c.timeout + c.grace) {
           log::error(
               "the rendezvous store at ", c.where, " has not answered ", c.what, " for ", seconds,
               " s, past its timeout of ", c.timeout.count() / 1000.0,
@@ -98,7 +105,7 @@ class Watchdog {
               : waited < c.timeout
                   ? str("its timeout is ", timeout_s, " s")
                   : str("past its timeout of ", timeout_s, " s; this process ends at ",
-                        whole_seconds(c.timeout + kGrace), " s unless it answers");
+                        whole_seconds(c.timeout + c.grace), " s unless it answers");
           log::info("waiting ", seconds, " s so far for the rendezvous store at ", c.where,
                     " to answer ", c.what, " (", limit,
                     "; DTORCH_TIMEOUT for workers, --rdzv-timeout for launchers)");
@@ -117,8 +124,9 @@ class Watchdog {
 // One watched call: announced and ended by the watchdog while it lasts.
 class Watch {
  public:
-  Watch(std::string what, const std::string& where, milliseconds timeout)
-      : id_(Watchdog::instance().begin(std::move(what), where, timeout)) {}
+  Watch(std::string what, const std::string& where, milliseconds timeout,
+        milliseconds grace = kCallGrace)
+      : id_(Watchdog::instance().begin(std::move(what), where, timeout, grace)) {}
   ~Watch() { Watchdog::instance().end(id_); }
   Watch(const Watch&) = delete;
   Watch& operator=(const Watch&) = delete;
@@ -219,7 +227,7 @@ c10d::Store& unwatched(c10d::Store& store) {
 c10::intrusive_ptr<c10d::Store> watched_connect(
     const std::string& where, milliseconds timeout,
     const std::function<c10::intrusive_ptr<c10d::Store>()>& connect) {
-  Watch w("the connection's handshake", where, timeout);
+  Watch w("the connection's handshake", where, timeout, kHandshakeGrace);
   return watched_store(connect(), where);
 }
 }  // namespace dtorch::launch

@@ -22,9 +22,10 @@ namespace dtorch::launch {
 /// serve_store and connect_store make are watched: one thread per process looks at the calls
 /// in flight every second. A call that has waited 10 s is announced (what it waits for, where,
 /// for how long of what timeout, and DTORCH_TIMEOUT, which sets it), again every 10 s; a call
-/// that outlives its timeout by 3 s, which the client's own timeout did not end, is named as an
-/// error and the process exits with status 1. Nothing else can end it: the call sits in a
-/// receive inside LibTorch. The launcher then names the rank that ended, as for any failure.
+/// that outlives its timeout by 3 s (a connection's handshake, which retries with a backoff, by
+/// 10 s), which the client's own timeout did not end, is named as an error and the process exits
+/// with status 1. Nothing else can end it: the call sits in a receive inside LibTorch. The
+/// launcher then names the rank that ended, as for any failure.
 
 /// `inner` with every call watched; `where` ("host:port") names it in messages.
 c10::intrusive_ptr<c10d::Store> watched_store(c10::intrusive_ptr<c10d::Store> inner,
