@@ -5,7 +5,8 @@
 // fuzz-findings/NAME/, which `make fuzz`'s build-fuzz/fuzz/NAME_fuzz or this test replays.
 //
 // DTORCH_FUZZ_SMOKE_SECONDS (default 4) sets the time per harness, DTORCH_FUZZ_SMOKE_SEED the
-// mutations' seed (default: a new one each run), DTORCH_FUZZ_SMOKE_REPLAY=N runs input N alone.
+// mutations' seed (default 2, so a run tries a prefix of the same inputs everywhere: a slower
+// machine fewer of them), DTORCH_FUZZ_SMOKE_REPLAY=N runs input N alone.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -233,7 +234,7 @@ TEST_P(FuzzSmoke, SeedsAndMutationsGiveNoFinding) {
     ::signal(sig, on_fatal_signal);
 
   const uint64_t seed =
-      static_cast<uint64_t>(env_int("DTORCH_FUZZ_SMOKE_SEED", std::random_device{}() % 1000000));
+      static_cast<uint64_t>(env_int("DTORCH_FUZZ_SMOKE_SEED", 2));
   const int64_t replay = env_int("DTORCH_FUZZ_SMOKE_REPLAY", 0);
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::seconds(env_int("DTORCH_FUZZ_SMOKE_SECONDS", 4));
