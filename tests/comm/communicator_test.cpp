@@ -38,6 +38,26 @@ void choose_path(const std::vector<std::string>& args) {
   setenv("DTORCH_SHM", args.at(1) == "gloo" ? "0" : "1", 1);
 }
 
+// An allreduce expected to fail: its CommError, then "seconds S" (how long the allreduce took),
+// goes to DIR/error for the test to read, and the worker fails.
+void allreduce_expecting_failure(Communicator& c, const std::string& dir,
+                                 const std::string& what = "") {
+  auto t = torch::ones({8});
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    c.allreduce(t, ReduceOp::Sum, what);
+  } catch (const CommError& e) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(dir + "/error") << e.what() << "\nseconds " << s;
+    throw;
+  }
+}
+
+// The "seconds S" that allreduce_expecting_failure wrote after the error.
+double seconds_in(const std::string& error) {
+  return std::stod(error.substr(error.rfind("seconds ") + 8));
+}
+
 DTORCH_TEST_WORKER(comm_collectives) {
   choose_path(args);
   auto c = Communicator::from_env();
@@ -114,15 +134,7 @@ DTORCH_TEST_WORKER(comm_stall) {
   setenv("DTORCH_TIMEOUT", "2", 1);
   auto c = Communicator::from_env();
   if (c->rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(30));
-  auto t = torch::ones({8});
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    c->allreduce(t, ReduceOp::Sum, "stall test");
-  } catch (const CommError& e) {
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::ofstream(args.at(0) + "/error") << e.what() << "\nseconds " << s;
-    throw;
-  }
+  allreduce_expecting_failure(*c, args.at(0), "stall test");
 }
 
 TEST_P(CommunicatorPath, StalledRankIsNamedWithinTimeout) {
@@ -146,13 +158,7 @@ DTORCH_TEST_WORKER(comm_dead) {
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     _exit(0);  // exit 0, so the launcher does not stop rank 0 first
   }
-  auto t = torch::ones({8});
-  try {
-    c->allreduce(t);
-  } catch (const CommError& e) {
-    std::ofstream(args.at(0) + "/error") << e.what();
-    throw;
-  }
+  allreduce_expecting_failure(*c, args.at(0));
 }
 
 TEST_P(CommunicatorPath, DeadRankIsNamed) {
@@ -178,13 +184,7 @@ DTORCH_TEST_WORKER(comm_left) {
   const bool epipe = ::write(fds[1], "x", 1) < 0 && errno == EPIPE;
   ::close(fds[1]);
   if (!epipe) throw std::runtime_error("a write to a closed pipe did not fail with EPIPE");
-  auto t = torch::ones({8});
-  try {
-    c->allreduce(t);
-  } catch (const CommError& e) {
-    std::ofstream(args.at(0) + "/error") << e.what();
-    throw;
-  }
+  allreduce_expecting_failure(*c, args.at(0));
 }
 
 TEST_P(CommunicatorPath, RankThatFinishedEarlyIsNamed) {
@@ -209,15 +209,7 @@ DTORCH_TEST_WORKER(comm_store_stopped) {
     ::raise(SIGSTOP);  // the launcher continues and ends it when rank 1 fails
     return;
   }
-  auto t = torch::ones({8});
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    c->allreduce(t);
-  } catch (const CommError& e) {
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::ofstream(args.at(0) + "/error") << e.what() << "\nseconds " << s;
-    throw;
-  }
+  allreduce_expecting_failure(*c, args.at(0));
 }
 
 TEST(Communicator, StoreServedByAStoppedRankIsNamedSoon) {
@@ -232,7 +224,7 @@ TEST(Communicator, StoreServedByAStoppedRankIsNamedSoon) {
   std::string msg = read_file(dir + "/error");
   EXPECT_NE(msg.find("is unreachable too"), std::string::npos) << msg;
   EXPECT_NE(msg.find("(rank 0) has exited or is stopped"), std::string::npos) << msg;
-  const double seconds = std::stod(msg.substr(msg.rfind("seconds ") + 8));
+  const double seconds = seconds_in(msg);
   EXPECT_LT(seconds, 3 + 2 + 1.5) << "the timeout, the store's 2 s, slack; not the 5 s window";
 }
 
@@ -247,15 +239,7 @@ DTORCH_TEST_WORKER(comm_stopped) {
     ::raise(SIGSTOP);  // the launcher continues and ends it when rank 0 fails
     return;
   }
-  auto t = torch::ones({8});
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    c->allreduce(t);
-  } catch (const CommError& e) {
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::ofstream(args.at(0) + "/error") << e.what() << "\nseconds " << s;
-    throw;
-  }
+  allreduce_expecting_failure(*c, args.at(0));
 }
 
 TEST_P(CommunicatorPath, StoppedRankIsNamedAsStopped) {
@@ -263,7 +247,7 @@ TEST_P(CommunicatorPath, StoppedRankIsNamedAsStopped) {
   EXPECT_NE(testing::run_ranks(2, "comm_stopped", {dir, GetParam()}, 60), 0);
   std::string msg = read_file(dir + "/error");
   EXPECT_NE(msg.find("rank(s) 1 are stopped (SIGSTOP or ^Z)"), std::string::npos) << msg;
-  const double seconds = std::stod(msg.substr(msg.rfind("seconds ") + 8));
+  const double seconds = seconds_in(msg);
   EXPECT_LT(seconds, 2 + 2.5) << "the timeout and slack; not the 5 s diagnosis window";
 }
 

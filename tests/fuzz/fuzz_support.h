@@ -23,7 +23,8 @@ namespace dtorch::fuzz {
 // test suite compiles all of them into dtorch_tests with whatever compiler builds it, where each
 // is registered by name and FuzzSmoke.* (smoke_test.cpp) gives it its seeds, then random mutations
 // of them for a few seconds: no coverage feedback and no sanitizers (unless the suite itself is
-// sanitized), but every CI run tries new inputs and replays what make_seeds.sh makes.
+// sanitized), but CI tries inputs no test names (a fixed mutation seed unless one is given, so
+// every machine tries the same ones) and replays what make_seeds.sh makes.
 
 /// A harness: one input in, 0 out (libFuzzer's "keep going"); a finding throws or aborts.
 using Target = int (*)(const uint8_t* data, size_t size);

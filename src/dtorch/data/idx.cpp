@@ -125,8 +125,7 @@ torch::Tensor read_idx(const std::string& path) {
                    " bytes could hold: the file is corrupt");
     DTORCH_CHECK_T(DataError, n == 0 || span <= (uint64_t{1} << 40) / n, "IDX file ", path,
                    ": header announces ", shape,
-                   "..., dimensions no data set has: the file is "
-                   "corrupt");
+                   "..., dimensions no data set has: the file is corrupt");
     total *= n;
     if (n != 0) span *= n;
   }
