@@ -2,6 +2,7 @@
 // mismatches, atomic writes, and files that PyTorch's torch.load + load_state_dict accept.
 #include "dtorch/checkpoint/state_dict.h"
 
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -101,6 +102,48 @@ TEST(StateDict, UnreadableFilesAreCheckpointErrors) {
                                          "end-of-central-directory record"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// torch.save's container around a hand-written pickle of restore_type_tag({}, tag): the empty
+// dict that TorchScript's pickler tags with its type.
+std::vector<char> tagged_empty_dict(const std::string& tag) {
+  std::string pickle = "\x80\x02ctorch.jit._pickle\nrestore_type_tag\n(}X";
+  for (int i = 0; i < 4; ++i)
+    pickle += static_cast<char>((tag.size() >> (8 * i)) & 0xff);
+  pickle += tag + "tR.";
+  std::vector<char> out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(data), static_cast<const char*>(data) + n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer.writeEndOfFile();
+  return out;
+}
+
+// Note [Reading untrusted archives]: a damaged type tag crashed TorchScript's type parser
+// (found by FuzzSmoke in a .dtc payload); plain tags, as torch::pickle_save writes, still load.
+TEST(StateDict, TypeTagsArePlainTypesOrRefused) {
+  const auto tagged = torch::pickle_save(c10::IValue(c10::Dict<std::string, torch::Tensor>()));
+  EXPECT_TRUE(unpickle_state_dict(tagged, "tagged.pt").empty());
+  EXPECT_TRUE(unpickle_state_dict(tagged_empty_dict("Dict[str, Tensor]"), "plain.pt").empty());
+  std::string deep;
+  for (int i = 0; i < 20000; ++i)
+    deep += "List[";
+  deep += "int" + std::string(20000, ']');
+  for (const std::string& tag : {deep, std::string("Dict[str, Tensor"),
+                                 std::string("Dict[str, Final[int]]"), std::string("a.b")}) {
+    try {
+      unpickle_state_dict(tagged_empty_dict(tag), "bad.pt");
+      ADD_FAILURE() << "no error for " << tag.substr(0, 40);
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.pt is not a readable state dict: it names the "
+                                           "type \"" +
+                                           tag.substr(0, 20)),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

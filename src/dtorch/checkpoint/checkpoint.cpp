@@ -131,10 +131,8 @@ Parsed parse(const std::string& path) {
   Parsed out;
   // The CRC matched, so a failure below means a writer bug or a foreign file; still, say so
   // rather than crash. toInt() and friends throw c10::Error on a field of the wrong type.
-  const std::string problem = zip_archive_problem(payload);
-  require(problem.empty(), "its payload ", problem);
   try {
-    c10::IValue root = torch::pickle_load(payload);
+    c10::IValue root = load_torch_save(payload);
     require(root.isGenericDict(), "payload is not a dict");
     auto dict = root.toGenericDict();
     auto field = [&](const char* key) {
@@ -155,6 +153,8 @@ Parsed parse(const std::string& path) {
       out.model.emplace_back(e.key().toStringRef(), e.value().toTensor());
   } catch (const Unusable&) {
     throw;
+  } catch (const UnreadableArchive& e) {
+    throw Unusable(std::string("its payload ") + e.what());
   } catch (const std::exception& e) {
     throw Unusable("malformed payload: " + brief(e));
   }

@@ -119,11 +119,10 @@ std::vector<char> pickle_state_dict(const StateDict& state) {
 
 StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {
   c10::IValue value;
-  const std::string problem = zip_archive_problem(bytes);
-  DTORCH_CHECK_T(CheckpointError, problem.empty(), source, " is not a readable state dict: it ",
-                 problem);
   try {
-    value = torch::pickle_load(bytes);
+    value = load_torch_save(bytes);
+  } catch (const UnreadableArchive& e) {
+    DTORCH_FAIL(CheckpointError, source, " is not a readable state dict: it ", e.what());
   } catch (const c10::Error& e) {
     // 1.13's C++ unpickler cannot rebuild the OrderedDict (with its _metadata attribute)
     // that Python's Module.state_dict() returns; a plain dict of the same items loads.

@@ -1,9 +1,16 @@
 // torch.save's file format from C++ without TorchScript's type tags.
 #include "dtorch/checkpoint/torch_save.h"
 
+#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/frontend/script_type_parser.h>
 #include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+
+#include <cctype>
+#include <set>
 
 #include "dtorch/core/error.h"
 
@@ -52,8 +59,8 @@ uint64_t little_endian(const unsigned char* p, int n) {
   return v;
 }
 
-}  // namespace
-
+// Why `bytes` cannot be a whole zip archive, or "": its end-of-central-directory record (zip64's
+// too) must be there and its central directory inside the bytes.
 std::string zip_archive_problem(const std::vector<char>& bytes) {
   const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
   const uint64_t n = bytes.size();
@@ -84,6 +91,71 @@ std::string zip_archive_problem(const std::vector<char>& bytes) {
     return str("has its central directory (", size, " bytes at ", offset, ") outside its ", n,
                " bytes (truncated?)");
   return "";
+}
+
+constexpr size_t kMaxTypeTag = 1024;
+constexpr int kMaxTypeDepth = 16;
+
+// type := plain | generic "[" type (", " type)* "]", at most kMaxTypeDepth deep.
+bool parse_plain_type(const std::string& s, size_t& at, int depth) {
+  static const std::set<std::string> plain = {"Any",     "Device", "NoneType", "Tensor", "bool",
+                                              "complex", "float",  "int",      "str"};
+  static const std::set<std::string> generic = {"Dict", "List", "Optional", "Tuple", "Union"};
+  if (depth > kMaxTypeDepth) return false;
+  const size_t start = at;
+  while (at < s.size() && std::isalpha(static_cast<unsigned char>(s[at])))
+    ++at;
+  const std::string name = s.substr(start, at - start);
+  if (plain.count(name)) return true;
+  if (!generic.count(name) || at == s.size() || s[at] != '[') return false;
+  ++at;
+  for (;;) {
+    if (!parse_plain_type(s, at, depth + 1)) return false;
+    if (s.compare(at, 2, ", ") == 0) {
+      at += 2;
+    } else if (at < s.size() && s[at] == ']') {
+      ++at;
+      return true;
+    } else {
+      return false;
+    }
+  }
+}
+
+// The unpickler's type resolver (Note [Reading untrusted archives]).
+c10::StrongTypePtr resolve_type_tag(const c10::QualifiedName& name) {
+  static const auto unit = std::make_shared<torch::jit::CompilationUnit>();
+  const std::string tag = name.qualifiedName();
+  size_t at = 0;
+  if (tag.size() > kMaxTypeTag || !parse_plain_type(tag, at, 0) || at != tag.size())
+    throw UnreadableArchive(str("names the type \"", tag.substr(0, 60),
+                                tag.size() > 60 ? "..." : "",
+                                "\", which is neither a plain type (such as Dict[str, Tensor]) "
+                                "nor one dtorch reads"));
+  return c10::StrongTypePtr(unit, torch::jit::ScriptTypeParser().parseType(tag));
+}
+
+}  // namespace
+
+// Note [Reading untrusted archives]
+// A file given to dtorch may be damaged or hostile, and two things in it crash LibTorch's reader
+// instead of making it throw, so both are checked before it sees them. A zip archive that is not
+// whole: LibTorch 1.13's reader reads outside the buffer (AddressSanitizer: heap-buffer-overflow
+// in mz_zip_reader_init). A container's type tag (torch.jit._pickle.restore_type_tag(value,
+// "Dict[str, Tensor]"), which torch::pickle_save writes): the unpickler hands the string to
+// TorchScript's parser, whose recursive descent has no depth limit and which crashed on a
+// damaged tag (SIGSEGV in LibTorch 1.13's ScriptTypeParser). torch::pickle_load takes no type
+// parser, so this is pickle_load with a type resolver of our own that lets through only plain
+// types (builtin names, generics over them, 16 deep) before TorchScript parses them. It also
+// receives the names of classes an archive asks for, which it refuses as pickle_load does.
+c10::IValue load_torch_save(const std::vector<char>& bytes) {
+  const std::string problem = zip_archive_problem(bytes);
+  if (!problem.empty()) throw UnreadableArchive(problem);
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
+  return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                           resolve_type_tag, /*obj_loader=*/c10::nullopt,
+                                           /*device=*/c10::nullopt, reader);
 }
 
 }  // namespace dtorch::checkpoint

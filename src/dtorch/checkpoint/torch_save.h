@@ -4,6 +4,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,10 +15,16 @@ namespace dtorch::checkpoint {
 /// becomes a plain Python dict (insertion order kept).
 std::vector<char> torch_save_bytes(const c10::IValue& value);
 
-/// Why `bytes` cannot be a whole zip archive, or "": its end-of-central-directory record (zip64's
-/// too) must be there and its central directory inside the bytes. Checked before LibTorch's
-/// reader sees the bytes: LibTorch 1.13's pickle_load reads outside the buffer of a truncated
-/// archive (AddressSanitizer: heap-buffer-overflow in mz_zip_reader_init).
-std::string zip_archive_problem(const std::vector<char>& bytes);
+/// What a file in torch.save's format refused before LibTorch reads it is; what() is a phrase
+/// that follows the file's name ("is not a zip archive ...").
+struct UnreadableArchive : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// The value torch::pickle_load reads from `bytes` (torch.save's format, tagged or not), with
+/// what would crash LibTorch's reader refused first by an UnreadableArchive: an archive that is
+/// not whole, and a container type tag that is not a plain type. See Note [Reading untrusted
+/// archives]. Anything else wrong is LibTorch's own exception.
+c10::IValue load_torch_save(const std::vector<char>& bytes);
 
 }  // namespace dtorch::checkpoint
