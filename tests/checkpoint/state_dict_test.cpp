@@ -108,7 +108,9 @@ TEST(StateDict, UnreadableFilesAreCheckpointErrors) {
 // torch.save's container around a hand-written pickle of restore_type_tag({}, tag): the empty
 // dict that TorchScript's pickler tags with its type.
 std::vector<char> tagged_empty_dict(const std::string& tag) {
-  std::string pickle = "\x80\x02ctorch.jit._pickle\nrestore_type_tag\n(}X";
+  std::string pickle =
+      "\x80\x02"  // protocol 2
+      "ctorch.jit._pickle\nrestore_type_tag\n(}X";
   for (int i = 0; i < 4; ++i)
     pickle += static_cast<char>((tag.size() >> (8 * i)) & 0xff);
   pickle += tag + "tR.";

@@ -95,6 +95,27 @@ TEST(TrainCli, ResumeReproducesAnUninterruptedRun) {
   EXPECT_EQ(ma[1]["test_accuracy"], mb[1]["test_accuracy"]);
 }
 
+// --async-checkpoint: a checkpoint that cannot be written (its name is a folder's) stops the run
+// on every rank once the ranks see it failed, naming it; the earlier checkpoint and the folder
+// stay as they were, and no later checkpoint is written.
+TEST(TrainCli, FailedBackgroundCheckpointStopsEveryRank) {
+  const std::string out = testing::scratch_dir("train_async_fail_out") + "/run";
+  paths::create_directories(out + "/checkpoint-000002.dtc");
+  std::ofstream(out + "/checkpoint-000002.dtc/mine") << "kept";
+  auto args = train_args(out, 3, 1000);
+  args.insert(args.end(), {"--nproc-per-node", "2", "--async-checkpoint"});
+  auto r = run_command("train_async_fail", args, 300);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err, "checkpoints written in the background")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the checkpoint of step ")) << r.err;
+  EXPECT_TRUE(contains(r.err, ", written in the background, failed: ")) << r.err;
+  EXPECT_FALSE(contains(r.err, "terminate called")) << r.err;
+  EXPECT_FALSE(paths::exists(out + "/checkpoint-000003.dtc"));
+  EXPECT_EQ(testing::read_file(out + "/checkpoint-000002.dtc/mine"), "kept");
+  auto m = models::make_model("mnist-cnn");
+  EXPECT_NO_THROW(checkpoint::load_checkpoint(out + "/checkpoint-000001.dtc", *m, nullptr));
+}
+
 // Three epochs with warm-up and cosine decay, against a run resumed from the first epoch's
 // checkpoint of that run with no schedule flags: the checkpoint's schedule goes on (Note
 // [Learning-rate schedules]), so every epoch's rate and the final weights are the same.

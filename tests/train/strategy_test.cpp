@@ -1,19 +1,25 @@
 // Strategies and sharded checkpoints together: a ZeRO checkpoint saved at 4 ranks resumes at
 // 2 ranks and at 1 with identical full parameters and optimizer state, for every stage, and
-// as zero3 with other units (Note [Resharding by name]); and
+// as zero3 with other units (Note [Resharding by name]); checkpoints written in the background
+// hold what blocking ones hold, and a kill during one leaves a checkpoint to resume from; and
 // bf16 mixed precision follows the fp32 loss curve.
 #include "dtorch/train/strategy.h"
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/train/background_save.h"
 #include "dtorch/train/loss.h"
+#include "support/command.h"
 #include "support/workers.h"
 
 namespace dtorch::train {
@@ -142,6 +148,121 @@ TEST_P(Reshard, ResumesAsZero3WithOtherUnits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Reshard, ::testing::Values("zero1", "zero2", "zero3"));
+
+// args: DIR STRATEGY MODE. same: train 3 steps, save them blocking into DIR/blocking and in the
+// background into DIR/background while 3 more steps change every parameter. kill: save step 3
+// into DIR/a, train 3 more steps and save step 6 in the background, rank 0 killing itself
+// (SIGKILL) as soon as it sees the save under way (a .dtc's temporary file, a sharded save's
+// staging folder) or, should it miss that, done. resume: load the newest of DIR/a and write its
+// step into DIR/resumed-R.
+DTORCH_TEST_WORKER(background_save) {
+  const std::string dir = args.at(0), mode = args.at(2);
+  auto comm = comm::Communicator::from_env();
+  torch::manual_seed(5);
+  auto model = models::make_model("gpt-debug");
+  auto s = make_strategy(adamw(args.at(1)), model, comm);
+  if (mode == "resume") {
+    auto loaded = s->load_latest(dir + "/a");
+    DTORCH_CHECK(loaded, "no checkpoint to resume from");
+    std::ofstream(str(dir, "/resumed-", comm->rank())) << loaded->data.global_step;
+    return;
+  }
+  train_steps(*s, *model, 3, comm->rank());
+  BackgroundSaver saver(*s);
+  if (mode == "same") {
+    s->save(dir + "/blocking", {1, 3, "{}"}, 2);
+    saver.save(dir + "/background", {1, 3, "{}"}, 2);
+    for (int i = 0; i < 3; ++i) {
+      train_steps(*s, *model, 1, comm->rank(), 100 + i);
+      saver.poll();
+    }
+    saver.finish();
+    return;
+  }
+  s->save(dir + "/a", {1, 3, "{}"}, 2);
+  train_steps(*s, *model, 3, comm->rank(), 100);
+  if (comm->rank() == 0) {
+    std::thread([a = dir + "/a"] {
+      const std::string step = checkpoint::sharded_step_dir(a, 6);
+      auto seen = [&] {
+        if (paths::exists(step + ".partial") || paths::exists(step) ||
+            paths::exists(a + "/checkpoint-000002.dtc"))
+          return true;
+        for (const std::string& name : paths::list_directory(a))
+          if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) return true;
+        return false;
+      };
+      while (!seen()) {
+      }
+      std::raise(SIGKILL);
+    }).detach();
+  }
+  saver.save(dir + "/a", {2, 6, "{}"}, 2);
+  for (int i = 0; i < 100; ++i) {
+    train_steps(*s, *model, 1, comm->rank(), 200 + i);
+    saver.poll();
+  }
+  saver.finish();
+}
+
+// Every file under `dir` (relative name -> bytes).
+std::map<std::string, std::string> files_under(const std::string& dir,
+                                               const std::string& prefix = "") {
+  std::map<std::string, std::string> out;
+  for (const std::string& name : paths::list_directory(dir)) {
+    const std::string path = paths::join(dir, name);
+    if (paths::is_directory(path)) {
+      for (auto& [sub, bytes] : files_under(path, prefix + name + "/"))
+        out[sub] = std::move(bytes);
+    } else {
+      out[prefix + name] = testing::read_file(path);
+    }
+  }
+  return out;
+}
+
+class BackgroundSave : public ::testing::TestWithParam<const char*> {};
+
+// Note [Checkpoints in the background]: the state is copied before training goes on, so the
+// files are those a blocking save writes, byte for byte (a .dtc for DDP, shards and metadata for
+// ZeRO).
+TEST_P(BackgroundSave, WritesWhatABlockingSaveWrites) {
+  const std::string strategy = GetParam();
+  auto dir = testing::scratch_dir("background_same_" + strategy);
+  ASSERT_EQ(testing::run_ranks(2, "background_save", {dir, strategy, "same"}), 0);
+  auto blocking = files_under(dir + "/blocking"), background = files_under(dir + "/background");
+  ASSERT_FALSE(blocking.empty());
+  ASSERT_EQ(blocking.size(), background.size());
+  for (const auto& [name, bytes] : blocking) {
+    ASSERT_TRUE(background.count(name)) << name;
+    EXPECT_TRUE(background[name] == bytes) << name << " differs";
+  }
+}
+
+// A kill -9 while a checkpoint is written in the background: the newest complete checkpoint
+// is whole (the previous one when the kill came before the new one was published) and the
+// job resumes from it.
+TEST_P(BackgroundSave, KillDuringASaveLeavesACheckpointToResumeFrom) {
+  const std::string strategy = GetParam();
+  auto dir = testing::scratch_dir("background_kill_" + strategy);
+  EXPECT_NE(testing::run_ranks(2, "background_save", {dir, strategy, "kill"}), 0);
+  // Killed before the new checkpoint was published: its staging folder or temporary is left.
+  bool interrupted = paths::exists(checkpoint::sharded_step_dir(dir + "/a", 6) + ".partial");
+  for (const std::string& name : paths::list_directory(dir + "/a"))
+    interrupted |= name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+  if (strategy != "ddp") {
+    auto latest = checkpoint::latest_complete(dir + "/a");
+    ASSERT_TRUE(latest);
+    EXPECT_NO_THROW(checkpoint::ShardedCheckpointReader(*latest).verify());
+  }
+  ASSERT_EQ(testing::run_ranks(2, "background_save", {dir, strategy, "resume"}), 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string resumed = testing::read_file(str(dir, "/resumed-", r));
+    EXPECT_EQ(resumed, interrupted ? "3" : "6") << "an unpublished save is not a checkpoint";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, BackgroundSave, ::testing::Values("ddp", "zero3"));
 
 // args: DIR PRECISION STRATEGY: writes the loss of each of 30 steps on one fixed batch.
 DTORCH_TEST_WORKER(precision_curve) {

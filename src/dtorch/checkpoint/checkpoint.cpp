@@ -220,17 +220,15 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 void save_checkpoint(const std::string& dir, const CheckpointData& data,
                      const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
                      int keep) {
-  DTORCH_CHECK_T(ConfigError, keep >= 1, "checkpoints to keep is ", keep, ", must be >= 1");
+  write_checkpoint_file(dir, checkpoint_file(data, model, optimizer), keep);
+}
+
+CheckpointFile checkpoint_file(const CheckpointData& data, const torch::nn::Module& model,
+                               const torch::optim::Optimizer* optimizer) {
   DTORCH_CHECK_T(CheckpointError, data.epoch >= 0, "checkpoint epoch is ", data.epoch);
   nlohmann::json meta = nlohmann::json::parse(data.metadata_json, nullptr, false);
   DTORCH_CHECK_T(CheckpointError, !meta.is_discarded() && meta.is_object(),
                  "checkpoint metadata must be a JSON object, got: ", data.metadata_json);
-  std::error_code ec;
-  paths::create_directories(dir, ec);
-  DTORCH_CHECK_T(CheckpointError, paths::is_directory(dir), "cannot create checkpoint directory ",
-                 dir, ": ", ec.message(),
-                 " (save into a writable directory: `dtorch train --out DIR`)");
-
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   c10::Dict<std::string, torch::Tensor> params;
   for (const auto& [name, tensor] : host_copy(state_dict(model)))
@@ -252,14 +250,25 @@ void save_checkpoint(const std::string& dir, const CheckpointData& data,
   dict.insert("metadata", data.metadata_json);
   std::vector<char> payload = torch_save_bytes(c10::IValue(dict));
 
-  std::vector<char> file(kMagic, kMagic + 8);
+  CheckpointFile out{data.epoch, std::vector<char>(kMagic, kMagic + 8)};
+  std::vector<char>& file = out.bytes;
   file.reserve(kHeaderSize + payload.size());
   put_le(file, kCheckpointVersion, 4);
   put_le(file, payload.size(), 8);
   put_le(file, crc32_of(payload.data(), payload.size()), 4);
   file.insert(file.end(), payload.begin(), payload.end());
-  const std::string path = checkpoint_path(dir, data.epoch);
-  write_file_atomically(path, file);
+  return out;
+}
+
+void write_checkpoint_file(const std::string& dir, const CheckpointFile& file, int keep) {
+  DTORCH_CHECK_T(ConfigError, keep >= 1, "checkpoints to keep is ", keep, ", must be >= 1");
+  std::error_code ec;
+  paths::create_directories(dir, ec);
+  DTORCH_CHECK_T(CheckpointError, paths::is_directory(dir), "cannot create checkpoint directory ",
+                 dir, ": ", ec.message(),
+                 " (save into a writable directory: `dtorch train --out DIR`)");
+  const std::string path = checkpoint_path(dir, file.epoch);
+  write_file_atomically(path, file.bytes);
 
   // Prune only after the new file is safely in place; never the file just written, even
   // when the directory holds newer epochs from an earlier run.

@@ -55,10 +55,26 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 /// `dir` if needed, atomically (temporary file in `dir`, fsync, rename, fsync of `dir`);
 /// then deletes all but the newest `keep` checkpoints. A failed save throws CheckpointError
 /// and leaves existing checkpoints untouched. Throws ConfigError when keep < 1 and
-/// CheckpointError when metadata_json is not a JSON object.
+/// CheckpointError when metadata_json is not a JSON object. The same as
+/// write_checkpoint_file(dir, checkpoint_file(data, model, optimizer), keep).
 void save_checkpoint(const std::string& dir, const CheckpointData& data,
                      const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
                      int keep = 2);
+
+/// A checkpoint file's bytes, made from the model and optimizer as they are now (the model may
+/// change once it returns), for write_checkpoint_file.
+struct CheckpointFile {
+  int64_t epoch = 0;
+  std::vector<char> bytes;
+};
+
+/// The file save_checkpoint writes. Throws CheckpointError when metadata_json is not a JSON
+/// object or the epoch is negative.
+CheckpointFile checkpoint_file(const CheckpointData& data, const torch::nn::Module& model,
+                               const torch::optim::Optimizer* optimizer);
+
+/// Writes `file` into `dir` and prunes, as save_checkpoint does.
+void write_checkpoint_file(const std::string& dir, const CheckpointFile& file, int keep);
 
 /// Reads the checkpoint at `path` and restores model, optimizer (when not null) and the
 /// default CPU generator from it (every rank that loads it gets the writer's generator

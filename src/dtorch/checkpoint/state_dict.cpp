@@ -57,6 +57,13 @@ StateDict host_copy(const StateDict& state) {
   return out;
 }
 
+torch::Tensor host_snapshot(const torch::Tensor& t) {
+  if (t.device().is_cpu()) return t.clone();
+  auto host = torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(true));
+  host.copy_(t);
+  return host;
+}
+
 StateDict with_python_aliases(StateDict state, const std::vector<models::PythonAlias>& aliases) {
   for (const auto& a : aliases) {
     auto has = [&](const std::string& key) {

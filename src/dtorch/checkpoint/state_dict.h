@@ -26,6 +26,10 @@ StateDict state_dict(const torch::nn::Module& module);
 /// tensors are kept as they are.
 StateDict host_copy(const StateDict& state);
 
+/// A copy of `t` in host memory that later changes to `t` do not reach: what a checkpoint
+/// written in the background holds (pinned memory for a GPU tensor, copied at full speed).
+torch::Tensor host_snapshot(const torch::Tensor& t);
+
 /// `state` with each alias whose parameter it holds added right after that parameter, as the
 /// same tensor: what Python's state_dict() of a model with tied weights lists, and what
 /// torch.save writes as one storage under two keys. Unchanged when no alias applies.

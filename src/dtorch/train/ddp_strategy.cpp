@@ -4,7 +4,6 @@
 
 #include <nlohmann/json.hpp>
 
-
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
@@ -88,7 +87,8 @@ class DdpStrategy : public Strategy {
 
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
-  void save(const std::string& dir, const checkpoint::CheckpointData& data, int keep) override {
+  SaveJob stage(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
+                bool /*background: the files' bytes are copies either way*/) override {
     const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
     models::Model* model = model_.get();
     torch::optim::Optimizer* opt = opt_.get();
@@ -106,24 +106,41 @@ class DdpStrategy : public Strategy {
     }
     checkpoint::CheckpointData with_scaler = data;
     with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
-    if (writer && !pp_.pipeline) checkpoint::save_checkpoint(dir, with_scaler, *model, opt, keep);
-    if (writer && pp_.pipeline) {
-      save_stages(dir, with_scaler, keep, *model, *opt);
-      if (pp_.stage() == 0) checkpoint::write_pipeline_layout(dir, c_.model, pp_.plan);
-    }
-    comm_->barrier("checkpoint written");
+    // The files' bytes are the copy (Note [Checkpoints in the background]).
+    std::vector<std::pair<std::string, checkpoint::CheckpointFile>> files;  // folder, file
+    if (writer && !pp_.pipeline)
+      files.emplace_back(dir, checkpoint::checkpoint_file(with_scaler, *model, opt));
+    if (writer && pp_.pipeline) stage_files(dir, with_scaler, *model, *opt, files);
+    const bool layout = writer && pp_.pipeline && pp_.stage() == 0;
+    return [files = std::move(files), dir, keep, layout, model_name = c_.model,
+            plan = pp_.plan](comm::Communicator& group) {
+      // The writer (rank 0) says how it went, so no rank waits on one that failed.
+      std::string problem;
+      try {
+        for (const auto& [folder, file] : files)
+          checkpoint::write_checkpoint_file(folder, file, keep);
+        if (layout) checkpoint::write_pipeline_layout(dir, model_name, plan);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+      problem = group.broadcast_string(problem, 0, "checkpoint written");
+      DTORCH_CHECK_T(CheckpointError, problem.empty(), problem);
+    };
   }
+
+  comm::Communicator& save_group() override { return *comm_; }
 
   // Note [Pipeline checkpoints]: each stage into its own folder; an interleaved rank's
   // several stages each with its parameters' optimizer state, as one-stage-per-rank runs
   // write them (so any layout resumes them).
-  void save_stages(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
-                   models::Model& model, torch::optim::Optimizer& opt) {
+  void stage_files(const std::string& dir, const checkpoint::CheckpointData& data,
+                   models::Model& model, torch::optim::Optimizer& opt,
+                   std::vector<std::pair<std::string, checkpoint::CheckpointFile>>& files) {
     const int n = static_cast<int>(pp_.plan.stages.size());
     auto* merged = dynamic_cast<models::StageUnion*>(&model);
     if (!merged) {
-      checkpoint::save_checkpoint(dir + checkpoint::pipeline_folder(pp_.stage(), n), data, model,
-                                  &opt, keep);
+      files.emplace_back(dir + checkpoint::pipeline_folder(pp_.stage(), n),
+                         checkpoint::checkpoint_file(data, model, &opt));
       return;
     }
     const auto& stages = merged->stages();
@@ -134,8 +151,8 @@ class DdpStrategy : public Strategy {
         if (it != opt.state().end())
           stage_opt->state()[compat::optimizer_state_key(p)] = it->second->clone();
       }
-      checkpoint::save_checkpoint(dir + checkpoint::pipeline_folder(pp_.stages[k], n), data,
-                                  *stages[k], stage_opt.get(), keep);
+      files.emplace_back(dir + checkpoint::pipeline_folder(pp_.stages[k], n),
+                         checkpoint::checkpoint_file(data, *stages[k], stage_opt.get()));
     }
   }
 

@@ -66,7 +66,10 @@ struct CheckpointingConfig {
   std::string out = "runs/latest";  ///< config.json, metrics.jsonl, checkpoints, model.pt
   /// The final model file: pt (model.pt, torch.load) or safetensors (model.safetensors).
   checkpoint::SaveFormat save_format = checkpoint::SaveFormat::Torch;
-  int keep = 2;         ///< the newest checkpoints kept in `out`
+  int keep = 2;  ///< the newest checkpoints kept in `out`
+  /// Write each checkpoint on a thread while training goes on (Note [Checkpoints in the
+  /// background] in train/background_save.h).
+  bool async_save = false;
   bool resume = false;  ///< continue from the newest good checkpoint in `out`
 };
 
@@ -320,6 +323,10 @@ void visit_fields(TrainConfig& c, V&& v) {
     named(c.checkpointing.save_format));
   v(Field{"checkpointing", "keep-checkpoints", "the newest checkpoints kept in --out"},
     c.checkpointing.keep);
+  v(Field{"checkpointing", "async-checkpoint",
+          "write each checkpoint in the background while training goes on (its state copied "
+          "to host memory first; the run waits for the last one before it exits)"},
+    c.checkpointing.async_save);
   v(Field{"reporting", "progress", "auto | bar | lines | off"}, named(c.reporting.progress.mode));
   v(Field{"reporting", "print-every",
           "a log line and a \"step\" record in metrics.jsonl every N optimizer steps (loss, lr, "

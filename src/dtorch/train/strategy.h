@@ -92,6 +92,11 @@ double weight_decay_of(const OptimizerConfig& c);
 /// ConfigError as resolve_device says.
 at::Device resolve_run_device(DeviceKind spec, const launch::RankInfo& job);
 
+/// The writing of a checkpoint whose state is already copied (Strategy::stage): collective
+/// over the communicator it is given, the strategy's save_group() or, for a save in the
+/// background, a twin of it (Note [Checkpoints in the background] in train/background_save.h).
+using SaveJob = std::function<void(comm::Communicator&)>;
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -110,8 +115,18 @@ class Strategy {
   /// needed to evaluate with a different number of batches per rank, or to save the model.
   /// Collective.
   virtual std::shared_ptr<void> whole_parameters() = 0;
-  /// Writes a checkpoint of model and optimizer into `dir`. Collective.
-  virtual void save(const std::string& dir, const checkpoint::CheckpointData& data, int keep) = 0;
+  /// The job that writes a checkpoint of model and optimizer into `dir`. With `background`,
+  /// what it writes is copied into host memory first, so that the model and optimizer may
+  /// change as soon as stage returns; without, the job reads them and must run at once.
+  /// Collective (tensor-parallel ranks gather the unsplit model).
+  virtual SaveJob stage(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
+                        bool background) = 0;
+  /// The group the jobs of stage() are collective over.
+  virtual comm::Communicator& save_group() = 0;
+  /// Writes a checkpoint of model and optimizer into `dir` now. Collective.
+  void save(const std::string& dir, const checkpoint::CheckpointData& data, int keep) {
+    stage(dir, data, keep, /*background=*/false)(save_group());
+  }
   /// Restores the newest good checkpoint in `dir` (any world size for the sharded
   /// strategies); nullopt when there is none. Collective.
   virtual std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& dir) = 0;

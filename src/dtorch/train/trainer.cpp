@@ -28,6 +28,7 @@
 #include "dtorch/parallel/tp/tensor_parallel.h"
 #include "dtorch/report/out_of_memory.h"
 #include "dtorch/report/tensorboard.h"
+#include "dtorch/train/background_save.h"
 #include "dtorch/train/evaluate.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/model_file.h"
@@ -119,7 +120,8 @@ void log_run(const TrainConfig& c, const TrainData& data, int world, const Paral
             c.training.batch_size, ", ", c.training.epochs, " epoch(s), ",
             name_of(c.strategy.optimizer.kind), " lr ", c.strategy.optimizer.lr, ", seed ",
             c.training.seed, ", ", torch::get_num_threads(), " thread(s) per rank -> ",
-            c.checkpointing.out);
+            c.checkpointing.out,
+            c.checkpointing.async_save ? " (checkpoints written in the background)" : "");
   if (c.parallelism.activation_checkpointing > 0) {
     const size_t blocks = model->block_names().size();
     log::info("activation checkpointing: ",
@@ -161,7 +163,8 @@ struct Epochs {
   std::unique_ptr<report::TensorBoardWriter> board;  // rank 0's, with --tensorboard
   std::unique_ptr<report::ProgressReporter> progress;
   std::unique_ptr<PhaseTimes> epoch_phases;
-  std::unique_ptr<DeviceCopier> copier;  // Note [Batches to the GPU]
+  std::unique_ptr<DeviceCopier> copier;    // Note [Batches to the GPU]
+  std::unique_ptr<BackgroundSaver> saver;  // --async-checkpoint
 
   // The rate of the last optimizer step taken.
   double last_lr() const {
@@ -291,6 +294,7 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
     if (stepped) {
       ++e.global_step;
       ++window_steps;
+      if (e.saver) e.saver->poll();
       if (e.board) {
         e.board->scalar("train/loss", e.global_step, step_tally.mean());
         e.board->scalar("train/lr", e.global_step, e.last_lr());
@@ -423,6 +427,7 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   e.progress = std::make_unique<report::ProgressReporter>(progress_config(c, lead));
   e.epoch_phases = std::make_unique<PhaseTimes>(c.reporting.phase_times, device);
   e.copier = std::make_unique<DeviceCopier>(device);
+  if (c.checkpointing.async_save) e.saver = std::make_unique<BackgroundSaver>(*run.strategy);
   std::vector<report::EpochRecord> records;
   for (int64_t epoch = start.epoch; epoch < c.training.epochs; ++epoch) {
     const auto t0 = Clock::now();
@@ -432,13 +437,16 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
     const double train_seconds = seconds_since(t0);
     e.progress->finish_epoch();
     records.push_back(finish_epoch(e, epoch, tally, t0, train_seconds, first_step));
-    run.strategy->save(
-        c.checkpointing.out,
-        {epoch + 1, e.global_step, config_json(c, comm->size(), e.schedule, data.input)},
-        c.checkpointing.keep);
+    const checkpoint::CheckpointData saved{epoch + 1, e.global_step,
+                                           config_json(c, comm->size(), e.schedule, data.input)};
+    if (e.saver)
+      e.saver->save(c.checkpointing.out, saved, c.checkpointing.keep);
+    else
+      run.strategy->save(c.checkpointing.out, saved, c.checkpointing.keep);
     if (lead && !run.layout.pp.pipeline)
       checkpoint::forget_pipeline_layout(c.checkpointing.out);  // the stage folders are older now
   }
+  if (e.saver) e.saver->finish();
   write_model_file(c, run, *comm);
   return records;
 }

@@ -92,34 +92,50 @@ class ZeroStrategy : public Strategy {
     return std::make_shared<zero::ShardedModel::FullParams>(sharded_.get());
   }
 
-  void save(const std::string& out, const checkpoint::CheckpointData& data, int keep) override {
+  SaveJob stage(const std::string& out, const checkpoint::CheckpointData& data, int keep,
+                bool background) override {
     const std::string dir = out + stage_folder_ + tp_folder_;
     checkpoint::ShardedCheckpointData d;
     d.epoch = data.epoch;
     d.global_step = data.global_step;
     d.metadata_json = scaling_.with_state(data.metadata_json);
     d.layouts = unit_layouts();
+    // In the background, copies in host memory (Note [Checkpoints in the background]).
+    auto kept = [background](const torch::Tensor& t) {
+      return background ? checkpoint::host_snapshot(t) : t;
+    };
     std::vector<checkpoint::ShardPiece> mine;
     for (auto& s : sharded_->checkpoint_slices())
-      mine.push_back({s.key, s.full_numel, s.begin, s.data});
+      mine.push_back({s.key, s.full_numel, s.begin, kept(s.data)});
     std::vector<std::pair<std::string, torch::Tensor>> full;
     for (const auto& b : model_->named_buffers())
-      full.emplace_back("buffer/" + b.key(), b.value());
+      full.emplace_back("buffer/" + b.key(), kept(b.value()));
     full.emplace_back("optim/step", torch::tensor({sharded_->optimizer_steps()}, torch::kLong));
     full.emplace_back("rng_state", models::cpu_generator_state());
-    checkpoint::save_sharded_checkpoint(dir, d, mine, full, *comm_, keep);
-    if (pp_.pipeline && pp_.stage() == 0 && comm_->rank() == 0)
-      checkpoint::write_pipeline_layout(out, c_.model, pp_.plan, zero_stage_folders());
+    // Rank 0's files beside the step folders: the pipeline's layout, and how each parameter is
+    // split across the tp folders (for `dtorch checkpoint consolidate`).
+    const bool layout = pp_.pipeline && pp_.stage() == 0 && comm_->rank() == 0;
+    std::vector<std::string> folders;
+    if (layout) folders = zero_stage_folders();
+    std::string split_json;
     if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
-      // How each parameter is split across the tp folders, for `dtorch checkpoint consolidate`.
       nlohmann::json spec = {{"tp", tp_->group()->size()}, {"sharded", nlohmann::json::object()}};
       for (const auto& [name, split] : tp_->sharded())
         spec["sharded"][name] = {{"dim", split.dim}, {"fused", split.fused}};
-      const std::string json = spec.dump() + "\n";
-      checkpoint::write_file_atomically(out + stage_folder_ + "/tensor_parallel.json",
-                                        std::vector<char>(json.begin(), json.end()));
+      split_json = spec.dump() + "\n";
     }
+    return [out, dir, d, mine = std::move(mine), full = std::move(full), keep, layout,
+            model = c_.model, plan = pp_.plan, folders, split_json,
+            split_path = out + stage_folder_ + "/tensor_parallel.json"](comm::Communicator& group) {
+      checkpoint::save_sharded_checkpoint(dir, d, mine, full, group, keep);
+      if (layout) checkpoint::write_pipeline_layout(out, model, plan, folders);
+      if (!split_json.empty())
+        checkpoint::write_file_atomically(split_path,
+                                          std::vector<char>(split_json.begin(), split_json.end()));
+    };
   }
+
+  comm::Communicator& save_group() override { return *comm_; }
 
   // Note [Pipeline checkpoints]: a rank's shards hold all of its stages, in the folder of
   // the first; pipeline.json names, for every stage, the folder that holds it.
