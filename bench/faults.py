@@ -16,14 +16,15 @@ train_loss, test_loss, test_accuracy) with the reference's. A trial passes when 
 exited non-zero within DTORCH_TIMEOUT + 10 s, the rank was named, nothing was left, and the
 resumed run's record equals the reference's bit for bit (elastic included: it resumes at the
 same world size). A run that ended before the signal landed (no live worker, every launcher
-exited 0, or a worker stopped after the last epoch while the others exited 0, which no launcher
-can tell from a slow one) is "finished first" and not counted. A launcher still running 60 s
-after the signal is killed and the trial fails.
+exited 0, or a worker stopped or killed after the last epoch while the others exited 0, which no
+launcher can tell from a slow one or one that failed as it exited) is "finished first" and not
+counted. A launcher still running 60 s after the signal is killed and the trial fails.
 
 The binary and the libdtorch it links from its folder are copied into the work folder first, so
 a rebuild during the trials does not change what is tested (--no-copy runs --dtorch itself).
 Usage: nice -n 10 bench/faults.py [--dtorch build/dtorch] [--trials 20]
-           [--configs ddp,zero3,tp2,pp2-1f1b,pp2-zb,elastic] [--seed S] [--timeout 10]
+           [--configs ddp,zero3,zero3-async,tp2,pp2-1f1b,pp2-zb,elastic] [--seed S]
+           [--timeout 10]
            [--markdown docs/reliability.md] [--keep]
 """
 import argparse
@@ -51,6 +52,8 @@ GPT = ["--model", "gpt-debug", "--data", "text", "--epochs", "3", "--train-sampl
 CONFIGS = {  # train flags; elastic runs two c10d launchers of one worker each instead
     "ddp": MLP + ["--strategy", "ddp"],
     "zero3": MLP + ["--strategy", "zero3"],
+    # checkpoints written in the background: a kill during one must leave the previous
+    "zero3-async": MLP + ["--strategy", "zero3", "--async-checkpoint"],
     "tp2": GPT + ["--tp", "2"],
     "pp2-1f1b": GPT + ["--pp", "2", "--schedule", "1f1b"],
     "pp2-zb": GPT + ["--pp", "2", "--schedule", "zb"],
@@ -146,9 +149,11 @@ class Run:
         return texts
 
     def workers(self):
-        """Live processes whose parent is one of the launchers."""
+        """Live processes whose parent is one of the launchers and that run as a rank (RANK in
+        their environment: a child forked but not yet started as a worker has none)."""
         pids = {p.pid for p in self.procs}
-        return [pid for pid, ppid, state in processes() if ppid in pids and state != "Z"]
+        return [pid for pid, ppid, state in processes()
+                if ppid in pids and state != "Z" and env_rank(pid) is not None]
 
     def left(self):
         """Processes other than this script whose command line holds the --out folder."""
@@ -289,6 +294,10 @@ def trial(a, rng, config, n, ref_s, ref_rec, work):
             t["reasons"].append("launcher still running %d s after the signal" % HANG_S)
         elif all(c == 0 for c in t["codes"]):
             t["finished_first"] = True
+            return t
+        elif t["epochs_done"] > ref_rec["epoch"] and any(c == 0 for c in t["codes"]):
+            # The job's work was done: the killed worker was on its way out, the others gone.
+            t["finished_first"] = "killed after the last epoch, the other workers had exited"
             return t
         else:
             t["exit_s"] = max(run.ended) - sent

@@ -37,7 +37,8 @@ TEST(JsonConfig, SyntaxErrorsAndDuplicatesNameLineAndColumn) {
 
 TEST(JsonConfig, GettersCheckTypesAndRangesAndAutoIsAbsent) {
   const auto j =
-      parse(R"({"n": 2.0, "x": 0.5, "s": "Adam", "auto": "auto", "o": {"k": true}})", "f.json");
+      parse(R"({"n": 2.0, "x": 0.5, "s": "Adam", "auto": "auto", "o": {"k": true}, "big": 1e308})",
+            "f.json");
   std::vector<std::string> warnings;
   Section top(j, "", "f.json", &warnings);
   EXPECT_EQ(top.integer("n", 0, 3), 2) << "2.0 is whole";
@@ -50,13 +51,16 @@ TEST(JsonConfig, GettersCheckTypesAndRangesAndAutoIsAbsent) {
   EXPECT_NE(
       testing::error_of([&] { top.integer("x", 0, 1); }).find("f.json: x must be a whole number"),
       std::string::npos);
+  // Found by UBSan under FuzzSmoke: 1e308 was converted to int64 before it was checked.
+  EXPECT_NE(testing::error_of([&] { top.integer("big", 0, 10); }).find("(got 1e+308)"),
+            std::string::npos);
   EXPECT_NE(testing::error_of([&] { top.number("x", 0, 0.25); }).find("from 0 to 0.25 (got 0.5)"),
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { top.choice("s", {"sgd"}); }).find("'Adam' is not one of sgd"),
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { top.section("s"); }).find("s must be an object"),
             std::string::npos);
-  top.keys({"n", "x", "s", "auto"}, {"o"});
+  top.keys({"n", "x", "s", "auto", "big"}, {"o"});
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_EQ(warnings[0], "f.json: o is ignored: dtorch does not implement it");
   EXPECT_NE(testing::error_of([&] {

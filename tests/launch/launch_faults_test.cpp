@@ -179,6 +179,9 @@ TEST(LaunchFaults, StoppedWorkerIsNamedByItsPeersAndKilled) {
   EXPECT_TRUE(contains(r.err, "test step")) << r.err;
   EXPECT_TRUE(contains(r.err, "rank(s) 1 are stopped (SIGSTOP or ^Z)")) << r.err;
   EXPECT_TRUE(contains(r.err, "dtorch launch: rank 0 (node 0, local rank 0")) << r.err;
+  EXPECT_TRUE(contains(r.err, str("dtorch launch: rank 1 (pid ", pids[1],
+                                  ") is stopped (SIGSTOP or ^Z); continuing it")))
+      << r.err;
   EXPECT_FALSE(contains(r.err, "after SIGTERM (--grace-period); sending SIGKILL")) << r.err;
   EXPECT_FALSE(alive(pids[1])) << "the stopped worker outlived the launcher";
   EXPECT_FALSE(alive(pids[0]));

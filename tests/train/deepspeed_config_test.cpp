@@ -135,6 +135,10 @@ TEST(DeepSpeedConfig, SchedulersMapWithDeepSpeedsDefaults) {
       "cycle_min_lr": 0.001, "cycle_max_lr": 0.1}}})");
   EXPECT_TRUE(mentions(momentum.warnings, "scheduler.params.cycle_momentum is ignored"))
       << "DeepSpeed cycles momentum by default; dtorch says it does not";
+  // Found by UBSan under FuzzSmoke: 2^63 steps became an int64 warm-up without a check.
+  EXPECT_THROW(parse(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.001,
+      "cycle_max_lr": 0.1, "cycle_first_step_size": 9223372036854775807}}})"),
+               ConfigError);
 }
 
 TEST(DeepSpeedConfig, TheFp16BlockSetsPrecisionAndLossScaling) {

@@ -14,7 +14,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <future>
 #include <iterator>
 #include <map>
@@ -29,6 +28,7 @@
 #include "dtorch/comm/shm_allreduce.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"
+#include "dtorch/launch/process.h"
 #include "dtorch/launch/store.h"
 
 namespace dtorch::comm {
@@ -152,13 +152,7 @@ LocalProcess local_process(c10d::Store& store, int r) {
     if (entry.substr(0, at) != host) return LocalProcess::Unknown;
     pid_t pid = static_cast<pid_t>(std::stol(entry.substr(at + 5)));
     if (::kill(pid, 0) != 0 && errno == ESRCH) return LocalProcess::Gone;
-    // /proc/PID/stat: "pid (comm) S ...", the state after the last ')'.
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    const std::string fields((std::istreambuf_iterator<char>(in)),
-                             std::istreambuf_iterator<char>());
-    const auto close = fields.rfind(')');
-    if (close != std::string::npos && close + 2 < fields.size() && fields[close + 2] == 'T')
-      return LocalProcess::Stopped;
+    if (launch::is_stopped(pid)) return LocalProcess::Stopped;
   } catch (const std::exception&) {
   }
   return LocalProcess::Unknown;
@@ -606,9 +600,8 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
 void Communicator::setup_shared_memory() {
   Impl& m = *impl_;
   if (!single_node_shm_wanted(info_) || !m.gloo) return;
-  std::string why;
+  std::string why, name;
   try {
-    std::string name;
     if (rank() == 0) {
       name = str("/dtorch-", getpid(), "-", info_.restart_count, "-", std::random_device{}());
       m.store->set("shm/name", std::vector<uint8_t>(name.begin(), name.end()));
@@ -616,6 +609,13 @@ void Communicator::setup_shared_memory() {
       auto v = m.store->get("shm/name");
       name.assign(v.begin(), v.end());
     }
+  } catch (const std::exception& e) {
+    // Rank 0 posts the name as soon as its group exists: one that has not within DTORCH_TIMEOUT
+    // is gone or stalled, and the agreement below would wait as long again (a rank stopped
+    // here ended the job after twice the timeout).
+    fail("store get (rank 0's shared-memory segment name)", 0, e.what(), -1);
+  }
+  try {
     m.shm = std::make_unique<ShmAllreduce>(name, rank(), size(), opts_.timeout);
   } catch (const std::exception& e) {
     why = first_line(e.what());

@@ -185,15 +185,15 @@ const json* Section::get(const std::string& key) const {
 std::optional<int64_t> Section::integer(const std::string& key, int64_t lo, int64_t hi) const {
   const json* v = get(key);
   if (!v) return std::nullopt;
-  const double d = v->is_number() ? v->get<double>() : 0.5;
-  const bool whole = v->is_number_integer() || (v->is_number_float() && std::floor(d) == d);
-  const int64_t got = !whole                   ? 0
-                      : v->is_number_integer() ? v->get<int64_t>()
-                                               : static_cast<int64_t>(d);
-  DTORCH_CHECK_T(ConfigError, whole && got >= lo && got <= hi, file_, ": ", name(key),
+  std::optional<int64_t> got;  // converted only when it fits (1e308 is no int64)
+  try {
+    got = whole_number<int64_t>(*v, name(key));
+  } catch (const std::out_of_range&) {
+  }
+  DTORCH_CHECK_T(ConfigError, got && *got >= lo && *got <= hi, file_, ": ", name(key),
                  " must be a whole number ",
                  range(static_cast<double>(lo), static_cast<double>(hi)), " (got ", v->dump(), ")");
-  return got;
+  return *got;
 }
 
 std::optional<double> Section::number(const std::string& key, double lo, double hi,

@@ -475,6 +475,10 @@ class Attempt {
   bool tearing_down() const { return end_.how != End::Success; }
 
   void tear_down(int sig) {
+    for (const Worker& w : workers_)
+      if (w.running && is_stopped(w.child.pid))
+        console_.message(str("dtorch launch: rank ", w.rank, " (pid ", w.child.pid,
+                             ") is stopped (SIGSTOP or ^Z); continuing it so that it can end"));
     kill_running(sig);
     // A stopped worker (SIGSTOP, ^Z, a debugger gone) keeps SIGTERM pending until it is
     // continued and would cost the whole grace period: continue it so that it can end now, as

@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -180,6 +182,14 @@ Child spawn(const SpawnRequest& req) {
 
 void signal_group(pid_t pgid, int sig) {
   if (pgid > 0) ::kill(-pgid, sig);
+}
+
+bool is_stopped(pid_t pid) {
+  // "pid (comm) S ...": the state follows the last ')', as comm may hold any character.
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  const std::string fields((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = fields.rfind(')');
+  return close != std::string::npos && close + 2 < fields.size() && fields[close + 2] == 'T';
 }
 
 std::string signal_name(int sig) {

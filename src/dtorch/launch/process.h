@@ -48,6 +48,9 @@ Child spawn(const SpawnRequest& req);
 /// Sends `sig` to the worker's whole process group; a group that is already gone is fine.
 void signal_group(pid_t pgid, int sig);
 
+/// Whether process `pid` of this host is stopped (SIGSTOP, ^Z: state T in /proc/PID/stat).
+bool is_stopped(pid_t pid);
+
 /// "SIGKILL" for 9; "signal 42" for one without a name.
 std::string signal_name(int sig);
 /// A waitpid status in words: "exited with code 3", "was killed by signal 9 (SIGKILL)".

@@ -332,8 +332,10 @@ void read_scheduler(const Section& top, DeepSpeedSettings& s) {
                    ": scheduler OneCycle needs params.cycle_min_lr and params.cycle_max_lr");
     d.cycle_min_lr = *low;
     d.decay_lr_rate = p.number("decay_lr_rate", 0, kHuge).value_or(0.0);
+    // Becomes the warm-up's step count: at most 1e18, which an int64 holds (kHuge, 2^63, does
+    // not: UBSan under FuzzSmoke).
     d.cycle_first_step_size =
-        p.number("cycle_first_step_size", 0, kHuge, /*open_low=*/true).value_or(2000);
+        p.number("cycle_first_step_size", 0, 1e18, /*open_low=*/true).value_or(2000);
     d.cycle_second_step_size = p.number("cycle_second_step_size", 0, kHuge).value_or(-1);
     d.cycle_first_stair_count = p.integer("cycle_first_stair_count", 0, kMax).value_or(0);
     d.cycle_second_stair_count = p.integer("cycle_second_stair_count", 0, kMax).value_or(-1);
