@@ -149,6 +149,15 @@ TEST_P(Reshard, ResumesAsZero3WithOtherUnits) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Reshard, ::testing::Values("zero1", "zero2", "zero3"));
 
+// Whether the step-6 save into `a` is under way or was cut short: a sharded save's staging folder
+// or a .dtc's temporary file is there.
+bool unpublished_save(const std::string& a) {
+  if (paths::exists(checkpoint::sharded_step_dir(a, 6) + ".partial")) return true;
+  for (const std::string& name : paths::list_directory(a))
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) return true;
+  return false;
+}
+
 // args: DIR STRATEGY MODE. same: train 3 steps, save them blocking into DIR/blocking and in the
 // background into DIR/background while 3 more steps change every parameter. kill: save step 3
 // into DIR/a, train 3 more steps and save step 6 in the background, rank 0 killing itself
@@ -183,16 +192,8 @@ DTORCH_TEST_WORKER(background_save) {
   train_steps(*s, *model, 3, comm->rank(), 100);
   if (comm->rank() == 0) {
     std::thread([a = dir + "/a"] {
-      const std::string step = checkpoint::sharded_step_dir(a, 6);
-      auto seen = [&] {
-        if (paths::exists(step + ".partial") || paths::exists(step) ||
-            paths::exists(a + "/checkpoint-000002.dtc"))
-          return true;
-        for (const std::string& name : paths::list_directory(a))
-          if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) return true;
-        return false;
-      };
-      while (!seen()) {
+      while (!unpublished_save(a) && !paths::exists(checkpoint::sharded_step_dir(a, 6)) &&
+             !paths::exists(a + "/checkpoint-000002.dtc")) {
       }
       std::raise(SIGKILL);
     }).detach();
@@ -247,9 +248,7 @@ TEST_P(BackgroundSave, KillDuringASaveLeavesACheckpointToResumeFrom) {
   auto dir = testing::scratch_dir("background_kill_" + strategy);
   EXPECT_NE(testing::run_ranks(2, "background_save", {dir, strategy, "kill"}), 0);
   // Killed before the new checkpoint was published: its staging folder or temporary is left.
-  bool interrupted = paths::exists(checkpoint::sharded_step_dir(dir + "/a", 6) + ".partial");
-  for (const std::string& name : paths::list_directory(dir + "/a"))
-    interrupted |= name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+  const bool interrupted = unpublished_save(dir + "/a");
   if (strategy != "ddp") {
     auto latest = checkpoint::latest_complete(dir + "/a");
     ASSERT_TRUE(latest);
