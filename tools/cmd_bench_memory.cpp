@@ -3,7 +3,9 @@
 // bytes each rank sends per step, and throughput: one JSON line per rank. With --tp (--pp), the
 // strategy runs over the dp group of a dp x tp (x pp) mesh; under a pipeline each line also has
 // the rank's measured and simulated bubble and activations held; with --activation-checkpointing
-// the blocks recompute their forward in backward. Without a pipeline each line also says where
+// the blocks recompute their forward in backward; with --cp each rank keeps 1/cp of every
+// sequence and its line has the attention bytes sent against Note [Ring attention]'s or Note
+// [Ulysses]'s count. Without a pipeline each line also says where
 // a step's time went: forward, backward, the optimizer step, and the communication waits
 // within them. Bytes kept from forward to backward, and the peak from forward to the end of
 // backward, are counted at the allocator (Note [Allocation meter]).
@@ -18,6 +20,7 @@
 #include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/models/gpt.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/report/out_of_memory.h"
@@ -84,8 +87,10 @@ int memory_worker(MemoryFlags f) {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
   for (int k = 0; k < 2; ++k) {
     if (model->takes_tokens()) {
-      batches.emplace_back(torch::randint(0, 256, {f.batch_size, T}, gen).to(device),
-                           torch::randint(0, 256, {f.batch_size, T}, gen).to(device));
+      // Under context parallelism the rank keeps its tokens of its replica's sequences.
+      batches.emplace_back(
+          layout.local_tokens(torch::randint(0, 256, {f.batch_size, T}, gen).to(device)),
+          layout.local_tokens(torch::randint(0, 256, {f.batch_size, T}, gen).to(device)));
     } else {
       batches.emplace_back(torch::randn({f.batch_size, channels, side, side}, gen).to(device),
                            torch::randint(0, classes, {f.batch_size}, gen).to(device));
@@ -96,6 +101,7 @@ int memory_worker(MemoryFlags f) {
   auto reset = [&] {
     dp->reset_traffic();
     if (tensor_parallel) tensor_parallel->group()->reset_traffic();
+    if (layout.cp) layout.cp->group()->reset_traffic();
   };
   Clock::time_point t0;
   double pipeline_seconds = 0, compute_seconds = 0;
@@ -181,8 +187,9 @@ int memory_worker(MemoryFlags f) {
   synchronize(device);
   world->barrier("bench end");
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  comm::Traffic traffic = dp->traffic(), tp_traffic;
+  comm::Traffic traffic = dp->traffic(), tp_traffic, cp_traffic;
   if (tensor_parallel) tp_traffic = tensor_parallel->group()->traffic();
+  if (layout.cp) cp_traffic = layout.cp->group()->traffic();
   auto m = strategy->memory();
   const DeviceMemory gpu = device_memory(device);
 
@@ -200,7 +207,7 @@ int memory_worker(MemoryFlags f) {
                           {"broadcast", t.broadcast / f.steps},
                           {"total", t.total() / f.steps}};
   };
-  const int64_t sent = traffic.total() + tp_traffic.total();
+  const int64_t sent = traffic.total() + tp_traffic.total() + cp_traffic.total();
   nlohmann::json j = {
       {"impl", "dtorch"},
       {"bench", "memory"},
@@ -209,7 +216,7 @@ int memory_worker(MemoryFlags f) {
       {"strategy", name_of(f.strategy.kind)},
       {"precision", name_of(f.strategy.precision.compute)},
       {"nproc", world->size()},
-      {"dp", n},
+      {"dp", layout.data_ranks()},
       {"tp", f.parallelism.tp},
       {"rank", world->rank()},
       {"params", P},
@@ -230,15 +237,35 @@ int memory_worker(MemoryFlags f) {
       {"batch_size", f.batch_size},
       {"seq_len", model->takes_tokens() ? T : 0},
       {"image_size", model->takes_tokens() ? 0 : side},
-      {"samples_per_s", f.steps * f.batch_size * n / seconds},
+      {"samples_per_s", f.steps * f.batch_size * layout.data_ranks() / seconds},
       {"page_faults_per_step", faults_per_step},
       {"step_seconds", seconds / f.steps},
       {"activation_checkpointing", f.parallelism.activation_checkpointing},
       {"forward_backward_peak_bytes", step_peak_bytes},
       {"bytes_sent_per_step", per_step(traffic)},
       {"tp_bytes_sent_per_step", per_step(tp_traffic)},
+      {"cp", f.parallelism.cp},
       {"sent_per_step_over_param_bytes", double(sent) / f.steps / (4.0 * P)},
   };
+  if (layout.cp) {
+    // Note [Ring attention], Note [Ulysses]: every block's attention, forward and backward
+    // (and forward again for each block that recomputes it).
+    const auto* gpt = dynamic_cast<const models::GPT*>(model.get());
+    DTORCH_CHECK(gpt, "bench memory --cp: ", f.model, " is not a GPT");
+    const models::GPTConfig& g = gpt->config();
+    const int n_cp = f.parallelism.cp;
+    const int every = f.parallelism.activation_checkpointing;
+    const int64_t recomputed = every > 0 ? (g.n_layer + every - 1) / every : 0;
+    const int64_t element = strategy->autocast().enabled ? 2 : 4;
+    const int64_t heads = g.n_head / f.parallelism.tp, local = T / n_cp;
+    const cp::LayerBytes layer = cp::bytes_sent_per_layer(
+        f.parallelism.cp_kind, n_cp, f.batch_size, heads, local, g.n_embd / g.n_head, element);
+    j["cp_kind"] = name_of(f.parallelism.cp_kind);
+    j["tokens_per_rank"] = local;
+    j["cp_bytes_sent_per_step"] = cp_traffic.send / f.steps;
+    j["cp_formula_bytes_per_step"] =
+        g.n_layer * (layer.forward + layer.backward) + recomputed * layer.forward;
+  }
   if (!pipeline) {
     j["forward_kept_bytes"] = forward_bytes;
     const zero::WaitSeconds waits = strategy->comm_waits();

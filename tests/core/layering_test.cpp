@@ -51,10 +51,11 @@ TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
 }
 
 // parallel/ applies parallelism to any model through the model interface: it includes none of
-// the models themselves (a model's tensor-parallel plan lives beside it, models/tensor_plan.h).
+// the models themselves (a model's tensor-parallel plan lives beside it, models/tensor_plan.h;
+// context parallelism replaces the attention core every transformer shares, models/attention.h).
 TEST(Layering, ParallelIncludesTheModelInterfaceOnly) {
-  const std::set<std::string> interface = {"model.h", "tensor_plan.h", "module_hooks.h",
-                                           "unit_seeds.h", "stage_union.h"};
+  const std::set<std::string> interface = {"model.h",      "tensor_plan.h", "module_hooks.h",
+                                           "unit_seeds.h", "stage_union.h", "attention.h"};
   const std::regex include(R"re(#include "dtorch/models/([a-z_]+\.h)")re");
   const std::string root = std::string(DTORCH_SOURCE_DIR) + "/src/dtorch/parallel/";
   std::error_code ec;

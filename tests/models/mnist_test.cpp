@@ -54,9 +54,10 @@ TEST(ModelMnist, MlpHasThePeersParameters) {
 }
 
 TEST(ModelRegistry, MakesModelsByName) {
-  EXPECT_EQ(model_names(), (std::vector<std::string>{
-                               "gpt-debug", "gpt-large", "gpt-small", "mnist-cnn", "mnist-mlp",
-                               "resnet-debug", "resnet18", "resnet50", "vit-debug", "vit-tiny"}));
+  EXPECT_EQ(model_names(),
+            (std::vector<std::string>{"gpt-debug", "gpt-large", "gpt-long", "gpt-small",
+                                      "mnist-cnn", "mnist-mlp", "resnet-debug", "resnet18",
+                                      "resnet50", "vit-debug", "vit-tiny"}));
   EXPECT_NE(std::dynamic_pointer_cast<MnistCnn>(make_model("mnist-cnn")), nullptr);
   EXPECT_NE(std::dynamic_pointer_cast<MnistMlp>(make_model("mnist-mlp")), nullptr);
   try {

@@ -26,6 +26,28 @@ TEST(ParallelDims, DataTimesTensorOnEightRanks) {
   EXPECT_EQ(describe(p), "dp 4 x tp 2");
 }
 
+TEST(ParallelDims, ContextParallelRanksStrideTensorParallelOnesAndShareGradients) {
+  MeshPlan p = plan_mesh({/*dp=*/0, /*tp=*/2, /*pp=*/1, /*cp=*/2}, 8, 8);
+  EXPECT_EQ(p.dp, 2);
+  EXPECT_EQ(p.tp_groups, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(p.cp_groups, (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(p.dp_groups, (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // Every rank holding the same parameters (the same tensor-parallel shard) reduces together.
+  EXPECT_EQ(p.dp_cp_groups, (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(p.cp_group(r)[p.cp_index(r)], r);
+    EXPECT_EQ(p.dp_group(r)[p.dp_index(r)], r);
+    EXPECT_EQ(p.dp_cp_group(r)[p.dp_index(r) * p.cp + p.cp_index(r)], r);
+  }
+  EXPECT_EQ(describe(p), "dp 2 x cp 2 x tp 2");
+  MeshPlan q = plan_mesh({0, 1, 2, 2}, 8, 8);
+  EXPECT_EQ(q.cp_groups, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(q.pp_groups, (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(q.dp_cp_groups, (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  const std::string e = testing::error_of([] { plan_mesh({0, 1, 1, 3}, 8, 8); });
+  EXPECT_NE(e.find("cp 3"), std::string::npos) << e;
+}
+
 TEST(ParallelDims, ThreeDimensionsEveryRankOnceInEachKind) {
   MeshPlan p = plan_mesh({2, 2, 2}, 8, 8);
   EXPECT_EQ(p.tp_groups, (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
@@ -50,9 +72,9 @@ std::string error_of(const ParallelDims& d, int world, int per_node) {
 }
 
 TEST(ParallelDims, DegreesThatDoNotFitAreNamed) {
-  EXPECT_NE(error_of({0, 3}, 8, 8).find("tp 3 x pp 1 = 3 does not divide the job's 8 ranks"),
+  EXPECT_NE(error_of({0, 3}, 8, 8).find("tp 3 x cp 1 x pp 1 = 3 does not divide the job's 8 ranks"),
             std::string::npos);
-  EXPECT_NE(error_of({3, 2}, 8, 8).find("dp 3 x tp 2 x pp 1 = 6 ranks, but the job has 8"),
+  EXPECT_NE(error_of({3, 2}, 8, 8).find("dp 3 x tp 2 x cp 1 x pp 1 = 6 ranks, but the job has 8"),
             std::string::npos);
   EXPECT_NE(error_of({0, 2}, 6, 3).find("tp 2 does not divide the 3 ranks per node"),
             std::string::npos);

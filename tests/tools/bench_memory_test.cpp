@@ -10,12 +10,26 @@
 namespace dtorch {
 namespace {
 
-std::vector<nlohmann::json> run_bench(const std::string& strategy, int n) {
-  auto r = testing::run_command(
-      "bench_memory_" + strategy,
-      {DTORCH_CLI, "bench", "memory", "--model", "gpt-debug", "--strategy", strategy,
-       "--nproc-per-node", std::to_string(n), "--steps", "2", "--seq-len", "16"},
-      180);
+// gpt-debug at 16 tokens, or `model` at `seq_len` with `more` flags.
+std::vector<nlohmann::json> run_bench(const std::string& strategy, int n,
+                                      const std::vector<std::string>& more = {},
+                                      const std::string& model = "gpt-debug",
+                                      const std::string& seq_len = "16") {
+  std::vector<std::string> args = {DTORCH_CLI,
+                                   "bench",
+                                   "memory",
+                                   "--model",
+                                   model,
+                                   "--strategy",
+                                   strategy,
+                                   "--nproc-per-node",
+                                   std::to_string(n),
+                                   "--steps",
+                                   "2",
+                                   "--seq-len",
+                                   seq_len};
+  args.insert(args.end(), more.begin(), more.end());
+  auto r = testing::run_command("bench_memory_" + strategy, args, 180);
   EXPECT_EQ(r.exit_code(), 0) << r.err;
   std::vector<nlohmann::json> rows;
   std::istringstream in(r.out);
@@ -45,6 +59,25 @@ TEST(BenchMemory, ModelStateMatchesZeroFormulasAtFourRanks) {
   EXPECT_LT(state["zero1"], state["ddp"]);
   EXPECT_LT(state["zero2"], state["zero1"]);
   EXPECT_LT(state["zero3"], state["zero2"]);
+}
+
+// --cp: the attention bytes each rank sends are Note [Ring attention]'s and Note [Ulysses]'s
+// count exactly, and what a rank keeps from forward to backward falls as 1/cp.
+TEST(BenchMemory, ContextParallelBytesAreTheFormulaAndActivationsFall) {
+  std::map<int, double> kept;
+  for (const char* kind : {"ring", "ulysses"}) {
+    for (int n : {2, 4}) {
+      for (const auto& row :
+           run_bench("ddp", n, {"--cp", std::to_string(n), "--cp-kind", kind}, "gpt-long", "128")) {
+        EXPECT_EQ(row["cp_bytes_sent_per_step"], row["cp_formula_bytes_per_step"]) << row;
+        EXPECT_GT(row["cp_bytes_sent_per_step"].get<int64_t>(), 0) << row;
+        EXPECT_EQ(row["tokens_per_rank"], 128 / n) << row;
+        if (std::string(kind) == "ring")
+          kept[n] = std::max(kept[n], row["forward_kept_bytes"].get<double>());
+      }
+    }
+  }
+  EXPECT_NEAR(kept[4] / kept[2], 0.5, 0.1) << kept[2] << " " << kept[4];
 }
 
 }  // namespace

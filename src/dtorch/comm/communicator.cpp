@@ -974,6 +974,24 @@ void Communicator::recv(at::Tensor t, int src, int tag) {
   irecv(std::move(t), src, tag).wait();
 }
 
+void Communicator::all_to_all(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& in,
+                              int tag) {
+  const int n = size(), me = rank();
+  DTORCH_CHECK(static_cast<int>(in.size()) == n && static_cast<int>(out.size()) == n,
+               "all_to_all takes one tensor per rank (", n, "), got ", in.size(), " in and ",
+               out.size(), " out");
+  std::vector<Work> pending;
+  // Receives first, then sends in ring order from the next rank, so that no two ranks send to
+  // the same peer at once.
+  for (int k = 1; k < n; ++k)
+    pending.push_back(irecv(out[(me - k + n) % n], (me - k + n) % n, tag));
+  for (int k = 1; k < n; ++k)
+    pending.push_back(isend(in[(me + k) % n], (me + k) % n, tag));
+  out[me].copy_(in[me]);
+  for (Work& w : pending)
+    w.wait();
+}
+
 void Communicator::barrier(const std::string& what) {
   at::Tensor none = at::empty({0});
   start(

@@ -151,6 +151,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void send(at::Tensor t, int dst, int tag = 0);
   void recv(at::Tensor t, int src, int tag = 0);
   static constexpr int kMaxTag = (1 << 28) - 1;
+  /// out[r] receives rank r's in[rank()]: every rank sends in[j] to rank j (DeepSpeed
+  /// Ulysses' all-to-all). in and out hold size() contiguous tensors, out[r] shaped like rank
+  /// r's in[rank()]. Made of point-to-point messages on `tag`, so the bytes count as sends;
+  /// returns once every message has arrived.
+  void all_to_all(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& in, int tag = 0);
   void barrier(const std::string& what = "");
 
   /// Broadcasts a byte string from `root`; every rank returns root's value.

@@ -35,4 +35,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
   return torch::matmul(torch::softmax(att, -1), v);
 }
 
+torch::Tensor pack_heads(const torch::Tensor& qkv, int64_t head_dim) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), heads = qkv.size(2) / (3 * head_dim);
+  return qkv.view({B, T, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
+}
+
 }  // namespace dtorch::models

@@ -27,24 +27,20 @@ int64_t gpt_num_parameters(const GPTConfig& c) {
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t dim, int64_t num_heads,
                                                  AttentionKernel kernel)
-    : head_dim_(dim / num_heads), kernel_(kernel) {
+    : head_dim_(dim / num_heads) {
   c_attn_ = register_module("c_attn", nn::Linear(dim, 3 * dim));
   c_proj_ = register_module("c_proj", nn::Linear(dim, dim));
+  core_ = register_module("core", AttentionCore(/*causal=*/true, kernel));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(torch::Tensor x) {
   // Sizes come from c_attn's output, not from x or the config: under tensor parallelism it
   // holds this rank's heads only (and the whole sequence when x is a sequence shard).
   torch::Tensor qkv = call(c_attn_, x);
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, hs = head_dim_;
-  auto parts = qkv.split(C, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({B, T, C / hs, hs}).transpose(1, 2);  // B x nh x T x hs
-  };
-  torch::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  torch::Tensor y =
-      attention(q, k, v, /*causal=*/true, kernel_).transpose(1, 2).contiguous().view({B, T, C});
-  return call(c_proj_, y);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  // Note [Attention core]: under context parallelism T is this rank's part of the sequence.
+  torch::Tensor y = call(core_, pack_heads(qkv, head_dim_)).transpose(1, 2).contiguous();
+  return call(c_proj_, y.view({B, T, C}));
 }
 
 GPTBlockImpl::GPTBlockImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel) {

@@ -38,6 +38,9 @@ struct GPTConfig {
   /// Byte-level (vocab 256), 32 positions, 2 layers, 4 heads of 8, 32 wide (4 heads, so
   /// that tensor parallelism splits it 2 and 4 ways).
   static GPTConfig debug() { return {32, 256, 2, 4, 32}; }
+  /// gpt-debug's width at 1024 positions and 4 blocks: the long sequences context parallelism
+  /// splits, at a size every test can run.
+  static GPTConfig long_debug() { return {1024, 256, 4, 4, 32}; }
 };
 
 /// How many parameters a GPT of this shape has (each counted once: the output projection
@@ -54,8 +57,8 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t head_dim_;
-  AttentionKernel kernel_;
   torch::nn::Linear c_attn_{nullptr}, c_proj_{nullptr};
+  AttentionCore core_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -109,6 +112,8 @@ class GPT : public Model {
   std::vector<PythonAlias> python_aliases() const override { return tied_aliases(); }
   /// Megatron's split (tensor_plan.h); its rules live in the model's source file.
   TensorPlan tensor_parallel_plan(int tp) const override;
+  /// The learned position table, transformer.wpe.
+  ContextPlan context_parallel_plan() const override { return {"transformer.wpe", config_.n_head}; }
   /// What python_aliases() answers, for every GPT whatever its size.
   static std::vector<PythonAlias> tied_aliases() {
     return {{"lm_head.weight", "transformer.wte.weight"}};

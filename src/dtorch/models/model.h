@@ -108,6 +108,19 @@ class Model : public torch::nn::Module {
                 "this model has none: train it with data parallelism (--tp 1) or ZeRO");
   }
 
+  /// What context parallelism needs of a model besides its attention cores (Note [Attention
+  /// core]): the module that embeds positions 0..T-1, whose input it maps to the sequence's
+  /// positions of the rank's tokens, and the number of attention heads.
+  struct ContextPlan {
+    std::string positions;
+    int64_t heads = 0;
+  };
+  /// The model's ContextPlan; a model without one says so.
+  virtual ContextPlan context_parallel_plan() const {
+    DTORCH_FAIL(ConfigError, "context parallelism has a plan for the causal language models ",
+                "(gpt-*); this model has none: train it without --cp");
+  }
+
   /// How a model built under models::DeferredStorage (its parameters hold no memory) gets
   /// its values (Note [Deferred initialisation]); models::make_deferred_model sets it.
   struct DeferredInit {

@@ -82,6 +82,11 @@ const std::map<std::string, Entry>& table() {
       {"gpt-debug",
        {[](UnitRange u, const ImageInput&) { return std::make_shared<GPT>(GPTConfig::debug(), u); },
         &GPT::tied_aliases}},
+      {"gpt-long",
+       {[](UnitRange u, const ImageInput&) {
+          return std::make_shared<GPT>(GPTConfig::long_debug(), u);
+        },
+        &GPT::tied_aliases}},
   };
   return t;
 }

@@ -6,24 +6,30 @@
 
 namespace dtorch::parallel {
 
+const std::vector<int>& MeshPlan::cp_group(int rank) const {
+  return cp_groups[rank / (tp * cp) * tp + tp_index(rank)];
+}
+
 const std::vector<int>& MeshPlan::dp_group(int rank) const {
-  return dp_groups[pp_index(rank) * tp + tp_index(rank)];
+  return dp_groups[(pp_index(rank) * cp + cp_index(rank)) * tp + tp_index(rank)];
 }
 
 MeshPlan plan_mesh(const ParallelDims& dims, int world_size, int ranks_per_node) {
-  DTORCH_CHECK_T(ConfigError, dims.tp >= 1 && dims.pp >= 1 && dims.dp >= 0,
-                 "parallel degrees must be positive: tp ", dims.tp, ", pp ", dims.pp, ", dp ",
-                 dims.dp, " (dp 0 means the rest)");
-  DTORCH_CHECK_T(ConfigError, world_size % (dims.tp * dims.pp) == 0, "tp ", dims.tp, " x pp ",
-                 dims.pp, " = ", dims.tp * dims.pp, " does not divide the job's ", world_size,
-                 " ranks: choose degrees whose product divides the world size (--tp, --pp), or "
-                 "change --nproc-per-node / --nnodes");
+  DTORCH_CHECK_T(ConfigError, dims.tp >= 1 && dims.pp >= 1 && dims.cp >= 1 && dims.dp >= 0,
+                 "parallel degrees must be positive: tp ", dims.tp, ", cp ", dims.cp, ", pp ",
+                 dims.pp, ", dp ", dims.dp, " (dp 0 means the rest)");
+  const int fixed = dims.tp * dims.cp * dims.pp;
+  DTORCH_CHECK_T(ConfigError, world_size % fixed == 0, "tp ", dims.tp, " x cp ", dims.cp, " x pp ",
+                 dims.pp, " = ", fixed, " does not divide the job's ", world_size,
+                 " ranks: choose degrees whose product divides the world size (--tp, --cp, "
+                 "--pp), or change --nproc-per-node / --nnodes");
   MeshPlan p;
   p.tp = dims.tp;
   p.pp = dims.pp;
-  p.dp = dims.dp == 0 ? world_size / (dims.tp * dims.pp) : dims.dp;
-  DTORCH_CHECK_T(ConfigError, p.dp * p.tp * p.pp == world_size, "dp ", p.dp, " x tp ", p.tp,
-                 " x pp ", p.pp, " = ", p.dp * p.tp * p.pp, " ranks, but the job has ", world_size,
+  p.cp = dims.cp;
+  p.dp = dims.dp == 0 ? world_size / fixed : dims.dp;
+  DTORCH_CHECK_T(ConfigError, p.dp * fixed == world_size, "dp ", p.dp, " x tp ", p.tp, " x cp ",
+                 p.cp, " x pp ", p.pp, " = ", p.dp * fixed, " ranks, but the job has ", world_size,
                  ": leave dp out (it takes the rest) or make the product ", world_size);
   if (p.tp <= ranks_per_node) {
     DTORCH_CHECK_T(ConfigError, ranks_per_node % p.tp == 0, "tp ", p.tp, " does not divide the ",
@@ -44,17 +50,35 @@ MeshPlan plan_mesh(const ParallelDims& dims, int world_size, int ranks_per_node)
     for (int t = 0; t < p.tp; ++t)
       p.tp_groups.back().push_back(g * p.tp + t);
   }
+  auto rank_of = [&p](int s, int d, int c, int t) {
+    return ((s * p.dp + d) * p.cp + c) * p.tp + t;
+  };
   for (int s = 0; s < p.pp; ++s) {
+    for (int d = 0; d < p.dp; ++d) {
+      for (int t = 0; t < p.tp; ++t) {
+        p.cp_groups.emplace_back();
+        for (int c = 0; c < p.cp; ++c)
+          p.cp_groups.back().push_back(rank_of(s, d, c, t));
+      }
+    }
+    for (int c = 0; c < p.cp; ++c) {
+      for (int t = 0; t < p.tp; ++t) {
+        p.dp_groups.emplace_back();
+        for (int d = 0; d < p.dp; ++d)
+          p.dp_groups.back().push_back(rank_of(s, d, c, t));
+      }
+    }
     for (int t = 0; t < p.tp; ++t) {
-      p.dp_groups.emplace_back();
+      p.dp_cp_groups.emplace_back();
       for (int d = 0; d < p.dp; ++d)
-        p.dp_groups.back().push_back((s * p.dp + d) * p.tp + t);
+        for (int c = 0; c < p.cp; ++c)
+          p.dp_cp_groups.back().push_back(rank_of(s, d, c, t));
     }
   }
-  for (int i = 0; i < p.dp * p.tp; ++i) {
+  for (int i = 0; i < p.dp * p.cp * p.tp; ++i) {
     p.pp_groups.emplace_back();
     for (int s = 0; s < p.pp; ++s)
-      p.pp_groups.back().push_back(s * p.dp * p.tp + i);
+      p.pp_groups.back().push_back(s * p.dp * p.cp * p.tp + i);
   }
   return p;
 }
@@ -72,6 +96,12 @@ Mesh make_mesh(const std::shared_ptr<comm::Communicator>& world, const ParallelD
   m.tp = world->split(m.plan.tp_group(r), "tp");
   m.dp = world->split(m.plan.dp_group(r), "dp");
   m.pp = world->split(m.plan.pp_group(r), "pp");
+  if (m.plan.cp > 1) {
+    m.cp = world->split(m.plan.cp_group(r), "cp");
+    m.dp_cp = world->split(m.plan.dp_cp_group(r), "dp_cp");
+  } else {
+    m.dp_cp = m.dp;
+  }
   return m;
 }
 
@@ -82,6 +112,7 @@ std::string describe(const MeshPlan& p) {
   };
   add("pp", p.pp);
   add("dp", p.dp);
+  add("cp", p.cp);
   add("tp", p.tp);
   return s.empty() ? "dp 1" : s;
 }

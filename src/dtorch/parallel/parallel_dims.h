@@ -1,4 +1,4 @@
-// How the job's ranks divide between data, tensor and pipeline parallelism (torchtitan's
+// How the job's ranks divide between data, context, tensor and pipeline parallelism (torchtitan's
 // parallel_dims.py): a pure plan of which ranks form each group, and the mesh of split
 // communicators built from it.
 #pragma once
@@ -20,25 +20,38 @@ struct ParallelDims {
   int tp = 1;
   /// Pipeline stages.
   int pp = 1;
+  /// Context-parallel ranks per model replica, each holding 1/cp of every sequence.
+  int cp = 1;
 };
 
-/// Note [Mesh layout]: rank = (pp_index * dp + dp_index) * tp + tp_index, Megatron's order:
-/// tensor parallelism varies fastest, so a tp group is tp consecutive ranks, which launchers
-/// place on one node; data parallelism next (dp groups stride tp), pipeline slowest.
+/// Note [Mesh layout]: rank = ((pp_index * dp + dp_index) * cp + cp_index) * tp + tp_index,
+/// Megatron's order: tensor parallelism varies fastest, so a tp group is tp consecutive ranks,
+/// which launchers place on one node; context parallelism next (cp groups stride tp: its ring
+/// sends less than tp's per-layer collectives), then data parallelism, pipeline slowest. The
+/// ranks that hold the same parameters are a dp x cp group (Megatron's data-parallel group
+/// "with context parallelism"): the strategy reduces gradients over it, while the data is
+/// split over dp only (the cp ranks of a replica read the same batch and each keep their
+/// tokens).
 struct MeshPlan {
-  int dp = 1, tp = 1, pp = 1;
+  int dp = 1, tp = 1, pp = 1, cp = 1;
   /// Every group of each kind, in job ranks; each rank is in exactly one of each.
-  std::vector<std::vector<int>> tp_groups, dp_groups, pp_groups;
+  std::vector<std::vector<int>> tp_groups, cp_groups, dp_groups, dp_cp_groups, pp_groups;
   /// True when tp exceeds the ranks per node, so activations cross the network every layer.
   bool tp_spans_nodes = false;
 
   int tp_index(int rank) const { return rank % tp; }
-  int dp_index(int rank) const { return rank / tp % dp; }
-  int pp_index(int rank) const { return rank / (tp * dp); }
+  int cp_index(int rank) const { return rank / tp % cp; }
+  int dp_index(int rank) const { return rank / (tp * cp) % dp; }
+  int pp_index(int rank) const { return rank / (tp * cp * dp); }
   /// The groups `rank` belongs to.
   const std::vector<int>& tp_group(int rank) const { return tp_groups[rank / tp]; }
+  const std::vector<int>& cp_group(int rank) const;
   const std::vector<int>& dp_group(int rank) const;
-  const std::vector<int>& pp_group(int rank) const { return pp_groups[rank % (tp * dp)]; }
+  /// The dp x cp ranks holding `rank`'s parameters, ordered by (dp_index, cp_index).
+  const std::vector<int>& dp_cp_group(int rank) const {
+    return dp_cp_groups[pp_index(rank) * tp + tp_index(rank)];
+  }
+  const std::vector<int>& pp_group(int rank) const { return pp_groups[rank % (tp * cp * dp)]; }
 };
 
 /// Checks `dims` against a job of `world_size` ranks, `ranks_per_node` per node, and lays out
@@ -47,16 +60,17 @@ struct MeshPlan {
 MeshPlan plan_mesh(const ParallelDims& dims, int world_size, int ranks_per_node);
 
 /// One process's view of the mesh: the job's communicator and the groups it belongs to (a
-/// group of one rank where that degree is 1).
+/// group of one rank where that degree is 1, except cp, which is null then; dp_cp is dp itself
+/// when cp is 1).
 struct Mesh {
   MeshPlan plan;
-  std::shared_ptr<comm::Communicator> world, dp, tp, pp;
+  std::shared_ptr<comm::Communicator> world, dp, tp, pp, cp, dp_cp;
 };
 
 /// Plans the mesh for `world`'s job and splits the groups (every rank calls this).
 Mesh make_mesh(const std::shared_ptr<comm::Communicator>& world, const ParallelDims& dims);
 
-/// "dp 2 x tp 2" (degrees that are 1 left out; "dp 1" for a single process).
+/// "dp 2 x cp 2 x tp 2" (degrees that are 1 left out; "dp 1" for a single process).
 std::string describe(const MeshPlan& plan);
 
 }  // namespace dtorch::parallel

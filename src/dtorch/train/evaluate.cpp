@@ -12,14 +12,15 @@
 namespace dtorch::train {
 
 std::pair<double, double> evaluate(models::Model& model, const Split& test, int64_t limit,
-                                   Strategy& strategy, comm::Communicator& comm,
-                                   comm::Communicator& world, const tp::TensorParallel* tp,
-                                   pp::Pipeline* pipeline) {
+                                   Strategy& strategy, const Layout& layout,
+                                   comm::Communicator& world) {
+  const tp::TensorParallel* tp = layout.tp.handle.get();
+  pp::Pipeline* pipeline = layout.pp.pipeline.get();
   torch::NoGradGuard no_grad;
   auto whole = strategy.whole_parameters();  // ranks may run different numbers of batches
   model.eval();
   int64_t n = limit > 0 ? std::min(limit, test.size) : test.size;
-  auto shard = data::eval_shard(n, comm.rank(), comm.size());
+  auto shard = data::eval_shard(n, layout.data_rank(), layout.data_ranks());
   auto sums = torch::zeros({3}, torch::kDouble);  // loss, correct, count (in host memory)
   const int64_t step = model.takes_tokens() ? 16 : 1000;
   for (int64_t b = shard.begin; b < shard.end; b += step) {
@@ -27,8 +28,8 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
     std::vector<int64_t> idx(e - b);
     std::iota(idx.begin(), idx.end(), b);
     auto [x, y] = test.batch(idx, 0);
-    x = x.to(strategy.device());
-    y = y.to(strategy.device());
+    x = layout.local_tokens(x.to(strategy.device()));
+    y = layout.local_tokens(y.to(strategy.device()));
     if (pipeline) {
       parallel::Autocast autocast(strategy.autocast());
       pipeline->forward_only(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
@@ -61,7 +62,7 @@ std::pair<double, double> evaluate(models::Model& model, const Split& test, int6
     }
     sums[2] += static_cast<double>(y.numel());
   }
-  (pipeline ? world : comm).allreduce(sums, comm::ReduceOp::Sum, "evaluation totals");
+  (pipeline ? world : *layout.dp).allreduce(sums, comm::ReduceOp::Sum, "evaluation totals");
   model.train();
   double count = std::max(1.0, sums[2].item<double>());
   return {sums[0].item<double>() / count, sums[1].item<double>() / count};

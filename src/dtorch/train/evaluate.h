@@ -14,12 +14,12 @@
 namespace dtorch::train {
 
 /// Sum of loss and correct predictions over this replica's disjoint part of the test split,
-/// added up across the data-parallel ranks `comm` (tensor-parallel ranks share a part; under a
-/// pipeline only the last stage counts and the totals are added up over `world`): every test
-/// sample (every target token) counts exactly once.
+/// added up across the layout's dp ranks (tensor-parallel ranks share a part; context-parallel
+/// ranks each count their tokens of it; under a pipeline only the last stage counts and the
+/// totals are added up over `world`): every test sample (every target token) counts exactly
+/// once.
 std::pair<double, double> evaluate(models::Model& model, const Split& test, int64_t limit,
-                                   Strategy& strategy, comm::Communicator& comm,
-                                   comm::Communicator& world, const tp::TensorParallel* tp,
-                                   pp::Pipeline* pipeline);
+                                   Strategy& strategy, const Layout& layout,
+                                   comm::Communicator& world);
 
 }  // namespace dtorch::train

@@ -34,21 +34,22 @@ std::shared_ptr<models::Model> build_stages(const std::string& model_name,
 // Step 1: the groups.
 struct Groups {
   Layout layout;
-  std::shared_ptr<comm::Communicator> tp, pp;
+  std::shared_ptr<comm::Communicator> tp, pp, cp;
 };
 Groups make_groups(const ParallelizeSpec& s, const std::shared_ptr<comm::Communicator>& world) {
   Groups g;
-  const int tp = s.parallelism.tp, pp = s.parallelism.pp;
-  if (tp == 1 && pp == 1) {
+  const ParallelismConfig& c = s.parallelism;
+  if (c.tp == 1 && c.pp == 1 && c.cp == 1) {
     g.layout.dp = world;
     g.layout.plan = parallel::plan_mesh({0, 1}, world->size(), world->info().local_world_size);
     return g;
   }
-  parallel::Mesh mesh = parallel::make_mesh(world, {0, tp, pp});
-  g.layout.dp = mesh.dp;
+  parallel::Mesh mesh = parallel::make_mesh(world, {0, c.tp, c.pp, c.cp});
+  g.layout.dp = mesh.dp_cp;
   g.layout.plan = mesh.plan;
   g.tp = mesh.tp;
   g.pp = mesh.pp;
+  g.cp = mesh.cp;
   return g;
 }
 
@@ -73,7 +74,7 @@ std::shared_ptr<models::Model> build_rank_stages(const ParallelizeSpec& s, Group
 }  // namespace
 
 int data_parallel_size(const ParallelismConfig& c, int world_size) {
-  return std::max(1, world_size / std::max(1, c.tp * c.pp));
+  return std::max(1, world_size / std::max(1, c.tp * c.cp * c.pp));
 }
 
 void validate(const ParallelismConfig& c) {
@@ -82,6 +83,11 @@ void validate(const ParallelismConfig& c) {
                  "--sequence-parallel splits the sequence across tensor-parallel ranks: it needs "
                  "--tp 2 or more");
   DTORCH_CHECK_T(ConfigError, c.pp >= 1, "--pp must be >= 1 (got ", c.pp, ")");
+  DTORCH_CHECK_T(ConfigError, c.cp >= 1, "--cp must be >= 1 (got ", c.cp, ")");
+  DTORCH_CHECK_T(ConfigError, c.cp == 1 || c.pp == 1, "--cp ", c.cp, " with --pp ", c.pp,
+                 ": context parallelism does not run under a pipeline yet; use one of the two");
+  DTORCH_CHECK_T(ConfigError, c.cp > 1 || c.cp_kind == cp::Kind::Ring,
+                 "--cp-kind applies to context parallelism: add --cp N (N >= 2)");
   if (c.pp > 1) {
     DTORCH_CHECK_T(ConfigError, c.microbatches >= 0,
                    "--microbatches must be >= 1, or 0 for 2 x --pp");
@@ -120,6 +126,7 @@ Parallelized parallelize(const ParallelizeSpec& s, const std::shared_ptr<comm::C
       return pipelined ? build_stages(name, pp, input) : models::make_model(name, {}, input);
     };
   }
+  if (c.cp > 1) g.layout.cp = cp::parallelize(*out.model, g.cp, {c.cp_kind, c.tp});
   if (pipelined) {
     auto* merged = dynamic_cast<models::StageUnion*>(out.model.get());
     std::vector<std::shared_ptr<models::Model>> stages =

@@ -16,28 +16,36 @@ namespace dtorch::train {
 
 // Note [Assembly order]
 // parallelize() applies the parallelisms in one fixed order, each to what the previous made:
-//  1. the mesh: dp x tp x pp groups over the job (parallel/parallel_dims.h, Note [Mesh
-//     layout]), split once; with tp = pp = 1 the job's communicator is the dp group itself;
+//  1. the mesh: dp x cp x tp x pp groups over the job (parallel/parallel_dims.h, Note [Mesh
+//     layout]), split once; with tp = cp = pp = 1 the job's communicator is the dp group
+//     itself;
 //  2. the model: under a pipeline each rank builds its own stages only (the whole model is
 //     never allocated; Note [Unit seeds] gives them the whole model's weights); without one,
 //     the whole model, without memory where ZeRO-3 or tensor parallelism will fill it in
 //     (Note [Deferred initialisation]); in host memory, from the same generator on every rank;
-//  3. tensor (and sequence) parallelism splits it across the tp group;
+//  3. tensor (and sequence) parallelism splits it across the tp group, then context
+//     parallelism makes its attention span the cp group (it moves no parameter);
 //  4. the split model moves to the rank's device (models::to_device);
 //  5. activation checkpointing wraps every K-th block of what the rank holds;
-//  6. the strategy (DDP or ZeRO-1/2/3) over the dp group, with the tensor and pipeline
-//     parallelism it must know of (clip norms span them, checkpoints name them).
+//  6. the strategy (DDP or ZeRO-1/2/3) over the dp group (dp x cp under context parallelism:
+//     every rank holding the same parameters), with the tensor and pipeline parallelism it
+//     must know of (clip norms span them, checkpoints name them).
 // Each step needs the one before: stages are cut before they are split, the split happens in
 // host memory so no GPU ever holds a whole layer, recomputation wraps the blocks the rank
 // runs, and the strategy shards or buckets the parameters as they finally are.
 
 /// How a model is spread besides its data-parallel strategy: steps 1, 2, 3 and 5 of Note
-/// [Assembly order]. The data-parallel degree is what is left: world / (tp x pp).
+/// [Assembly order]. The data-parallel degree is what is left: world / (tp x cp x pp).
 struct ParallelismConfig {
   /// Tensor-parallel ranks per model replica (gpt-*, vit-*; parallel/parallel_dims.h).
   int tp = 1;
   /// Megatron's sequence parallelism inside each tp group (needs tp > 1).
   bool sequence_parallel = false;
+  /// Context-parallel ranks per model replica (gpt-*): each holds 1/cp of every sequence
+  /// (parallel/cp/context_parallel.h).
+  int cp = 1;
+  /// How attention spans a context-parallel group: ring attention or Ulysses.
+  cp::Kind cp_kind = cp::Kind::Ring;
   /// Pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs its own stages (1: none).
   int pp = 1;
   /// Micro-batches per batch under a pipeline: >= 1 when parallelize() runs (run_config.h's
@@ -50,8 +58,8 @@ struct ParallelismConfig {
   int activation_checkpointing = 0;
 };
 
-/// The data-parallel ranks of a job of `world_size` ranks under `c`: world / (tp x pp), at
-/// least 1.
+/// The data-parallel ranks of a job of `world_size` ranks under `c`: world / (tp x cp x pp),
+/// at least 1.
 int data_parallel_size(const ParallelismConfig& c, int world_size);
 
 /// Throws ConfigError naming the flag and the fix for a setting that cannot hold whatever the

@@ -245,9 +245,19 @@ void visit_fields(ParallelismConfig& p, V&& v) {
   v(Field{"parallelism", "sequence-parallel",
           "with --tp: also split norms and residuals along the sequence"},
     p.sequence_parallel);
+  v(Field{"parallelism", "cp",
+          "context-parallel ranks per model replica (gpt-*): each holds 1/cp of every sequence "
+          "(a head and a tail chunk) and attention spans them; the strategy reduces gradients "
+          "over dp x cp (dp = world / (tp x cp x pp))"},
+    p.cp);
+  v(Field{"parallelism", "cp-kind",
+          "with --cp: ring (keys and values passed around the group) | ulysses (all-to-all "
+          "from the sequence split to a head split; the heads must divide by cp)"},
+    named(p.cp_kind));
   v(Field{"parallelism", "pp",
           "pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs one stage (two under "
-          "--schedule interleaved); the strategy runs over the rest (dp = world / (tp x pp))"},
+          "--schedule interleaved); the strategy runs over the rest (dp = world / (tp x cp x "
+          "pp))"},
     p.pp);
   v(Field{"parallelism", "microbatches",
           "with --pp: micro-batches per batch (default 2 x pp, or the most below that which "
@@ -273,7 +283,7 @@ template <class V>
 void visit_fields(TrainConfig& c, V&& v) {
   v(Field{"model", "model",
           "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | vit-debug | "
-          "gpt-small | gpt-large | gpt-debug"},
+          "gpt-small | gpt-large | gpt-debug | gpt-long"},
     c.model.name);
   v(Field{"model", "seq-len",
           "text: tokens per training sequence (default: the model's block size, at most 64)"},

@@ -184,6 +184,10 @@ at::Device resolve_run_device(DeviceKind spec, const launch::RankInfo& job) {
   return d;
 }
 
+torch::Tensor Layout::local_tokens(const torch::Tensor& x) const {
+  return cp ? cp->shard(x) : x;
+}
+
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<models::Model> model,
                                         std::shared_ptr<comm::Communicator> comm,

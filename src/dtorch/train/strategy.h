@@ -15,6 +15,7 @@
 #include "dtorch/core/enum_names.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/parallel/cp/context_parallel.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/pp/pipeline.h"
@@ -170,12 +171,22 @@ struct PipelineParallelism {
 };
 
 /// The groups a run trains over: the data-parallel communicator its strategy runs on, and the
-/// tensor or pipeline parallelism under it.
+/// tensor, context or pipeline parallelism under it.
 struct Layout {
+  /// The ranks holding the same parameters, which the strategy reduces gradients over: the dp
+  /// group, or under context parallelism dp x cp (Note [Mesh layout]).
   std::shared_ptr<comm::Communicator> dp;
-  TensorParallelism tp;    ///< empty for tp 1
-  PipelineParallelism pp;  ///< empty for pp 1
+  TensorParallelism tp;                     ///< empty for tp 1
+  PipelineParallelism pp;                   ///< empty for pp 1
+  std::shared_ptr<cp::ContextParallel> cp;  ///< null for cp 1
   parallel::MeshPlan plan;
+
+  /// Which share of the data this rank reads, and of how many: the dp group's (the cp ranks of
+  /// a replica read the same batches and each keep their tokens).
+  int data_rank() const { return dp->rank() / plan.cp; }
+  int data_ranks() const { return dp->size() / plan.cp; }
+  /// This rank's part of a batch's token ids or targets (all of it without cp).
+  torch::Tensor local_tokens(const torch::Tensor& x) const;
 };
 
 /// Applies the configured strategy to `model` (which must be freshly built from the same

@@ -24,6 +24,7 @@
 #include "dtorch/data/sampler.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/parallel/cp/sequence_chunks.h"
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/tp/tensor_parallel.h"
 #include "dtorch/report/out_of_memory.h"
@@ -77,11 +78,11 @@ std::string describe_device(at::Device device, DeviceKind asked) {
 // default keeps CPU steps quick; gpt-debug's block is 32).
 int64_t window_length(const TrainConfig& c, const models::Model& m) {
   const int64_t longest = m.max_sequence_length();
-  if (c.model.seq_len == 0) return std::min<int64_t>(64, longest);
-  DTORCH_CHECK_T(ConfigError, c.model.seq_len <= longest, "--seq-len ", c.model.seq_len,
-                 " is longer than ", c.model.name, "'s block size ", longest, "; use --seq-len ",
-                 longest, " or less");
-  return c.model.seq_len;
+  const int64_t T = c.model.seq_len == 0 ? std::min<int64_t>(64, longest) : c.model.seq_len;
+  DTORCH_CHECK_T(ConfigError, T <= longest, "--seq-len ", T, " is longer than ", c.model.name,
+                 "'s block size ", longest, "; use --seq-len ", longest, " or less");
+  cp::check_sequence_length(T, c.parallelism.cp);
+  return T;
 }
 
 // One step of the pipeline (Note [Pipeline execution]) under the strategy: every micro-batch's
@@ -130,9 +131,13 @@ void log_run(const TrainConfig& c, const TrainData& data, int world, const Paral
               " of ", blocks, " block(s)", pipeline ? " of this stage" : "",
               " recompute their forward in backward");
   }
-  if (tensor_parallel && !pipeline) {
+  if ((tensor_parallel || layout.cp) && !pipeline) {
     log::info("mesh: ", parallel::describe(layout.plan),
-              c.parallelism.sequence_parallel ? " (sequence parallel)" : "");
+              c.parallelism.sequence_parallel ? " (sequence parallel)" : "",
+              layout.cp
+                  ? str(" (context parallel: ", name_of(c.parallelism.cp_kind), " attention, ",
+                        window_length(c, *model) / layout.plan.cp, " tokens per rank)")
+                  : std::string());
   }
   if (pipeline) {
     std::vector<std::string> names = model->unit_names();
@@ -216,7 +221,8 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
   Strategy& strategy = *e.run.strategy;
   const tp::TensorParallel* tensor_parallel = e.run.layout.tp.handle.get();
   pp::Pipeline* pipeline = e.run.layout.pp.pipeline.get();
-  const int64_t dp_size = e.run.layout.dp->size();
+  const Layout& layout = e.run.layout;
+  const int64_t dp_size = layout.data_ranks();
   e.sampler.set_epoch(epoch);
   auto batches = data::make_batches(e.sampler.indices(), c.training.batch_size);
   const bool to_gpu = e.device.is_cuda();
@@ -266,7 +272,8 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       torch::Tensor loss;
       {
         parallel::Autocast autocast(strategy.autocast());
-        loss = cross_entropy(model.forward(x), y, tensor_parallel);
+        loss = cross_entropy(model.forward(layout.local_tokens(x)), layout.local_tokens(y),
+                             tensor_parallel);
       }
       lap("forward");
       strategy.backward(loss / c.training.accum_steps, last_micro);
@@ -321,8 +328,7 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
   auto mean_loss = torch::tensor({tally.mean()}, torch::kDouble);
   e.world.allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
   auto [test_loss, test_acc] =
-      evaluate(*e.run.model, e.data.test, e.c.data.test_samples, strategy, *layout.dp, e.world,
-               layout.tp.handle.get(), layout.pp.pipeline.get());
+      evaluate(*e.run.model, e.data.test, e.c.data.test_samples, strategy, layout, e.world);
   report::EpochRecord r;
   r.epoch = epoch;
   r.step = e.global_step;
@@ -392,7 +398,8 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   if (lead) log_run(c, data, comm->size(), run);
   const int64_t n_train =
       c.data.train_samples > 0 ? std::min(c.data.train_samples, data.train.size) : data.train.size;
-  data::DistributedSampler sampler(n_train, dp->rank(), dp->size(), c.training.seed);
+  data::DistributedSampler sampler(n_train, run.layout.data_rank(), run.layout.data_ranks(),
+                                   c.training.seed);
   // Every epoch has the same number of batches (the sampler pads), hence of optimizer steps.
   const int64_t batches_per_epoch =
       data::num_batches(sampler.samples_per_rank(), c.training.batch_size);

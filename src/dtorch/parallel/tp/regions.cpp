@@ -1,12 +1,12 @@
 // Note [Tensor-parallel regions]: each mapping is a torch::autograd::Function whose backward is
-// the adjoint collective of its forward. The communicator travels in the autograd context as a
-// capsule, so a graph keeps its group alive until backward has run.
+// the adjoint collective of its forward. The communicator travels in the autograd context
+// (parallel/autograd_group.h), so a graph keeps its group alive until backward has run.
 #include "dtorch/parallel/tp/regions.h"
 
 #include <torch/autograd.h>
-#include <torch/custom_class.h>
 
 #include "dtorch/core/error.h"
+#include "dtorch/parallel/autograd_group.h"
 
 namespace dtorch::tp {
 namespace {
@@ -14,17 +14,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-struct CommHolder : torch::CustomClassHolder {
-  explicit CommHolder(CommPtr c) : comm(std::move(c)) {}
-  CommPtr comm;
-};
-
-c10::IValue hold(const CommPtr& c) {
-  return c10::IValue::make_capsule(c10::make_intrusive<CommHolder>(c));
+void hold(AutogradContext* ctx, const CommPtr& c) {
+  parallel::keep_group(ctx, "tp", c);
 }
 
 CommPtr held(AutogradContext* ctx) {
-  return c10::static_intrusive_pointer_cast<CommHolder>(ctx->saved_data["tp"].toCapsule())->comm;
+  return parallel::kept_group(ctx, "tp");
 }
 
 int64_t slice_length(const torch::Tensor& x, const CommPtr& tp) {
@@ -70,7 +65,7 @@ torch::Tensor allreduced(const torch::Tensor& x, const CommPtr& tp, const char* 
 
 struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, CommPtr tp) {
-    ctx->saved_data["tp"] = hold(tp);
+    hold(ctx, tp);
     return x;
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
@@ -89,7 +84,7 @@ struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
 
 struct ScatterToSequence : torch::autograd::Function<ScatterToSequence> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, CommPtr tp) {
-    ctx->saved_data["tp"] = hold(tp);
+    hold(ctx, tp);
     return my_slice(x, tp);
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
@@ -100,7 +95,7 @@ struct ScatterToSequence : torch::autograd::Function<ScatterToSequence> {
 struct GatherFromSequence : torch::autograd::Function<GatherFromSequence> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, CommPtr tp,
                                bool grad_is_partial) {
-    ctx->saved_data["tp"] = hold(tp);
+    hold(ctx, tp);
     ctx->saved_data["partial"] = grad_is_partial;
     return allgather_sequence(x, tp, "sequence-parallel input");
   }
@@ -115,7 +110,7 @@ struct GatherFromSequence : torch::autograd::Function<GatherFromSequence> {
 
 struct ReduceScatterToSequence : torch::autograd::Function<ReduceScatterToSequence> {
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, CommPtr tp) {
-    ctx->saved_data["tp"] = hold(tp);
+    hold(ctx, tp);
     return reduce_scatter_sequence(x, tp, "sequence-parallel output");
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
