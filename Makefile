@@ -106,6 +106,7 @@ bench: deps-bench
 	bench/bench_pipeline.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_activation_checkpointing.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_context_parallel.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_checkpoint.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_lightning.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_data.py --dtorch build/dtorch
 	bench/bench_gpt_large.py --dtorch build-pip/dtorch

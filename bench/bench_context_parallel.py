@@ -15,12 +15,10 @@ Usage: bench/bench_context_parallel.py [--dtorch build-pip/dtorch] [--seq-len 10
 """
 import argparse
 import datetime
-import json
 import os
-import subprocess
 import sys
 
-from bench_memory import run_lines, shown_path, short_version
+from bench_memory import run_lines, run_peer, shown_path, short_version
 from benchlib import machine, parse_with_peer, publish
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,25 +29,6 @@ def layouts():
     """(label, cp, kind)"""
     return [("one rank", 1, None)] + [("cp %d %s" % (n, kind), n, kind)
                                       for n in (2, 4) for kind in ("ring", "ulysses")]
-
-
-def run_peer(cmd):
-    """Runs bench/peer_context_parallel.py: (rows by rank, None) or ([], why it failed). Its
-    ranks share one stdout, so objects are read wherever they begin."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
-    rows, text, decoder = [], p.stdout, json.JSONDecoder()
-    at = text.find("{")
-    while at >= 0:
-        try:
-            row, end = decoder.raw_decode(text, at)
-            rows.append(row)
-            at = text.find("{", end)
-        except ValueError:
-            at = text.find("{", at + 1)
-    if p.returncode != 0 or not rows:
-        tail = [l for l in p.stderr.strip().splitlines() if l.strip()]
-        return [], "exit code %d: %s" % (p.returncode, tail[-1] if tail else "no output")
-    return sorted(rows, key=lambda r: r["rank"]), None
 
 
 def mib(b):

@@ -54,10 +54,26 @@ def run_lines(cmd):
     return sorted(rows, key=lambda r: r["rank"])
 
 
+def json_objects(text):
+    """Every JSON object in `text`, read wherever one begins: ranks that share one stdout may
+    write theirs on one line."""
+    rows, decoder = [], json.JSONDecoder()
+    at = text.find("{")
+    while at >= 0:
+        try:
+            row, end = decoder.raw_decode(text, at)
+            rows.append(row)
+            at = text.find("{", end)
+        except ValueError:
+            at = text.find("{", at + 1)
+    return rows
+
+
 def run_peer(cmd):
-    """Runs bench/peer_sharded.py: (rows by rank, None) or ([], the one-line reason it failed)."""
+    """Runs a peer (bench/peer_*.py): (rows by rank, None) or ([], the one-line reason it
+    failed)."""
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/tmp")
-    rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip().startswith("{")]
+    rows = json_objects(p.stdout)
     errors = [r["error"] for r in rows if "error" in r]
     if errors:
         return [], errors[0]

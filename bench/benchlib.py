@@ -76,3 +76,18 @@ def replace_block(path, start, end, block):
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(text)
+
+
+def torchrun_self(script, nproc, threads):
+    """Starts `nproc` ranks of `script` (a peer run as a plain command) under torchrun with this
+    command line's arguments, --nproc left out (torchrun would take it for its own ambiguous
+    --nproc-per-node); returns torchrun's exit code."""
+    args, skip = [], False
+    for v in sys.argv[1:]:
+        if skip or v == "--nproc" or v.startswith("--nproc="):
+            skip = v == "--nproc"
+            continue
+        args.append(v)
+    return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc-per-node", str(nproc), os.path.abspath(script)] + args,
+                           env=dict(os.environ, OMP_NUM_THREADS=str(threads)))

@@ -43,7 +43,6 @@ import datetime
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
@@ -54,6 +53,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from peer_sharded import GPT, LR, WEIGHT_DECAY, one_line  # noqa: E402 - nanoGPT, one copy
+from benchlib import torchrun_self  # noqa: E402
 
 VOCAB = 256  # dtorch's gpt-long
 BACKENDS = ("default", "math", "flash", "efficient", "cudnn")
@@ -270,17 +270,7 @@ def main():
     if len(a.shape) != 4 or a.seq_len > a.shape[3]:
         ap.error("--model-shape needs 4 numbers and --seq-len at most the block size")
     if "RANK" not in os.environ:  # launch the ranks under torchrun, with the same arguments
-        env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-        # torchrun would take --nproc for its own (ambiguous) --nproc-per-node: leave it out.
-        args, skip = [], False
-        for v in sys.argv[1:]:
-            if skip or v == "--nproc" or v.startswith("--nproc="):
-                skip = v == "--nproc"
-                continue
-            args.append(v)
-        return subprocess.call([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                "--nproc-per-node", str(a.nproc), os.path.abspath(__file__)]
-                               + args, env=env)
+        return torchrun_self(__file__, a.nproc, a.threads)
     run(a)
     return 0
 

@@ -211,6 +211,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
     exit_code = launched ? *launched : collective_worker(*op, *bytes, *iters);
   });
   add_bench_memory_command(*bench, exit_code);
+  add_bench_checkpoint_command(*bench, exit_code);
   add_bench_data_command(*bench, exit_code);
 }
 

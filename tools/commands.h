@@ -49,6 +49,8 @@ void add_train_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
 /// `dtorch bench memory ...` (cmd_bench_memory.cpp), under `bench`.
 void add_bench_memory_command(CLI::App& bench, int& exit_code);
+/// `dtorch bench checkpoint` (cmd_bench_checkpoint.cpp).
+void add_bench_checkpoint_command(CLI::App& bench, int& exit_code);
 /// `dtorch bench data ...` (cmd_bench_data.cpp), under `bench`.
 void add_bench_data_command(CLI::App& bench, int& exit_code);
 /// How `dtorch train` or `dtorch bench ...` starts its own workers (self_launch.cpp).

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sstream>
+
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
 
@@ -58,6 +60,35 @@ TEST(OptimizerState, MapStateMapsTensorsAndKeepsTheStepCount) {
   set_steps(*half, 7);
   EXPECT_EQ(steps_of(*half), 7);
   EXPECT_EQ(steps_of(s), 2) << "a copy, not the original";
+}
+
+// A snapshot is the optimizer as it was: its state stays when the original steps on, and its
+// serialized form is the original's at the snapshot (what a checkpoint in the background writes).
+TEST(OptimizerState, SnapshotKeepsTheStateAsItWasAndSerializesAsTheOriginal) {
+  auto serialized = [](torch::optim::Optimizer& opt) {
+    torch::serialize::OutputArchive archive;
+    opt.save(archive);
+    std::ostringstream os;
+    archive.save_to(os);
+    return os.str();
+  };
+  torch::Tensor a = torch::zeros({3}, torch::requires_grad());
+  torch::Tensor b = torch::zeros({3}, torch::requires_grad());
+  torch::Tensor c = torch::zeros({3}, torch::requires_grad());
+  torch::optim::AdamW adamw({a}, torch::optim::AdamWOptions(0.1).weight_decay(0.05));
+  torch::optim::Adam adam({b}, torch::optim::AdamOptions(0.1).amsgrad(true));
+  torch::optim::SGD sgd({c}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::vector<std::pair<torch::optim::Optimizer*, torch::Tensor*>> all = {
+      {&adamw, &a}, {&adam, &b}, {&sgd, &c}};
+  for (auto [opt, p] : all) {
+    stepped(*opt, *p);
+    const std::string before = serialized(*opt);
+    auto snap = snapshot_optimizer(*opt, [](const at::Tensor& t) { return t.clone(); });
+    stepped(*opt, *p);
+    EXPECT_NE(serialized(*opt), before);
+    EXPECT_EQ(serialized(*snap), before);
+    EXPECT_EQ(snap->param_groups().size(), opt->param_groups().size());
+  }
 }
 
 // A fresh state loaded into the optimizer steps exactly as the optimizer's own first step.

@@ -57,12 +57,6 @@ uint64_t get_le(const char* p, int bytes) {
   return v;
 }
 
-torch::Tensor bytes_to_tensor(const std::string& bytes) {
-  torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
-  if (!bytes.empty()) std::memcpy(t.data_ptr<uint8_t>(), bytes.data(), bytes.size());
-  return t;
-}
-
 std::string tensor_to_bytes(const torch::Tensor& t) {
   torch::Tensor c = t.contiguous();
   return std::string(reinterpret_cast<const char*>(c.data_ptr<uint8_t>()), c.numel());
@@ -220,43 +214,72 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 void save_checkpoint(const std::string& dir, const CheckpointData& data,
                      const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
                      int keep) {
-  write_checkpoint_file(dir, checkpoint_file(data, model, optimizer), keep);
+  write_checkpoint_file(dir, checkpoint_file(checkpoint_state(data, model, optimizer, false)),
+                        keep);
 }
 
-CheckpointFile checkpoint_file(const CheckpointData& data, const torch::nn::Module& model,
-                               const torch::optim::Optimizer* optimizer) {
+CheckpointState checkpoint_state(const CheckpointData& data, const torch::nn::Module& model,
+                                 const torch::optim::Optimizer* optimizer, bool copy) {
   DTORCH_CHECK_T(CheckpointError, data.epoch >= 0, "checkpoint epoch is ", data.epoch);
   nlohmann::json meta = nlohmann::json::parse(data.metadata_json, nullptr, false);
   DTORCH_CHECK_T(CheckpointError, !meta.is_discarded() && meta.is_object(),
                  "checkpoint metadata must be a JSON object, got: ", data.metadata_json);
+  CheckpointState out{data, host_copy(state_dict(model), copy), nullptr,
+                      models::cpu_generator_state()};
+  if (optimizer && copy) {
+    out.optimizer = parallel::snapshot_optimizer(
+        *optimizer, [](const torch::Tensor& t) { return host_snapshot(t); });
+  } else if (optimizer) {
+    out.optimizer = std::shared_ptr<const torch::optim::Optimizer>(
+        optimizer, [](const torch::optim::Optimizer*) {});
+  }
+  return out;
+}
+
+CheckpointFile checkpoint_file(const CheckpointState& state) {
+  const CheckpointData& data = state.data;
+  const torch::optim::Optimizer* optimizer = state.optimizer.get();
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   c10::Dict<std::string, torch::Tensor> params;
-  for (const auto& [name, tensor] : host_copy(state_dict(model)))
+  for (const auto& [name, tensor] : state.model)
     params.insert(name, tensor);
   dict.insert("model", params);
   if (optimizer) {
     torch::serialize::OutputArchive archive;
-    optimizer->save(archive);
-    std::ostringstream os;
-    archive.save_to(os);
-    dict.insert("optimizer", bytes_to_tensor(os.str()));
+    // Serializing only reads the optimizer (LibTorch's save is not const).
+    auto& opt = const_cast<torch::optim::Optimizer&>(*optimizer);
+    opt.save(archive);
+    // The archive's bytes become the tensor's storage as they are, without a copy.
+    auto bytes = std::make_shared<std::vector<char>>();
+    bytes->reserve(static_cast<size_t>(parallel::state_bytes(opt)) + (1 << 20));
+    archive.save_to([&bytes](const void* data, size_t n) {
+      const char* p = static_cast<const char*>(data);
+      bytes->insert(bytes->end(), p, p + n);
+      return n;
+    });
+    dict.insert("optimizer", torch::from_blob(
+                                 bytes->data(), {static_cast<int64_t>(bytes->size())},
+                                 [bytes](void*) {}, torch::TensorOptions().dtype(torch::kUInt8)));
     dict.insert("optimizer_type", optimizer_type(*optimizer));
   } else {
     dict.insert("optimizer", c10::IValue());
   }
   dict.insert("epoch", data.epoch);
   dict.insert("global_step", data.global_step);
-  dict.insert("rng_state", models::cpu_generator_state());
+  dict.insert("rng_state", state.rng_state);
   dict.insert("metadata", data.metadata_json);
-  std::vector<char> payload = torch_save_bytes(c10::IValue(dict));
-
+  // The header, then the payload appended after it; its size and checksum are filled in last.
   CheckpointFile out{data.epoch, std::vector<char>(kMagic, kMagic + 8)};
   std::vector<char>& file = out.bytes;
-  file.reserve(kHeaderSize + payload.size());
   put_le(file, kCheckpointVersion, 4);
-  put_le(file, payload.size(), 8);
-  put_le(file, crc32_of(payload.data(), payload.size()), 4);
-  file.insert(file.end(), payload.begin(), payload.end());
+  put_le(file, 0, 8);  // payload size
+  put_le(file, 0, 4);  // its CRC-32
+  append_torch_save(c10::IValue(dict), file);
+  const size_t payload = file.size() - kHeaderSize;
+  std::vector<char> sizes;
+  put_le(sizes, payload, 8);
+  put_le(sizes, crc32_of(file.data() + kHeaderSize, payload), 4);
+  std::copy(sizes.begin(), sizes.end(), file.begin() + 12);
   return out;
 }
 

@@ -56,22 +56,39 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 /// then deletes all but the newest `keep` checkpoints. A failed save throws CheckpointError
 /// and leaves existing checkpoints untouched. Throws ConfigError when keep < 1 and
 /// CheckpointError when metadata_json is not a JSON object. The same as
-/// write_checkpoint_file(dir, checkpoint_file(data, model, optimizer), keep).
+/// write_checkpoint_file(dir, checkpoint_file(checkpoint_state(data, model, optimizer, false)),
+/// keep).
 void save_checkpoint(const std::string& dir, const CheckpointData& data,
                      const torch::nn::Module& model, const torch::optim::Optimizer* optimizer,
                      int keep = 2);
 
-/// A checkpoint file's bytes, made from the model and optimizer as they are now (the model may
-/// change once it returns), for write_checkpoint_file.
+/// What a checkpoint file holds, taken from a model and optimizer: the model's tensors in host
+/// memory, the optimizer (its state and parameter groups) and the CPU generator's state.
+struct CheckpointState {
+  CheckpointData data;
+  StateDict model;
+  /// Null without one. Not owned unless the state is a copy.
+  std::shared_ptr<const torch::optim::Optimizer> optimizer;
+  torch::Tensor rng_state;
+};
+
+/// The state save_checkpoint writes. With `copy`, every tensor is copied (host_snapshot; the
+/// optimizer's into a twin, parallel::snapshot_optimizer), so that the file can be made later,
+/// on another thread, while the model and optimizer train on (Note [Checkpoints in the
+/// background]); without, it refers to them, which must then stay as they are until the file
+/// is made. Throws CheckpointError when metadata_json is not a JSON object or the epoch is
+/// negative.
+CheckpointState checkpoint_state(const CheckpointData& data, const torch::nn::Module& model,
+                                 const torch::optim::Optimizer* optimizer, bool copy);
+
+/// A checkpoint file's bytes, for write_checkpoint_file.
 struct CheckpointFile {
   int64_t epoch = 0;
   std::vector<char> bytes;
 };
 
-/// The file save_checkpoint writes. Throws CheckpointError when metadata_json is not a JSON
-/// object or the epoch is negative.
-CheckpointFile checkpoint_file(const CheckpointData& data, const torch::nn::Module& model,
-                               const torch::optim::Optimizer* optimizer);
+/// The file save_checkpoint writes, made from `state`.
+CheckpointFile checkpoint_file(const CheckpointState& state);
 
 /// Writes `file` into `dir` and prunes, as save_checkpoint does.
 void write_checkpoint_file(const std::string& dir, const CheckpointFile& file, int keep);

@@ -42,16 +42,18 @@ StateDict state_dict(const torch::nn::Module& module) {
   return out;
 }
 
-StateDict host_copy(const StateDict& state) {
+StateDict host_copy(const StateDict& state, bool snapshot) {
   std::map<const c10::TensorImpl*, torch::Tensor> copied;
   StateDict out;
   for (const auto& [name, t] : state) {
-    if (!t.defined() || t.device().is_cpu()) {
+    if (!t.defined() || (t.device().is_cpu() && !snapshot)) {
       out.emplace_back(name, t);
       continue;
     }
     auto it = copied.find(t.unsafeGetTensorImpl());
-    if (it == copied.end()) it = copied.emplace(t.unsafeGetTensorImpl(), t.cpu()).first;
+    if (it == copied.end()) {
+      it = copied.emplace(t.unsafeGetTensorImpl(), snapshot ? host_snapshot(t) : t.cpu()).first;
+    }
     out.emplace_back(name, it->second);
   }
   return out;

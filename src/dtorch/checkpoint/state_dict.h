@@ -23,8 +23,9 @@ StateDict state_dict(const torch::nn::Module& module);
 
 /// `state` in host memory, as files hold it: a tensor on another device is copied to the CPU,
 /// once per tensor, so two keys that share a tensor (tied weights) still share its copy. CPU
-/// tensors are kept as they are.
-StateDict host_copy(const StateDict& state);
+/// tensors are kept as they are, or with `snapshot` copied too (host_snapshot), so that later
+/// changes to the state do not reach the result.
+StateDict host_copy(const StateDict& state, bool snapshot = false);
 
 /// A copy of `t` in host memory that later changes to `t` do not reach: what a checkpoint
 /// written in the background holds (pinned memory for a GPU tensor, copied at full speed).

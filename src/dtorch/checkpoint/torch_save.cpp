@@ -28,6 +28,12 @@ namespace dtorch::checkpoint {
 // it back. The container (zip, 64-byte aligned records, data.pkl plus data/<n> per storage)
 // is LibTorch's own writer, as in torch::pickle_save.
 std::vector<char> torch_save_bytes(const c10::IValue& value) {
+  std::vector<char> out;
+  append_torch_save(value, out);
+  return out;
+}
+
+void append_torch_save(const c10::IValue& value, std::vector<char>& out) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler(
       [&](const char* buf, size_t n) { pickle.insert(pickle.end(), buf, buf + n); },
@@ -37,8 +43,12 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
   pickler.pushIValue(value);
   pickler.stop();
 
-  std::vector<char> out;
-  out.reserve(pickle.size());
+  // The zip's records: the pickle, each storage aligned to 64 bytes with a local header, the
+  // version record and the central directory (a few hundred bytes per record).
+  size_t size = pickle.size() + 4096;
+  for (const at::Tensor& t : pickler.tensorData())
+    size += t.storage().nbytes() + 512;
+  out.reserve(out.size() + size);
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
     const char* bytes = static_cast<const char*>(data);
     out.insert(out.end(), bytes, bytes + n);
@@ -47,7 +57,6 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
                                      writer);
   writer.writeEndOfFile();
-  return out;
 }
 
 namespace {

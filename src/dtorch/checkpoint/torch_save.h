@@ -14,6 +14,9 @@ namespace dtorch::checkpoint {
 /// record per tensor storage. Dicts, lists, strings, numbers, None and CPU tensors only; a dict
 /// becomes a plain Python dict (insertion order kept).
 std::vector<char> torch_save_bytes(const c10::IValue& value);
+/// The same bytes appended to `out`, which is grown once to hold them (a checkpoint's payload
+/// is gigabytes: no copy of it is made on the way).
+void append_torch_save(const c10::IValue& value, std::vector<char>& out);
 
 /// What a file in torch.save's format refused before LibTorch reads it is; what() is a phrase
 /// that follows the file's name ("is not a zip archive ...").

@@ -98,6 +98,29 @@ std::unique_ptr<OptimizerParamState> fresh_state(torch::optim::Optimizer& opt,
   return st;
 }
 
+std::unique_ptr<torch::optim::Optimizer> snapshot_optimizer(
+    const torch::optim::Optimizer& opt, const std::function<at::Tensor(const at::Tensor&)>& copy) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (const auto& g : opt.param_groups())
+    groups.emplace_back(g.params(), g.options().clone());
+  std::unique_ptr<torch::optim::Optimizer> twin;
+  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) {
+    twin = std::make_unique<torch::optim::AdamW>(
+        groups, static_cast<const torch::optim::AdamWOptions&>(opt.defaults()));
+  } else if (dynamic_cast<const torch::optim::Adam*>(&opt)) {
+    twin = std::make_unique<torch::optim::Adam>(
+        groups, static_cast<const torch::optim::AdamOptions&>(opt.defaults()));
+  } else if (dynamic_cast<const torch::optim::SGD*>(&opt)) {
+    twin = std::make_unique<torch::optim::SGD>(
+        groups, static_cast<const torch::optim::SGDOptions&>(opt.defaults()));
+  } else {
+    unknown_optimizer();
+  }
+  for (const auto& [key, state] : opt.state())
+    twin->state()[key] = map_state(*state, copy);
+  return twin;
+}
+
 void move_state_to_parameters(torch::optim::Optimizer& opt) {
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {

@@ -26,6 +26,13 @@ std::unique_ptr<torch::optim::OptimizerParamState> map_state(
     const torch::optim::OptimizerParamState& state,
     const std::function<at::Tensor(const at::Tensor&)>& f);
 
+/// A twin of `opt` (the same kind, parameter groups and options, over the same parameters)
+/// holding map_state(state, copy) for each of opt's states: what a checkpoint made later, on
+/// another thread, serializes while `opt` steps on (its parameters are only its state's keys
+/// there). ConfigError for an optimizer other than SGD, Adam and AdamW.
+std::unique_ptr<torch::optim::Optimizer> snapshot_optimizer(
+    const torch::optim::Optimizer& opt, const std::function<at::Tensor(const at::Tensor&)>& copy);
+
 /// The state `opt` would give parameter `p` before its first step (zero moments, step 0; SGD's
 /// zero momentum buffer), so a checkpoint can be loaded into it; nullptr for SGD without
 /// momentum, which keeps none.

@@ -16,9 +16,11 @@ namespace dtorch::train {
 
 /// Note [Checkpoints in the background]
 /// A save in two halves. Strategy::stage copies what the checkpoint holds into host memory on
-/// the training thread (a DDP writer's .dtc bytes; a ZeRO rank's shards and rank 0's full
-/// tensors; pinned memory for GPU tensors) and returns a SaveJob; training goes on as soon as
-/// it returns. A thread runs the job: the writes, fsyncs and collectives a blocking save makes,
+/// the training thread (a DDP writer's model tensors and a twin of its optimizer holding copies
+/// of its state, checkpoint::checkpoint_state; a ZeRO rank's shards and rank 0's full tensors;
+/// pinned memory for GPU tensors) and returns a SaveJob; training goes on as soon as it
+/// returns: making the file (pickling, checksums) is the job's. A thread runs the job: the
+/// serialization, writes, fsyncs and collectives a blocking save makes,
 /// in the same order (files first, then the rename of a .dtc or rank 0's metadata.json), so a
 /// kill at any moment leaves the previous checkpoint the newest complete one. Its collectives
 /// go over a twin of the strategy's group (split at the first save), never interleaving with
@@ -45,6 +47,8 @@ class BackgroundSaver {
   void poll();
   /// Waits for the save in flight (saying so every 10 s) and reports it. Collective.
   void finish();
+  /// Whether a save was started and poll() or finish() has not yet reported it.
+  bool in_flight() const { return worker_.joinable(); }
 
  private:
   // Waits for this rank's job; announces a wait longer than 10 s.

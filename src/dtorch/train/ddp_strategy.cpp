@@ -88,37 +88,42 @@ class DdpStrategy : public Strategy {
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
   SaveJob stage(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
-                bool /*background: the files' bytes are copies either way*/) override {
+                bool background) override {
     const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
     models::Model* model = model_.get();
     torch::optim::Optimizer* opt = opt_.get();
-    std::shared_ptr<models::Model> full;
-    std::unique_ptr<torch::optim::Optimizer> full_opt;
+    // What the job reads and training does not change: the gathered unsplit model under tp,
+    // and the optimizers a pipeline rank's stages are saved with.
+    std::vector<std::shared_ptr<void>> kept;
     if (tp_.handle && comm_->rank() == 0) {
       // Note [Tensor-parallel checkpoints]: dp rank 0 of every tp index gathers over its tp
       // group (the unsplit model, or the unsplit stages).
-      full = build_full_model(tp_);
-      full_opt = make_optimizer(c_.optimizer, full->parameters());
+      std::shared_ptr<models::Model> full = build_full_model(tp_);
+      std::shared_ptr<torch::optim::Optimizer> full_opt =
+          make_optimizer(c_.optimizer, full->parameters());
       tp_.handle->load_into(*full, *model_);
       tp::gather_optimizer_state(*tp_.handle, *model_, *opt_, *full, *full_opt);
       model = full.get();
       opt = full_opt.get();
+      kept = {full, full_opt};
     }
+    // Note [Checkpoints in the background]: the state is copied only when the job runs later
+    // and training could change it (the gathered unsplit model is a copy already).
+    const bool copy = background && kept.empty();
     checkpoint::CheckpointData with_scaler = data;
     with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
-    // The files' bytes are the copy (Note [Checkpoints in the background]).
-    std::vector<std::pair<std::string, checkpoint::CheckpointFile>> files;  // folder, file
+    std::vector<std::pair<std::string, checkpoint::CheckpointState>> states;  // folder, state
     if (writer && !pp_.pipeline)
-      files.emplace_back(dir, checkpoint::checkpoint_file(with_scaler, *model, opt));
-    if (writer && pp_.pipeline) stage_files(dir, with_scaler, *model, *opt, files);
+      states.emplace_back(dir, checkpoint::checkpoint_state(with_scaler, *model, opt, copy));
+    if (writer && pp_.pipeline) stage_states(dir, with_scaler, *model, *opt, copy, states, kept);
     const bool layout = writer && pp_.pipeline && pp_.stage() == 0;
-    return [files = std::move(files), dir, keep, layout, model_name = c_.model,
-            plan = pp_.plan](comm::Communicator& group) {
+    return [states = std::move(states), kept = std::move(kept), dir, keep, layout,
+            model_name = c_.model, plan = pp_.plan](comm::Communicator& group) {
       // The writer (rank 0) says how it went, so no rank waits on one that failed.
       std::string problem;
       try {
-        for (const auto& [folder, file] : files)
-          checkpoint::write_checkpoint_file(folder, file, keep);
+        for (const auto& [folder, state] : states)
+          checkpoint::write_checkpoint_file(folder, checkpoint::checkpoint_file(state), keep);
         if (layout) checkpoint::write_pipeline_layout(dir, model_name, plan);
       } catch (const std::exception& e) {
         problem = e.what();
@@ -133,26 +138,29 @@ class DdpStrategy : public Strategy {
   // Note [Pipeline checkpoints]: each stage into its own folder; an interleaved rank's
   // several stages each with its parameters' optimizer state, as one-stage-per-rank runs
   // write them (so any layout resumes them).
-  void stage_files(const std::string& dir, const checkpoint::CheckpointData& data,
-                   models::Model& model, torch::optim::Optimizer& opt,
-                   std::vector<std::pair<std::string, checkpoint::CheckpointFile>>& files) {
+  void stage_states(const std::string& dir, const checkpoint::CheckpointData& data,
+                    models::Model& model, torch::optim::Optimizer& opt, bool copy,
+                    std::vector<std::pair<std::string, checkpoint::CheckpointState>>& states,
+                    std::vector<std::shared_ptr<void>>& kept) {
     const int n = static_cast<int>(pp_.plan.stages.size());
     auto* merged = dynamic_cast<models::StageUnion*>(&model);
     if (!merged) {
-      files.emplace_back(dir + checkpoint::pipeline_folder(pp_.stage(), n),
-                         checkpoint::checkpoint_file(data, model, &opt));
+      states.emplace_back(dir + checkpoint::pipeline_folder(pp_.stage(), n),
+                          checkpoint::checkpoint_state(data, model, &opt, copy));
       return;
     }
     const auto& stages = merged->stages();
     for (size_t k = 0; k < stages.size(); ++k) {
-      auto stage_opt = make_optimizer(c_.optimizer, stages[k]->parameters());
+      std::shared_ptr<torch::optim::Optimizer> stage_opt =
+          make_optimizer(c_.optimizer, stages[k]->parameters());
       for (const auto& p : stages[k]->parameters()) {
         auto it = opt.state().find(compat::optimizer_state_key(p));
         if (it != opt.state().end())
           stage_opt->state()[compat::optimizer_state_key(p)] = it->second->clone();
       }
-      files.emplace_back(dir + checkpoint::pipeline_folder(pp_.stages[k], n),
-                         checkpoint::checkpoint_file(data, *stages[k], stage_opt.get()));
+      states.emplace_back(dir + checkpoint::pipeline_folder(pp_.stages[k], n),
+                          checkpoint::checkpoint_state(data, *stages[k], stage_opt.get(), copy));
+      kept.push_back(stage_opt);
     }
   }
 
