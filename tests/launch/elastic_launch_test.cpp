@@ -35,8 +35,10 @@ const char* kEnvDump = R"PY(
 import json, os, socket
 keys = sorted(k for k in os.environ if k.startswith(
     ("TORCHELASTIC", "GROUP_", "ROLE_", "RANK", "LOCAL_", "WORLD", "MASTER", "TORCH_", "OMP")))
-print("ENV " + json.dumps({"host": socket.gethostname(), "env": {k: os.environ[k] for k in keys}}),
-      flush=True)
+# One write(2) per line (under PIPE_BUF, so atomic): print() may write the text and its newline
+# apart, and two workers sharing the launcher's stdout then interleave their lines.
+line = "ENV " + json.dumps({"host": socket.gethostname(), "env": {k: os.environ[k] for k in keys}})
+os.write(1, (line + "\n").encode())
 )PY";
 
 // The workers' environments from a launcher's output, by global rank.

@@ -15,22 +15,21 @@
 namespace dtorch::train {
 
 /// Note [Checkpoints in the background]
-/// A save in two halves. Strategy::stage copies what the checkpoint holds into host memory on
-/// the training thread (a DDP writer's model tensors and a twin of its optimizer holding copies
-/// of its state, checkpoint::checkpoint_state; a ZeRO rank's shards and rank 0's full tensors;
-/// pinned memory for GPU tensors) and returns a SaveJob; training goes on as soon as it
-/// returns: making the file (pickling, checksums) is the job's. A thread runs the job: the
-/// serialization, writes, fsyncs and collectives a blocking save makes,
-/// in the same order (files first, then the rename of a .dtc or rank 0's metadata.json), so a
-/// kill at any moment leaves the previous checkpoint the newest complete one. Its collectives
-/// go over a twin of the strategy's group (split at the first save), never interleaving with
-/// training's. At most one save is in flight: the next waits for it, and logs how long. At
-/// each optimizer step while one is in flight the ranks agree, with one allreduce of a flag,
-/// whether every rank's job has ended; then each rank reports its job's outcome, which is the
-/// same on every rank (a sharded save exchanges its ranks' outcomes, a DDP save's writer
-/// broadcasts its own), so a failed write stops the run on every rank at the same step, before
-/// another checkpoint is tried, with the earlier ones untouched. The run waits for the last save
-/// before it writes the model and exits.
+/// A save in two halves. Strategy::stage copies what the checkpoint holds into host memory on the
+/// training thread (a DDP writer's model tensors and a twin of its optimizer holding copies of its
+/// state, checkpoint::checkpoint_state; a ZeRO rank's shards and rank 0's full tensors; pinned
+/// memory for GPU tensors) and returns a SaveJob; training goes on as soon as it returns: making
+/// the file (pickling, checksums) is the job's. A thread runs the job: the serialization, writes,
+/// fsyncs and collectives a blocking save makes, in the same order (files first, then the rename of
+/// a .dtc or rank 0's metadata.json), so a kill at any moment leaves the previous checkpoint the
+/// newest complete one. Its collectives go over a twin of the strategy's group (split at the first
+/// save), never interleaving with training's. At most one save is in flight: the next waits for it,
+/// and logs how long. At each optimizer step while one is in flight the ranks agree, with one
+/// allreduce of a flag, whether every rank's job has ended; then each rank reports its job's
+/// outcome, which is the same on every rank (a sharded save exchanges its ranks' outcomes, a DDP
+/// save's writer broadcasts its own), so a failed write stops the run on every rank at the same
+/// step, before another checkpoint is tried, with the earlier ones untouched. The run waits for the
+/// last save before it writes the model and exits.
 class BackgroundSaver {
  public:
   explicit BackgroundSaver(Strategy& strategy);

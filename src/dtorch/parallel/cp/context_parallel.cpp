@@ -75,9 +75,10 @@ std::shared_ptr<ContextParallel> parallelize(models::Model& model,
     models::set_module_hooks(*m, std::move(h));
     result->hooked_.push_back(m);
   }
-  DTORCH_CHECK_T(ConfigError, positions && result->hooked_.size() > 1, "context parallelism found ",
-                 positions ? "" : "no position table ", positions ? "no attention core" : "",
-                 " in this model (", plan.positions, "): its plan does not fit it");
+  DTORCH_CHECK_T(ConfigError, positions && result->hooked_.size() > 1,
+                 "this model's context-parallel plan names the position table '", plan.positions,
+                 "', and the model has ", positions ? "it but no attention core" : "no such module",
+                 ": its plan does not fit it");
   return result;
 }
 
