@@ -73,6 +73,10 @@ int memory_worker(MemoryFlags f) {
   const std::shared_ptr<models::Model>& model = run.model;
   const train::Layout& layout = run.layout;
   const std::unique_ptr<train::Strategy>& strategy = run.strategy;
+  DTORCH_CHECK_T(ConfigError, !layout.cp || dynamic_cast<const models::GPT*>(model.get()),
+                 "bench memory --cp counts the bytes of a GPT's attention, and ", f.model,
+                 " is not a GPT: use a gpt-* model, or measure ", f.model,
+                 " with dtorch train --cp");
   pp::Pipeline* pipeline = layout.pp.pipeline.get();
   const std::shared_ptr<comm::Communicator>& dp = layout.dp;
   const tp::TensorParallel* tensor_parallel = layout.tp.handle.get();

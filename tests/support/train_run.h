@@ -32,7 +32,8 @@ std::map<std::string, torch::Tensor> model_file(const std::string& path);
 
 /// Expects the run in `got` to have `want`'s losses and accuracy every epoch (within 1e-4) and
 /// its final weights (1e-4; 5e-4 for attention's query and key weights, whose small gradients
-/// Adam scales up; the key bias, whose gradient is rounding noise, is left out).
+/// Adam scales up; the key bias, whose gradient is rounding noise, is left out; gpt's and vit's
+/// names).
 void expect_same_run(const std::string& got, const std::string& want, const std::string& name);
 
 }  // namespace dtorch::testing

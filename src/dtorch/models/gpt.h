@@ -113,7 +113,9 @@ class GPT : public Model {
   /// Megatron's split (tensor_plan.h); its rules live in the model's source file.
   TensorPlan tensor_parallel_plan(int tp) const override;
   /// The learned position table, transformer.wpe.
-  ContextPlan context_parallel_plan() const override { return {"transformer.wpe", config_.n_head}; }
+  ContextPlan context_parallel_plan() const override {
+    return {config_.n_head, "transformer.wpe", "", "", 0};
+  }
   /// What python_aliases() answers, for every GPT whatever its size.
   static std::vector<PythonAlias> tied_aliases() {
     return {{"lm_head.weight", "transformer.wte.weight"}};

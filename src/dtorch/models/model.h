@@ -109,16 +109,22 @@ class Model : public torch::nn::Module {
   }
 
   /// What context parallelism needs of a model besides its attention cores (Note [Attention
-  /// core]): the module that embeds positions 0..T-1, whose input it maps to the sequence's
-  /// positions of the rank's tokens, and the number of attention heads.
+  /// core]): where its sequence is split, and the number of attention heads. A model whose
+  /// input is the sequence (gpt) names the module that embeds positions 0..T-1, whose input is
+  /// mapped to the positions of the rank's tokens, and its batches are split before it runs. A
+  /// model that makes its sequence inside (vit: a class token and the patches) names the module
+  /// whose input is the first to be split and the one whose input is gathered whole again, and
+  /// its sequence's length (Note [Padded sequences]).
   struct ContextPlan {
-    std::string positions;
     int64_t heads = 0;
+    std::string positions;
+    std::string split, gather;
+    int64_t tokens = 0;
   };
   /// The model's ContextPlan; a model without one says so.
   virtual ContextPlan context_parallel_plan() const {
-    DTORCH_FAIL(ConfigError, "context parallelism has a plan for the causal language models ",
-                "(gpt-*); this model has none: train it without --cp");
+    DTORCH_FAIL(ConfigError, "context parallelism has plans for the transformers (gpt-*, vit-*); ",
+                "this model has none: train it without --cp");
   }
 
   /// How a model built under models::DeferredStorage (its parameters hold no memory) gets

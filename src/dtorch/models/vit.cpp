@@ -16,10 +16,11 @@ namespace dtorch::models {
 namespace nn = torch::nn;
 
 SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t num_heads, AttentionKernel kernel)
-    : head_dim_(dim / num_heads), kernel_(kernel) {
+    : head_dim_(dim / num_heads) {
   // nn.MultiheadAttention._reset_parameters: xavier-uniform in_proj, zero biases.
   in_proj_weight_ = register_parameter("in_proj_weight", torch::empty({3 * dim, dim}));
   in_proj_bias_ = register_parameter("in_proj_bias", torch::zeros({3 * dim}));
+  core_ = register_module("core", AttentionCore(/*causal=*/false, kernel));
   out_proj_ = register_module("out_proj", nn::Linear(dim, dim));
   torch::NoGradGuard no_grad;
   nn::init::xavier_uniform_(in_proj_weight_);
@@ -27,14 +28,12 @@ SelfAttentionImpl::SelfAttentionImpl(int64_t dim, int64_t num_heads, AttentionKe
 }
 
 torch::Tensor SelfAttentionImpl::forward(torch::Tensor x) {
-  // Sizes from the projection's output: under tensor parallelism in_proj holds this rank's
-  // heads only.
-  auto qkv = torch::linear(x, in_proj_weight_, in_proj_bias_).chunk(3, /*dim=*/-1);
-  const int64_t B = x.size(0), T = x.size(1), C = qkv[0].size(2), hs = head_dim_;
-  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, C / hs, hs}).transpose(1, 2); };
-  torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  torch::Tensor y =
-      attention(q, k, v, /*causal=*/false, kernel_).transpose(1, 2).reshape({B, T, C});
+  // in_proj's output is q | k | v, each head-major; under tensor parallelism this rank's heads
+  // only. Note [Attention core]: under context parallelism T is this rank's part of the
+  // sequence.
+  torch::Tensor qkv = torch::linear(x, in_proj_weight_, in_proj_bias_);
+  const int64_t B = x.size(0), T = x.size(1), C = qkv.size(2) / 3;
+  torch::Tensor y = call(core_, pack_heads(qkv, head_dim_)).transpose(1, 2).reshape({B, T, C});
   return call(out_proj_, y);
 }
 
@@ -163,6 +162,11 @@ TensorPlan VisionTransformer::tensor_parallel_plan(int tp) const {
       {"encoder.layers.*.mlp.0", TensorSplit::Colwise},
       {"encoder.layers.*.mlp.3", TensorSplit::Rowwise},
   };
+}
+
+Model::ContextPlan VisionTransformer::context_parallel_plan() const {
+  const int64_t side = config_.image_size / config_.patch_size;
+  return {config_.num_heads, "", "encoder.layers.encoder_layer_0", "encoder.ln", side * side + 1};
 }
 
 }  // namespace dtorch::models

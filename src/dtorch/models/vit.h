@@ -47,8 +47,8 @@ class SelfAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t head_dim_;
-  AttentionKernel kernel_;
   torch::Tensor in_proj_weight_, in_proj_bias_;
+  AttentionCore core_{nullptr};
   torch::nn::Linear out_proj_{nullptr};
 };
 TORCH_MODULE(SelfAttention);
@@ -91,6 +91,9 @@ class VisionTransformer : public Model {
   const ViTConfig& config() const { return config_; }
   /// Megatron's split (tensor_plan.h); its rules live in the model's source file.
   TensorPlan tensor_parallel_plan(int tp) const override;
+  /// The class token and the patches are split at the first encoder layer and gathered whole at
+  /// encoder.ln (Note [Padded sequences]).
+  ContextPlan context_parallel_plan() const override;
 
  private:
   ViTConfig config_;

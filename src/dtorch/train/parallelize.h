@@ -41,7 +41,7 @@ struct ParallelismConfig {
   int tp = 1;
   /// Megatron's sequence parallelism inside each tp group (needs tp > 1).
   bool sequence_parallel = false;
-  /// Context-parallel ranks per model replica (gpt-*): each holds 1/cp of every sequence
+  /// Context-parallel ranks per model replica (gpt-*, vit-*): each holds 1/cp of every sequence
   /// (parallel/cp/context_parallel.h).
   int cp = 1;
   /// How attention spans a context-parallel group: ring attention or Ulysses.

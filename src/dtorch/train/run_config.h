@@ -246,7 +246,8 @@ void visit_fields(ParallelismConfig& p, V&& v) {
           "with --tp: also split norms and residuals along the sequence"},
     p.sequence_parallel);
   v(Field{"parallelism", "cp",
-          "context-parallel ranks per model replica (gpt-*): each holds 1/cp of every sequence "
+          "context-parallel ranks per model replica (gpt-*, vit-*): each holds 1/cp of every "
+          "sequence "
           "(a head and a tail chunk) and attention spans them; the strategy reduces gradients "
           "over dp x cp (dp = world / (tp x cp x pp))"},
     p.cp);

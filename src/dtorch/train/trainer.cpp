@@ -132,12 +132,14 @@ void log_run(const TrainConfig& c, const TrainData& data, int world, const Paral
               " recompute their forward in backward");
   }
   if ((tensor_parallel || layout.cp) && !pipeline) {
-    log::info("mesh: ", parallel::describe(layout.plan),
-              c.parallelism.sequence_parallel ? " (sequence parallel)" : "",
-              layout.cp
-                  ? str(" (context parallel: ", name_of(c.parallelism.cp_kind), " attention, ",
-                        window_length(c, *model) / layout.plan.cp, " tokens per rank)")
-                  : std::string());
+    log::info(
+        "mesh: ", parallel::describe(layout.plan),
+        c.parallelism.sequence_parallel ? " (sequence parallel)" : "",
+        layout.cp
+            ? str(" (context parallel: ", name_of(c.parallelism.cp_kind), " attention, ",
+                  layout.cp->local_length(model->takes_tokens() ? window_length(c, *model) : 0),
+                  " tokens per rank)")
+            : std::string());
   }
   if (pipeline) {
     std::vector<std::string> names = model->unit_names();

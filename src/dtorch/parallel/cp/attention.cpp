@@ -3,6 +3,7 @@
 
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -34,37 +35,49 @@ Seen seen(int64_t query_chunk, int64_t key_chunk, bool causal) {
 }
 
 // The blocks a step computes: for each of the rank's query chunks, the key tokens it attends to
-// in the block held this step (both chunks as one block where it sees both whole).
+// in the block held this step (both chunks as one block where it sees both whole), of which
+// the first `real` are the sequence's and the rest padding (Note [Padded sequences]).
 struct Block {
   int query_half;
   int64_t key_begin, keys;
   bool diagonal;
+  int64_t real;
 };
+// `tokens`: the sequence's real tokens, of 2n chunks of c.
 std::vector<Block> blocks_of(const std::array<int64_t, 2>& mine,
-                             const std::array<int64_t, 2>& theirs, int64_t c, bool causal) {
+                             const std::array<int64_t, 2>& theirs, int64_t c, bool causal,
+                             int64_t tokens) {
+  auto real_in = [&](int64_t chunk) { return std::clamp<int64_t>(tokens - chunk * c, 0, c); };
+  const int64_t head_real = real_in(theirs[0]), tail_real = real_in(theirs[1]);
   std::vector<Block> out;
+  auto add = [&](int a, int64_t begin, int64_t keys, bool diagonal, int64_t real) {
+    if (real > 0) out.push_back({a, begin, keys, diagonal, real});  // else padding only
+  };
   for (int a = 0; a < 2; ++a) {
     const Seen head = seen(mine[a], theirs[0], causal), tail = seen(mine[a], theirs[1], causal);
     if (head == Seen::Whole && tail == Seen::Whole) {
-      out.push_back({a, 0, 2 * c, false});
+      // The tail chunk follows the head chunk, so it is real only where the head is whole.
+      add(a, 0, 2 * c, false, head_real + tail_real);
       continue;
     }
-    if (head != Seen::None) out.push_back({a, 0, c, head == Seen::Diagonal});
-    if (tail != Seen::None) out.push_back({a, c, c, tail == Seen::Diagonal});
+    if (head != Seen::None) add(a, 0, c, head == Seen::Diagonal, head_real);
+    if (tail != Seen::None) add(a, c, c, tail == Seen::Diagonal, tail_real);
   }
   return out;
 }
 
-// Float32 scores of queries q (B x h x a x d) against keys k (B x h x b x d), the future masked
-// on a diagonal block.
-Tensor scores(const Tensor& q, const Tensor& k, double scale, bool diagonal) {
+// Float32 scores of queries q (B x h x a x d) against the block's keys k (B x h x b x d), the
+// future masked on a diagonal block and the padding after the block's real keys.
+Tensor scores(const Tensor& q, const Tensor& k, double scale, const Block& b) {
   Tensor s = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  if (diagonal) {
+  const double minus_inf = -std::numeric_limits<double>::infinity();
+  if (b.diagonal) {
     Tensor future = torch::ones({s.size(-2), s.size(-1)},
                                 torch::TensorOptions().dtype(torch::kBool).device(s.device()))
                         .triu(1);
-    s.masked_fill_(future, -std::numeric_limits<double>::infinity());
+    s.masked_fill_(future, minus_inf);
   }
+  if (b.real < b.keys) s.narrow(-1, b.real, b.keys - b.real).fill_(minus_inf);
   return s;
 }
 
@@ -100,10 +113,11 @@ struct Ring {
 
 struct RingAttention : torch::autograd::Function<RingAttention> {
   static Tensor forward(AutogradContext* ctx, Tensor q, Tensor k, Tensor v, CommPtr group,
-                        bool causal) {
+                        bool causal, int64_t tokens) {
     const Ring ring(group);
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const int64_t c = q.size(2) / 2;
+    if (tokens == 0) tokens = 2 * c * ring.size;
     const auto mine = chunks_of(ring.rank, ring.size);
     const torch::ScalarType acc = accumulation(q);
     const Tensor qf = q.to(acc);
@@ -118,10 +132,9 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       if (s + 1 < ring.size) next = ring.pass(kv, kForwardTag);
       const Tensor kf = kv[0].to(acc), vf = kv[1].to(acc);
       const int src = (ring.rank - s + ring.size) % ring.size;
-      for (const Block& b : blocks_of(mine, chunks_of(src, ring.size), c, causal)) {
+      for (const Block& b : blocks_of(mine, chunks_of(src, ring.size), c, causal, tokens)) {
         const int a = b.query_half;
-        Tensor sc =
-            scores(qf.narrow(2, a * c, c), kf.narrow(2, b.key_begin, b.keys), scale, b.diagonal);
+        Tensor sc = scores(qf.narrow(2, a * c, c), kf.narrow(2, b.key_begin, b.keys), scale, b);
         Tensor l = sc.logsumexp(-1);
         Tensor o = torch::matmul((sc - l.unsqueeze(-1)).exp(), vf.narrow(2, b.key_begin, b.keys));
         Tensor total = torch::logaddexp(lse[a], l);
@@ -135,6 +148,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     ctx->save_for_backward({q, k, v, o, torch::cat({lse[0], lse[1]}, 2)});
     parallel::keep_group(ctx, "cp", group);
     ctx->saved_data["causal"] = causal;
+    ctx->saved_data["tokens"] = tokens;
     return o.to(q.scalar_type());
   }
 
@@ -143,6 +157,7 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &lse = saved[4];
     const Ring ring(parallel::kept_group(ctx, "cp"));
     const bool causal = ctx->saved_data["causal"].toBool();
+    const int64_t tokens = ctx->saved_data["tokens"].toInt();
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const int64_t c = q.size(2) / 2;
     const auto mine = chunks_of(ring.rank, ring.size);
@@ -159,11 +174,11 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
       const Tensor kf = kv[0].to(acc), vf = kv[1].to(acc);
       Tensor dkv = torch::zeros({2, kf.size(0), kf.size(1), kf.size(2), kf.size(3)}, kf.options());
       const int src = (ring.rank - s + ring.size) % ring.size;
-      for (const Block& b : blocks_of(mine, chunks_of(src, ring.size), c, causal)) {
+      for (const Block& b : blocks_of(mine, chunks_of(src, ring.size), c, causal, tokens)) {
         const int64_t a0 = b.query_half * c;
         const Tensor qa = qf.narrow(2, a0, c), da = dout.narrow(2, a0, c);
         const Tensor kb = kf.narrow(2, b.key_begin, b.keys), vb = vf.narrow(2, b.key_begin, b.keys);
-        Tensor p = (scores(qa, kb, scale, b.diagonal) - lse.narrow(2, a0, c).unsqueeze(-1)).exp();
+        Tensor p = (scores(qa, kb, scale, b) - lse.narrow(2, a0, c).unsqueeze(-1)).exp();
         dkv[1].narrow(2, b.key_begin, b.keys).add_(torch::matmul(p.transpose(-2, -1), da));
         Tensor ds =
             p * (torch::matmul(da, vb.transpose(-2, -1)) - delta.narrow(2, a0, c).unsqueeze(-1));
@@ -177,8 +192,12 @@ struct RingAttention : torch::autograd::Function<RingAttention> {
     }
     // The last hop brings home this rank's block's gradient, with every rank's contribution.
     const Tensor dkv = ring.size > 1 ? gradient.wait() : gradient.incoming;
-    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()),
-            Tensor(), Tensor()};
+    return {dq.to(q.scalar_type()),
+            dkv[0].to(k.scalar_type()),
+            dkv[1].to(v.scalar_type()),
+            Tensor(),
+            Tensor(),
+            Tensor()};
   }
 };
 
@@ -214,12 +233,12 @@ struct AllToAll : torch::autograd::Function<AllToAll> {
 
 }  // namespace
 
-Tensor ring_attention(const Tensor& qkv, const CommPtr& group, bool causal) {
-  return RingAttention::apply(qkv[0], qkv[1], qkv[2], group, causal);
+Tensor ring_attention(const Tensor& qkv, const CommPtr& group, bool causal, int64_t tokens) {
+  return RingAttention::apply(qkv[0], qkv[1], qkv[2], group, causal, tokens);
 }
 
 Tensor ulysses_attention(const Tensor& qkv, const CommPtr& group, bool causal,
-                         models::AttentionKernel kernel) {
+                         models::AttentionKernel kernel, int64_t tokens) {
   const int n = group->size();
   const int64_t heads = qkv.size(2), local = qkv.size(3);
   DTORCH_CHECK_T(ConfigError, heads % n == 0, "Ulysses gives each of the ", n,
@@ -229,7 +248,14 @@ Tensor ulysses_attention(const Tensor& qkv, const CommPtr& group, bool causal,
   // 3 x B x heads/n x n local x d, the ranks' tokens in rank order, then in the sequence's.
   const Tensor order = sequence_order(local, n, qkv.device());
   Tensor whole = AllToAll::apply(qkv, group, 2, 3).index_select(3, order);
-  Tensor y = models::attention(whole[0], whole[1], whole[2], causal, kernel);
+  Tensor y;
+  if (tokens == 0 || tokens == whole.size(3)) {
+    y = models::attention(whole[0], whole[1], whole[2], causal, kernel);
+  } else {  // Note [Padded sequences]: the real prefix attends to itself; padding reads zeros
+    const Tensor real = whole.narrow(3, 0, tokens);
+    y = models::attention(real[0], real[1], real[2], causal, kernel);
+    y = torch::cat({y, torch::zeros_like(whole[0].narrow(2, tokens, whole.size(3) - tokens))}, 2);
+  }
   return AllToAll::apply(y.index_select(2, torch::argsort(order)), group, 2, 1);
 }
 

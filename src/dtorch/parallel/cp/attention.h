@@ -32,9 +32,11 @@ using CommPtr = std::shared_ptr<comm::Communicator>;
 
 /// Causal or full attention of this rank's queries over the whole sequence's keys and values.
 /// qkv: 3 x B x heads x L x head_dim (L: this rank's tokens, its 2 chunks) -> B x heads x L x
-/// head_dim in qkv's dtype, computed in float32 (float64 for float64 inputs). Collective over
-/// `group`.
-torch::Tensor ring_attention(const torch::Tensor& qkv, const CommPtr& group, bool causal);
+/// head_dim in qkv's dtype, computed in float32 (float64 for float64 inputs). With `tokens`,
+/// only the sequence's first `tokens` are keys and the rest padding (Note [Padded
+/// sequences]); 0: all. Collective over `group`.
+torch::Tensor ring_attention(const torch::Tensor& qkv, const CommPtr& group, bool causal,
+                             int64_t tokens = 0);
 
 // Note [Ulysses]
 // An all-to-all turns the sequence split into a head split: rank j receives the j-th n-th of
@@ -47,6 +49,6 @@ torch::Tensor ring_attention(const torch::Tensor& qkv, const CommPtr& group, boo
 /// As ring_attention, through two all-to-alls and `kernel`. ConfigError when the heads do not
 /// divide by the group's size.
 torch::Tensor ulysses_attention(const torch::Tensor& qkv, const CommPtr& group, bool causal,
-                                models::AttentionKernel kernel);
+                                models::AttentionKernel kernel, int64_t tokens = 0);
 
 }  // namespace dtorch::cp

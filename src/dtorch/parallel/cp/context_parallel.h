@@ -4,8 +4,10 @@
 //   loss = loss_fn(model->forward(cp->shard(x)), cp->shard(y));
 // Each rank of the group holds 1/n of every sequence (Note [Load-balanced chunks]); attention
 // runs over the whole sequence by ring attention or Ulysses (cp/attention.h), everything else
-// on the rank's tokens. Parameters stay whole on every rank: their gradients are partial sums
-// over the group, which the data-parallel strategy reduces by running over dp x cp ranks.
+// on the rank's tokens. A model whose input is not its sequence (vit) splits it inside and
+// gathers it again before its head (Note [Padded sequences]); shard() leaves its batches whole.
+// Parameters stay whole on every rank: their gradients are partial sums over the group, which the
+// data-parallel strategy reduces by running over dp x cp ranks.
 #pragma once
 
 #include <torch/types.h>
@@ -40,20 +42,26 @@ struct Options {
 /// group).
 class ContextParallel {
  public:
-  ContextParallel(std::shared_ptr<comm::Communicator> group, Options opts)
-      : group_(std::move(group)), opts_(opts) {}
+  ContextParallel(std::shared_ptr<comm::Communicator> group, Options opts,
+                  models::Model::ContextPlan plan)
+      : group_(std::move(group)), opts_(opts), plan_(std::move(plan)) {}
   ~ContextParallel();
   const std::shared_ptr<comm::Communicator>& group() const { return group_; }
   const Options& options() const { return opts_; }
-  /// This rank's part of `x`'s sequence (dim 1 of token ids or targets, B x T): its head and
-  /// tail chunks. ConfigError when T does not divide into 2n chunks.
+  /// This rank's part of a batch's inputs or targets: for a model whose input is the sequence
+  /// (B x T token ids), its head and tail chunks of dim 1 (ConfigError when T does not divide
+  /// into 2n chunks); for one that splits its sequence inside, `x` whole.
   torch::Tensor shard(const torch::Tensor& x) const;
+  /// The tokens this rank holds of a sequence of `input_tokens` (or of the model's own
+  /// sequence, padded).
+  int64_t local_length(int64_t input_tokens) const;
 
  private:
   friend std::shared_ptr<ContextParallel> parallelize(models::Model&,
                                                       std::shared_ptr<comm::Communicator>, Options);
   std::shared_ptr<comm::Communicator> group_;
   Options opts_;
+  models::Model::ContextPlan plan_;
   std::vector<torch::nn::Module*> hooked_;
 };
 
@@ -71,7 +79,8 @@ LayerBytes bytes_sent_per_layer(Kind kind, int n, int64_t batch, int64_t heads,
 
 /// Installs the module hooks (Note [Module hooks]) that make `model` context-parallel over
 /// `group`: every attention core (Note [Attention core]) runs as opts.kind says, and the
-/// position table maps the rank's local positions to the sequence's. ConfigError for a model
+/// position table maps the rank's local positions to the sequence's, or the modules the
+/// model's plan names split and gather its sequence. ConfigError for a model
 /// without a context-parallel plan, and for Ulysses over a group whose size does not divide the
 /// heads.
 std::shared_ptr<ContextParallel> parallelize(models::Model& model,

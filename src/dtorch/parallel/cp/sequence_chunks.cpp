@@ -19,6 +19,11 @@ void check_sequence_length(int64_t tokens, int n) {
                  2 * n);
 }
 
+int64_t padded_length(int64_t tokens, int n) {
+  const int64_t chunks = 2 * int64_t(n);
+  return (tokens + chunks - 1) / chunks * chunks;
+}
+
 torch::Tensor shard_sequence(const torch::Tensor& x, int64_t dim, int rank, int n) {
   if (n == 1) return x;
   check_sequence_length(x.size(dim), n);

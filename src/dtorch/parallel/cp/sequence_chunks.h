@@ -20,6 +20,16 @@ namespace dtorch::cp {
 // on the rank's 2 chunks as one local sequence; only attention and the position ids need to
 // know where the chunks lie.
 
+// Note [Padded sequences]
+// A model that makes its sequence inside (vit: a class token and the patches, 17 tokens for
+// vit-debug) has a length its input fixes, which need not divide into 2n chunks. It is padded
+// at the end to the next multiple of 2n (padded_length) before it is split, and gathered whole
+// and cut back after the last block. The padding is a suffix of the sequence, so it is a suffix
+// of every block of keys ring attention takes (a key chunk's, or a head chunk's then a tail
+// chunk's): those columns are masked, and a block of padding only is skipped; Ulysses attends
+// over the real prefix alone. Padded queries' outputs are never read, so their gradients are
+// zero and they change nothing; the cost is at most 2n-1 tokens of work per sequence.
+
 /// The two chunks (of 2n) that rank r holds, head first.
 std::array<int64_t, 2> chunks_of(int rank, int n);
 
@@ -36,6 +46,9 @@ torch::Tensor global_positions(int64_t local, int rank, int n, const torch::Devi
 /// The ranks' parts concatenated in rank order (n parts of `local` tokens), reordered into
 /// the sequence's order: index_select with this (int64, on `device`) does it.
 torch::Tensor sequence_order(int64_t local, int n, const torch::Device& device);
+
+/// `tokens` rounded up to a multiple of 2n (Note [Padded sequences]).
+int64_t padded_length(int64_t tokens, int n);
 
 /// Checks that a sequence of `tokens` splits over `n` context-parallel ranks; ConfigError
 /// naming the length and the fix otherwise.
