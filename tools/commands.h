@@ -80,6 +80,8 @@ std::optional<int> self_launch_bench(int nproc_per_node, bool every_rank);
 void add_checkpoint_command(CLI::App& app, int& exit_code);
 /// `dtorch pipeline show ...` (cmd_pipeline.cpp)
 void add_pipeline_command(CLI::App& app, int& exit_code);
+/// `dtorch plan ...` and `dtorch plan calibrate` (cmd_plan.cpp)
+void add_plan_command(CLI::App& app, int& exit_code);
 /// `dtorch plot RUN_DIR... --out FILE` (cmd_plot.cpp)
 void add_plot_command(CLI::App& app, int& exit_code);
 

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   dtorch::tools::add_bench_command(app, exit_code);
   dtorch::tools::add_checkpoint_command(app, exit_code);
   dtorch::tools::add_pipeline_command(app, exit_code);
+  dtorch::tools::add_plan_command(app, exit_code);
   dtorch::tools::add_plot_command(app, exit_code);
   dtorch::tools::add_version_command(app);
   try {

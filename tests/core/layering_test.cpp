@@ -1,5 +1,6 @@
 // The source tree's layers: core <- launch <- comm <- parallel <- checkpoint <- train, with models,
-// data and report on core only beside them: each folder includes only from the folders below it.
+// data and report on core only beside them, and plan (the cost model) on parallel and report:
+// each folder includes only from the folders below it.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -22,6 +23,7 @@ TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
       {"parallel", {"core", "launch", "comm", "models", "parallel"}},
       {"checkpoint", {"core", "comm", "models", "parallel", "checkpoint"}},
       {"report", {"core", "report"}},
+      {"plan", {"core", "models", "parallel", "report", "plan"}},
       {"train",
        {"core", "launch", "comm", "models", "data", "parallel", "checkpoint", "report", "train"}},
   };

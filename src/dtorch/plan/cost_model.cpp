@@ -1,0 +1,268 @@
+// Note [Cost model]: the terms, the layouts they are summed for, and the ranking.
+#include "dtorch/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "dtorch/core/error.h"
+#include "dtorch/models/gpt.h"
+#include "dtorch/models/registry.h"
+#include "dtorch/parallel/cp/context_parallel.h"
+#include "dtorch/parallel/pp/stage_plan.h"
+#include "dtorch/report/out_of_memory.h"
+
+namespace dtorch::plan {
+namespace {
+
+const char* strategy_name(int zero) {
+  static const char* names[] = {"ddp", "zero1", "zero2", "zero3"};
+  return names[zero];
+}
+
+// What one rank runs of the model: its stages' units, and the most micro-batches of
+// activations it holds at once.
+struct RankShare {
+  int64_t parameters = 0;  // before tensor parallelism's split
+  int blocks = 0;
+  bool head = false;
+  int stages = 1;  // stages per rank (interleaved: 2)
+};
+
+// The slowest rank's share: the one with the most block and head work.
+RankShare slowest_share(const Workload& w, const Layout& l) {
+  if (l.pp == 1) {
+    RankShare s;
+    for (int64_t p : w.unit_parameters)
+      s.parameters += p;
+    s.blocks = static_cast<int>(w.layers);
+    s.head = true;
+    return s;
+  }
+  const int v = pp::default_virtual_stages(l.schedule);
+  const pp::StagePlan plan = pp::balance_stages(w.unit_parameters, l.pp * v);
+  const int head_unit = static_cast<int>(w.unit_parameters.size()) - 1;
+  RankShare worst;
+  double worst_work = -1;
+  for (int r = 0; r < l.pp; ++r) {
+    RankShare s;
+    s.stages = v;
+    for (int k = 0; k < v; ++k) {
+      const models::UnitRange u = plan.stages[r + k * l.pp];
+      for (int i = u.begin; i < u.end; ++i) {
+        s.parameters += w.unit_parameters[i];
+        if (i == head_unit) s.head = true;
+        if (i > 0 && i < head_unit) ++s.blocks;
+      }
+    }
+    // Work in units of a block; the head's matmul is V/(12 C) blocks' worth.
+    const double work = s.blocks + (s.head ? double(w.vocab) / (12.0 * w.hidden) : 0);
+    if (work > worst_work) worst_work = work, worst = s;
+  }
+  return worst;
+}
+
+bool spans_nodes(int group_span, const Machine& m) {
+  return group_span > m.ranks_per_node;
+}
+
+}  // namespace
+
+Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch) {
+  DTORCH_CHECK_T(ConfigError, name.rfind("gpt-", 0) == 0, "dtorch plan has cost terms for the ",
+                 "language models (gpt-*), not for ", name, ": plan a gpt-* model");
+  // One block built alone (cheap even for gpt-large) gives the shape and a block's size.
+  auto one_block = models::make_model(name, {1, 2});
+  const auto* gpt = dynamic_cast<const models::GPT*>(one_block.get());
+  DTORCH_CHECK(gpt, name, " is not a GPT");
+  const models::GPTConfig& c = gpt->config();
+  Workload w;
+  w.model = name;
+  w.layers = c.n_layer;
+  w.hidden = c.n_embd;
+  w.heads = c.n_head;
+  w.vocab = c.vocab_size;
+  w.seq_len = seq_len == 0 ? c.block_size : seq_len;
+  DTORCH_CHECK_T(ConfigError, w.seq_len >= 1 && w.seq_len <= c.block_size, "--seq-len ", seq_len,
+                 " is outside ", name, "'s 1 to ", c.block_size, " tokens");
+  DTORCH_CHECK_T(ConfigError, global_batch >= 1, "--global-batch-size must be >= 1 (got ",
+                 global_batch, ")");
+  w.global_batch = global_batch;
+  int64_t block = 0;
+  for (const auto& p : one_block->parameters())
+    block += p.numel();
+  // Units as models::model_units counts them: the embeddings, the blocks, the head (its final
+  // norm and its copy of the tied embedding).
+  w.unit_parameters.push_back((c.vocab_size + c.block_size) * c.n_embd);
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    w.unit_parameters.push_back(block);
+  w.unit_parameters.push_back(2 * c.n_embd + c.vocab_size * c.n_embd);
+  return w;
+}
+
+std::string flags_of(const Layout& l, const Workload& w) {
+  std::ostringstream f;
+  f << "--model " << w.model << " --seq-len " << w.seq_len << " --batch-size "
+    << w.global_batch / l.dp << " --strategy " << strategy_name(l.zero);
+  if (l.tp > 1) f << " --tp " << l.tp;
+  if (l.cp > 1) f << " --cp " << l.cp;
+  if (l.pp > 1)
+    f << " --pp " << l.pp << " --schedule " << name_of(l.schedule) << " --microbatches "
+      << l.microbatches;
+  if (l.activation_checkpointing) f << " --activation-checkpointing 1";
+  return f.str();
+}
+
+Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
+  Prediction p;
+  p.layout = l;
+  const double eb = double(w.element_bytes), C = double(w.hidden), V = double(w.vocab);
+  const double T = double(w.seq_len), t = T / l.cp;  // tokens of a sequence on the rank
+  const double rate = m.flops(w.element_bytes == 2 ? "bf16" : "fp32");
+  const double replica_batch = double(w.global_batch) / l.dp;
+  const int microbatches = l.pp > 1 ? l.microbatches : 1;
+  const double mb = replica_batch / microbatches;  // sequences per micro-batch
+  const RankShare share = slowest_share(w, l);
+
+  // Compute: forward FLOPs of one sequence on this rank, per block and for the head.
+  const double attention_f = 4 * t * T * C / l.tp;
+  const double block_f = 24 * C * C * t / l.tp + attention_f;
+  const double head_f = share.head ? 2 * C * V * t / l.tp : 0;
+  const double forward_f = share.blocks * block_f + head_f;
+  const double recompute_f = l.activation_checkpointing ? share.blocks * block_f : 0;
+  const double train_f = 3 * forward_f + recompute_f;  // per sequence
+
+  // Activation bytes of one micro-batch passed between stages.
+  const double message = mb * t * C * eb;
+  if (l.pp == 1) {
+    p.compute_s = replica_batch * train_f / rate;
+  } else {
+    const double per_stage = 1.0 / share.stages;
+    const double link =
+        m.seconds(Collective::P2P, 2, message, spans_nodes(l.pp * l.dp * l.cp * l.tp, m));
+    pp::Costs costs;
+    costs.forward = mb * forward_f * per_stage / rate + link;
+    costs.backward_input = (mb * (forward_f + recompute_f) * per_stage / rate) + link;
+    costs.backward_weight = mb * forward_f * per_stage / rate;
+    const int v = pp::default_virtual_stages(l.schedule);
+    const pp::Simulation sim =
+        pp::simulate(pp::make_schedule(l.schedule, l.pp, microbatches, v), microbatches, costs);
+    p.compute_s = replica_batch * train_f / rate;
+    p.bubble_s = std::max(0.0, sim.makespan - p.compute_s);
+  }
+
+  // The optimizer step, over the rank's shard under ZeRO.
+  const double params_rank = double(share.parameters) / l.tp;
+  const int n = l.dp * l.cp;
+  p.compute_s += (l.zero > 0 ? params_rank / n : params_rank) * m.adamw_seconds_per_parameter;
+
+  // Communication: the strategy's over dp x cp, then tensor and context parallelism's.
+  const double grad_bytes = 4 * params_rank;
+  const bool dp_across = spans_nodes(l.tp * l.cp * l.dp, m);
+  double dp_s = 0;
+  if (l.zero <= 1) {
+    dp_s = m.seconds(Collective::AllReduce, n, grad_bytes, dp_across);
+  } else if (l.zero == 2) {
+    dp_s = m.seconds(Collective::ReduceScatter, n, grad_bytes, dp_across) +
+           m.seconds(Collective::AllGather, n, grad_bytes, dp_across);
+  } else {
+    dp_s = m.seconds(Collective::ReduceScatter, n, grad_bytes, dp_across) +
+           2 * m.seconds(Collective::AllGather, n, grad_bytes, dp_across);
+  }
+  auto hidden = m.overlap.find(strategy_name(l.zero));
+  p.exposed_comm_s = dp_s * (1 - (hidden == m.overlap.end() ? 0.0 : hidden->second));
+  if (l.tp > 1) {
+    // Megatron: two all-reduces of a block's activations in forward, two in backward, and two
+    // more for a recomputed forward.
+    const double per_block =
+        (l.activation_checkpointing ? 6 : 4) *
+        m.seconds(Collective::AllReduce, l.tp, mb * t * C * eb, spans_nodes(l.tp, m));
+    p.exposed_comm_s += microbatches * share.blocks * per_block;
+  }
+  if (l.cp > 1) {
+    // The ring's messages hide behind the attention they overlap, what is left is exposed.
+    const cp::LayerBytes bytes =
+        cp::bytes_sent_per_layer(cp::Kind::Ring, l.cp, int64_t(mb), w.heads / l.tp, int64_t(t),
+                                 w.hidden / w.heads, w.element_bytes);
+    const double layer_s = m.seconds(Collective::P2P, 2, double(bytes.forward + bytes.backward),
+                                     spans_nodes(l.tp * l.cp, m));
+    const double attention_s = 3 * mb * attention_f / rate;
+    p.exposed_comm_s += microbatches * share.blocks * std::max(0.0, layer_s - attention_s);
+  }
+
+  // Memory.
+  const double block_params = double(w.unit_parameters.at(1)) / l.tp;
+  p.model_state_bytes =
+      report::model_state_bytes(l.zero, params_rank, n, l.zero == 3 ? 2 * 4 * block_params : 0);
+  const double per_token_block = ((4 + 16.0 / l.tp) * C + 2.0 * (double(w.heads) / l.tp) * T) * eb;
+  double in_flight = 1;
+  if (l.pp > 1) {
+    const int v = pp::default_virtual_stages(l.schedule);
+    const pp::Simulation sim =
+        pp::simulate(pp::make_schedule(l.schedule, l.pp, microbatches, v), microbatches);
+    in_flight = *std::max_element(sim.peak_activations.begin(), sim.peak_activations.end());
+    in_flight /= share.stages;  // the simulator counts (stage, micro-batch) pairs
+  }
+  const double kept_per_token = l.activation_checkpointing
+                                    ? C * eb * share.blocks + per_token_block  // inputs + one whole
+                                    : per_token_block * share.blocks;
+  const double logits = share.head ? 3 * t * (V / l.tp) * 4 : 0;
+  p.activation_bytes = in_flight * mb * t * kept_per_token + mb * logits;
+  p.peak_bytes = m.base_bytes_per_rank + p.model_state_bytes + p.activation_bytes;
+  p.fits = p.peak_bytes <= m.memory_per_rank_bytes;
+  return p;
+}
+
+std::vector<Layout> enumerate_layouts(const Workload& w, int world) {
+  DTORCH_CHECK_T(ConfigError, world >= 1, "a plan needs 1 or more ranks (got ", world, ")");
+  std::vector<Layout> out;
+  const int blocks = static_cast<int>(w.layers);
+  for (int tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0 || w.heads % tp != 0) continue;
+    for (int pp = 1; pp * tp <= world; ++pp) {
+      if ((world / tp) % pp != 0 || pp > blocks) continue;
+      for (int cp = 1; cp * pp * tp <= world; ++cp) {
+        if ((world / tp / pp) % cp != 0) continue;
+        if (cp > 1 && (pp > 1 || w.seq_len % (2 * cp) != 0)) continue;
+        const int dp = world / (tp * pp * cp);
+        if (w.global_batch % dp != 0) continue;
+        const int64_t replica_batch = w.global_batch / dp;
+        for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
+          for (bool ac : {false, true}) {
+            Layout l{dp, tp, pp, cp, zero, ac};
+            if (pp == 1) {
+              out.push_back(l);
+              continue;
+            }
+            for (pp::ScheduleKind s : {pp::ScheduleKind::OneFOneB, pp::ScheduleKind::ZeroBubble,
+                                       pp::ScheduleKind::GPipe, pp::ScheduleKind::Interleaved}) {
+              const int v = pp::default_virtual_stages(s);
+              if (pp * v > blocks + 2) continue;  // a stage per unit at least
+              for (int k : {1, 2, 4}) {
+                const int m = k * pp;
+                if (replica_batch % m != 0) continue;
+                l.schedule = s;
+                l.microbatches = m;
+                out.push_back(l);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world) {
+  std::vector<Prediction> out;
+  for (const Layout& l : enumerate_layouts(w, world))
+    out.push_back(predict(w, m, l));
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.step_s() < b.step_s();
+  });
+  return out;
+}
+
+}  // namespace dtorch::plan

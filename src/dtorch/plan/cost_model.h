@@ -1,0 +1,97 @@
+// What a layout costs before it runs: a few documented terms (Note [Cost model]) that predict
+// one optimizer step's time, split into compute, exposed communication and pipeline bubble,
+// and each rank's peak memory, from the model's shape and a machine's measured rates
+// (plan/machine.h). Pure: tested without processes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtorch/parallel/pp/schedule.h"
+#include "dtorch/plan/machine.h"
+
+namespace dtorch::plan {
+
+// Note [Cost model]
+// A step of global batch B over dp x cp x tp x pp ranks costs, on the slowest rank:
+// - compute: the floating-point operations of its units (pipeline stage) on its share of the
+//   batch (B / dp samples, T / cp tokens each, 1 / tp of every block's matrices) at the
+//   machine's measured matmul rate. A transformer block's forward takes 24 C^2 + 4 T C per
+//   token (its six C x C-equivalent matmuls and attention's two T x T x C products), the
+//   language head 2 C V; backward twice the forward, and a recomputed block (activation
+//   checkpointing) its forward once more. The optimizer step adds the rank's parameters (1/n
+//   of them under ZeRO over n ranks) at the machine's measured AdamW time per parameter.
+// - the pipeline bubble: the schedule simulated on paper (parallel/pp/schedule.h) with each
+//   micro-batch's forward and backward times of the slowest stage, plus the activation
+//   message's time; the bubble is the makespan less the rank's compute.
+// - communication, each collective costed as the machine measured it for its group size and
+//   link (latency per step plus bus bytes over bus bandwidth: a ring all-reduce moves 2 (n-1)/n
+//   of the buffer, a reduce-scatter or all-gather (n-1)/n): the strategy's over dp x cp (ddp
+//   and zero1: an all-reduce of the gradients; zero2: a reduce-scatter and the parameters'
+//   all-gather; zero3: two all-gathers and a reduce-scatter), tensor parallelism's four
+//   all-reduces of a block's activations per micro-batch (Megatron), context parallelism's
+//   ring bytes (cp::bytes_sent_per_layer). A group spans nodes when its ranks do (the mesh puts
+//   tp fastest, then cp, dp, pp: Note [Mesh layout]). What a strategy hides behind backward is
+//   the machine's overlap fraction for it; the rest is exposed.
+// - memory per rank: the model state as the ZeRO paper counts it (report::model_state_bytes;
+//   ZeRO-3 adds two gathered blocks), the activations each block keeps per token (its
+//   tensors: 20 C + the attention matrices' 2 H T / cp floats; C with activation checkpointing,
+//   plus one block's whole while it recomputes) times the micro-batches in flight (the
+//   simulator's peak), the logits' three copies, and the machine's base bytes per process.
+// Every term is printed, so a miss can be traced to the term that made it.
+
+/// The model as the cost model sees it: a GPT's shape.
+struct Workload {
+  std::string model;
+  int64_t layers = 0, hidden = 0, heads = 0, vocab = 0;
+  int64_t seq_len = 0;
+  int64_t global_batch = 0;
+  /// Parameters of each pipeline unit (embedding, blocks, head), as models::model_units.
+  std::vector<int64_t> unit_parameters;
+  /// 4 (fp32) or 2 (bf16/fp16 compute).
+  int64_t element_bytes = 4;
+};
+
+/// The workload of model `name` (gpt-*) at `seq_len` tokens (0: the model's block size) and
+/// `global_batch` sequences. ConfigError for a model the cost model has no terms for.
+Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch);
+
+/// One layout: the degrees, the strategy, recomputation and the pipeline's schedule.
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  int zero = 0;  ///< 0: ddp, 1-3: ZeRO's stage
+  bool activation_checkpointing = false;
+  int microbatches = 1;  ///< per step, under a pipeline
+  pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;
+};
+
+/// The `dtorch train` flags that run `layout` on `world` ranks (--nproc-per-node or a
+/// launcher gives the ranks).
+std::string flags_of(const Layout& layout, const Workload& w);
+
+struct Prediction {
+  Layout layout;
+  double compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
+  double step_s() const { return compute_s + exposed_comm_s + bubble_s; }
+  /// Peak bytes per rank, and its parts.
+  double peak_bytes = 0, model_state_bytes = 0, activation_bytes = 0;
+  /// Whether it fits the machine's memory per rank.
+  bool fits = true;
+};
+
+/// The prediction for `layout` (Note [Cost model]).
+Prediction predict(const Workload& w, const Machine& m, const Layout& layout);
+
+/// Every layout of `world` ranks (nodes x ranks_per_node) that the run configuration accepts
+/// for `w`: dp x tp x pp x cp = world with tp dividing the heads, cp the tokens' 2 cp chunks
+/// (without a pipeline), pp at most the blocks, dp dividing the batch; each strategy, with and
+/// without recomputation (ZeRO only where dp x cp > 1: on one rank it is ddp); under a pipeline
+/// 1F1B, ZB-H1, GPipe and interleaved 1F1B with pp, 2 pp and 4 pp micro-batches that divide the
+/// replica's batch.
+std::vector<Layout> enumerate_layouts(const Workload& w, int world);
+
+/// The predictions of every layout, fitting ones first, each group fastest first.
+std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world);
+
+}  // namespace dtorch::plan

@@ -1,0 +1,173 @@
+// Machine files (machine.h): read key by key through json_config, written by calibrate.
+#include "dtorch/plan/machine.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "dtorch/core/error.h"
+#include "dtorch/core/input_file.h"
+#include "dtorch/core/json_config.h"
+#include "dtorch/core/log.h"
+
+namespace dtorch::plan {
+namespace {
+
+const std::vector<Collective> kCollectives = {Collective::AllReduce, Collective::ReduceScatter,
+                                              Collective::AllGather, Collective::P2P};
+const json_config::Keys kStrategies = {"ddp", "zero1", "zero2", "zero3"};
+
+// Steps of the ring algorithm and the bytes each rank moves for a buffer of `bytes`.
+double steps(Collective op, int n) {
+  if (op == Collective::P2P) return 1;
+  return op == Collective::AllReduce ? 2.0 * (n - 1) : n - 1.0;
+}
+double bus_bytes(Collective op, int n, double bytes) {
+  if (op == Collective::P2P) return bytes;
+  const double share = double(n - 1) / n;
+  return op == Collective::AllReduce ? 2 * share * bytes : share * bytes;
+}
+
+std::map<Collective, std::vector<LinkCost>> read_links(const json_config::Section& s,
+                                                       std::vector<std::string>* warnings) {
+  json_config::Keys names;
+  for (Collective c : kCollectives)
+    names.push_back(collective_name(c));
+  s.keys(names, {});
+  std::map<Collective, std::vector<LinkCost>> out;
+  for (Collective c : kCollectives) {
+    const nlohmann::json* list = s.get(collective_name(c));
+    if (!list) continue;
+    DTORCH_CHECK_T(ConfigError, list->is_array() && !list->empty(), s.file(), ": ",
+                   s.name(collective_name(c)),
+                   " must be a list of {\"ranks\", \"latency_s\", \"bus_bytes_per_s\"} objects "
+                   "(got ",
+                   list->dump(), ")");
+    for (size_t i = 0; i < list->size(); ++i) {
+      json_config::Section e((*list)[i], s.name(collective_name(c)) + "[" + std::to_string(i) + "]",
+                             s.file(), warnings);
+      e.keys({"ranks", "latency_s", "bus_bytes_per_s"}, {});
+      LinkCost l;
+      l.ranks = static_cast<int>(e.integer("ranks", 2, 1 << 20).value_or(0));
+      DTORCH_CHECK_T(ConfigError, l.ranks >= 2 && e.has("bus_bytes_per_s"), s.file(), ": ",
+                     e.name("ranks"), " and ", e.name("bus_bytes_per_s"),
+                     " are needed: give the group size and its measured bus bandwidth");
+      l.latency_s = e.number("latency_s", 0, 10).value_or(0);
+      l.bus_bytes_per_s = *e.number("bus_bytes_per_s", 0, 1e15, /*open_low=*/true);
+      out[c].push_back(l);
+    }
+    std::sort(out[c].begin(), out[c].end(),
+              [](const LinkCost& a, const LinkCost& b) { return a.ranks < b.ranks; });
+  }
+  return out;
+}
+
+nlohmann::json links_json(const std::map<Collective, std::vector<LinkCost>>& links) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [op, costs] : links) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const LinkCost& l : costs)
+      list.push_back(
+          {{"ranks", l.ranks}, {"latency_s", l.latency_s}, {"bus_bytes_per_s", l.bus_bytes_per_s}});
+    j[collective_name(op)] = list;
+  }
+  return j;
+}
+
+}  // namespace
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduce:
+      return "allreduce";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    case Collective::AllGather:
+      return "allgather";
+    case Collective::P2P:
+      return "p2p";
+  }
+  return "?";
+}
+
+double Machine::seconds(Collective op, int ranks, double bytes, bool across_nodes) const {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const auto& links = across_nodes ? inter_node : intra_node;
+  auto it = links.find(op);
+  DTORCH_CHECK_T(ConfigError, it != links.end() && !it->second.empty(), "machine '", name,
+                 "' has no ", across_nodes ? "inter_node" : "intra_node", ".", collective_name(op),
+                 " measurement, which a plan ", across_nodes ? "across nodes" : "",
+                 " needs: calibrate it with dtorch plan "
+                 "calibrate",
+                 across_nodes ? " on 2 or more nodes" : "", ", or add it to the machine file");
+  // The largest measured group no larger than this one (the smallest if all are larger).
+  const LinkCost* use = &it->second.front();
+  for (const LinkCost& l : it->second)
+    if (l.ranks <= ranks) use = &l;
+  return use->latency_s * steps(op, ranks) + bus_bytes(op, ranks, bytes) / use->bus_bytes_per_s;
+}
+
+double Machine::flops(const std::string& dtype) const {
+  auto it = matmul_flops.find(dtype);
+  if (it != matmul_flops.end()) return it->second;
+  std::string known;
+  for (const auto& kv : matmul_flops)
+    known += (known.empty() ? "" : ", ") + kv.first;
+  DTORCH_FAIL(ConfigError, "machine '", name, "' has no matmul rate for ", dtype, " (it has ",
+              known.empty() ? "none" : known, "): calibrate it, or add matmul_flops.", dtype,
+              " to the machine file");
+}
+
+Machine read_machine(const std::string& path) {
+  const std::string text = read_input_file<ConfigError>(path, "--machine");
+  const nlohmann::json j = json_config::parse(text, path);
+  std::vector<std::string> warnings;
+  json_config::Section s(j, "", path, &warnings);
+  s.keys({"name", "device", "ranks_per_node", "memory_per_rank_bytes", "base_bytes_per_rank",
+          "matmul_flops", "adamw_seconds_per_parameter", "intra_node", "inter_node", "overlap"},
+         {});
+  Machine m;
+  m.name = s.text("name").value_or(path);
+  m.device = s.choice("device", {"cpu", "cuda"}).value_or("cpu");
+  m.ranks_per_node = static_cast<int>(s.integer("ranks_per_node", 1, 1 << 16).value_or(1));
+  auto needed = [&](const char* key) {
+    DTORCH_CHECK_T(ConfigError, s.has(key), path, ": ", key,
+                   " is missing: dtorch plan calibrate writes it, or add it by hand");
+  };
+  needed("memory_per_rank_bytes");
+  m.memory_per_rank_bytes = *s.number("memory_per_rank_bytes", 0, 1e16, /*open_low=*/true);
+  m.base_bytes_per_rank = s.number("base_bytes_per_rank", 0, 1e16).value_or(0);
+  needed("matmul_flops");
+  const json_config::Section rates = *s.section("matmul_flops");
+  rates.keys({"fp32", "bf16"}, {});
+  for (const char* dtype : {"fp32", "bf16"})
+    if (auto r = rates.number(dtype, 0, 1e18, /*open_low=*/true)) m.matmul_flops[dtype] = *r;
+  m.adamw_seconds_per_parameter = s.number("adamw_seconds_per_parameter", 0, 1).value_or(0);
+  needed("intra_node");
+  m.intra_node = read_links(*s.section("intra_node"), &warnings);
+  if (auto inter = s.section("inter_node")) m.inter_node = read_links(*inter, &warnings);
+  if (auto overlap = s.section("overlap")) {
+    overlap->keys(kStrategies, {});
+    for (const std::string& k : kStrategies)
+      if (auto f = overlap->number(k, 0, 1)) m.overlap[k] = *f;
+  }
+  for (const std::string& w : warnings)
+    log::warn(w);
+  return m;
+}
+
+std::string machine_json(const Machine& m) {
+  nlohmann::json j = {{"name", m.name},
+                      {"device", m.device},
+                      {"ranks_per_node", m.ranks_per_node},
+                      {"memory_per_rank_bytes", m.memory_per_rank_bytes},
+                      {"base_bytes_per_rank", m.base_bytes_per_rank},
+                      {"matmul_flops", m.matmul_flops},
+                      {"adamw_seconds_per_parameter", m.adamw_seconds_per_parameter},
+                      {"intra_node", links_json(m.intra_node)}};
+  if (!m.inter_node.empty()) j["inter_node"] = links_json(m.inter_node);
+  if (!m.overlap.empty()) j["overlap"] = m.overlap;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace dtorch::plan

@@ -1,0 +1,61 @@
+// A machine as the cost model (Note [Cost model]) sees it: its matmul rate per dtype, each
+// collective's latency and bandwidth per group size within a node and across nodes, its memory
+// per rank and what one rank costs before it holds a model. `dtorch plan calibrate` measures
+// one and writes it as JSON; a file for another machine can be written by hand.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtorch::plan {
+
+/// "allreduce", "reduce_scatter", "allgather", "p2p" (a message between two ranks).
+enum class Collective { AllReduce, ReduceScatter, AllGather, P2P };
+const char* collective_name(Collective c);
+
+/// One collective over a group of `ranks`: t = latency_s * steps + bus bytes / bus bandwidth
+/// (steps: 2 (n-1) for a ring all-reduce, n-1 for reduce-scatter and all-gather, 1 for p2p;
+/// bus bytes as NCCL's tests count them, Note [Cost model]).
+struct LinkCost {
+  int ranks = 2;
+  double latency_s = 0;
+  double bus_bytes_per_s = 0;
+};
+
+struct Machine {
+  std::string name;
+  /// "cpu" or "cuda": what ran the measurements.
+  std::string device = "cpu";
+  int ranks_per_node = 1;
+  double memory_per_rank_bytes = 0;
+  /// Resident bytes of a rank before it builds a model (the runtime, the library).
+  double base_bytes_per_rank = 0;
+  /// Sustained matmul floating-point operations per second of one rank, by dtype ("fp32",
+  /// "bf16").
+  std::map<std::string, double> matmul_flops;
+  /// Seconds an AdamW step takes per fp32 parameter on one rank (memory-bound: it reads and
+  /// writes the weights, the gradients and both moments).
+  double adamw_seconds_per_parameter = 0;
+  /// Per collective, measured group sizes, within one node and across nodes (empty: not
+  /// measured).
+  std::map<Collective, std::vector<LinkCost>> intra_node, inter_node;
+  /// The fraction of the data-parallel strategy's communication hidden behind backward
+  /// ("ddp", "zero1", "zero2", "zero3"); tensor-parallel collectives are never hidden.
+  std::map<std::string, double> overlap;
+
+  /// Seconds for `op` over `ranks` ranks on `bytes`, across nodes or not. ConfigError when the
+  /// machine has no measurement for it.
+  double seconds(Collective op, int ranks, double bytes, bool across_nodes) const;
+  /// The matmul rate for `dtype`; ConfigError naming the file's rates when it has none.
+  double flops(const std::string& dtype) const;
+};
+
+/// Reads a machine file; ConfigError naming the file, the field and the fix for a missing or
+/// malformed one.
+Machine read_machine(const std::string& path);
+/// The machine as JSON (what read_machine reads).
+std::string machine_json(const Machine& m);
+
+}  // namespace dtorch::plan

@@ -1,0 +1,178 @@
+// The cost model (Note [Cost model]) without processes: a GPT's units as the registry counts
+// them, each term against the same sum made by hand, the memory ordering ZeRO promises, the
+// pipeline's bubble shrinking with micro-batches, every enumerated layout one the run
+// configuration accepts, and machine files read, refused and written back.
+#include "dtorch/plan/cost_model.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "dtorch/core/error.h"
+#include "dtorch/models/registry.h"
+#include "support/command.h"
+#include "support/error_of.h"
+
+namespace dtorch::plan {
+namespace {
+
+// A machine with round numbers: 1 GFLOP/s, 1 GB/s links with 10 us per step, 1 GiB per rank.
+Machine round_machine(int ranks_per_node = 8) {
+  Machine m;
+  m.name = "round";
+  m.ranks_per_node = ranks_per_node;
+  m.memory_per_rank_bytes = double(1 << 30);
+  m.matmul_flops["fp32"] = 1e9;
+  for (Collective c :
+       {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather, Collective::P2P})
+    m.intra_node[c] = {{2, 1e-5, 1e9}};
+  return m;
+}
+
+TEST(CostModel, GptUnitsAreTheRegistrys) {
+  const Workload w = workload_of("gpt-debug", 0, 8);
+  EXPECT_EQ(w.seq_len, 32);
+  EXPECT_EQ(w.layers, 2);
+  const auto units = models::model_units("gpt-debug");
+  ASSERT_EQ(units.size(), w.unit_parameters.size());
+  for (size_t i = 0; i < units.size(); ++i)
+    EXPECT_EQ(units[i].parameters, w.unit_parameters[i]) << units[i].name;
+  const std::string e = testing::error_of<ConfigError>([] { workload_of("resnet18", 0, 8); });
+  EXPECT_NE(e.find("plan a gpt-* model"), std::string::npos) << e;
+}
+
+TEST(CostModel, CollectiveTimeIsLatencyPerStepPlusBusBytesOverBandwidth) {
+  Machine m = round_machine();
+  m.intra_node[Collective::AllReduce] = {{2, 1e-5, 1e9}, {4, 2e-5, 5e8}};
+  // 4 ranks: the 4-rank measurement; 2 (n-1) steps, 2 (n-1)/n of the bytes.
+  EXPECT_DOUBLE_EQ(m.seconds(Collective::AllReduce, 4, 1e8, false), 6 * 2e-5 + 1.5e8 / 5e8);
+  // 3 ranks: the largest measured group no larger, 2 ranks'.
+  EXPECT_DOUBLE_EQ(m.seconds(Collective::AllReduce, 3, 1e8, false),
+                   4 * 1e-5 + (4.0 / 3) * 1e8 / 1e9);
+  EXPECT_DOUBLE_EQ(m.seconds(Collective::AllGather, 2, 1e8, false), 1e-5 + 0.5e8 / 1e9);
+  EXPECT_EQ(m.seconds(Collective::AllReduce, 1, 1e8, false), 0);
+  const std::string e = testing::error_of<ConfigError>(
+      [&] { m.seconds(Collective::AllReduce, 16, 1e8, /*across_nodes=*/true); });
+  EXPECT_NE(e.find("no inter_node.allreduce measurement"), std::string::npos) << e;
+}
+
+TEST(CostModel, OneRankComputesThreeForwardsOfTheModelsFlops) {
+  const Workload w = workload_of("gpt-debug", 32, 4);
+  const Machine m = round_machine();
+  const double C = 32, T = 32, V = 256, L = 2;
+  const double forward = T * (L * (24 * C * C + 4 * T * C) + 2 * C * V);  // per sequence
+  const Prediction p = predict(w, m, Layout{});
+  EXPECT_NEAR(p.compute_s, 4 * 3 * forward / 1e9, 1e-12);
+  EXPECT_EQ(p.exposed_comm_s, 0);
+  EXPECT_EQ(p.bubble_s, 0);
+  Layout ac;
+  ac.activation_checkpointing = true;
+  const double blocks = T * L * (24 * C * C + 4 * T * C);
+  EXPECT_NEAR(predict(w, m, ac).compute_s, 4 * (3 * forward + blocks) / 1e9, 1e-12);
+  // Recomputation keeps a block's input instead of its tensors.
+  EXPECT_LT(predict(w, m, ac).activation_bytes, p.activation_bytes);
+}
+
+TEST(CostModel, DataParallelPaysItsAllReduceAndZeroShardsTheState) {
+  const Workload w = workload_of("gpt-small", 64, 8);
+  const Machine m = round_machine();
+  double P = 0;
+  for (int64_t u : w.unit_parameters)
+    P += double(u);
+  Layout ddp;
+  ddp.dp = 4;
+  const Prediction d = predict(w, m, ddp);
+  EXPECT_NEAR(d.exposed_comm_s, m.seconds(Collective::AllReduce, 4, 4 * P, false), 1e-9);
+  double last = d.model_state_bytes;
+  for (int zero = 1; zero <= 3; ++zero) {
+    Layout z = ddp;
+    z.zero = zero;
+    const Prediction p = predict(w, m, z);
+    EXPECT_LT(p.model_state_bytes, last) << "zero" << zero;
+    last = p.model_state_bytes;
+  }
+  // The same layout with half its link's bandwidth hidden behind backward.
+  Machine hidden = m;
+  hidden.overlap["ddp"] = 0.5;
+  EXPECT_NEAR(predict(w, hidden, ddp).exposed_comm_s, d.exposed_comm_s / 2, 1e-9);
+  // Memory decides fitting.
+  Machine small = m;
+  small.memory_per_rank_bytes = d.peak_bytes - 1;
+  EXPECT_FALSE(predict(w, small, ddp).fits);
+}
+
+TEST(CostModel, MoreMicroBatchesShrinkThePipelinesBubble) {
+  const Workload w = workload_of("gpt-debug", 32, 16);
+  const Machine m = round_machine();
+  Layout l;
+  l.pp = 2;
+  double last = 1e30;
+  for (int mbs : {2, 4, 8}) {
+    l.microbatches = mbs;
+    const Prediction p = predict(w, m, l);
+    EXPECT_GT(p.bubble_s, 0) << mbs;
+    EXPECT_LT(p.bubble_s, last) << mbs;
+    last = p.bubble_s;
+  }
+  Layout zb = l;
+  zb.schedule = pp::ScheduleKind::ZeroBubble;
+  EXPECT_LT(predict(w, m, zb).bubble_s, predict(w, m, l).bubble_s);
+}
+
+TEST(CostModel, EveryLayoutIsOneTheRunAccepts) {
+  const Workload w = workload_of("gpt-debug", 32, 8);  // 4 heads, 2 blocks
+  const std::vector<Layout> all = enumerate_layouts(w, 4);
+  ASSERT_FALSE(all.empty());
+  bool tp4 = false, cp2 = false, pp2 = false;
+  for (const Layout& l : all) {
+    EXPECT_EQ(l.dp * l.tp * l.pp * l.cp, 4);
+    EXPECT_EQ(w.heads % l.tp, 0);
+    EXPECT_EQ(w.global_batch % l.dp, 0);
+    if (l.cp > 1) EXPECT_EQ(l.pp, 1);
+    if (l.dp * l.cp == 1) EXPECT_EQ(l.zero, 0);  // nothing to shard
+    if (l.pp > 1) EXPECT_EQ((w.global_batch / l.dp) % l.microbatches, 0);
+    tp4 |= l.tp == 4;
+    cp2 |= l.cp == 2;
+    pp2 |= l.pp == 2;
+  }
+  EXPECT_TRUE(tp4 && cp2 && pp2);
+  Layout l;
+  l.dp = 2, l.tp = 2, l.zero = 3, l.activation_checkpointing = true;
+  EXPECT_EQ(flags_of(l, w),
+            "--model gpt-debug --seq-len 32 --batch-size 4 --strategy zero3 --tp 2 "
+            "--activation-checkpointing 1");
+  const std::vector<Prediction> ranked = rank_layouts(w, round_machine(), 4);
+  ASSERT_EQ(ranked.size(), all.size());
+  for (size_t i = 1; i < ranked.size(); ++i) {
+    if (ranked[i].fits == ranked[i - 1].fits)
+      EXPECT_LE(ranked[i - 1].step_s(), ranked[i].step_s());
+    else
+      EXPECT_TRUE(ranked[i - 1].fits);
+  }
+}
+
+TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
+  const std::string dir = testing::scratch_dir("machine_file");
+  Machine m = round_machine(4);
+  m.inter_node[Collective::AllReduce] = {{8, 5e-5, 1e10}};
+  m.overlap["zero2"] = 0.7;
+  { std::ofstream(dir + "/m.json") << machine_json(m); }
+  const Machine back = read_machine(dir + "/m.json");
+  EXPECT_EQ(machine_json(back), machine_json(m));
+  auto error_for = [&](const std::string& text) {
+    std::ofstream(dir + "/bad.json") << text;
+    return testing::error_of<ConfigError>([&] { read_machine(dir + "/bad.json"); });
+  };
+  std::string e = error_for(R"({"matmul_flops": {"fp32": 1e9}, "intra_node": {}})");
+  EXPECT_NE(e.find("memory_per_rank_bytes is missing"), std::string::npos) << e;
+  e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flop": {}})");
+  EXPECT_NE(e.find("matmul_flops"), std::string::npos) << e;
+  e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flops": {"fp32": 1e9}, "intra_node": )"
+                R"({"allreduce": [{"ranks": 2, "latency_s": 1e-5}]}})");
+  EXPECT_NE(e.find("bus_bytes_per_s"), std::string::npos) << e;
+  e = testing::error_of<ConfigError>([&] { read_machine(dir + "/none.json"); });
+  EXPECT_NE(e.find("no such file"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace dtorch::plan

@@ -1,0 +1,138 @@
+// `dtorch plan` from a machine file: one JSON line per layout, ranked fitting first and then by
+// predicted step time, each with its flags; bad flags and files named. `dtorch plan calibrate`
+// on 2 ranks writes a machine file that plan reads, and never overwrites one.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "dtorch/plan/machine.h"
+#include "support/command.h"
+
+namespace dtorch {
+namespace {
+
+std::string round_machine_file(const std::string& dir) {
+  plan::Machine m;
+  m.name = "round";
+  m.ranks_per_node = 4;
+  m.memory_per_rank_bytes = 2.0 * (1 << 30);
+  m.matmul_flops["fp32"] = 1e10;
+  m.adamw_seconds_per_parameter = 1e-9;
+  for (plan::Collective c : {plan::Collective::AllReduce, plan::Collective::ReduceScatter,
+                             plan::Collective::AllGather, plan::Collective::P2P})
+    m.intra_node[c] = {{2, 1e-5, 1e9}};
+  const std::string path = dir + "/machine.json";
+  std::ofstream(path) << plan::machine_json(m);
+  return path;
+}
+
+TEST(PlanCli, RanksEveryLayoutAsJsonLines) {
+  const std::string dir = testing::scratch_dir("plan_cli");
+  const std::string machine = round_machine_file(dir);
+  auto r = testing::run_command(
+      "plan_json",
+      {DTORCH_CLI, "plan", "--model", "gpt-small", "--nproc-per-node", "4", "--global-batch-size",
+       "8", "--seq-len", "64", "--machine", machine, "--format", "json", "--top", "1000"},
+      60);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  std::istringstream lines(r.out);
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(lines, line);)
+    rows.push_back(nlohmann::json::parse(line));
+  ASSERT_GT(rows.size(), 20u);
+  bool some_do_not_fit = false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (const char* key : {"flags", "predicted_step_s", "predicted_peak_gib", "fits"})
+      ASSERT_TRUE(rows[i].contains(key)) << key << " in " << rows[i].dump();
+    const nlohmann::json& row = rows[i];
+    EXPECT_NEAR(row["predicted_step_s"].get<double>(),
+                row["predicted_compute_s"].get<double>() +
+                    row["predicted_exposed_comm_s"].get<double>() +
+                    row["predicted_bubble_s"].get<double>(),
+                1e-9);
+    EXPECT_EQ(
+        row["dp"].get<int>() * row["tp"].get<int>() * row["pp"].get<int>() * row["cp"].get<int>(),
+        4);
+    some_do_not_fit |= !row["fits"].get<bool>();
+    if (i == 0) continue;
+    const nlohmann::json& before = rows[i - 1];
+    if (before["fits"] == row["fits"]) {
+      EXPECT_LE(before["predicted_step_s"].get<double>(), row["predicted_step_s"].get<double>());
+    } else {
+      EXPECT_TRUE(before["fits"].get<bool>()) << "a layout that fits after one that does not";
+    }
+  }
+  // gpt-small's ddp state alone (16 bytes a parameter) is over 2 GiB.
+  EXPECT_TRUE(some_do_not_fit);
+  auto table = testing::run_command(
+      "plan_table",
+      {DTORCH_CLI, "plan", "--model", "gpt-small", "--nproc-per-node", "4", "--global-batch-size",
+       "8", "--seq-len", "64", "--machine", machine, "--memory-per-rank", "0.5"},
+      60);
+  ASSERT_EQ(table.exit_code(), 0) << table.err;
+  EXPECT_TRUE(testing::contains(table.out, "(does not fit: over by")) << table.out;
+  EXPECT_TRUE(testing::contains(table.out, "0.50 GiB per rank")) << table.out;
+}
+
+TEST(PlanCli, BadFlagsAndFilesAreNamed) {
+  const std::string dir = testing::scratch_dir("plan_bad");
+  const std::string machine = round_machine_file(dir);
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  for (const Case& c : {
+           Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2"},
+                "needs --machine FILE"},
+           Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--gpus-per-node", "2",
+                 "--global-batch-size", "2", "--machine", machine},
+                "give the ranks per node once"},
+           Case{{"--model", "resnet18", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", machine},
+                "plan a gpt-* model"},
+           Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", dir + "/none.json"},
+                "no such file"},
+           Case{{"--model", "gpt-small", "--nodes", "2", "--gpus-per-node", "4",
+                 "--global-batch-size", "8", "--machine", machine},
+                "no inter_node.allreduce measurement"},
+       }) {
+    std::vector<std::string> args{DTORCH_CLI, "plan"};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    auto r = testing::run_command("plan_bad_run", args, 60);
+    EXPECT_NE(r.exit_code(), 0) << c.says;
+    EXPECT_TRUE(testing::contains(r.err, c.says)) << r.err;
+    EXPECT_FALSE(testing::contains(r.err, ".cpp:")) << r.err;
+  }
+}
+
+TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
+  const std::string dir = testing::scratch_dir("plan_calibrate");
+  const std::string out = dir + "/machine.json";
+  auto r = testing::run_command(
+      "plan_calibrate", {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2"},
+      120);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  const plan::Machine m = plan::read_machine(out);
+  EXPECT_EQ(m.ranks_per_node, 2);
+  EXPECT_GT(m.flops("fp32"), 1e8);
+  EXPECT_GT(m.adamw_seconds_per_parameter, 0);
+  EXPECT_GT(m.memory_per_rank_bytes, 0);
+  EXPECT_GT(m.seconds(plan::Collective::AllReduce, 2, 1e6, false), 0);
+  EXPECT_GT(m.seconds(plan::Collective::P2P, 2, 1e6, false), 0);
+  auto plan = testing::run_command("plan_calibrated",
+                                   {DTORCH_CLI, "plan", "--model", "gpt-debug", "--nproc-per-node",
+                                    "2", "--global-batch-size", "4", "--machine", out},
+                                   60);
+  EXPECT_EQ(plan.exit_code(), 0) << plan.err;
+  auto again = testing::run_command(
+      "plan_calibrate_again",
+      {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2"}, 60);
+  EXPECT_NE(again.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(again.err, "exists; give a new path")) << again.err;
+}
+
+}  // namespace
+}  // namespace dtorch
