@@ -95,7 +95,8 @@ endif
 # parallelism against PyTorch 2.x's parallelize_module; pipelines against its pipelining;
 # activation checkpointing against torch.utils.checkpoint; dtorch train against Lightning's
 # Trainer; the image loader against torchvision's DataLoader; gpt-large under ZeRO-3; on a machine
-# with a GPU, one GPU's training step against PyTorch eager's.
+# with a GPU, one GPU's training step against PyTorch eager's; dtorch plan's predictions
+# against the layouts it ranks, run.
 bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
@@ -107,6 +108,7 @@ bench: deps-bench
 	bench/bench_activation_checkpointing.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_context_parallel.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_checkpoint.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_plan.py --dtorch build-pip/dtorch
 	bench/bench_lightning.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_data.py --dtorch build/dtorch
 	bench/bench_gpt_large.py --dtorch build-pip/dtorch

@@ -15,6 +15,7 @@
 #include <iostream>
 
 #include "dtorch/core/device.h"
+#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/train/background_save.h"
@@ -46,12 +47,11 @@ std::string checkpoint_dir(const std::string& given, comm::Communicator& world) 
   std::string dir = given;
   if (world.rank() == 0) {
     if (dir.empty()) {
-      const char* tmp = std::getenv("TMPDIR");
-      std::string pattern = str(tmp && *tmp ? tmp : "/tmp", "/dtorch-bench-checkpoint-XXXXXX");
-      DTORCH_CHECK_T(CheckpointError, ::mkdtemp(pattern.data()) != nullptr,
-                     "bench checkpoint: cannot ", "make a folder under ",
-                     tmp && *tmp ? tmp : "/tmp", ": set TMPDIR or --dir");
-      dir = pattern;
+      std::error_code ec;
+      dir = paths::make_temp_directory("dtorch-bench-checkpoint", ec);
+      DTORCH_CHECK_T(CheckpointError, !ec, "bench checkpoint: cannot make a folder under ",
+                     env::get("TMPDIR").value_or("/tmp"), " (", ec.message(),
+                     "): set TMPDIR or --dir");
     } else {
       DTORCH_CHECK_T(ConfigError, !paths::exists(dir) || paths::is_empty(dir),
                      "bench checkpoint: --dir ", dir, " is not empty; the benchmark writes ",

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,10 +17,13 @@
 #include "dtorch/core/atomic_file.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/json_config.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
+#include "dtorch/core/picture.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/plan/cost_model.h"
+#include "dtorch/plan/plan_picture.h"
 #include "dtorch/report/out_of_memory.h"
 
 namespace dtorch::tools {
@@ -29,8 +33,9 @@ using Clock = std::chrono::steady_clock;
 constexpr double kGiB = double(1 << 30);
 
 struct PlanFlags {
-  std::string model, machine, format = "table";
+  std::string model, machine, format = "table", out;
   int nodes = 1, gpus_per_node = 0, nproc_per_node = 0, top = 20;
+  int validate = 0, validate_steps = 2;
   int64_t global_batch = 0, seq_len = 0;
   double memory_per_rank_gib = 0;
 };
@@ -47,15 +52,84 @@ std::string seconds(double s) {
   return o.str();
 }
 
+// What one layout measured when run: the slowest rank's step and the largest peak RSS.
+struct Measured {
+  bool ran = false;
+  double step_s = 0, peak_bytes = 0;
+  std::string why;  // when it did not run
+};
+
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s)
+    q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `dtorch bench memory` with the layout's flags on `world` local ranks for `steps` steps
+// (after one untimed), its log kept in `log_path`.
+Measured measure_layout(const std::string& flags, int world, int steps,
+                        const std::string& log_path) {
+  std::string command = shell_quoted(paths::executable_path()) + " bench memory";
+  std::istringstream words(flags);
+  for (std::string w; words >> w;)
+    command += " " + shell_quoted(w);
+  command += " --nproc-per-node " + std::to_string(world) + " --steps " + std::to_string(steps) +
+             " 2>" + shell_quoted(log_path);
+  Measured m;
+  FILE* out = popen(command.c_str(), "r");
+  DTORCH_CHECK_T(ConfigError, out != nullptr, "plan --validate cannot start ", command);
+  std::string text;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, out)) > 0;)
+    text.append(buffer, n);
+  const int status = pclose(out);
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    nlohmann::json j;
+    std::string why;
+    if (line.empty() || line[0] != '{' || !json_config::try_parse(line, &j, &why)) continue;
+    if (!j.contains("samples_per_s") || !j.contains("peak_rss_bytes")) continue;
+    const double samples = j["batch_size"].get<double>() * j["dp"].get<double>();
+    m.step_s = std::max(m.step_s, samples / j["samples_per_s"].get<double>());
+    m.peak_bytes = std::max(m.peak_bytes, j["peak_rss_bytes"].get<double>());
+    m.ran = true;
+  }
+  if (status != 0 || !m.ran) {
+    m.ran = false;
+    std::ifstream log(log_path);
+    std::string last;
+    for (std::string line; std::getline(log, line);)
+      if (!line.empty()) last = line;
+    m.why = last.empty() ? "exited with status " + std::to_string(status) : last;
+  }
+  return m;
+}
+
+// Predicted against measured, as a signed fraction of the measured.
+double miss(double predicted, double measured) {
+  return measured > 0 ? (predicted - measured) / measured : 0;
+}
+
+std::string percent(double fraction) {
+  std::ostringstream o;
+  o << std::showpos << std::fixed << std::setprecision(0) << 100 * fraction << "%";
+  return o.str();
+}
+
 int run_plan(const PlanFlags& f) {
   DTORCH_CHECK_T(ConfigError, !f.model.empty(), "dtorch plan needs --model (a gpt-* name)");
-  DTORCH_CHECK_T(ConfigError, !f.machine.empty(),
-                 "dtorch plan needs --machine FILE: `dtorch plan calibrate --out FILE` measures "
-                 "this machine, or write one for another by hand (docs in BENCHMARKS.md)");
+  DTORCH_CHECK_T(
+      ConfigError, !f.machine.empty(),
+      "dtorch plan needs --machine FILE: `dtorch plan calibrate --out FILE` measures "
+      "this machine, or write one for another by hand (its fields: README.md, dtorch plan)");
   DTORCH_CHECK_T(ConfigError, (f.gpus_per_node > 0) != (f.nproc_per_node > 0),
                  "give the ranks per node once: --gpus-per-node G or --nproc-per-node P");
   DTORCH_CHECK_T(ConfigError, f.nodes >= 1, "--nodes must be >= 1 (got ", f.nodes, ")");
   DTORCH_CHECK_T(ConfigError, f.top >= 1, "--top must be >= 1 (got ", f.top, ")");
+  DTORCH_CHECK_T(ConfigError, f.validate >= 0 && f.validate_steps >= 1,
+                 "--validate K takes K >= 0 layouts and --validate-steps 1 or more (got ",
+                 f.validate, " and ", f.validate_steps, ")");
   plan::Machine m = plan::read_machine(f.machine);
   const int per_node = f.gpus_per_node > 0 ? f.gpus_per_node : f.nproc_per_node;
   m.ranks_per_node = per_node;
@@ -67,25 +141,63 @@ int run_plan(const PlanFlags& f) {
                  " at a global batch of ", f.global_batch,
                  ": use a --global-batch-size that the data-parallel degrees divide");
   const int shown = std::min<int>(f.top, static_cast<int>(ranked.size()));
+  // --validate K: the first K layouts that fit, run here.
+  std::vector<Measured> measured(ranked.size());
+  int validated = 0;
+  if (f.validate > 0) {
+    DTORCH_CHECK_T(ConfigError, f.nodes == 1,
+                   "plan --validate runs the layouts on this machine: give --nodes 1 (got ",
+                   f.nodes, ")");
+    std::error_code ec;
+    const std::string logs = paths::make_temp_directory("dtorch-plan-validate", ec);
+    DTORCH_CHECK_T(ConfigError, !ec, "plan --validate cannot make a folder for its runs' logs (",
+                   ec.message(), "): set TMPDIR to a writable folder");
+    for (size_t i = 0; i < ranked.size() && validated < f.validate; ++i) {
+      if (!ranked[i].fits) continue;
+      ++validated;
+      const std::string flags = plan::flags_of(ranked[i].layout, w);
+      log::info("validating ", validated, "/", f.validate, " (layout #", i + 1, "): ", flags);
+      measured[i] = measure_layout(flags, world, f.validate_steps,
+                                   logs + "/layout-" + std::to_string(i + 1) + ".log");
+      if (!measured[i].ran) log::warn("layout #", i + 1, " did not run: ", measured[i].why);
+    }
+    paths::remove_all(logs);
+  }
+  if (!f.out.empty()) {
+    const int drawn = std::max(shown, validated);
+    std::vector<double> steps;
+    for (int i = 0; i < drawn; ++i)
+      steps.push_back(measured[i].ran ? measured[i].step_s : 0);
+    write_picture(plan::plan_picture({ranked.begin(), ranked.begin() + drawn},
+                                     validated > 0 ? steps : std::vector<double>{}, w,
+                                     str(f.model, " on ", world, " rank(s), global batch ",
+                                         w.global_batch, ": predicted step time")),
+                  f.out);
+  }
   if (f.format == "json") {
-    for (int i = 0; i < shown; ++i) {
+    for (int i = 0; i < std::max(shown, validated); ++i) {
       const plan::Prediction& p = ranked[i];
-      std::cout << nlohmann::json{{"rank", i + 1},
-                                  {"flags", plan::flags_of(p.layout, w)},
-                                  {"dp", p.layout.dp},
-                                  {"tp", p.layout.tp},
-                                  {"pp", p.layout.pp},
-                                  {"cp", p.layout.cp},
-                                  {"predicted_step_s", p.step_s()},
-                                  {"predicted_compute_s", p.compute_s},
-                                  {"predicted_exposed_comm_s", p.exposed_comm_s},
-                                  {"predicted_bubble_s", p.bubble_s},
-                                  {"predicted_peak_gib", p.peak_bytes / kGiB},
-                                  {"predicted_model_state_gib", p.model_state_bytes / kGiB},
-                                  {"predicted_activation_gib", p.activation_bytes / kGiB},
-                                  {"fits", p.fits}}
-                       .dump()
-                << "\n";
+      nlohmann::json j{{"rank", i + 1},
+                       {"flags", plan::flags_of(p.layout, w)},
+                       {"dp", p.layout.dp},
+                       {"tp", p.layout.tp},
+                       {"pp", p.layout.pp},
+                       {"cp", p.layout.cp},
+                       {"predicted_step_s", p.step_s()},
+                       {"predicted_compute_s", p.compute_s},
+                       {"predicted_exposed_comm_s", p.exposed_comm_s},
+                       {"predicted_bubble_s", p.bubble_s},
+                       {"predicted_peak_gib", p.peak_bytes / kGiB},
+                       {"predicted_model_state_gib", p.model_state_bytes / kGiB},
+                       {"predicted_activation_gib", p.activation_bytes / kGiB},
+                       {"fits", p.fits}};
+      if (measured[i].ran) {
+        j["measured_step_s"] = measured[i].step_s;
+        j["measured_peak_gib"] = measured[i].peak_bytes / kGiB;
+      } else if (!measured[i].why.empty()) {
+        j["not_run"] = measured[i].why;
+      }
+      std::cout << j.dump() << "\n";
     }
     return 0;
   }
@@ -97,18 +209,53 @@ int run_plan(const PlanFlags& f) {
             << m.name << "' (" << gib(m.memory_per_rank_bytes)
             << " GiB per rank): " << ranked.size() << " layouts, " << fitting << " fit\n";
   std::cout << std::setw(4) << "#" << std::setw(10) << "step s" << std::setw(10) << "compute"
-            << std::setw(10) << "comm" << std::setw(10) << "bubble" << std::setw(11) << "peak GiB"
-            << "  flags\n";
-  for (int i = 0; i < shown; ++i) {
+            << std::setw(10) << "comm" << std::setw(10) << "bubble" << std::setw(11) << "peak GiB";
+  if (validated > 0) std::cout << std::setw(17) << "measured s" << std::setw(19) << "measured GiB";
+  std::cout << "  flags\n";
+  for (int i = 0; i < std::max(shown, validated); ++i) {
     const plan::Prediction& p = ranked[i];
     std::cout << std::setw(4) << i + 1 << std::setw(10) << seconds(p.step_s()) << std::setw(10)
               << seconds(p.compute_s) << std::setw(10) << seconds(p.exposed_comm_s) << std::setw(10)
-              << seconds(p.bubble_s) << std::setw(11) << gib(p.peak_bytes) << "  "
-              << plan::flags_of(p.layout, w)
+              << seconds(p.bubble_s) << std::setw(11) << gib(p.peak_bytes);
+    if (validated > 0) {
+      const Measured& got = measured[i];
+      std::cout << std::setw(17)
+                << (got.ran
+                        ? seconds(got.step_s) + " (" + percent(miss(p.step_s(), got.step_s)) + ")"
+                        : std::string("-"))
+                << std::setw(19)
+                << (got.ran ? gib(got.peak_bytes) + " (" +
+                                  percent(miss(p.peak_bytes, got.peak_bytes)) + ")"
+                            : std::string("-"));
+    }
+    std::cout << "  " << plan::flags_of(p.layout, w)
               << (p.fits ? ""
                          : "  (does not fit: over by " +
                                gib(p.peak_bytes - m.memory_per_rank_bytes) + " GiB)")
               << "\n";
+  }
+  if (validated > 0) {
+    // How good the predictions were: each layout's misses, and whether the predicted best is
+    // the measured best.
+    int ran = 0, time_ok = 0, memory_ok = 0, best = -1, first = -1;
+    for (size_t i = 0; i < ranked.size(); ++i) {
+      if (!measured[i].ran) continue;
+      ++ran;
+      time_ok += std::abs(miss(ranked[i].step_s(), measured[i].step_s)) <= 0.25;
+      memory_ok += std::abs(miss(ranked[i].peak_bytes, measured[i].peak_bytes)) <= 0.15;
+      if (first < 0) first = static_cast<int>(i);
+      if (best < 0 || measured[i].step_s < measured[best].step_s) best = static_cast<int>(i);
+    }
+    std::cout << "validated " << ran << " of " << validated
+              << " layout(s): step time within 25% for " << time_ok
+              << ", peak memory within 15% for " << memory_ok;
+    if (ran > 0) {
+      std::cout << "; the predicted best (#" << first + 1 << ") measured "
+                << seconds(measured[first].step_s) << " s, the measured best (#" << best + 1 << ") "
+                << seconds(measured[best].step_s) << " s ("
+                << percent(miss(measured[first].step_s, measured[best].step_s)) << ")";
+    }
+    std::cout << "\n";
   }
   return 0;
 }
@@ -268,6 +415,14 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
   cmd->add_option("--top", f->top, "layouts shown")->capture_default_str();
+  cmd->add_option("--out", f->out,
+                  "also draw the layouts shown (their predicted time split) into this .png or "
+                  ".svg file");
+  cmd->add_option("--validate", f->validate,
+                  "run the first K layouts that fit here (dtorch bench memory) and print "
+                  "predicted against measured step time and peak memory");
+  cmd->add_option("--validate-steps", f->validate_steps, "timed steps per layout, after one")
+      ->capture_default_str();
 
   auto c = std::make_shared<CalibrateFlags>();
   auto* cal = cmd->add_subcommand("calibrate",

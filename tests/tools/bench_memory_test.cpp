@@ -42,6 +42,16 @@ std::vector<nlohmann::json> run_bench(const std::string& strategy, int n,
   return rows;
 }
 
+TEST(BenchMemory, InterleavedStagesWithoutBlocksRecomputeNothing) {
+  // gpt-debug's 4 units over 2 ranks x 2 virtual stages: each stage holds one unit, so the
+  // embedding's and the head's stages hold no block to recompute.
+  const auto rows = run_bench("ddp", 2,
+                              {"--pp", "2", "--schedule", "interleaved", "--microbatches", "2",
+                               "--activation-checkpointing", "1", "--batch-size", "2"});
+  for (const auto& row : rows)
+    EXPECT_EQ(row["schedule"], "interleaved") << row.dump();
+}
+
 TEST(BenchMemory, ModelStateMatchesZeroFormulasAtFourRanks) {
   const int n = 4;
   std::map<std::string, double> state;

@@ -66,12 +66,17 @@ TEST(PlanCli, RanksEveryLayoutAsJsonLines) {
   }
   // gpt-small's ddp state alone (16 bytes a parameter) is over 2 GiB.
   EXPECT_TRUE(some_do_not_fit);
-  auto table = testing::run_command(
-      "plan_table",
-      {DTORCH_CLI, "plan", "--model", "gpt-small", "--nproc-per-node", "4", "--global-batch-size",
-       "8", "--seq-len", "64", "--machine", machine, "--memory-per-rank", "0.5"},
-      60);
+  auto table =
+      testing::run_command("plan_table",
+                           {DTORCH_CLI, "plan", "--model", "gpt-small", "--nproc-per-node", "4",
+                            "--global-batch-size", "8", "--seq-len", "64", "--machine", machine,
+                            "--memory-per-rank", "0.5", "--top", "5", "--out", dir + "/plan.svg"},
+                           60);
   ASSERT_EQ(table.exit_code(), 0) << table.err;
+  const std::string svg = testing::read_file(dir + "/plan.svg");
+  EXPECT_TRUE(testing::contains(svg, "<svg")) << svg.substr(0, 200);
+  EXPECT_TRUE(testing::contains(svg, "#5")) << svg;  // a bar per layout shown
+  EXPECT_TRUE(testing::contains(svg, "exposed communication")) << svg;
   EXPECT_TRUE(testing::contains(table.out, "(does not fit: over by")) << table.out;
   EXPECT_TRUE(testing::contains(table.out, "0.50 GiB per rank")) << table.out;
 }

@@ -85,6 +85,15 @@ bool write_fully(int fd, const char* data, size_t n) {
 
 // ---- names -----------------------------------------------------------------------------------
 
+std::string make_temp_directory(const std::string& prefix, std::error_code& ec) {
+  ec.clear();
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
+  if (::mkdtemp(pattern.data()) != nullptr) return pattern;
+  ec = std::error_code(errno, std::generic_category());
+  return "";
+}
+
 std::string join(const std::string& a, const std::string& b) {
   if (a.empty() || (!b.empty() && b[0] == '/')) return b;
   if (a.back() == '/') return a + b;

@@ -108,6 +108,9 @@ bool remove(const std::string& p, std::error_code& ec);
 uint64_t remove_all(const std::string& p, std::error_code& ec);
 /// rename(2): replaces a file, or an empty directory, at `to`.
 void rename(const std::string& from, const std::string& to, std::error_code& ec);
+/// A new private folder (mkdtemp) named PREFIX-XXXXXX under $TMPDIR, or /tmp; "" with `ec` set
+/// when it cannot be made.
+std::string make_temp_directory(const std::string& prefix, std::error_code& ec);
 
 // ---- the same, throwing dtorch::Error naming the path and the reason ----------------------------
 

@@ -249,9 +249,8 @@ std::string error_file(const Plan& plan, int attempt, int local_rank) {
 struct ErrorDir {
   std::string path;
   ErrorDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = str(tmp && *tmp ? tmp : "/tmp", "/dtorch_launch_XXXXXX");
-    if (::mkdtemp(templ.data())) path = templ;
+    std::error_code ec;
+    path = paths::make_temp_directory("dtorch_launch", ec);
   }
   ~ErrorDir() {
     std::error_code ec;

@@ -152,8 +152,9 @@ void checkpoint_activations(models::Model& model, ActivationCheckpointing opts) 
   DTORCH_CHECK_T(ConfigError, opts.every >= 0, "--activation-checkpointing ", opts.every,
                  ": give K >= 1 to checkpoint every K-th block (1: every block)");
   if (auto* stages = dynamic_cast<models::StageUnion*>(&model)) {
+    // A stage may hold no block (the embedding or the head alone): it recomputes nothing.
     for (const auto& s : stages->stages())
-      install(*s, opts.every);
+      if (!s->block_names().empty()) install(*s, opts.every);
     return;
   }
   install(model, opts.every);

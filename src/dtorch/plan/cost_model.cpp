@@ -207,7 +207,8 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
                                     ? C * eb * share.blocks + per_token_block  // inputs + one whole
                                     : per_token_block * share.blocks;
   const double logits = share.head ? 3 * t * (V / l.tp) * 4 : 0;
-  p.activation_bytes = in_flight * mb * t * kept_per_token + mb * logits;
+  const double gradient_copies = l.pp > 1 ? 2 * 4 * V * C / l.tp : 0;
+  p.activation_bytes = in_flight * mb * t * kept_per_token + mb * logits + gradient_copies;
   p.peak_bytes = m.base_bytes_per_rank + p.model_state_bytes + p.activation_bytes;
   p.fits = p.peak_bytes <= m.memory_per_rank_bytes;
   return p;

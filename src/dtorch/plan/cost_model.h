@@ -38,7 +38,10 @@ namespace dtorch::plan {
 //   ZeRO-3 adds two gathered blocks), the activations each block keeps per token (its
 //   tensors: 20 C + the attention matrices' 2 H T / cp floats; C with activation checkpointing,
 //   plus one block's whole while it recomputes) times the micro-batches in flight (the
-//   simulator's peak), the logits' three copies, and the machine's base bytes per process.
+//   simulator's peak), the logits' three copies, and the machine's base bytes per process;
+//   under a pipeline also two copies of the largest parameter's gradient (the tied embedding's:
+//   a micro-batch's gradient made before it is added into .grad, and the copy the first and
+//   last stages exchange).
 // Every term is printed, so a miss can be traced to the term that made it.
 
 /// The model as the cost model sees it: a GPT's shape.

@@ -137,11 +137,14 @@ Parallelized parallelize(const ParallelizeSpec& s, const std::shared_ptr<comm::C
   }
   models::to_device(*out.model, s.device);
   if (c.activation_checkpointing > 0) {
-    DTORCH_CHECK_T(ConfigError, !out.model->block_names().empty(),
+    DTORCH_CHECK_T(ConfigError, pipelined || !out.model->block_names().empty(),
                    "--activation-checkpointing: ", s.model,
                    " has no repeating blocks to recompute (gpt-*, vit-* and resnet* have); leave "
                    "the flag out");
-    parallel::checkpoint_activations(*out.model, {c.activation_checkpointing});
+    // A pipeline stage may hold no block (the embedding or the head alone): it recomputes
+    // nothing.
+    if (!out.model->block_names().empty())
+      parallel::checkpoint_activations(*out.model, {c.activation_checkpointing});
   }
   if (before_strategy) before_strategy(*out.model);
   StrategyConfig sc = s.strategy;
