@@ -321,15 +321,11 @@ plan::LinkCost measure(comm::Communicator& group, plan::Collective op) {
   // 1 KiB per rank, and about 16 MiB; both whole multiples of n floats.
   const int64_t small = 256 * n, large = n * ((int64_t(4) << 20) / n);
   const double t_small = run(small), t_large = run(large);
-  const double steps =
-      op == plan::Collective::P2P ? 1 : (op == plan::Collective::AllReduce ? 2.0 : 1.0) * (n - 1);
-  const double share = op == plan::Collective::P2P
-                           ? 1
-                           : (op == plan::Collective::AllReduce ? 2.0 : 1.0) * (n - 1) / n;
   plan::LinkCost l;
   l.ranks = n;
-  l.latency_s = t_small / steps;
-  l.bus_bytes_per_s = share * 4.0 * (large - small) / std::max(1e-9, t_large - t_small);
+  l.latency_s = t_small / plan::ring_steps(op, n);
+  l.bus_bytes_per_s =
+      plan::bus_bytes(op, n, 4.0 * (large - small)) / std::max(1e-9, t_large - t_small);
   return l;
 }
 

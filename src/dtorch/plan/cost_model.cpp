@@ -134,9 +134,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
 
   // Activation bytes of one micro-batch passed between stages.
   const double message = mb * t * C * eb;
-  if (l.pp == 1) {
-    p.compute_s = replica_batch * train_f / rate;
-  } else {
+  p.compute_s = replica_batch * train_f / rate;
+  double in_flight = 1;  // micro-batches of activations the rank holds at once
+  if (l.pp > 1) {
     const double per_stage = 1.0 / share.stages;
     const double link =
         m.seconds(Collective::P2P, 2, message, spans_nodes(l.pp * l.dp * l.cp * l.tp, m));
@@ -144,11 +144,12 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
     costs.forward = mb * forward_f * per_stage / rate + link;
     costs.backward_input = (mb * (forward_f + recompute_f) * per_stage / rate) + link;
     costs.backward_weight = mb * forward_f * per_stage / rate;
-    const int v = pp::default_virtual_stages(l.schedule);
-    const pp::Simulation sim =
-        pp::simulate(pp::make_schedule(l.schedule, l.pp, microbatches, v), microbatches, costs);
-    p.compute_s = replica_batch * train_f / rate;
+    const pp::Simulation sim = pp::simulate(
+        pp::make_schedule(l.schedule, l.pp, microbatches, share.stages), microbatches, costs);
     p.bubble_s = std::max(0.0, sim.makespan - p.compute_s);
+    // The simulator counts (stage, micro-batch) pairs.
+    in_flight = *std::max_element(sim.peak_activations.begin(), sim.peak_activations.end()) /
+                double(share.stages);
   }
 
   // The optimizer step, over the rank's shard under ZeRO.
@@ -195,14 +196,6 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   p.model_state_bytes =
       report::model_state_bytes(l.zero, params_rank, n, l.zero == 3 ? 2 * 4 * block_params : 0);
   const double per_token_block = ((4 + 16.0 / l.tp) * C + 2.0 * (double(w.heads) / l.tp) * T) * eb;
-  double in_flight = 1;
-  if (l.pp > 1) {
-    const int v = pp::default_virtual_stages(l.schedule);
-    const pp::Simulation sim =
-        pp::simulate(pp::make_schedule(l.schedule, l.pp, microbatches, v), microbatches);
-    in_flight = *std::max_element(sim.peak_activations.begin(), sim.peak_activations.end());
-    in_flight /= share.stages;  // the simulator counts (stage, micro-batch) pairs
-  }
   const double kept_per_token = l.activation_checkpointing
                                     ? C * eb * share.blocks + per_token_block  // inputs + one whole
                                     : per_token_block * share.blocks;

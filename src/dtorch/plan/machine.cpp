@@ -17,17 +17,6 @@ const std::vector<Collective> kCollectives = {Collective::AllReduce, Collective:
                                               Collective::AllGather, Collective::P2P};
 const json_config::Keys kStrategies = {"ddp", "zero1", "zero2", "zero3"};
 
-// Steps of the ring algorithm and the bytes each rank moves for a buffer of `bytes`.
-double steps(Collective op, int n) {
-  if (op == Collective::P2P) return 1;
-  return op == Collective::AllReduce ? 2.0 * (n - 1) : n - 1.0;
-}
-double bus_bytes(Collective op, int n, double bytes) {
-  if (op == Collective::P2P) return bytes;
-  const double share = double(n - 1) / n;
-  return op == Collective::AllReduce ? 2 * share * bytes : share * bytes;
-}
-
 std::map<Collective, std::vector<LinkCost>> read_links(const json_config::Section& s,
                                                        std::vector<std::string>* warnings) {
   json_config::Keys names;
@@ -90,6 +79,17 @@ const char* collective_name(Collective c) {
   return "?";
 }
 
+double ring_steps(Collective op, int n) {
+  if (op == Collective::P2P) return 1;
+  return op == Collective::AllReduce ? 2.0 * (n - 1) : n - 1.0;
+}
+
+double bus_bytes(Collective op, int n, double bytes) {
+  if (op == Collective::P2P) return bytes;
+  const double share = double(n - 1) / n;
+  return op == Collective::AllReduce ? 2 * share * bytes : share * bytes;
+}
+
 double Machine::seconds(Collective op, int ranks, double bytes, bool across_nodes) const {
   if (ranks <= 1 || bytes <= 0) return 0;
   const auto& links = across_nodes ? inter_node : intra_node;
@@ -104,7 +104,8 @@ double Machine::seconds(Collective op, int ranks, double bytes, bool across_node
   const LinkCost* use = &it->second.front();
   for (const LinkCost& l : it->second)
     if (l.ranks <= ranks) use = &l;
-  return use->latency_s * steps(op, ranks) + bus_bytes(op, ranks, bytes) / use->bus_bytes_per_s;
+  return use->latency_s * ring_steps(op, ranks) +
+         bus_bytes(op, ranks, bytes) / use->bus_bytes_per_s;
 }
 
 double Machine::flops(const std::string& dtype) const {

@@ -18,6 +18,12 @@ const char* collective_name(Collective c);
 /// One collective over a group of `ranks`: t = latency_s * steps + bus bytes / bus bandwidth
 /// (steps: 2 (n-1) for a ring all-reduce, n-1 for reduce-scatter and all-gather, 1 for p2p;
 /// bus bytes as NCCL's tests count them, Note [Cost model]).
+/// The ring algorithm's steps for `op` over n ranks (2 (n-1), n-1, or 1 for p2p), and the bytes
+/// each rank moves for a buffer of `bytes` (2 (n-1)/n of it, (n-1)/n, or all of it): what
+/// LinkCost's latency and bandwidth are per, in calibration and in prediction alike.
+double ring_steps(Collective op, int n);
+double bus_bytes(Collective op, int n, double bytes);
+
 struct LinkCost {
   int ranks = 2;
   double latency_s = 0;

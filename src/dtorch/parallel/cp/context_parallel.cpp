@@ -35,12 +35,11 @@ struct GatherSequence : torch::autograd::Function<GatherSequence> {
     const int n = group->size();
     const int64_t tokens = ctx->saved_data["tokens"].toInt();
     const Tensor g = torch::constant_pad_nd(grads[0], {0, 0, 0, padded_length(tokens, n) - tokens});
-    std::vector<Tensor> parts;
+    std::vector<Tensor> parts;  // each rank's tokens of the gradient, in rank order
     for (int r = 0; r < n; ++r)
-      parts.push_back(shard_sequence(g, 1, r, n).contiguous().view(-1));
-    Tensor mine =
-        torch::empty_like(shard_sequence(g, 1, group->rank(), n), at::MemoryFormat::Contiguous);
-    group->reduce_scatter(torch::cat(parts), mine.view(-1), comm::ReduceOp::Sum,
+      parts.push_back(shard_sequence(g, 1, r, n).contiguous());
+    Tensor mine = torch::empty_like(parts[group->rank()]);
+    group->reduce_scatter(torch::cat(parts).view(-1), mine.view(-1), comm::ReduceOp::Sum,
                           "context-parallel sequence gradient");
     return {mine, Tensor(), Tensor()};
   }
