@@ -130,6 +130,12 @@ int run_plan(const PlanFlags& f) {
   DTORCH_CHECK_T(ConfigError, f.validate >= 0 && f.validate_steps >= 1,
                  "--validate K takes K >= 0 layouts and --validate-steps 1 or more (got ",
                  f.validate, " and ", f.validate_steps, ")");
+  if (!f.out.empty()) {  // the picture never replaces the machine file it is drawn from
+    std::error_code ec, out_ec;
+    const std::string read = paths::canonical(f.machine, ec);
+    DTORCH_CHECK_T(ConfigError, ec || paths::canonical(f.out, out_ec) != read || out_ec, "--out ",
+                   f.out, " is the --machine file this plan reads: give the picture a new name");
+  }
   plan::Machine m = plan::read_machine(f.machine);
   const int per_node = f.gpus_per_node > 0 ? f.gpus_per_node : f.nproc_per_node;
   m.ranks_per_node = per_node;
@@ -329,7 +335,15 @@ plan::LinkCost measure(comm::Communicator& group, plan::Collective op) {
   return l;
 }
 
+// A machine file is never written over: checked where the workers start and by every rank
+// before it measures (a job started by torchrun or srun skips the first place).
+void refuse_existing(const std::string& out) {
+  DTORCH_CHECK_T(ConfigError, !paths::exists(out), "plan calibrate: --out ", out,
+                 " exists; give a new path (a machine file is never overwritten)");
+}
+
 int calibrate_worker(const CalibrateFlags& f) {
+  refuse_existing(f.out);
   const double base = double(report::process_memory().rss);
   auto world = comm::Communicator::from_env();
   const int W = world->size();
@@ -433,8 +447,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       exit_code = calibrate_worker(*c);
       return;
     }
-    DTORCH_CHECK_T(ConfigError, !paths::exists(c->out), "plan calibrate: --out ", c->out,
-                   " exists; give a new path (a machine file is never overwritten)");
+    refuse_existing(c->out);
     SelfLaunch how;
     how.nproc_per_node = c->nproc_per_node;
     how.every_rank = false;

@@ -84,6 +84,9 @@ TEST(PlanCli, RanksEveryLayoutAsJsonLines) {
 TEST(PlanCli, BadFlagsAndFilesAreNamed) {
   const std::string dir = testing::scratch_dir("plan_bad");
   const std::string machine = round_machine_file(dir);
+  // A machine file whose name a picture could take.
+  const std::string svg_named = dir + "/machine.svg";
+  { std::ofstream(svg_named) << testing::read_file(machine); }
   struct Case {
     std::vector<std::string> flags;
     std::string says;
@@ -97,6 +100,9 @@ TEST(PlanCli, BadFlagsAndFilesAreNamed) {
            Case{{"--model", "resnet18", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--machine", machine},
                 "plan a gpt-* model"},
+           Case{{"--model", "gpt-debug", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", svg_named, "--out", dir + "/./machine.svg"},
+                "is the --machine file this plan reads"},
            Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--machine", dir + "/none.json"},
                 "no such file"},
@@ -137,6 +143,15 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
       {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2"}, 60);
   EXPECT_NE(again.exit_code(), 0);
   EXPECT_TRUE(testing::contains(again.err, "exists; give a new path")) << again.err;
+  // Nor when a launcher starts the ranks itself, and the file is left as it was.
+  const std::string before = testing::read_file(out);
+  auto launched = testing::run_command("plan_calibrate_launched",
+                                       {DTORCH_CLI, "launch", "--standalone", "--nproc-per-node",
+                                        "2", "--", DTORCH_CLI, "plan", "calibrate", "--out", out},
+                                       60);
+  EXPECT_NE(launched.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(launched.err, "exists; give a new path")) << launched.err;
+  EXPECT_EQ(testing::read_file(out), before);
 }
 
 }  // namespace
