@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/atomic_file.h"
+#include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/json_config.h"
@@ -25,6 +26,7 @@
 #include "dtorch/plan/cost_model.h"
 #include "dtorch/plan/plan_picture.h"
 #include "dtorch/report/out_of_memory.h"
+#include "dtorch/train/strategy.h"
 
 namespace dtorch::tools {
 namespace {
@@ -66,11 +68,14 @@ std::string shell_quoted(const std::string& s) {
   return q + "'";
 }
 
-// Runs `dtorch bench memory` with the layout's flags on `world` local ranks for `steps` steps
-// (after one untimed), its log kept in `log_path`.
-Measured measure_layout(const std::string& flags, int world, int steps,
+// Runs `dtorch bench memory` with the layout's flags on `world` local ranks of `device` (the
+// machine file's: cpu or cuda) for `steps` steps (after one untimed), its log kept in
+// `log_path`. The peak is the process's resident memory on a CPU, the caching allocator's
+// reserve on a GPU.
+Measured measure_layout(const std::string& flags, const std::string& device, int world, int steps,
                         const std::string& log_path) {
-  std::string command = shell_quoted(paths::executable_path()) + " bench memory";
+  std::string command =
+      shell_quoted(paths::executable_path()) + " bench memory --device " + shell_quoted(device);
   std::istringstream words(flags);
   for (std::string w; words >> w;)
     command += " " + shell_quoted(w);
@@ -89,10 +94,11 @@ Measured measure_layout(const std::string& flags, int world, int steps,
     nlohmann::json j;
     std::string why;
     if (line.empty() || line[0] != '{' || !json_config::try_parse(line, &j, &why)) continue;
-    if (!j.contains("samples_per_s") || !j.contains("peak_rss_bytes")) continue;
+    const char* peak = device == "cpu" ? "peak_rss_bytes" : "cuda_peak_reserved_bytes";
+    if (!j.contains("samples_per_s") || !j.contains(peak)) continue;
     const double samples = j["batch_size"].get<double>() * j["dp"].get<double>();
     m.step_s = std::max(m.step_s, samples / j["samples_per_s"].get<double>());
-    m.peak_bytes = std::max(m.peak_bytes, j["peak_rss_bytes"].get<double>());
+    m.peak_bytes = std::max(m.peak_bytes, j[peak].get<double>());
     m.ran = true;
   }
   if (status != 0 || !m.ran) {
@@ -163,7 +169,7 @@ int run_plan(const PlanFlags& f) {
       ++validated;
       const std::string flags = plan::flags_of(ranked[i].layout, w);
       log::info("validating ", validated, "/", f.validate, " (layout #", i + 1, "): ", flags);
-      measured[i] = measure_layout(flags, world, f.validate_steps,
+      measured[i] = measure_layout(flags, m.device, world, f.validate_steps,
                                    logs + "/layout-" + std::to_string(i + 1) + ".log");
       if (!measured[i].ran) log::warn("layout #", i + 1, " did not run: ", measured[i].why);
     }
@@ -196,6 +202,7 @@ int run_plan(const PlanFlags& f) {
                        {"predicted_peak_gib", p.peak_bytes / kGiB},
                        {"predicted_model_state_gib", p.model_state_bytes / kGiB},
                        {"predicted_activation_gib", p.activation_bytes / kGiB},
+                       {"predicted_transient_gib", p.transient_bytes / kGiB},
                        {"fits", p.fits}};
       if (measured[i].ran) {
         j["measured_step_s"] = measured[i].step_s;
@@ -271,14 +278,42 @@ int run_plan(const PlanFlags& f) {
 struct CalibrateFlags {
   std::string out;
   int nproc_per_node = 2;
+  DeviceKind device = DeviceKind::Auto;
 };
 
-// The slowest rank's seconds for `calls` calls of f, every rank starting together.
-double time_calls(comm::Communicator& group, int calls, const std::function<void()>& f) {
+// Where calibration runs: each rank's device (its GPU, or the CPU), and the sizes it measures
+// there (a GPU needs larger products and buffers to reach its rates).
+struct Bench {
+  at::Device device = at::kCPU;
+  int64_t square = 512;  // the matmul_flops product's side
+  int64_t width = 1024;  // the linear layer's weight side
+  std::vector<int64_t> rows = {16, 64, 256, 1024, 4096};
+  int64_t large_floats = int64_t(4) << 20;  // a collective's large buffer per rank
+  torch::TensorOptions options() const { return torch::TensorOptions().device(device); }
+};
+
+Bench bench_for(at::Device d) {
+  Bench b;
+  b.device = d;
+  if (d.is_cuda()) {
+    b.square = 8192;
+    b.width = 4096;
+    b.rows = {256, 1024, 4096, 16384, 65536};
+    b.large_floats = int64_t(64) << 20;
+  }
+  return b;
+}
+
+// The slowest rank's seconds for `calls` calls of f, every rank starting together; a GPU's
+// queued work counts (synchronized before the clock is read).
+double time_calls(comm::Communicator& group, const Bench& b, int calls,
+                  const std::function<void()>& f) {
+  synchronize(b.device);
   group.barrier("calibration");
   const auto t0 = Clock::now();
   for (int i = 0; i < calls; ++i)
     f();
+  synchronize(b.device);
   auto t =
       torch::tensor({std::chrono::duration<double>(Clock::now() - t0).count()}, torch::kDouble);
   group.allreduce(t, comm::ReduceOp::Max, "calibration time");
@@ -287,45 +322,75 @@ double time_calls(comm::Communicator& group, int calls, const std::function<void
 
 // Seconds per call of f over about `budget` seconds (3 calls at least). Every rank runs as
 // many calls (f may be a collective): the count follows from one timed call, the same on all.
-double time_per_call(comm::Communicator& group, double budget, const std::function<void()>& f) {
+double time_per_call(comm::Communicator& group, const Bench& b, double budget,
+                     const std::function<void()>& f) {
   f();  // warm-up
-  const double one = time_calls(group, 1, f);
+  const double one = time_calls(group, b, 1, f);
   const int calls = static_cast<int>(std::clamp(budget / std::max(one, 1e-7), 3.0, 1e5));
-  return time_calls(group, calls, f) / calls;
+  return time_calls(group, b, calls, f) / calls;
 }
 
 // The matmul rate of one rank while every rank multiplies (they share the node, as in training).
-double matmul_flops(comm::Communicator& world, torch::ScalarType dtype) {
-  const int64_t n = 512;
-  torch::Tensor a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
-  const double s = time_per_call(world, 1.0, [&] { torch::mm(a, b); });
+double matmul_flops(comm::Communicator& world, const Bench& bench, torch::ScalarType dtype) {
+  const int64_t n = bench.square;
+  torch::Tensor a = torch::randn({n, n}, bench.options()).to(dtype);
+  torch::Tensor b = torch::randn({n, n}, bench.options()).to(dtype);
+  const double s = time_per_call(world, bench, 1.0, [&] { torch::mm(a, b); });
   return 2.0 * n * n * n / s;
 }
 
-plan::LinkCost measure(comm::Communicator& group, plan::Collective op) {
+// A linear layer's three products at `rows` rows (forward, input and weight gradient), every
+// rank at once: the rate a micro-batch of that many tokens sees (Note [Cost model]).
+double linear_flops(comm::Communicator& world, const Bench& b, torch::ScalarType dtype,
+                    int64_t rows) {
+  const int64_t n = b.width;
+  torch::Tensor x = torch::randn({rows, n}, b.options()).to(dtype);
+  torch::Tensor w = torch::randn({n, n}, b.options()).to(dtype);
+  torch::Tensor g = torch::randn({rows, n}, b.options()).to(dtype);
+  const double s = time_per_call(world, b, 0.4, [&] {
+    torch::mm(x, w);
+    torch::mm(g, w.t());
+    torch::mm(x.t(), g);
+  });
+  return 3 * 2.0 * rows * n * n / s;
+}
+
+// Seconds per byte that a fresh allocation costs beyond writing it: 64 MiB allocated and filled
+// each call, against the same bytes filled in place (about 0 on a GPU, whose caching allocator
+// keeps its blocks).
+double first_touch_seconds_per_byte(comm::Communicator& world, const Bench& b) {
+  const int64_t floats = int64_t(16) << 20;
+  torch::Tensor kept = torch::empty({floats}, b.options());
+  const double reused = time_per_call(world, b, 0.5, [&] { kept.fill_(1); });
+  const double fresh =
+      time_per_call(world, b, 0.5, [&] { torch::empty({floats}, b.options()).fill_(1); });
+  return std::max(0.0, fresh - reused) / (4.0 * floats);
+}
+
+plan::LinkCost measure(comm::Communicator& group, const Bench& b, plan::Collective op) {
   const int n = group.size();
   auto run = [&](int64_t floats) {
-    torch::Tensor full = torch::ones({floats});
-    torch::Tensor part = torch::ones({floats / n});
+    torch::Tensor full = torch::ones({floats}, b.options());
+    torch::Tensor part = torch::ones({floats / n}, b.options());
     switch (op) {
       case plan::Collective::AllReduce:
-        return time_per_call(group, 0.5, [&] { group.allreduce(full, comm::ReduceOp::Sum, "c"); });
-      case plan::Collective::ReduceScatter:
-        return time_per_call(group, 0.5, [&] {
-          group.reduce_scatter(full.clone(), part, comm::ReduceOp::Sum, "c");
-        });
+        return time_per_call(group, b, 0.5,
+                             [&] { group.allreduce(full, comm::ReduceOp::Sum, "c"); });
+      case plan::Collective::ReduceScatter:  // `full` is scratch: its values do not matter
+        return time_per_call(group, b, 0.5,
+                             [&] { group.reduce_scatter(full, part, comm::ReduceOp::Sum, "c"); });
       case plan::Collective::AllGather:
-        return time_per_call(group, 0.5, [&] { group.allgather_into(full, part, "c"); });
+        return time_per_call(group, b, 0.5, [&] { group.allgather_into(full, part, "c"); });
       case plan::Collective::P2P:
-        return time_per_call(group, 0.5, [&] {
+        return time_per_call(group, b, 0.5, [&] {
           if (group.rank() == 0) group.send(full, 1);
           if (group.rank() == 1) group.recv(full, 0);
         });
     }
     return 0.0;
   };
-  // 1 KiB per rank, and about 16 MiB; both whole multiples of n floats.
-  const int64_t small = 256 * n, large = n * ((int64_t(4) << 20) / n);
+  // 1 KiB per rank, and the large buffer (16 MiB on a CPU); both whole multiples of n floats.
+  const int64_t small = 256 * n, large = n * (b.large_floats / n);
   const double t_small = run(small), t_large = run(large);
   plan::LinkCost l;
   l.ranks = n;
@@ -350,30 +415,51 @@ int calibrate_worker(const CalibrateFlags& f) {
   DTORCH_CHECK_T(ConfigError, W >= 2,
                  "plan calibrate measures collectives between ranks: give --nproc-per-node 2 or "
                  "more");
+  const Bench bench = bench_for(train::resolve_run_device(f.device, world->info()));
+  const bool gpu = bench.device.is_cuda();
   const auto t0 = Clock::now();
   plan::Machine m;
-  m.name = launch::short_hostname() + " (cpu, " + std::to_string(W) + " ranks)";
-  m.device = "cpu";
+  m.device = gpu ? "cuda" : "cpu";
+  m.name = launch::short_hostname() + " (" + (gpu ? gpu_name(bench.device) : "cpu") + ", " +
+           std::to_string(W) + " ranks)";
   m.ranks_per_node = W;
-  m.base_bytes_per_rank = base;
-  const report::ProcessMemory mem = report::process_memory();
-  double total = double(mem.total);
-  if (mem.cgroup_limit > 0) total = std::min(total, double(mem.cgroup_limit));
-  m.memory_per_rank_bytes = total / W;
-  if (world->rank() == 0) log::info("calibrating: matmul rates (fp32, bf16) on every rank");
-  m.matmul_flops["fp32"] = matmul_flops(*world, torch::kFloat);
+  if (gpu) {  // the caching allocator's reserve is what a rank's GPU memory holds
+    m.memory_per_rank_bytes = double(device_memory(bench.device).total);
+  } else {
+    m.base_bytes_per_rank = base;
+    const report::ProcessMemory mem = report::process_memory();
+    double total = double(mem.total);
+    if (mem.cgroup_limit > 0) total = std::min(total, double(mem.cgroup_limit));
+    m.memory_per_rank_bytes = total / W;
+  }
+  if (world->rank() == 0)
+    log::info("calibrating on ", bench.device.str(), ": matmul rates (fp32, bf16) on every rank");
+  // By rows while a call takes under a quarter second (bf16 on a CPU is slow).
+  auto by_rows = [&](const char* name, torch::ScalarType dtype) {
+    m.matmul_flops[name] = matmul_flops(*world, bench, dtype);
+    for (int64_t r : bench.rows) {
+      m.matmul_by_rows[name].push_back({r, linear_flops(*world, bench, dtype, r)});
+      const double flops = 3 * 2.0 * r * bench.width * bench.width;
+      if (flops / m.matmul_by_rows[name].back().flops > 0.25) break;
+    }
+  };
+  by_rows("fp32", torch::kFloat);
   try {
-    m.matmul_flops["bf16"] = matmul_flops(*world, torch::kBFloat16);
+    by_rows("bf16", torch::kBFloat16);
   } catch (const c10::Error&) {  // a LibTorch without bf16 matmul on this device
     if (world->rank() == 0) log::warn("calibrating: no bf16 matmul here; the file has fp32 only");
+    m.matmul_flops.erase("bf16");
+    m.matmul_by_rows.erase("bf16");
   }
+  if (world->rank() == 0) log::info("calibrating: freshly allocated memory on every rank");
+  m.first_touch_seconds_per_byte = first_touch_seconds_per_byte(*world, bench);
   {
     if (world->rank() == 0) log::info("calibrating: an AdamW step on every rank");
-    torch::Tensor w = torch::zeros({int64_t(4) << 20}).requires_grad_();
-    w.mutable_grad() = torch::randn({int64_t(4) << 20});
+    torch::Tensor w = torch::zeros({bench.large_floats}, bench.options()).requires_grad_();
+    w.mutable_grad() = torch::randn({bench.large_floats}, bench.options());
     torch::optim::AdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
     m.adamw_seconds_per_parameter =
-        time_per_call(*world, 1.0, [&] { adamw.step(); }) / double(w.numel());
+        time_per_call(*world, bench, 1.0, [&] { adamw.step(); }) / double(w.numel());
   }
   std::vector<int> sizes;
   for (int s = 2; s < W; s *= 2)
@@ -388,9 +474,10 @@ int calibrate_worker(const CalibrateFlags& f) {
       auto group = s == W ? world : world->split(members, "calibrate" + std::to_string(s));
       for (plan::Collective op : {plan::Collective::AllReduce, plan::Collective::ReduceScatter,
                                   plan::Collective::AllGather})
-        m.intra_node[op].push_back(measure(*group, op));
+        m.intra_node[op].push_back(measure(*group, bench, op));
       if (s == 2)
-        m.intra_node[plan::Collective::P2P].push_back(measure(*group, plan::Collective::P2P));
+        m.intra_node[plan::Collective::P2P].push_back(
+            measure(*group, bench, plan::Collective::P2P));
     }
     world->barrier("calibration");
   }
@@ -440,6 +527,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                                   "machine file for dtorch plan --machine");
   cal->add_option("--out", c->out, "the machine file to write (must not exist)")->required();
   cal->add_option("--nproc-per-node,--nproc_per_node", c->nproc_per_node)->capture_default_str();
+  add_choice_option(cal, "--device", c->device,
+                    "cpu | cuda (one GPU per rank) | auto (the GPUs where there are)");
   cal->callback([c, &exit_code] {
     DTORCH_CHECK_T(ConfigError, c->nproc_per_node >= 2, "plan calibrate: --nproc-per-node ",
                    c->nproc_per_node, " must be 2 or more (it measures collectives)");
@@ -448,6 +537,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       return;
     }
     refuse_existing(c->out);
+    resolve_device(c->device, 0, c->nproc_per_node);  // GPUs asked for are there, one per rank
     SelfLaunch how;
     how.nproc_per_node = c->nproc_per_node;
     how.every_rank = false;

@@ -76,19 +76,33 @@ TEST(CostModel, OneRankComputesThreeForwardsOfTheModelsFlops) {
 TEST(CostModel, DataParallelPaysItsAllReduceAndZeroShardsTheState) {
   const Workload w = workload_of("gpt-small", 64, 8);
   const Machine m = round_machine();
-  double P = 0;
+  double P = -double(w.vocab * w.hidden);  // the tied embedding once
   for (int64_t u : w.unit_parameters)
     P += double(u);
   Layout ddp;
-  ddp.dp = 4;
+  ddp.dp = 8;
   const Prediction d = predict(w, m, ddp);
-  EXPECT_NEAR(d.exposed_comm_s, m.seconds(Collective::AllReduce, 4, 4 * P, false), 1e-9);
+  EXPECT_NEAR(d.exposed_comm_s, m.seconds(Collective::AllReduce, 8, 4 * P, false), 1e-9);
+  // ZeRO-1 and -2 reduce-scatter the gradients and all-gather the updated parameters.
+  const double shards = m.seconds(Collective::ReduceScatter, 8, 4 * P, false) +
+                        m.seconds(Collective::AllGather, 8, 4 * P, false);
+  // The peak is its parts; ddp holds every gradient as backward makes it and the tied
+  // embedding's second gradient, ZeRO-3 only the latter (its whole gradients are its root's).
+  const double tied = 4.0 * w.vocab * w.hidden;
+  EXPECT_NEAR(d.peak_bytes,
+              m.base_bytes_per_rank + d.model_state_bytes + d.activation_bytes + d.transient_bytes,
+              1);
+  EXPECT_NEAR(d.transient_bytes, 4 * P + tied, 1);
+  Layout zero3 = ddp;
+  zero3.zero = 3;
+  EXPECT_NEAR(predict(w, m, zero3).transient_bytes, tied, 1);
   double last = d.model_state_bytes;
   for (int zero = 1; zero <= 3; ++zero) {
     Layout z = ddp;
     z.zero = zero;
     const Prediction p = predict(w, m, z);
     EXPECT_LT(p.model_state_bytes, last) << "zero" << zero;
+    if (zero < 3) EXPECT_NEAR(p.exposed_comm_s, shards, 1e-9) << "zero" << zero;
     last = p.model_state_bytes;
   }
   // The same layout with half its link's bandwidth hidden behind backward.
@@ -99,6 +113,28 @@ TEST(CostModel, DataParallelPaysItsAllReduceAndZeroShardsTheState) {
   Machine small = m;
   small.memory_per_rank_bytes = d.peak_bytes - 1;
   EXPECT_FALSE(predict(w, small, ddp).fits);
+}
+
+TEST(CostModel, FewRowsRunSlowerAndFreshMemoryCostsItsFirstTouch) {
+  Machine m = round_machine();
+  m.matmul_by_rows["fp32"] = {{16, 5e8}, {256, 1e9}};
+  EXPECT_DOUBLE_EQ(m.flops("fp32", 8), 5e8);     // the nearest end outside the measured rows
+  EXPECT_DOUBLE_EQ(m.flops("fp32", 64), 7.5e8);  // halfway from 16 to 256 in log(rows)
+  EXPECT_DOUBLE_EQ(m.flops("fp32", 4096), 1e9);
+  EXPECT_DOUBLE_EQ(m.flops("fp32"), 1e9);  // no rows: matmul_flops
+  const Workload w = workload_of("gpt-debug", 32, 4);
+  const double C = 32, T = 32, V = 256, L = 2;
+  const double forward = T * (L * (24 * C * C + 4 * T * C) + 2 * C * V);
+  // 4 sequences of 32 tokens: 128 rows, three quarters of the way from 16 to 256.
+  EXPECT_NEAR(predict(w, m, Layout{}).compute_s, 4 * 3 * forward / 8.75e8, 1e-12);
+  // Backward's fresh bytes: every gradient and the tied embedding's second one.
+  double P = -V * C;  // the tied embedding once
+  for (int64_t u : w.unit_parameters)
+    P += double(u);
+  Machine touched = m;
+  touched.first_touch_seconds_per_byte = 1e-9;
+  EXPECT_NEAR(predict(w, touched, Layout{}).compute_s - predict(w, m, Layout{}).compute_s,
+              (4 * P + 4 * V * C) * 1e-9, 1e-12);
 }
 
 TEST(CostModel, MoreMicroBatchesShrinkThePipelinesBubble) {
@@ -156,9 +192,13 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   Machine m = round_machine(4);
   m.inter_node[Collective::AllReduce] = {{8, 5e-5, 1e10}};
   m.overlap["zero2"] = 0.7;
+  m.matmul_by_rows["fp32"] = {{64, 5e8}, {1024, 1e9}};
+  m.first_touch_seconds_per_byte = 1e-9;
   { std::ofstream(dir + "/m.json") << machine_json(m); }
   const Machine back = read_machine(dir + "/m.json");
   EXPECT_EQ(machine_json(back), machine_json(m));
+  EXPECT_DOUBLE_EQ(back.flops("fp32", 64), 5e8);
+  EXPECT_DOUBLE_EQ(back.first_touch_seconds_per_byte, 1e-9);
   auto error_for = [&](const std::string& text) {
     std::ofstream(dir + "/bad.json") << text;
     return testing::error_of<ConfigError>([&] { read_machine(dir + "/bad.json"); });
@@ -170,6 +210,9 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flops": {"fp32": 1e9}, "intra_node": )"
                 R"({"allreduce": [{"ranks": 2, "latency_s": 1e-5}]}})");
   EXPECT_NE(e.find("bus_bytes_per_s"), std::string::npos) << e;
+  e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flops": {"fp32": 1e9}, )"
+                R"("matmul_by_rows": {"fp32": [{"rows": 64}]}, "intra_node": {}})");
+  EXPECT_NE(e.find("matmul_by_rows.fp32[0].flops"), std::string::npos) << e;
   e = testing::error_of<ConfigError>([&] { read_machine(dir + "/none.json"); });
   EXPECT_NE(e.find("no such file"), std::string::npos) << e;
 }

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dtorch/core/device.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/plan/machine.h"
 #include "support/command.h"
 
@@ -133,6 +135,13 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   EXPECT_GT(m.memory_per_rank_bytes, 0);
   EXPECT_GT(m.seconds(plan::Collective::AllReduce, 2, 1e6, false), 0);
   EXPECT_GT(m.seconds(plan::Collective::P2P, 2, 1e6, false), 0);
+  // The rate by rows, fewest first, and the first touch of fresh memory, on this CPU.
+  EXPECT_EQ(m.device, "cpu");
+  ASSERT_GE(m.matmul_by_rows.at("fp32").size(), 3u);
+  for (size_t i = 1; i < m.matmul_by_rows.at("fp32").size(); ++i)
+    EXPECT_LT(m.matmul_by_rows.at("fp32")[i - 1].rows, m.matmul_by_rows.at("fp32")[i].rows);
+  EXPECT_GT(m.flops("fp32", 64), 1e8);
+  EXPECT_GE(m.first_touch_seconds_per_byte, 0);
   auto plan = testing::run_command("plan_calibrated",
                                    {DTORCH_CLI, "plan", "--model", "gpt-debug", "--nproc-per-node",
                                     "2", "--global-batch-size", "4", "--machine", out},
@@ -152,6 +161,16 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   EXPECT_NE(launched.exit_code(), 0);
   EXPECT_TRUE(testing::contains(launched.err, "exists; give a new path")) << launched.err;
   EXPECT_EQ(testing::read_file(out), before);
+  // GPUs asked for where there are none: refused before any rank starts, naming the fix.
+  if (cuda_availability().visible == 0) {
+    auto cuda = testing::run_command("plan_calibrate_cuda",
+                                     {DTORCH_CLI, "plan", "calibrate", "--out", dir + "/gpu.json",
+                                      "--nproc-per-node", "2", "--device", "cuda"},
+                                     60);
+    EXPECT_NE(cuda.exit_code(), 0);
+    EXPECT_TRUE(testing::contains(cuda.err, "--device cuda:")) << cuda.err;
+    EXPECT_FALSE(paths::exists(dir + "/gpu.json"));
+  }
 }
 
 }  // namespace

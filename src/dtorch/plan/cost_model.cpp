@@ -23,9 +23,9 @@ const char* strategy_name(int zero) {
 // What one rank runs of the model: its stages' units, and the most micro-batches of
 // activations it holds at once.
 struct RankShare {
-  int64_t parameters = 0;  // before tensor parallelism's split
+  int64_t parameters = 0;  // before tensor parallelism's split; the tied embedding once
   int blocks = 0;
-  bool head = false;
+  bool embedding = false, head = false;
   int stages = 1;  // stages per rank (interleaved: 2)
 };
 
@@ -36,7 +36,8 @@ RankShare slowest_share(const Workload& w, const Layout& l) {
     for (int64_t p : w.unit_parameters)
       s.parameters += p;
     s.blocks = static_cast<int>(w.layers);
-    s.head = true;
+    s.embedding = s.head = true;
+    s.parameters -= w.vocab * w.hidden;  // the head's copy of the tied embedding is the same
     return s;
   }
   const int v = pp::default_virtual_stages(l.schedule);
@@ -51,11 +52,13 @@ RankShare slowest_share(const Workload& w, const Layout& l) {
       const models::UnitRange u = plan.stages[r + k * l.pp];
       for (int i = u.begin; i < u.end; ++i) {
         s.parameters += w.unit_parameters[i];
+        if (i == 0) s.embedding = true;
         if (i == head_unit) s.head = true;
         if (i > 0 && i < head_unit) ++s.blocks;
       }
     }
     // Work in units of a block; the head's matmul is V/(12 C) blocks' worth.
+    if (s.embedding && s.head) s.parameters -= w.vocab * w.hidden;
     const double work = s.blocks + (s.head ? double(w.vocab) / (12.0 * w.hidden) : 0);
     if (work > worst_work) worst_work = work, worst = s;
   }
@@ -118,11 +121,13 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   p.layout = l;
   const double eb = double(w.element_bytes), C = double(w.hidden), V = double(w.vocab);
   const double T = double(w.seq_len), t = T / l.cp;  // tokens of a sequence on the rank
-  const double rate = m.flops(w.element_bytes == 2 ? "bf16" : "fp32");
   const double replica_batch = double(w.global_batch) / l.dp;
   const int microbatches = l.pp > 1 ? l.microbatches : 1;
   const double mb = replica_batch / microbatches;  // sequences per micro-batch
+  // The matmuls' rows are the micro-batch's tokens on the rank.
+  const double rate = m.flops(w.element_bytes == 2 ? "bf16" : "fp32", mb * t);
   const RankShare share = slowest_share(w, l);
+  const double params_rank = double(share.parameters) / l.tp;
 
   // Compute: forward FLOPs of one sequence on this rank, per block and for the head.
   const double attention_f = 4 * t * T * C / l.tp;
@@ -132,9 +137,19 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double recompute_f = l.activation_checkpointing ? share.blocks * block_f : 0;
   const double train_f = 3 * forward_f + recompute_f;  // per sequence
 
+  // The tied embedding's gradient beyond the one .grad holds: its lookup's and the head's are
+  // made apart and added; under a pipeline, a micro-batch's before it is added into .grad and
+  // the copy the first and last stages exchange.
+  const double gradient_copies = (l.pp > 1 ? 2 : 1) * 4 * V * C / l.tp;
+  // Bytes backward allocates afresh: every gradient, those copies, and under ZeRO-3 the
+  // parameters gathered for forward and again for backward.
+  const double fresh_bytes =
+      4 * params_rank + gradient_copies + (l.zero == 3 ? 2 * 4 * params_rank : 0);
+  const double fresh_s = fresh_bytes * m.first_touch_seconds_per_byte;
+
   // Activation bytes of one micro-batch passed between stages.
   const double message = mb * t * C * eb;
-  p.compute_s = replica_batch * train_f / rate;
+  p.compute_s = replica_batch * train_f / rate + fresh_s;
   double in_flight = 1;  // micro-batches of activations the rank holds at once
   if (l.pp > 1) {
     const double per_stage = 1.0 / share.stages;
@@ -143,7 +158,7 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
     pp::Costs costs;
     costs.forward = mb * forward_f * per_stage / rate + link;
     costs.backward_input = (mb * (forward_f + recompute_f) * per_stage / rate) + link;
-    costs.backward_weight = mb * forward_f * per_stage / rate;
+    costs.backward_weight = (mb * forward_f / rate + fresh_s / microbatches) * per_stage;
     const pp::Simulation sim = pp::simulate(
         pp::make_schedule(l.schedule, l.pp, microbatches, share.stages), microbatches, costs);
     p.bubble_s = std::max(0.0, sim.makespan - p.compute_s);
@@ -153,7 +168,6 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   }
 
   // The optimizer step, over the rank's shard under ZeRO.
-  const double params_rank = double(share.parameters) / l.tp;
   const int n = l.dp * l.cp;
   p.compute_s += (l.zero > 0 ? params_rank / n : params_rank) * m.adamw_seconds_per_parameter;
 
@@ -161,9 +175,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double grad_bytes = 4 * params_rank;
   const bool dp_across = spans_nodes(l.tp * l.cp * l.dp, m);
   double dp_s = 0;
-  if (l.zero <= 1) {
+  if (l.zero == 0) {
     dp_s = m.seconds(Collective::AllReduce, n, grad_bytes, dp_across);
-  } else if (l.zero == 2) {
+  } else if (l.zero <= 2) {  // the gradients' shards, then the updated parameters
     dp_s = m.seconds(Collective::ReduceScatter, n, grad_bytes, dp_across) +
            m.seconds(Collective::AllGather, n, grad_bytes, dp_across);
   } else {
@@ -192,17 +206,25 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   }
 
   // Memory.
+  // ZeRO-3 holds its root unit (the embeddings and the tied head) whole through forward and
+  // backward, with its whole gradients, and two blocks gathered (the running, the prefetched).
   const double block_params = double(w.unit_parameters.at(1)) / l.tp;
-  p.model_state_bytes =
-      report::model_state_bytes(l.zero, params_rank, n, l.zero == 3 ? 2 * 4 * block_params : 0);
+  const double root_params = double(w.unit_parameters.front()) / l.tp;
+  p.model_state_bytes = report::model_state_bytes(
+      l.zero, params_rank, n, l.zero == 3 ? 2 * 4 * block_params + 2 * 4 * root_params : 0);
   const double per_token_block = ((4 + 16.0 / l.tp) * C + 2.0 * (double(w.heads) / l.tp) * T) * eb;
   const double kept_per_token = l.activation_checkpointing
                                     ? C * eb * share.blocks + per_token_block  // inputs + one whole
                                     : per_token_block * share.blocks;
   const double logits = share.head ? 3 * t * (V / l.tp) * 4 : 0;
-  const double gradient_copies = l.pp > 1 ? 2 * 4 * V * C / l.tp : 0;
-  p.activation_bytes = in_flight * mb * t * kept_per_token + mb * logits + gradient_copies;
-  p.peak_bytes = m.base_bytes_per_rank + p.model_state_bytes + p.activation_bytes;
+  p.activation_bytes = in_flight * mb * t * kept_per_token + mb * logits;
+  // What a step holds beyond the model state and the activations (Note [Cost model]).
+  p.transient_bytes = gradient_copies;
+  if (l.zero == 0) p.transient_bytes += 4 * params_rank;  // gradients made afresh
+  if (l.zero == 1 || l.zero == 2) p.transient_bytes += 2 * 4 * root_params / n;  // AdamW's
+  if (l.zero == 2) p.transient_bytes += 2 * 4 * root_params;  // two buckets of the largest unit
+  p.peak_bytes =
+      m.base_bytes_per_rank + p.model_state_bytes + p.activation_bytes + p.transient_bytes;
   p.fits = p.peak_bytes <= m.memory_per_rank_bytes;
   return p;
 }

@@ -17,31 +17,42 @@ namespace dtorch::plan {
 // A step of global batch B over dp x cp x tp x pp ranks costs, on the slowest rank:
 // - compute: the floating-point operations of its units (pipeline stage) on its share of the
 //   batch (B / dp samples, T / cp tokens each, 1 / tp of every block's matrices) at the
-//   machine's measured matmul rate. A transformer block's forward takes 24 C^2 + 4 T C per
-//   token (its six C x C-equivalent matmuls and attention's two T x T x C products), the
-//   language head 2 C V; backward twice the forward, and a recomputed block (activation
-//   checkpointing) its forward once more. The optimizer step adds the rank's parameters (1/n
-//   of them under ZeRO over n ranks) at the machine's measured AdamW time per parameter.
+//   machine's measured matmul rate for as many rows as a micro-batch has tokens on the rank
+//   (a few rows run well below the peak: calibrate measures a linear layer's three products
+//   at 16 to 4096 rows). A transformer block's forward takes 24 C^2 + 4 T C per token (its six
+//   C x C-equivalent matmuls and attention's two T x T x C products), the language head
+//   2 C V; backward twice the forward, and a recomputed block (activation checkpointing) its
+//   forward once more. Backward also pays the first touch of the bytes it allocates afresh
+//   (every gradient, the tied embedding's second one, ZeRO-3's parameters gathered twice) at
+//   the machine's measured seconds per byte: page faults on a CPU, where the allocator hands
+//   large buffers back to the kernel; 0 on a GPU. The optimizer step adds the rank's
+//   parameters (1/n of them under ZeRO over n ranks) at the measured AdamW time per parameter.
 // - the pipeline bubble: the schedule simulated on paper (parallel/pp/schedule.h) with each
 //   micro-batch's forward and backward times of the slowest stage, plus the activation
 //   message's time; the bubble is the makespan less the rank's compute.
 // - communication, each collective costed as the machine measured it for its group size and
 //   link (latency per step plus bus bytes over bus bandwidth: a ring all-reduce moves 2 (n-1)/n
-//   of the buffer, a reduce-scatter or all-gather (n-1)/n): the strategy's over dp x cp (ddp
-//   and zero1: an all-reduce of the gradients; zero2: a reduce-scatter and the parameters'
-//   all-gather; zero3: two all-gathers and a reduce-scatter), tensor parallelism's four
-//   all-reduces of a block's activations per micro-batch (Megatron), context parallelism's
-//   ring bytes (cp::bytes_sent_per_layer). A group spans nodes when its ranks do (the mesh puts
-//   tp fastest, then cp, dp, pp: Note [Mesh layout]). What a strategy hides behind backward is
-//   the machine's overlap fraction for it; the rest is exposed.
+//   of the buffer, a reduce-scatter or all-gather (n-1)/n): the strategy's over dp x cp (ddp:
+//   an all-reduce of the gradients; zero1 and zero2: a reduce-scatter of the gradients and the
+//   updated parameters' all-gather; zero3: two all-gathers and a reduce-scatter), tensor
+//   parallelism's four all-reduces of a block's activations per micro-batch (Megatron),
+//   context parallelism's ring bytes (cp::bytes_sent_per_layer). A group spans nodes when its ranks
+//   do (the mesh puts tp fastest, then cp, dp, pp: Note [Mesh layout]). What a strategy hides
+//   behind backward is the machine's overlap fraction for it; the rest is exposed.
 // - memory per rank: the model state as the ZeRO paper counts it (report::model_state_bytes;
-//   ZeRO-3 adds two gathered blocks), the activations each block keeps per token (its
-//   tensors: 20 C + the attention matrices' 2 H T / cp floats; C with activation checkpointing,
-//   plus one block's whole while it recomputes) times the micro-batches in flight (the
-//   simulator's peak), the logits' three copies, and the machine's base bytes per process;
-//   under a pipeline also two copies of the largest parameter's gradient (the tied embedding's:
-//   a micro-batch's gradient made before it is added into .grad, and the copy the first and
-//   last stages exchange).
+//   ZeRO-3 adds its root unit, the embeddings and tied head, whole with its whole gradients
+//   through forward and backward, and two gathered blocks; the tied embedding counts once on a
+//   rank that holds both ends), the activations each block keeps per token (its tensors:
+//   20 C + the attention matrices' 2 H T / cp floats; C with activation checkpointing, plus one
+//   block's whole while it recomputes) times the micro-batches in flight (the simulator's
+//   peak), the logits' three copies, the machine's base bytes per process, and what a step
+//   holds beyond them: the copies of the tied embedding's gradient (its lookup's and the
+//   head's, made apart before they are added; under a pipeline two: a micro-batch's before it
+//   is added into .grad, and the copy the first and last stages exchange); under ddp every
+//   gradient as backward makes it afresh (ZeRO-1 adds each into its flat buffer as it comes);
+//   under ZeRO-1 and -2 AdamW's two temporaries over the largest unit's shard; under ZeRO-2 the
+//   two gradient buckets of the largest unit it keeps (Note [Spare unit memory]). The heap
+//   keeps what these free, so the peak counts them all.
 // Every term is printed, so a miss can be traced to the term that made it.
 
 /// The model as the cost model sees it: a GPT's shape.
@@ -77,8 +88,9 @@ struct Prediction {
   Layout layout;
   double compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
   double step_s() const { return compute_s + exposed_comm_s + bubble_s; }
-  /// Peak bytes per rank, and its parts.
-  double peak_bytes = 0, model_state_bytes = 0, activation_bytes = 0;
+  /// Peak bytes per rank, and its parts (transient: what a step holds beyond the model state
+  /// and the activations, Note [Cost model]).
+  double peak_bytes = 0, model_state_bytes = 0, activation_bytes = 0, transient_bytes = 0;
   /// Whether it fits the machine's memory per rank.
   bool fits = true;
 };

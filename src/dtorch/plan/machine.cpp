@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/input_file.h"
@@ -108,7 +109,18 @@ double Machine::seconds(Collective op, int ranks, double bytes, bool across_node
          bus_bytes(op, ranks, bytes) / use->bus_bytes_per_s;
 }
 
-double Machine::flops(const std::string& dtype) const {
+double Machine::flops(const std::string& dtype, double rows) const {
+  auto by_rows = matmul_by_rows.find(dtype);
+  if (rows > 0 && by_rows != matmul_by_rows.end() && !by_rows->second.empty()) {
+    const std::vector<RowsRate>& r = by_rows->second;
+    if (rows <= r.front().rows) return r.front().flops;
+    if (rows >= r.back().rows) return r.back().flops;
+    size_t i = 1;
+    while (double(r[i].rows) < rows)
+      ++i;
+    const double x = std::log(rows / r[i - 1].rows) / std::log(double(r[i].rows) / r[i - 1].rows);
+    return r[i - 1].flops + x * (r[i].flops - r[i - 1].flops);
+  }
   auto it = matmul_flops.find(dtype);
   if (it != matmul_flops.end()) return it->second;
   std::string known;
@@ -125,7 +137,8 @@ Machine read_machine(const std::string& path) {
   std::vector<std::string> warnings;
   json_config::Section s(j, "", path, &warnings);
   s.keys({"name", "device", "ranks_per_node", "memory_per_rank_bytes", "base_bytes_per_rank",
-          "matmul_flops", "adamw_seconds_per_parameter", "intra_node", "inter_node", "overlap"},
+          "matmul_flops", "matmul_by_rows", "first_touch_seconds_per_byte",
+          "adamw_seconds_per_parameter", "intra_node", "inter_node", "overlap"},
          {});
   Machine m;
   m.name = s.text("name").value_or(path);
@@ -143,6 +156,28 @@ Machine read_machine(const std::string& path) {
   rates.keys({"fp32", "bf16"}, {});
   for (const char* dtype : {"fp32", "bf16"})
     if (auto r = rates.number(dtype, 0, 1e18, /*open_low=*/true)) m.matmul_flops[dtype] = *r;
+  if (auto by_rows = s.section("matmul_by_rows")) {
+    by_rows->keys({"fp32", "bf16"}, {});
+    for (const char* dtype : {"fp32", "bf16"})
+      if (const nlohmann::json* list = by_rows->get(dtype)) {
+        DTORCH_CHECK_T(ConfigError, list->is_array() && !list->empty(), path, ": ",
+                       by_rows->name(dtype),
+                       " must be a list of {\"rows\", \"flops\"} objects (got ", list->dump(), ")");
+        for (size_t i = 0; i < list->size(); ++i) {
+          json_config::Section e((*list)[i], by_rows->name(dtype) + "[" + std::to_string(i) + "]",
+                                 path, &warnings);
+          e.keys({"rows", "flops"}, {});
+          DTORCH_CHECK_T(ConfigError, e.has("rows") && e.has("flops"), path, ": ", e.name("rows"),
+                         " and ", e.name("flops"),
+                         " are needed: give the rows measured and the rate at them");
+          m.matmul_by_rows[dtype].push_back(
+              {*e.integer("rows", 1, int64_t(1) << 40), *e.number("flops", 0, 1e18, true)});
+        }
+        std::sort(m.matmul_by_rows[dtype].begin(), m.matmul_by_rows[dtype].end(),
+                  [](const RowsRate& a, const RowsRate& b) { return a.rows < b.rows; });
+      }
+  }
+  m.first_touch_seconds_per_byte = s.number("first_touch_seconds_per_byte", 0, 1).value_or(0);
   m.adamw_seconds_per_parameter = s.number("adamw_seconds_per_parameter", 0, 1).value_or(0);
   needed("intra_node");
   m.intra_node = read_links(*s.section("intra_node"), &warnings);
@@ -164,10 +199,14 @@ std::string machine_json(const Machine& m) {
                       {"memory_per_rank_bytes", m.memory_per_rank_bytes},
                       {"base_bytes_per_rank", m.base_bytes_per_rank},
                       {"matmul_flops", m.matmul_flops},
+                      {"first_touch_seconds_per_byte", m.first_touch_seconds_per_byte},
                       {"adamw_seconds_per_parameter", m.adamw_seconds_per_parameter},
                       {"intra_node", links_json(m.intra_node)}};
   if (!m.inter_node.empty()) j["inter_node"] = links_json(m.inter_node);
   if (!m.overlap.empty()) j["overlap"] = m.overlap;
+  for (const auto& [dtype, rates] : m.matmul_by_rows)
+    for (const RowsRate& r : rates)
+      j["matmul_by_rows"][dtype].push_back({{"rows", r.rows}, {"flops", r.flops}});
   return j.dump(2) + "\n";
 }
 

@@ -30,6 +30,13 @@ struct LinkCost {
   double bus_bytes_per_s = 0;
 };
 
+/// A matmul rate measured at `rows` rows (tokens): a linear layer's three products (forward,
+/// input gradient, weight gradient) of a rows x 1024 input by a 1024 x 1024 weight.
+struct RowsRate {
+  int64_t rows = 0;
+  double flops = 0;
+};
+
 struct Machine {
   std::string name;
   /// "cpu" or "cuda": what ran the measurements.
@@ -41,6 +48,13 @@ struct Machine {
   /// Sustained matmul floating-point operations per second of one rank, by dtype ("fp32",
   /// "bf16").
   std::map<std::string, double> matmul_flops;
+  /// The same by the rows of the product, by dtype, fewest rows first (optional: a hand-written
+  /// file may give matmul_flops alone). Few rows (a small micro-batch) run below the peak rate.
+  std::map<std::string, std::vector<RowsRate>> matmul_by_rows;
+  /// Seconds per byte a step allocates afresh beyond writing it: the page faults of memory the
+  /// allocator returned to the system and takes back (large tensors on a CPU; 0 on a GPU, whose
+  /// caching allocator keeps its blocks).
+  double first_touch_seconds_per_byte = 0;
   /// Seconds an AdamW step takes per fp32 parameter on one rank (memory-bound: it reads and
   /// writes the weights, the gradients and both moments).
   double adamw_seconds_per_parameter = 0;
@@ -54,8 +68,10 @@ struct Machine {
   /// Seconds for `op` over `ranks` ranks on `bytes`, across nodes or not. ConfigError when the
   /// machine has no measurement for it.
   double seconds(Collective op, int ranks, double bytes, bool across_nodes) const;
-  /// The matmul rate for `dtype`; ConfigError naming the file's rates when it has none.
-  double flops(const std::string& dtype) const;
+  /// The matmul rate for `dtype` at `rows` rows: interpolated in log(rows) between the
+  /// measured rows (the nearest end outside them), matmul_flops where none were measured or
+  /// `rows` is 0. ConfigError naming the file's rates when it has none for `dtype`.
+  double flops(const std::string& dtype, double rows = 0) const;
 };
 
 /// Reads a machine file; ConfigError naming the file, the field and the fix for a missing or
