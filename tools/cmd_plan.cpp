@@ -339,20 +339,20 @@ double matmul_flops(comm::Communicator& world, const Bench& bench, torch::Scalar
   return 2.0 * n * n * n / s;
 }
 
-// A linear layer's three products at `rows` rows (forward, input and weight gradient), every
-// rank at once: the rate a micro-batch of that many tokens sees (Note [Cost model]).
-double linear_flops(comm::Communicator& world, const Bench& b, torch::ScalarType dtype,
-                    int64_t rows) {
+// Seconds for a linear layer's three products at `rows` rows (forward, input and weight
+// gradient), every rank at once: what a micro-batch of that many tokens sees (Note [Cost
+// model]). They take 3 x 2 rows width^2 operations.
+double linear_seconds(comm::Communicator& world, const Bench& b, torch::ScalarType dtype,
+                      int64_t rows) {
   const int64_t n = b.width;
   torch::Tensor x = torch::randn({rows, n}, b.options()).to(dtype);
   torch::Tensor w = torch::randn({n, n}, b.options()).to(dtype);
   torch::Tensor g = torch::randn({rows, n}, b.options()).to(dtype);
-  const double s = time_per_call(world, b, 0.4, [&] {
+  return time_per_call(world, b, 0.4, [&] {
     torch::mm(x, w);
     torch::mm(g, w.t());
     torch::mm(x.t(), g);
   });
-  return 3 * 2.0 * rows * n * n / s;
 }
 
 // Seconds per byte that a fresh allocation costs beyond writing it: 64 MiB allocated and filled
@@ -438,9 +438,9 @@ int calibrate_worker(const CalibrateFlags& f) {
   auto by_rows = [&](const char* name, torch::ScalarType dtype) {
     m.matmul_flops[name] = matmul_flops(*world, bench, dtype);
     for (int64_t r : bench.rows) {
-      m.matmul_by_rows[name].push_back({r, linear_flops(*world, bench, dtype, r)});
-      const double flops = 3 * 2.0 * r * bench.width * bench.width;
-      if (flops / m.matmul_by_rows[name].back().flops > 0.25) break;
+      const double s = linear_seconds(*world, bench, dtype, r);
+      m.matmul_by_rows[name].push_back({r, 3 * 2.0 * r * bench.width * bench.width / s});
+      if (s > 0.25) break;
     }
   };
   by_rows("fp32", torch::kFloat);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/input_file.h"
@@ -18,6 +19,28 @@ const std::vector<Collective> kCollectives = {Collective::AllReduce, Collective:
                                               Collective::AllGather, Collective::P2P};
 const json_config::Keys kStrategies = {"ddp", "zero1", "zero2", "zero3"};
 
+// Each object of the list at `key` in `s`, as a section named key[i] whose `fields` are the
+// only keys; false when `s` has no `key`. ConfigError naming the key when it is not a
+// non-empty list.
+bool for_each_entry(const json_config::Section& s, const std::string& key,
+                    const json_config::Keys& fields, std::vector<std::string>* warnings,
+                    const std::function<void(const json_config::Section&)>& f) {
+  const nlohmann::json* list = s.get(key);
+  if (!list) return false;
+  std::string shape;
+  for (const std::string& field : fields)
+    shape += (shape.empty() ? "\"" : ", \"") + field + "\"";
+  DTORCH_CHECK_T(ConfigError, list->is_array() && !list->empty(), s.file(), ": ", s.name(key),
+                 " must be a list of {", shape, "} objects (got ", list->dump(), ")");
+  for (size_t i = 0; i < list->size(); ++i) {
+    json_config::Section e((*list)[i], s.name(key) + "[" + std::to_string(i) + "]", s.file(),
+                           warnings);
+    e.keys(fields, {});
+    f(e);
+  }
+  return true;
+}
+
 std::map<Collective, std::vector<LinkCost>> read_links(const json_config::Section& s,
                                                        std::vector<std::string>* warnings) {
   json_config::Keys names;
@@ -26,26 +49,19 @@ std::map<Collective, std::vector<LinkCost>> read_links(const json_config::Sectio
   s.keys(names, {});
   std::map<Collective, std::vector<LinkCost>> out;
   for (Collective c : kCollectives) {
-    const nlohmann::json* list = s.get(collective_name(c));
-    if (!list) continue;
-    DTORCH_CHECK_T(ConfigError, list->is_array() && !list->empty(), s.file(), ": ",
-                   s.name(collective_name(c)),
-                   " must be a list of {\"ranks\", \"latency_s\", \"bus_bytes_per_s\"} objects "
-                   "(got ",
-                   list->dump(), ")");
-    for (size_t i = 0; i < list->size(); ++i) {
-      json_config::Section e((*list)[i], s.name(collective_name(c)) + "[" + std::to_string(i) + "]",
-                             s.file(), warnings);
-      e.keys({"ranks", "latency_s", "bus_bytes_per_s"}, {});
-      LinkCost l;
-      l.ranks = static_cast<int>(e.integer("ranks", 2, 1 << 20).value_or(0));
-      DTORCH_CHECK_T(ConfigError, l.ranks >= 2 && e.has("bus_bytes_per_s"), s.file(), ": ",
-                     e.name("ranks"), " and ", e.name("bus_bytes_per_s"),
-                     " are needed: give the group size and its measured bus bandwidth");
-      l.latency_s = e.number("latency_s", 0, 10).value_or(0);
-      l.bus_bytes_per_s = *e.number("bus_bytes_per_s", 0, 1e15, /*open_low=*/true);
-      out[c].push_back(l);
-    }
+    const bool listed = for_each_entry(
+        s, collective_name(c), {"ranks", "latency_s", "bus_bytes_per_s"}, warnings,
+        [&](const json_config::Section& e) {
+          LinkCost l;
+          l.ranks = static_cast<int>(e.integer("ranks", 2, 1 << 20).value_or(0));
+          DTORCH_CHECK_T(ConfigError, l.ranks >= 2 && e.has("bus_bytes_per_s"), s.file(), ": ",
+                         e.name("ranks"), " and ", e.name("bus_bytes_per_s"),
+                         " are needed: give the group size and its measured bus bandwidth");
+          l.latency_s = e.number("latency_s", 0, 10).value_or(0);
+          l.bus_bytes_per_s = *e.number("bus_bytes_per_s", 0, 1e15, /*open_low=*/true);
+          out[c].push_back(l);
+        });
+    if (!listed) continue;
     std::sort(out[c].begin(), out[c].end(),
               [](const LinkCost& a, const LinkCost& b) { return a.ranks < b.ranks; });
   }
@@ -158,24 +174,19 @@ Machine read_machine(const std::string& path) {
     if (auto r = rates.number(dtype, 0, 1e18, /*open_low=*/true)) m.matmul_flops[dtype] = *r;
   if (auto by_rows = s.section("matmul_by_rows")) {
     by_rows->keys({"fp32", "bf16"}, {});
-    for (const char* dtype : {"fp32", "bf16"})
-      if (const nlohmann::json* list = by_rows->get(dtype)) {
-        DTORCH_CHECK_T(ConfigError, list->is_array() && !list->empty(), path, ": ",
-                       by_rows->name(dtype),
-                       " must be a list of {\"rows\", \"flops\"} objects (got ", list->dump(), ")");
-        for (size_t i = 0; i < list->size(); ++i) {
-          json_config::Section e((*list)[i], by_rows->name(dtype) + "[" + std::to_string(i) + "]",
-                                 path, &warnings);
-          e.keys({"rows", "flops"}, {});
-          DTORCH_CHECK_T(ConfigError, e.has("rows") && e.has("flops"), path, ": ", e.name("rows"),
-                         " and ", e.name("flops"),
-                         " are needed: give the rows measured and the rate at them");
-          m.matmul_by_rows[dtype].push_back(
-              {*e.integer("rows", 1, int64_t(1) << 40), *e.number("flops", 0, 1e18, true)});
-        }
-        std::sort(m.matmul_by_rows[dtype].begin(), m.matmul_by_rows[dtype].end(),
-                  [](const RowsRate& a, const RowsRate& b) { return a.rows < b.rows; });
-      }
+    for (const char* dtype : {"fp32", "bf16"}) {
+      const bool listed = for_each_entry(
+          *by_rows, dtype, {"rows", "flops"}, &warnings, [&](const json_config::Section& e) {
+            DTORCH_CHECK_T(ConfigError, e.has("rows") && e.has("flops"), path, ": ", e.name("rows"),
+                           " and ", e.name("flops"),
+                           " are needed: give the rows measured and the rate at them");
+            m.matmul_by_rows[dtype].push_back(
+                {*e.integer("rows", 1, int64_t(1) << 40), *e.number("flops", 0, 1e18, true)});
+          });
+      if (!listed) continue;
+      std::sort(m.matmul_by_rows[dtype].begin(), m.matmul_by_rows[dtype].end(),
+                [](const RowsRate& a, const RowsRate& b) { return a.rows < b.rows; });
+    }
   }
   m.first_touch_seconds_per_byte = s.number("first_touch_seconds_per_byte", 0, 1).value_or(0);
   m.adamw_seconds_per_parameter = s.number("adamw_seconds_per_parameter", 0, 1).value_or(0);
