@@ -41,7 +41,7 @@ def main():
                     default=["gpt-small:2:2", "gpt-small:4:4", "gpt-large:2:2", "gpt-large:4:4"])
     ap.add_argument("--validate", type=int, default=10, help="layouts run per case (gpt-small)")
     ap.add_argument("--validate-large", type=int, default=5, help="layouts run per gpt-large case")
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     a = ap.parse_args()
@@ -76,7 +76,8 @@ def main():
         "Measured by `make bench` (`%s`) on %s, %s, with %s (LibTorch %s): `dtorch plan "
         "calibrate` at each rank count, then `dtorch plan --validate K` runs the K layouts "
         "predicted fastest that fit through `dtorch bench memory` (%d timed steps after one, "
-        "fp32 AdamW, %d tokens, 1 thread per rank). Step: the slowest rank's; peak: the largest "
+        "fp32 AdamW, %d tokens, 1 thread per rank). Step: the median timed step, the slowest "
+        "rank's; peak: the largest "
         "rank's peak RSS. Miss: (predicted - measured) / measured. No other system predicts a "
         "layout's step time and memory, so none runs beside it."
         % (cmd, datetime.date.today().isoformat(), machine(), shown_path(a.dtorch),

@@ -133,7 +133,6 @@ int checkpoint_worker(const SaveStallFlags& f) {
   std::vector<double> quiet;  // steps without a save in flight, the save step excepted
   for (size_t i = 0; i < step_seconds.size(); ++i)
     if (!during_save[i] && static_cast<int>(i) + 1 != f.save_at) quiet.push_back(step_seconds[i]);
-  std::sort(quiet.begin(), quiet.end());
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   nlohmann::json j = {
@@ -149,7 +148,7 @@ int checkpoint_worker(const SaveStallFlags& f) {
       {"batch_size", f.batch_size},
       {"step_seconds", step_seconds},
       {"steps_during_save", during_save},
-      {"step_seconds_median", quiet.empty() ? 0.0 : quiet[quiet.size() / 2]},
+      {"step_seconds_median", train::median_seconds(quiet)},
       {"stall_seconds", stall},
       {"save_total_seconds", save_total},
       {"checkpoint_bytes", bytes},

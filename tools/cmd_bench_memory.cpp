@@ -27,6 +27,7 @@
 #include "dtorch/train/loss.h"
 #include "dtorch/train/parallelize.h"
 #include "dtorch/train/run_config.h"
+#include "dtorch/train/step_stats.h"
 #include "dtorch/train/strategy.h"
 #include "tools/allocation_meter.h"
 #include "tools/commands.h"
@@ -48,7 +49,8 @@ struct MemoryFlags {
   int64_t classes = 0;     ///< image models: classes (0: 10)
 };
 
-using Clock = std::chrono::steady_clock;
+using train::Clock;
+using train::seconds_since;
 
 int memory_worker(MemoryFlags f) {
   torch::set_num_threads(f.threads);
@@ -107,7 +109,8 @@ int memory_worker(MemoryFlags f) {
     if (tensor_parallel) tensor_parallel->group()->reset_traffic();
     if (layout.cp) layout.cp->group()->reset_traffic();
   };
-  Clock::time_point t0;
+  Clock::time_point t0, step_start;
+  std::vector<double> step_seconds;  // each timed step's, from its start to the next's
   double pipeline_seconds = 0, compute_seconds = 0;
   int peak_activations = 0;
   // Bytes allocated during the timed steps (Note [Allocation meter]): kept from forward to
@@ -127,10 +130,11 @@ int memory_worker(MemoryFlags f) {
     getrusage(RUSAGE_SELF, &now);
     return static_cast<int64_t>(now.ru_minflt);
   };
-  auto since = [](Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
   for (int step = 0; step < 1 + f.steps; ++step) {
+    if (step >= 2) {
+      synchronize(device);
+      step_seconds.push_back(seconds_since(step_start));
+    }
     if (step == 1) {
       synchronize(device);
       world->barrier("bench start");
@@ -142,6 +146,7 @@ int memory_worker(MemoryFlags f) {
       waits0 = strategy->comm_waits();
       faults0 = minor_faults();
     }
+    step_start = Clock::now();
     if (meter) {
       step_base = meter->current();
       meter->reset_peak();
@@ -176,21 +181,22 @@ int memory_worker(MemoryFlags f) {
       loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
     }
     synchronize(device);
-    forward_s += since(t);
+    forward_s += seconds_since(t);
     if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
     t = Clock::now();
     strategy->backward(loss, true);
     synchronize(device);
-    backward_s += since(t);
+    backward_s += seconds_since(t);
     if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
     t = Clock::now();
     strategy->step(0);
     synchronize(device);
-    optimizer_s += since(t);
+    optimizer_s += seconds_since(t);
   }
   synchronize(device);
+  step_seconds.push_back(seconds_since(step_start));
   world->barrier("bench end");
-  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  double seconds = seconds_since(t0);
   comm::Traffic traffic = dp->traffic(), tp_traffic, cp_traffic;
   if (tensor_parallel) tp_traffic = tensor_parallel->group()->traffic();
   if (layout.cp) cp_traffic = layout.cp->group()->traffic();
@@ -244,6 +250,8 @@ int memory_worker(MemoryFlags f) {
       {"samples_per_s", f.steps * f.batch_size * layout.data_ranks() / seconds},
       {"page_faults_per_step", faults_per_step},
       {"step_seconds", seconds / f.steps},
+      {"timed_step_seconds", step_seconds},
+      {"step_seconds_median", train::median_seconds(step_seconds)},
       {"activation_checkpointing", f.parallelism.activation_checkpointing},
       {"forward_backward_peak_bytes", step_peak_bytes},
       {"bytes_sent_per_step", per_step(traffic)},

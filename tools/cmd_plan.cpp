@@ -37,7 +37,7 @@ constexpr double kGiB = double(1 << 30);
 struct PlanFlags {
   std::string model, machine, format = "table", out;
   int nodes = 1, gpus_per_node = 0, nproc_per_node = 0, top = 20;
-  int validate = 0, validate_steps = 2;
+  int validate = 0, validate_steps = 3;
   int64_t global_batch = 0, seq_len = 0;
   double memory_per_rank_gib = 0;
 };
@@ -54,7 +54,7 @@ std::string seconds(double s) {
   return o.str();
 }
 
-// What one layout measured when run: the slowest rank's step and the largest peak RSS.
+// What one layout measured when run: the slowest rank's median step and the largest peak RSS.
 struct Measured {
   bool ran = false;
   double step_s = 0, peak_bytes = 0;
@@ -95,9 +95,8 @@ Measured measure_layout(const std::string& flags, const std::string& device, int
     std::string why;
     if (line.empty() || line[0] != '{' || !json_config::try_parse(line, &j, &why)) continue;
     const char* peak = device == "cpu" ? "peak_rss_bytes" : "cuda_peak_reserved_bytes";
-    if (!j.contains("samples_per_s") || !j.contains(peak)) continue;
-    const double samples = j["batch_size"].get<double>() * j["dp"].get<double>();
-    m.step_s = std::max(m.step_s, samples / j["samples_per_s"].get<double>());
+    if (!j.contains("step_seconds_median") || !j.contains(peak)) continue;
+    m.step_s = std::max(m.step_s, j["step_seconds_median"].get<double>());
     m.peak_bytes = std::max(m.peak_bytes, j[peak].get<double>());
     m.ran = true;
   }
@@ -518,7 +517,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--validate", f->validate,
                   "run the first K layouts that fit here (dtorch bench memory) and print "
                   "predicted against measured step time and peak memory");
-  cmd->add_option("--validate-steps", f->validate_steps, "timed steps per layout, after one")
+  cmd->add_option("--validate-steps", f->validate_steps,
+                  "timed steps per layout, after one untimed; their median is the measured step")
       ->capture_default_str();
 
   auto c = std::make_shared<CalibrateFlags>();

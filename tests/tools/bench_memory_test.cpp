@@ -64,6 +64,14 @@ TEST(BenchMemory, ModelStateMatchesZeroFormulasAtFourRanks) {
       const double optim = row["optim_bytes"].get<double>();
       EXPECT_NEAR(optim, s == "ddp" ? 8 * P : 8 * P / n, 0.05 * optim) << s;
       state[s] = row["model_state_bytes"].get<double>();
+      // Each timed step's seconds, which plan --validate takes the median of: two steps here,
+      // together no longer than the timed window (which ends after a barrier).
+      const auto each = row["timed_step_seconds"].get<std::vector<double>>();
+      ASSERT_EQ(each.size(), 2u) << row;
+      EXPECT_GT(each[0], 0);
+      EXPECT_GT(each[1], 0);
+      EXPECT_DOUBLE_EQ(row["step_seconds_median"].get<double>(), (each[0] + each[1]) / 2);
+      EXPECT_LE(each[0] + each[1], 2 * row["step_seconds"].get<double>() + 1e-6) << row;
     }
   }
   EXPECT_LT(state["zero1"], state["ddp"]);

@@ -11,6 +11,14 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+double median_seconds(std::vector<double> seconds) {
+  if (seconds.empty()) return 0;
+  const auto middle = seconds.begin() + static_cast<std::ptrdiff_t>(seconds.size() / 2);
+  std::nth_element(seconds.begin(), middle, seconds.end());
+  if (seconds.size() % 2 == 1) return *middle;
+  return (*middle + *std::max_element(seconds.begin(), middle)) / 2;
+}
+
 std::string describe_phases(const std::map<std::string, double>& ms) {
   std::ostringstream os;
   os.precision(3);

@@ -34,6 +34,10 @@ using Clock = std::chrono::steady_clock;
 /// Seconds from `t` to now.
 double seconds_since(Clock::time_point t);
 
+/// The median of some steps' seconds (the mean of the two middle ones for an even count; 0 for
+/// none): a step time that one slow step (a page-fault storm, a busy neighbour) does not move.
+double median_seconds(std::vector<double> seconds);
+
 // Time per phase of the training step (--phase-times, DeepSpeed's wall_clock_breakdown),
 // summed over a window of optimizer steps: lap(phase) charges the time since the previous lap.
 // On a GPU the laps are CUDA events on the compute stream, so a phase is the device's time for
