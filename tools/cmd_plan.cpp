@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -399,6 +400,28 @@ plan::LinkCost measure(comm::Communicator& group, const Bench& b, plan::Collecti
   return l;
 }
 
+// The job's ranks by node (the launcher's node_rank, gathered from every rank), each node's in
+// rank order, rank 0's node first. A machine file has one ranks_per_node: every node must run
+// as many ranks.
+std::vector<std::vector<int>> ranks_by_node(comm::Communicator& world) {
+  torch::Tensor all = torch::empty({world.size()}, torch::kLong);
+  world.allgather_into(all, torch::tensor({int64_t(world.info().node_rank)}, torch::kLong),
+                       "calibration nodes");
+  std::vector<std::vector<int>> nodes;
+  std::map<int64_t, size_t> index;  // node_rank -> its place in nodes
+  for (int r = 0; r < world.size(); ++r) {
+    auto [at, added] = index.emplace(all[r].item<int64_t>(), nodes.size());
+    if (added) nodes.emplace_back();
+    nodes[at->second].push_back(r);
+  }
+  for (const auto& node : nodes)
+    DTORCH_CHECK_T(ConfigError, node.size() == nodes.front().size(),
+                   "plan calibrate: the nodes run different numbers of ranks (",
+                   nodes.front().size(), " and ", node.size(),
+                   "); start every node with the same --nproc-per-node");
+  return nodes;
+}
+
 // A machine file is never written over: checked where the workers start and by every rank
 // before it measures (a job started by torchrun or srun skips the first place).
 void refuse_existing(const std::string& out) {
@@ -419,9 +442,12 @@ int calibrate_worker(const CalibrateFlags& f) {
   const auto t0 = Clock::now();
   plan::Machine m;
   m.device = gpu ? "cuda" : "cpu";
+  const std::vector<std::vector<int>> nodes = ranks_by_node(*world);
+  const int per_node = static_cast<int>(nodes.front().size());
   m.name = launch::short_hostname() + " (" + (gpu ? gpu_name(bench.device) : "cpu") + ", " +
-           std::to_string(W) + " ranks)";
-  m.ranks_per_node = W;
+           (nodes.size() > 1 ? std::to_string(nodes.size()) + " nodes x " : "") +
+           std::to_string(per_node) + " ranks)";
+  m.ranks_per_node = per_node;
   if (gpu) {  // the caching allocator's reserve is what a rank's GPU memory holds
     m.memory_per_rank_bytes = double(device_memory(bench.device).total);
   } else {
@@ -429,7 +455,7 @@ int calibrate_worker(const CalibrateFlags& f) {
     const report::ProcessMemory mem = report::process_memory();
     double total = double(mem.total);
     if (mem.cgroup_limit > 0) total = std::min(total, double(mem.cgroup_limit));
-    m.memory_per_rank_bytes = total / W;
+    m.memory_per_rank_bytes = total / per_node;
   }
   if (world->rank() == 0)
     log::info("calibrating on ", bench.device.str(), ": matmul rates (fp32, bf16) on every rank");
@@ -460,25 +486,45 @@ int calibrate_worker(const CalibrateFlags& f) {
     m.adamw_seconds_per_parameter =
         time_per_call(*world, bench, 1.0, [&] { adamw.step(); }) / double(w.numel());
   }
-  std::vector<int> sizes;
-  for (int s = 2; s < W; s *= 2)
-    sizes.push_back(s);
-  sizes.push_back(W);
-  for (int s : sizes) {
-    if (world->rank() == 0) log::info("calibrating: collectives over ", s, " ranks");
-    std::vector<int> members;
-    for (int r = 0; r < s; ++r)
-      members.push_back(r);
-    if (world->rank() < s) {
-      auto group = s == W ? world : world->split(members, "calibrate" + std::to_string(s));
-      for (plan::Collective op : {plan::Collective::AllReduce, plan::Collective::ReduceScatter,
-                                  plan::Collective::AllGather})
-        m.intra_node[op].push_back(measure(*group, bench, op));
-      if (s == 2)
-        m.intra_node[plan::Collective::P2P].push_back(
-            measure(*group, bench, plan::Collective::P2P));
+  // The collectives over groups of 2, 4, ... and all of `order`'s ranks, each group its first
+  // ranks (the whole job's group where that is all of them), and point-to-point between the
+  // first two.
+  auto measure_groups = [&](const std::vector<int>& order, const std::string& name,
+                            const std::string& where,
+                            std::map<plan::Collective, std::vector<plan::LinkCost>>& into) {
+    const int n = static_cast<int>(order.size());
+    std::vector<int> sizes;
+    for (int s = 2; s < n; s *= 2)
+      sizes.push_back(s);
+    if (n >= 2) sizes.push_back(n);
+    for (int s : sizes) {
+      if (world->rank() == 0) log::info("calibrating: collectives over ", s, " ranks ", where);
+      std::vector<int> members(order.begin(), order.begin() + s);
+      std::sort(members.begin(), members.end());
+      if (std::binary_search(members.begin(), members.end(), world->rank())) {
+        auto group = s == W ? world : world->split(members, name + std::to_string(s));
+        for (plan::Collective op : {plan::Collective::AllReduce, plan::Collective::ReduceScatter,
+                                    plan::Collective::AllGather})
+          into[op].push_back(measure(*group, bench, op));
+        if (s == 2)
+          into[plan::Collective::P2P].push_back(measure(*group, bench, plan::Collective::P2P));
+      }
+      world->barrier("calibration");
     }
-    world->barrier("calibration");
+  };
+  // Within rank 0's node; across nodes, a group taking one rank of each node in turn (as a
+  // data-parallel group strides across the nodes under tensor parallelism).
+  measure_groups(nodes.front(), "calibrate-intra", "within a node", m.intra_node);
+  if (per_node < 2 && world->rank() == 0)
+    log::warn(
+        "calibrating: one rank per node, so no measurements within a node (a plan with "
+        "ranks sharing a node needs them)");
+  if (nodes.size() > 1) {
+    std::vector<int> across;
+    for (int i = 0; i < per_node; ++i)
+      for (const auto& node : nodes)
+        across.push_back(node[i]);
+    measure_groups(across, "calibrate-inter", "across nodes", m.inter_node);
   }
   if (world->rank() == 0) {
     const std::string json = plan::machine_json(m);

@@ -173,5 +173,50 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   }
 }
 
+// On two nodes (two launchers on 127.0.0.1, each node's ranks over shared memory and the nodes
+// over Gloo's TCP), calibrate measures within rank 0's node and across the nodes, and the file
+// plans a job across nodes.
+TEST(PlanCalibrate, MeasuresWithinAndAcrossNodesOnTwoNodes) {
+  const std::string dir = testing::scratch_dir("plan_calibrate_nodes");
+  const std::string out = dir + "/machine.json";
+  const int port = testing::free_port();
+  std::vector<testing::Command> nodes;
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(testing::start_launch(
+        testing::scratch_dir("plan_calibrate_node" + std::to_string(node)),
+        {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", std::to_string(port), "--", DTORCH_CLI,
+         "plan", "calibrate", "--out", out}));
+  for (const auto& node : nodes) {
+    auto r = testing::finish_command(node, 180);
+    ASSERT_EQ(r.exit_code(), 0) << r.out << r.err;
+  }
+  const plan::Machine m = plan::read_machine(out);
+  EXPECT_EQ(m.ranks_per_node, 2);
+  EXPECT_TRUE(testing::contains(m.name, "2 nodes x 2 ranks")) << m.name;
+  auto sizes = [](const std::vector<plan::LinkCost>& links) {
+    std::vector<int> n;
+    for (const plan::LinkCost& l : links) {
+      EXPECT_GT(l.bus_bytes_per_s, 0);
+      n.push_back(l.ranks);
+    }
+    return n;
+  };
+  for (plan::Collective op : {plan::Collective::AllReduce, plan::Collective::ReduceScatter,
+                              plan::Collective::AllGather}) {
+    EXPECT_EQ(sizes(m.intra_node.at(op)), std::vector<int>({2}));
+    EXPECT_EQ(sizes(m.inter_node.at(op)), std::vector<int>({2, 4}));
+  }
+  EXPECT_EQ(sizes(m.intra_node.at(plan::Collective::P2P)), std::vector<int>({2}));
+  EXPECT_EQ(sizes(m.inter_node.at(plan::Collective::P2P)), std::vector<int>({2}));
+  auto plan = testing::run_command(
+      "plan_across_nodes",
+      {DTORCH_CLI, "plan", "--model", "gpt-debug", "--nodes", "2", "--nproc-per-node", "2",
+       "--global-batch-size", "4", "--machine", out, "--format", "json"},
+      60);
+  EXPECT_EQ(plan.exit_code(), 0) << plan.err;
+  EXPECT_TRUE(testing::contains(plan.out, "\"predicted_step_s\"")) << plan.out;
+}
+
 }  // namespace
 }  // namespace dtorch
