@@ -110,7 +110,7 @@ int memory_worker(MemoryFlags f) {
     if (layout.cp) layout.cp->group()->reset_traffic();
   };
   Clock::time_point t0, step_start;
-  std::vector<double> step_seconds;  // each timed step's, from its start to the next's
+  std::vector<double> step_seconds;  // each timed step's
   double pipeline_seconds = 0, compute_seconds = 0;
   int peak_activations = 0;
   // Bytes allocated during the timed steps (Note [Allocation meter]): kept from forward to
@@ -131,10 +131,6 @@ int memory_worker(MemoryFlags f) {
     return static_cast<int64_t>(now.ru_minflt);
   };
   for (int step = 0; step < 1 + f.steps; ++step) {
-    if (step >= 2) {
-      synchronize(device);
-      step_seconds.push_back(seconds_since(step_start));
-    }
     if (step == 1) {
       synchronize(device);
       world->barrier("bench start");
@@ -170,31 +166,33 @@ int memory_worker(MemoryFlags f) {
         compute_seconds += r.compute_seconds;
       }
       peak_activations = std::max(peak_activations, r.peak_activations);
-      continue;
+    } else {
+      torch::Tensor loss;
+      // On a GPU each phase ends with a synchronize, so that its kernels count in it (three host
+      // syncs a step: a few microseconds against a step of milliseconds).
+      auto t = Clock::now();
+      {
+        parallel::Autocast autocast(strategy->autocast());
+        loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
+      }
+      synchronize(device);
+      forward_s += seconds_since(t);
+      if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
+      t = Clock::now();
+      strategy->backward(loss, true);
+      synchronize(device);
+      backward_s += seconds_since(t);
+      if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
+      t = Clock::now();
+      strategy->step(0);
+      synchronize(device);
+      optimizer_s += seconds_since(t);
     }
-    torch::Tensor loss;
-    // On a GPU each phase ends with a synchronize, so that its kernels count in it (three host
-    // syncs a step: a few microseconds against a step of milliseconds).
-    auto t = Clock::now();
-    {
-      parallel::Autocast autocast(strategy->autocast());
-      loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
+    if (step >= 1) {
+      synchronize(device);
+      step_seconds.push_back(seconds_since(step_start));
     }
-    synchronize(device);
-    forward_s += seconds_since(t);
-    if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
-    t = Clock::now();
-    strategy->backward(loss, true);
-    synchronize(device);
-    backward_s += seconds_since(t);
-    if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
-    t = Clock::now();
-    strategy->step(0);
-    synchronize(device);
-    optimizer_s += seconds_since(t);
   }
-  synchronize(device);
-  step_seconds.push_back(seconds_since(step_start));
   world->barrier("bench end");
   double seconds = seconds_since(t0);
   comm::Traffic traffic = dp->traffic(), tp_traffic, cp_traffic;

@@ -19,6 +19,7 @@
 #include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/freed_memory.h"
 #include "dtorch/core/json_config.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
@@ -400,17 +401,13 @@ plan::LinkCost measure(comm::Communicator& group, const Bench& b, plan::Collecti
   return l;
 }
 
-// The job's ranks by node (the launcher's node_rank, gathered from every rank), each node's in
-// rank order, rank 0's node first. A machine file has one ranks_per_node: every node must run
-// as many ranks.
-std::vector<std::vector<int>> ranks_by_node(comm::Communicator& world) {
-  torch::Tensor all = torch::empty({world.size()}, torch::kLong);
-  world.allgather_into(all, torch::tensor({int64_t(world.info().node_rank)}, torch::kLong),
-                       "calibration nodes");
+// The job's ranks by node (the launcher's node_rank), each node's in rank order, rank 0's node
+// first. A machine file has one ranks_per_node: every node must run as many ranks.
+std::vector<std::vector<int>> ranks_by_node(const comm::Communicator& world) {
   std::vector<std::vector<int>> nodes;
-  std::map<int64_t, size_t> index;  // node_rank -> its place in nodes
+  std::map<int, size_t> index;  // node_rank -> its place in nodes
   for (int r = 0; r < world.size(); ++r) {
-    auto [at, added] = index.emplace(all[r].item<int64_t>(), nodes.size());
+    auto [at, added] = index.emplace(world.node_of(r), nodes.size());
     if (added) nodes.emplace_back();
     nodes[at->second].push_back(r);
   }
@@ -432,6 +429,9 @@ void refuse_existing(const std::string& out) {
 int calibrate_worker(const CalibrateFlags& f) {
   refuse_existing(f.out);
   const double base = double(report::process_memory().rss);
+  // Training keeps freed memory for the next step (Note [Returning released memory]); so do the
+  // measurements, or an AdamW step would pay for page faults a training step does not.
+  set_freed_memory(FreedMemory::Reuse);
   auto world = comm::Communicator::from_env();
   const int W = world->size();
   DTORCH_CHECK_T(ConfigError, W >= 2,

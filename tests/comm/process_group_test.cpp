@@ -1,7 +1,7 @@
 // Process groups (Note [Process groups]): a split communicator numbers its own ranks, runs
 // every collective among its members only, counts its own traffic, takes shared memory when its
-// members share a node even though the job spans nodes, and names a dead member by its job rank
-// and its rank in the group.
+// members share a node even though the job spans nodes, knows each member's node, and names a dead
+// member by its job rank and its rank in the group.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -40,6 +40,8 @@ DTORCH_TEST_WORKER(pg_groups) {
   out << "shm " << world->uses_shared_memory() << pair->uses_shared_memory()
       << cross->uses_shared_memory() << "\n";
   out << "named " << cross->describe_rank(1) << "\n";
+  out << "nodes " << world->node_of(0) << world->node_of(1) << world->node_of(2)
+      << world->node_of(3) << " " << cross->node_of(1) << "\n";
 
   // Interleaved async collectives on both groups.
   world->reset_traffic();
@@ -85,6 +87,7 @@ TEST(ProcessGroup, SplitGroupsRunCollectivesAmongTheirMembers) {
     want << "ranks " << r % 2 << r / 2 << " sizes 22 global " << r << cross0 + 2 << "\n"
          << "shm 010\n"
          << "named " << cross0 + 2 << " (cross rank 1)\n"
+         << "nodes 0011 1\n"
          << "allreduce " << pair_sum << " " << cross_sum << "\n"
          << "rs " << rs << " ag " << cross0 << cross0 + 2 << "\n"
          << "string from " << cross0 + 2 << "\n"

@@ -483,12 +483,7 @@ std::shared_ptr<Communicator> Communicator::split(const std::vector<int>& ranks,
   gi.local_rank = 0;
   gi.local_world_size = 0;
   for (int r : ranks) {
-    bool same_node = true;
-    if (size() > 1 && r != rank()) {
-      auto v = impl_->store->get("node/" + std::to_string(r));
-      same_node = std::string(v.begin(), v.end()) == std::to_string(info_.node_rank);
-    }
-    if (!same_node) continue;
+    if (node_of(r) != info_.node_rank) continue;
     if (r == rank()) gi.local_rank = gi.local_world_size;
     ++gi.local_world_size;
   }
@@ -517,6 +512,12 @@ int Communicator::global_rank(int r) const {
 
 const std::string& Communicator::group_name() const {
   return impl_->group_name;
+}
+
+int Communicator::node_of(int r) const {
+  if (size() == 1 || r == rank()) return info_.node_rank;
+  const std::vector<uint8_t> v = impl_->store->get("node/" + std::to_string(r));  // see connect
+  return std::stoi(std::string(v.begin(), v.end()));
 }
 
 std::string Communicator::describe_rank(int r) const {

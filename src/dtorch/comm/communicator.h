@@ -105,6 +105,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const std::string& group_name() const;
   /// "3" for the whole job, "3 (tp rank 1)" for rank 1 of group "tp": how errors name ranks.
   std::string describe_rank(int r) const;
+  /// The launcher's node_rank of rank r, as r announced it at the rendezvous: which ranks
+  /// share a node.
+  int node_of(int r) const;
 
   /// Whether collectives of CPU tensors go through shared memory (Note [Shared-memory
   /// allreduce]): all ranks on one node and DTORCH_SHM not 0.

@@ -23,15 +23,24 @@ namespace dtorch {
 // a one-rank mnist-cnn step was the kernel clearing and mapping pages, in dtorch as in
 // PyTorch's Python.
 //
-// Reuse (DDP, ZeRO-1/2) fixes both thresholds high (32 MiB, the most glibc takes, and 512 MiB):
-// the heap keeps what a step freed and the next step reuses it. mnist-cnn at one rank: 453-544
-// samples/s before, 557-627 after, interleaved runs on one machine (PyTorch 1.13's Python:
-// 463-508). RSS stays at the step's high-water mark, which it reached anyway. ZeRO-1/2 hold
+// Reuse (DDP, ZeRO-1/2) fixes the mmap threshold at 32 MiB, the most glibc takes, and turns
+// heap trimming off: the heap keeps what a step freed and the next step reuses it. mnist-cnn at one
+// rank: 453-544 samples/s before, 557-627 after, interleaved runs on one machine (PyTorch 1.13's
+// Python: 463-508). RSS stays at the step's high-water mark, which it reached anyway. ZeRO-1/2 hold
 // their parameters whole, so what they free each step (gradient buckets, activations) is what
 // the next step needs again: gpt-small at 2 ranks (LibTorch 1.13, 4 steps), ZeRO-2 1.02
 // samples/s with glibc's thresholds, 1.07-1.22 with Reuse, DDP 1.09-1.17 in the same runs;
 // ZeRO-1 1.14 and 1.15-1.21; peak RSS per rank 2.15 and 2.16-2.17 GiB (ZeRO-2), 2.21 and
 // 2.22-2.24 GiB (ZeRO-1).
+//
+// Trimming is off, not merely high. With a trim threshold of 512 MiB, a step that left more
+// than that free at the heap's top (a large model's activations, released in backward) gave it
+// back to the kernel and faulted it in again the next step: 48 buffers of 16 MiB malloc'ed,
+// written and freed last first fault 131k of their 196k pages every round under 512 MiB, none
+// with trimming off. gpt-large under tp 2 at 2 ranks (LibTorch 2.15, 1 thread per rank, the
+// median of 3 steps of dtorch bench memory): 13.5 s a step under 512 MiB, 5.6 and 6.6 s in two
+// runs with trimming off; 487k and 200k page faults a step; peak RSS 7.9 GiB per rank in both.
+// return_freed_memory (malloc_trim) still gives the heap back when asked.
 //
 // That was not all. LibTorch's own CPU allocator asks for 64-byte aligned memory
 // (posix_memalign), and glibc serves an aligned request by taking alignment + a minimum chunk
@@ -102,7 +111,7 @@ void set_freed_memory(FreedMemory policy) {
     mallopt(M_TRIM_THRESHOLD, 128 << 10);  // glibc's default
   } else {
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+    mallopt(M_TRIM_THRESHOLD, -1);  // never: a step can free more than any fixed size
   }
 #else
   (void)policy;
