@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""How good dtorch plan's predictions are: calibrates this machine (`dtorch plan calibrate`) at
-each rank count, then for each case runs `dtorch plan --validate K`, which runs the K layouts
-predicted fastest that fit through `dtorch bench memory`, and writes the predicted against
+"""How good dtorch plan's predictions are: for each case calibrates this machine (`dtorch plan
+calibrate`) at the case's rank count, then runs `dtorch plan --validate K`, which runs the K
+layouts predicted fastest that fit through `dtorch bench memory`, and writes the predicted against
 measured step time and peak memory per rank into BENCHMARKS.md. No other system predicts a
 whole layout's step time and memory, so there is no peer to run beside it.
 
@@ -41,26 +41,23 @@ def main():
                     default=["gpt-small:2:2", "gpt-small:4:4", "gpt-large:2:2", "gpt-large:4:4"])
     ap.add_argument("--validate", type=int, default=10, help="layouts run per case (gpt-small)")
     ap.add_argument("--validate-large", type=int, default=5, help="layouts run per gpt-large case")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
     a = ap.parse_args()
     a.dtorch = os.path.abspath(a.dtorch)  # the runs start in /tmp
     tmp = tempfile.mkdtemp(prefix="dtorch-bench-plan-")
-    machines = {}
-    for case in a.cases:
-        ranks = int(case.split(":")[1])
-        if ranks not in machines:
-            path = os.path.join(tmp, "machine-%d.json" % ranks)
-            run([a.dtorch, "plan", "calibrate", "--out", path, "--nproc-per-node", str(ranks)])
-            machines[ranks] = path
     results = []
-    for case in a.cases:
+    for i, case in enumerate(a.cases):
         model, ranks, batch = case.split(":")
+        # Calibrated right before the case: a shared machine's speed drifts over the minutes
+        # between the first case and the last.
+        machine_file = os.path.join(tmp, "machine-%d.json" % i)
+        run([a.dtorch, "plan", "calibrate", "--out", machine_file, "--nproc-per-node", ranks])
         k = a.validate_large if model == "gpt-large" else a.validate
         out = run([a.dtorch, "plan", "--model", model, "--nproc-per-node", ranks,
                    "--global-batch-size", batch, "--seq-len", str(a.seq_len), "--machine",
-                   machines[int(ranks)], "--format", "json", "--top", "1", "--validate", str(k),
+                   machine_file, "--format", "json", "--top", "1", "--validate", str(k),
                    "--validate-steps", str(a.steps)])
         rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
         results.append((model, int(ranks), int(batch), rows))
@@ -73,9 +70,9 @@ def main():
         START,
         "## Predicted against measured: `dtorch plan --validate`",
         "",
-        "Measured by `make bench` (`%s`) on %s, %s, with %s (LibTorch %s): `dtorch plan "
-        "calibrate` at each rank count, then `dtorch plan --validate K` runs the K layouts "
-        "predicted fastest that fit through `dtorch bench memory` (%d timed steps after one, "
+        "Measured by `make bench` (`%s`) on %s, %s, with %s (LibTorch %s): for each case `dtorch "
+        "plan calibrate` at its rank count, then `dtorch plan --validate K` runs the K layouts "
+        "predicted fastest that fit through `dtorch bench memory` (%d timed steps after two, "
         "fp32 AdamW, %d tokens, 1 thread per rank). Step: the median timed step, the slowest "
         "rank's; peak: the largest "
         "rank's peak RSS. Miss: (predicted - measured) / measured. No other system predicts a "

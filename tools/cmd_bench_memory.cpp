@@ -42,7 +42,8 @@ struct MemoryFlags {
   int threads = 1;
   int64_t batch_size = 2;
   int64_t seq_len = 64;
-  int steps = 3;  ///< timed steps, after one untimed
+  int warmup_steps = 1;  ///< untimed steps before the timed ones
+  int steps = 3;         ///< timed steps
   /// tp, pp (dp = world / (tp pp)) and recomputation, as `dtorch train` takes them
   train::ParallelismConfig parallelism;
   int64_t image_size = 0;  ///< image models: side of the square input (0: 28)
@@ -130,8 +131,9 @@ int memory_worker(MemoryFlags f) {
     getrusage(RUSAGE_SELF, &now);
     return static_cast<int64_t>(now.ru_minflt);
   };
-  for (int step = 0; step < 1 + f.steps; ++step) {
-    if (step == 1) {
+  for (int step = 0; step < f.warmup_steps + f.steps; ++step) {
+    const bool timed = step >= f.warmup_steps;
+    if (step == f.warmup_steps) {
       synchronize(device);
       world->barrier("bench start");
       reset();
@@ -161,7 +163,7 @@ int memory_worker(MemoryFlags f) {
       });
       if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
       strategy->step(0);
-      if (step > 0) {
+      if (timed) {
         pipeline_seconds += r.seconds;
         compute_seconds += r.compute_seconds;
       }
@@ -188,7 +190,7 @@ int memory_worker(MemoryFlags f) {
       synchronize(device);
       optimizer_s += seconds_since(t);
     }
-    if (step >= 1) {
+    if (timed) {
       synchronize(device);
       step_seconds.push_back(seconds_since(step_start));
     }
@@ -322,18 +324,23 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--threads", f->threads, "intra-op threads per rank")->capture_default_str();
   cmd->add_option("--batch-size", f->batch_size, "per rank")->capture_default_str();
   cmd->add_option("--seq-len", f->seq_len, "tokens per sequence (gpt)")->capture_default_str();
-  cmd->add_option("--steps", f->steps, "timed steps, after one untimed")->capture_default_str();
+  cmd->add_option("--warmup-steps", f->warmup_steps, "untimed steps before the timed ones")
+      ->capture_default_str();
+  cmd->add_option("--steps", f->steps, "timed steps, after the untimed ones")
+      ->capture_default_str();
   add_parallelism_options(cmd, f->parallelism);
   cmd->add_option("--image-size", f->image_size,
                   "image models: random 3-channel images of this side (default: 1 x 28 x 28)");
   cmd->add_option("--classes", f->classes, "image models with --image-size: classes (1000)");
   cmd->callback([f, &exit_code] {
-    DTORCH_CHECK_T(ConfigError,
-                   f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 &&
-                       f->batch_size >= 1 && f->seq_len >= 1 && f->image_size >= 0 &&
-                       f->classes >= 0,
-                   "bench memory: --nproc-per-node, --threads, --steps, --batch-size and "
-                   "--seq-len must be >= 1, --image-size and --classes >= 0");
+    DTORCH_CHECK_T(
+        ConfigError,
+        f->nproc_per_node >= 1 && f->threads >= 1 && f->steps >= 1 && f->warmup_steps >= 1 &&
+            f->batch_size >= 1 && f->seq_len >= 1 && f->image_size >= 0 && f->classes >= 0,
+        "bench memory: --nproc-per-node, --threads, --warmup-steps, --steps, --batch-size and "
+        "--seq-len must be >= 1, --image-size and --classes >= 0 (got ",
+        f->nproc_per_node, ", ", f->threads, ", ", f->warmup_steps, ", ", f->steps, ", ",
+        f->batch_size, ", ", f->seq_len, ", ", f->image_size, " and ", f->classes, ")");
     train::ParallelismConfig& p = f->parallelism;
     train::validate(p);
     if (p.pp > 1 && p.microbatches == 0) {  // Note [Micro-batches]

@@ -44,12 +44,26 @@ std::vector<nlohmann::json> run_bench(const std::string& strategy, int n,
 
 TEST(BenchMemory, InterleavedStagesWithoutBlocksRecomputeNothing) {
   // gpt-debug's 4 units over 2 ranks x 2 virtual stages: each stage holds one unit, so the
-  // embedding's and the head's stages hold no block to recompute.
-  const auto rows = run_bench("ddp", 2,
-                              {"--pp", "2", "--schedule", "interleaved", "--microbatches", "2",
-                               "--activation-checkpointing", "1", "--batch-size", "2"});
-  for (const auto& row : rows)
+  // embedding's and the head's stages hold no block to recompute. Two untimed steps before the
+  // two timed ones (plan --validate's): only the timed ones are reported.
+  const auto rows =
+      run_bench("ddp", 2,
+                {"--pp", "2", "--schedule", "interleaved", "--microbatches", "2",
+                 "--activation-checkpointing", "1", "--batch-size", "2", "--warmup-steps", "2"});
+  for (const auto& row : rows) {
     EXPECT_EQ(row["schedule"], "interleaved") << row.dump();
+    EXPECT_EQ(row["timed_step_seconds"].size(), 2u) << row.dump();
+  }
+}
+
+TEST(BenchMemory, StepCountsBelowOneAreRefusedWithTheValuesGiven) {
+  auto r = testing::run_command(
+      "bench_memory_bad_counts",
+      {DTORCH_CLI, "bench", "memory", "--warmup-steps", "0", "--steps", "2"}, 60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "--warmup-steps")) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "(got 1, 1, 0, 2, 2, 64, 0 and 0)")) << r.err;
+  EXPECT_FALSE(testing::contains(r.err, ".cpp:")) << r.err;
 }
 
 TEST(BenchMemory, ModelStateMatchesZeroFormulasAtFourRanks) {

@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -136,21 +137,51 @@ void ring_reduce_scatter(Backend& pg, const at::Tensor& in, int rank, int n, lon
   }
 }
 
-// What this host knows of rank r's process, when r ran here (its rendezvous entry says "<host>
-// pid <pid>"): gone (dead for sure), stopped (SIGSTOP, ^Z: state T in /proc), or nothing (another
+std::string host_name() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// What a rank announces at the rendezvous, "<host> pid <pid> node <node_rank>": where its process
+// runs, for a diagnosis, and its node, for node_of.
+struct RendezvousEntry {
+  std::string host;
+  pid_t pid = 0;
+  int node = 0;
+};
+
+std::string entry_text(const launch::RankInfo& info) {
+  return str(host_name(), " pid ", getpid(), " node ", info.node_rank);
+}
+
+// std::nullopt for an entry not of that form.
+std::optional<RendezvousEntry> parse_entry(const std::string& text) {
+  const auto pid_at = text.rfind(" pid "), node_at = text.rfind(" node ");
+  if (pid_at == std::string::npos || node_at == std::string::npos || node_at < pid_at)
+    return std::nullopt;
+  RendezvousEntry e;
+  e.host = text.substr(0, pid_at);
+  try {
+    e.pid = static_cast<pid_t>(std::stol(text.substr(pid_at + 5, node_at - pid_at - 5)));
+    e.node = std::stoi(text.substr(node_at + 6));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return e;
+}
+
+// What this host knows of rank r's process, when r ran here (its rendezvous entry names this
+// host): gone (dead for sure), stopped (SIGSTOP, ^Z: state T in /proc), or nothing (another
 // host, running, or the store cannot say).
 enum class LocalProcess { Unknown, Gone, Stopped };
 
 LocalProcess local_process(c10d::Store& store, int r) {
   try {
     auto v = store.get("arrived/" + std::to_string(r));
-    std::string entry(v.begin(), v.end());
-    auto at = entry.rfind(" pid ");
-    if (at == std::string::npos) return LocalProcess::Unknown;
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    if (entry.substr(0, at) != host) return LocalProcess::Unknown;
-    pid_t pid = static_cast<pid_t>(std::stol(entry.substr(at + 5)));
+    const auto entry = parse_entry(std::string(v.begin(), v.end()));
+    if (!entry || entry->host != host_name()) return LocalProcess::Unknown;
+    const pid_t pid = entry->pid;
     if (::kill(pid, 0) != 0 && errno == ESRCH) return LocalProcess::Gone;
     if (launch::is_stopped(pid)) return LocalProcess::Stopped;
   } catch (const std::exception&) {
@@ -389,6 +420,7 @@ struct Communicator::Impl {
   std::vector<int> global_ranks;      // job-wide rank of each of this communicator's ranks
   std::string group_name;             // empty for the whole job
   std::map<std::string, int> splits;  // how often each group was split off here (under mu)
+  std::vector<int> nodes;             // each rank's node_rank, from its rendezvous entry
 
   Backend& backend_for(const at::Tensor& t) {
     if (t.is_cuda()) {
@@ -516,8 +548,7 @@ const std::string& Communicator::group_name() const {
 
 int Communicator::node_of(int r) const {
   if (size() == 1 || r == rank()) return info_.node_rank;
-  const std::vector<uint8_t> v = impl_->store->get("node/" + std::to_string(r));  // see connect
-  return std::stoi(std::string(v.begin(), v.end()));
+  return impl_->nodes.at(r);  // see connect
 }
 
 std::string Communicator::describe_rank(int r) const {
@@ -532,11 +563,6 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
   m.store = std::move(store);
 
   // Rendezvous: every rank announces itself, then waits for all, naming the missing ones.
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  std::string me = std::string(host) + " pid " + std::to_string(getpid());
-  std::string node = std::to_string(info.node_rank);
-  m.store->set("node/" + std::to_string(info.rank), std::vector<uint8_t>(node.begin(), node.end()));
   // Note [Announce and wait]
   auto names = [&](const launch::Arrivals& a) {
     std::vector<std::string> missing;
@@ -552,7 +578,7 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
               opts.timeout.count() / 1000.0, " s");
   };
   launch::Arrivals seen;
-  launch::announce_and_wait(*m.store, "arrived/", info.rank, me, info.world_size,
+  launch::announce_and_wait(*m.store, "arrived/", info.rank, entry_text(info), info.world_size,
                             Clock::now() + opts.timeout, seen, notice);
   const std::vector<std::string> missing = names(seen);
   DTORCH_CHECK_T(CommError, missing.empty(), "rendezvous", group_name().empty() ? "" : " of group ",
@@ -563,6 +589,16 @@ void Communicator::connect(c10::intrusive_ptr<c10d::Store> store) {
                  "\n---> HINT: those ranks did not start or cannot reach the store; check "
                  "that every node runs the launcher with the same --master-addr/--master-port "
                  "and --nnodes, or raise DTORCH_TIMEOUT");
+  m.nodes.clear();
+  for (int r = 0; r < info.world_size; ++r) {
+    const auto entry = parse_entry(seen.values[r]);
+    DTORCH_CHECK_T(CommError, entry, "rendezvous", group_name().empty() ? "" : " of group ",
+                   group_name(), " at ", info.master_addr, ":", info.master_port, ": rank ",
+                   describe_rank(r), " announced '", seen.values[r],
+                   "', not '<host> pid <pid> node <node_rank>'",
+                   "\n---> HINT: every rank of a job must run the same dtorch build");
+    m.nodes.push_back(entry->node);
+  }
 
   ignore_broken_pipes();  // Note [Broken pipes]
   try {
