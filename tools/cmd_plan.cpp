@@ -70,16 +70,19 @@ std::string shell_quoted(const std::string& s) {
   return q + "'";
 }
 
+// Untimed steps before a layout's timed ones. The cost model predicts a step of a long run, and
+// the second step is not one yet: it ran 9% to 24% longer than the later ones in 5 of 6 layouts
+// of gpt-small at 2 and 4 ranks on a 2-core machine.
+constexpr int kUntimedSteps = 2;
+
 // Runs `dtorch bench memory` with the layout's flags on `world` local ranks of `device` (the
-// machine file's: cpu or cuda) for `steps` timed steps after two untimed, its log kept in
-// `log_path`. The cost model predicts a step of a long run, and the second step is not one yet:
-// it ran 9% to 24% longer than the later ones in 5 of 6 layouts of gpt-small at 2 and 4 ranks
-// on a 2-core machine. The peak is the process's resident memory on a CPU, the caching
-// allocator's reserve on a GPU.
+// machine file's: cpu or cuda) for `steps` timed steps after kUntimedSteps, its log kept in
+// `log_path`. The peak is the process's resident memory on a CPU, the caching allocator's
+// reserve on a GPU.
 Measured measure_layout(const std::string& flags, const std::string& device, int world, int steps,
                         const std::string& log_path) {
-  std::string command = shell_quoted(paths::executable_path()) +
-                        " bench memory --warmup-steps 2 --device " + shell_quoted(device);
+  std::string command = shell_quoted(paths::executable_path()) + " bench memory --warmup-steps " +
+                        std::to_string(kUntimedSteps) + " --device " + shell_quoted(device);
   std::istringstream words(flags);
   for (std::string w; words >> w;)
     command += " " + shell_quoted(w);
@@ -566,7 +569,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "run the first K layouts that fit here (dtorch bench memory) and print "
                   "predicted against measured step time and peak memory");
   cmd->add_option("--validate-steps", f->validate_steps,
-                  "timed steps per layout, after two untimed; their median is the measured step")
+                  str("timed steps per layout, after ", kUntimedSteps,
+                      " untimed; their median is the measured step"))
       ->capture_default_str();
 
   auto c = std::make_shared<CalibrateFlags>();

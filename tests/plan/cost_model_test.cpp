@@ -96,6 +96,15 @@ TEST(CostModel, DataParallelPaysItsAllReduceAndZeroShardsTheState) {
   Layout zero3 = ddp;
   zero3.zero = 3;
   EXPECT_NEAR(predict(w, m, zero3).transient_bytes, tied, 1);
+  // ZeRO-1 and -2 keep neither copy of the tied gradient in their state; AdamW's temporaries
+  // span the largest unit's shard (the root's, the embedding); ZeRO-2 has two 25 MiB buckets
+  // in flight (gpt-small's MLP weight, 9 MiB, is below the cap).
+  const double adamw = 2 * 4.0 * double(w.unit_parameters.front()) / 8;
+  Layout zero1 = ddp, zero2 = ddp;
+  zero1.zero = 1;
+  zero2.zero = 2;
+  EXPECT_NEAR(predict(w, m, zero1).transient_bytes, 2 * tied + adamw, 1);
+  EXPECT_NEAR(predict(w, m, zero2).transient_bytes, 2 * tied + adamw + 2 * 25.0 * (1 << 20), 1);
   double last = d.model_state_bytes;
   for (int zero = 1; zero <= 3; ++zero) {
     Layout z = ddp;

@@ -29,6 +29,7 @@
 #include "dtorch/comm/shm_allreduce.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"
+#include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/launch/process.h"
 #include "dtorch/launch/store.h"
 
@@ -137,12 +138,6 @@ void ring_reduce_scatter(Backend& pg, const at::Tensor& in, int rank, int n, lon
   }
 }
 
-std::string host_name() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return host;
-}
-
 // What a rank announces at the rendezvous, "<host> pid <pid> node <node_rank>": where its process
 // runs, for a diagnosis, and its node, for node_of.
 struct RendezvousEntry {
@@ -152,7 +147,7 @@ struct RendezvousEntry {
 };
 
 std::string entry_text(const launch::RankInfo& info) {
-  return str(host_name(), " pid ", getpid(), " node ", info.node_rank);
+  return str(launch::host_name(), " pid ", getpid(), " node ", info.node_rank);
 }
 
 // std::nullopt for an entry not of that form.
@@ -180,7 +175,7 @@ LocalProcess local_process(c10d::Store& store, int r) {
   try {
     auto v = store.get("arrived/" + std::to_string(r));
     const auto entry = parse_entry(std::string(v.begin(), v.end()));
-    if (!entry || entry->host != host_name()) return LocalProcess::Unknown;
+    if (!entry || entry->host != launch::host_name()) return LocalProcess::Unknown;
     const pid_t pid = entry->pid;
     if (::kill(pid, 0) != 0 && errno == ESRCH) return LocalProcess::Gone;
     if (launch::is_stopped(pid)) return LocalProcess::Stopped;
@@ -547,7 +542,7 @@ const std::string& Communicator::group_name() const {
 }
 
 int Communicator::node_of(int r) const {
-  if (size() == 1 || r == rank()) return info_.node_rank;
+  if (size() == 1) return info_.node_rank;
   return impl_->nodes.at(r);  // see connect
 }
 

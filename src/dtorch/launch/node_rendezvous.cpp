@@ -36,18 +36,22 @@ std::string describe_missing_nodes(const NodeRoll& roll) {
              arrived, arrived.empty() ? "" : ")", "; missing node rank(s): ", missing);
 }
 
-std::string short_hostname() {
+std::string host_name() {
   char host[256] = {0};
   if (::gethostname(host, sizeof host - 1) != 0) return "";
-  std::string h = host;
+  return host;
+}
+
+std::string short_hostname() {
+  const std::string h = host_name();
   return h.substr(0, h.find('.'));
 }
 
 std::string fqdn() {
-  char name[256] = {0};
-  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+  const std::string name = host_name();
+  if (name.empty()) return "localhost";
   // Python: gethostbyaddr(gethostname()), then the first of its name and aliases with a dot.
-  struct hostent* by_name = ::gethostbyname(name);
+  struct hostent* by_name = ::gethostbyname(name.c_str());
   if (!by_name || by_name->h_addrtype != AF_INET || !by_name->h_addr_list[0]) return name;
   struct hostent* h = ::gethostbyaddr(by_name->h_addr_list[0], sizeof(in_addr), AF_INET);
   if (!h) return name;
@@ -60,8 +64,7 @@ std::string fqdn() {
 
 bool is_local_host(const std::string& host) {
   if (host == "localhost" || host == short_hostname()) return true;
-  char name[256] = {0};
-  if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  if (!host.empty() && host == host_name()) return true;
   struct addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
   struct addrinfo* found = nullptr;

@@ -17,6 +17,9 @@ struct NodeRoll {
 /// "1 of 2 node(s) arrived (node 0 on hostA); missing node rank(s): 1".
 std::string describe_missing_nodes(const NodeRoll& roll);
 
+/// This host's name as gethostname() gives it ("" when it has none).
+std::string host_name();
+
 /// This host's name up to the first dot ("" when it has none).
 std::string short_hostname();
 

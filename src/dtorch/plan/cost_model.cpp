@@ -10,15 +10,11 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/cp/context_parallel.h"
 #include "dtorch/parallel/pp/stage_plan.h"
+#include "dtorch/parallel/zero/zero.h"
 #include "dtorch/report/out_of_memory.h"
 
 namespace dtorch::plan {
 namespace {
-
-const char* strategy_name(int zero) {
-  static const char* names[] = {"ddp", "zero1", "zero2", "zero3"};
-  return names[zero];
-}
 
 // What one rank runs of the model: its stages' units, and the most micro-batches of
 // activations it holds at once.
@@ -106,7 +102,7 @@ Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_ba
 std::string flags_of(const Layout& l, const Workload& w) {
   std::ostringstream f;
   f << "--model " << w.model << " --seq-len " << w.seq_len << " --batch-size "
-    << w.global_batch / l.dp << " --strategy " << strategy_name(l.zero);
+    << w.global_batch / l.dp << " --strategy " << zero::stage_names().at(l.zero);
   if (l.tp > 1) f << " --tp " << l.tp;
   if (l.cp > 1) f << " --cp " << l.cp;
   if (l.pp > 1)
@@ -184,7 +180,7 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
     dp_s = m.seconds(Collective::ReduceScatter, n, grad_bytes, dp_across) +
            2 * m.seconds(Collective::AllGather, n, grad_bytes, dp_across);
   }
-  auto hidden = m.overlap.find(strategy_name(l.zero));
+  auto hidden = m.overlap.find(zero::stage_names().at(l.zero));
   p.exposed_comm_s = dp_s * (1 - (hidden == m.overlap.end() ? 0.0 : hidden->second));
   if (l.tp > 1) {
     // Megatron: two all-reduces of a block's activations in forward, two in backward, and two
@@ -221,8 +217,18 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   // What a step holds beyond the model state and the activations (Note [Cost model]).
   p.transient_bytes = gradient_copies;
   if (l.zero == 0) p.transient_bytes += 4 * params_rank;  // gradients made afresh
-  if (l.zero == 1 || l.zero == 2) p.transient_bytes += 2 * 4 * root_params / n;  // AdamW's
-  if (l.zero == 2) p.transient_bytes += 2 * 4 * root_params;  // two buckets of the largest unit
+  if (l.zero == 1 || l.zero == 2) {
+    // Both of the tied embedding's copies: ZeRO-1 adds their sum into its flat buffer, ZeRO-2
+    // reduces it from where it lies (Note [Gradient buckets of stage 2]); neither keeps it.
+    p.transient_bytes += 4 * V * C / l.tp;
+    p.transient_bytes += 2 * 4 * root_params / n;  // AdamW's temporaries
+  }
+  if (l.zero == 2) {
+    // Two buckets in flight (Note [Buckets in flight]), each at most the cap unless one
+    // parameter, the MLP's, is larger and has a unit of its own.
+    const double cap = zero::Options{}.bucket_cap_mb * (1 << 20);
+    p.transient_bytes += 2 * std::max(cap, 4 * 4 * C * C / l.tp);
+  }
   p.peak_bytes =
       m.base_bytes_per_rank + p.model_state_bytes + p.activation_bytes + p.transient_bytes;
   p.fits = p.peak_bytes <= m.memory_per_rank_bytes;

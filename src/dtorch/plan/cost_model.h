@@ -50,9 +50,11 @@ namespace dtorch::plan {
 //   head's, made apart before they are added; under a pipeline two: a micro-batch's before it
 //   is added into .grad, and the copy the first and last stages exchange); under ddp every
 //   gradient as backward makes it afresh (ZeRO-1 adds each into its flat buffer as it comes);
-//   under ZeRO-1 and -2 AdamW's two temporaries over the largest unit's shard; under ZeRO-2 the
-//   two gradient buckets of the largest unit it keeps (Note [Spare unit memory]). The heap
-//   keeps what these free, so the peak counts them all.
+//   under ZeRO-1 and -2 the sum of the tied embedding's copies too (ZeRO-1 adds it into its
+//   flat buffer, ZeRO-2 reduces it where it lies) and AdamW's two temporaries over the largest
+//   unit's shard; under ZeRO-2 the two gradient buckets in flight (Note [Buckets in flight]), at
+//   most the bucket cap each unless the MLP's weight alone is larger. The heap keeps what these
+//   free, so the peak counts them all.
 // Every term is printed, so a miss can be traced to the term that made it.
 
 /// The model as the cost model sees it: a GPT's shape.

@@ -11,13 +11,13 @@
 #include "dtorch/core/input_file.h"
 #include "dtorch/core/json_config.h"
 #include "dtorch/core/log.h"
+#include "dtorch/parallel/zero/zero.h"
 
 namespace dtorch::plan {
 namespace {
 
 const std::vector<Collective> kCollectives = {Collective::AllReduce, Collective::ReduceScatter,
                                               Collective::AllGather, Collective::P2P};
-const json_config::Keys kStrategies = {"ddp", "zero1", "zero2", "zero3"};
 
 // Each object of the list at `key` in `s`, as a section named key[i] whose `fields` are the
 // only keys; false when `s` has no `key`. ConfigError naming the key when it is not a
@@ -194,8 +194,8 @@ Machine read_machine(const std::string& path) {
   m.intra_node = read_links(*s.section("intra_node"), &warnings);
   if (auto inter = s.section("inter_node")) m.inter_node = read_links(*inter, &warnings);
   if (auto overlap = s.section("overlap")) {
-    overlap->keys(kStrategies, {});
-    for (const std::string& k : kStrategies)
+    overlap->keys(zero::stage_names(), {});
+    for (const std::string& k : zero::stage_names())
       if (auto f = overlap->number(k, 0, 1)) m.overlap[k] = *f;
   }
   for (const std::string& w : warnings)

@@ -10,16 +10,20 @@
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
+#include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/strategy_parts.h"
 
 namespace dtorch::train {
 
 const NameTable<StrategyKind>& names(StrategyKind) {
-  static const NameTable<StrategyKind> n{{StrategyKind::DDP, "ddp"},
-                                         {StrategyKind::Zero1, "zero1"},
-                                         {StrategyKind::Zero2, "zero2"},
-                                         {StrategyKind::Zero3, "zero3"}};
+  static const NameTable<StrategyKind> n = [] {
+    NameTable<StrategyKind> t;
+    for (StrategyKind k :
+         {StrategyKind::DDP, StrategyKind::Zero1, StrategyKind::Zero2, StrategyKind::Zero3})
+      t.emplace_back(k, zero::stage_names().at(zero_stage(k)));
+    return t;
+  }();
   return n;
 }
 

@@ -17,13 +17,16 @@ std::vector<ParamInfo> gpt_like() {
 TEST(ShardPlan, PadsEachUnitToAMultipleOfTheWorldAndTilesShards) {
   auto params = gpt_like();
   auto plan = make_plan(params, units_by_size(params, 40), 4);
-  ASSERT_EQ(plan.units.size(), 3u);  // {100}, {30,3,30}, {3,30,5}: a unit closes once >= 40
+  // {100}, {30,3}, {30,3}, {30,5}: a unit closes before the parameter that would take it over
+  // 40, and a parameter above the cap has a unit of its own.
+  ASSERT_EQ(plan.units.size(), 4u);
   EXPECT_EQ(plan.units[0].numel, 100);
-  EXPECT_EQ(plan.units[1].numel, 63);
-  EXPECT_EQ(plan.units[1].padded, 64);
-  EXPECT_EQ(plan.units[1].shard, 16);
-  // Rank 3 of unit 1 owns [48, 63): the last element of its shard is padding.
-  EXPECT_EQ(plan.units[1].owned(3), (std::pair<int64_t, int64_t>{48, 63}));
+  EXPECT_EQ(plan.units[1].numel, 33);
+  EXPECT_EQ(plan.units[1].padded, 36);
+  EXPECT_EQ(plan.units[1].shard, 9);
+  EXPECT_EQ(plan.units[3].numel, 35);
+  // Rank 3 of unit 1 owns [27, 33): the last 3 elements of its shard are padding.
+  EXPECT_EQ(plan.units[1].owned(3), (std::pair<int64_t, int64_t>{27, 33}));
   int64_t total = 0;
   for (auto& u : plan.units) {
     int64_t off = 0;

@@ -17,7 +17,7 @@ std::vector<UnitSpec> units_by_size(const std::vector<ParamInfo>& params, int64_
   std::vector<UnitSpec> units;
   int64_t filled = 0;
   for (size_t i = 0; i < params.size(); ++i) {
-    if (units.empty() || filled >= cap_numel) {
+    if (units.empty() || filled + params[i].numel > cap_numel) {
       units.push_back({str("bucket", units.size()), {}, {}});
       filled = 0;
     }

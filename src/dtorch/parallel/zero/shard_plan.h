@@ -59,8 +59,10 @@ struct ShardPlan {
   std::vector<std::pair<size_t, size_t>> where;
 };
 
-/// zero-1/2 units: consecutive parameters, a unit closing once it holds at least `cap_numel`
-/// elements (so a parameter larger than the cap gets a unit of its own).
+/// zero-1/2 units: consecutive parameters, a unit closing before the parameter that would take
+/// it over `cap_numel` elements (DeepSpeed's reduce_bucket_size); a parameter larger than the
+/// cap gets a unit of its own. Note [Gradient buckets of stage 2]: the cap keeps every bucket
+/// of several parameters in the heap.
 std::vector<UnitSpec> units_by_size(const std::vector<ParamInfo>& params, int64_t cap_numel);
 
 /// zero-3 units (the wrap policy): unit 0 is "root" (the parameters outside every block; it

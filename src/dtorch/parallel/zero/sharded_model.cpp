@@ -54,14 +54,26 @@ namespace dtorch::zero {
 // Releasing keeps each parameter's TensorImpl (autograd has saved it) but gives its storage
 // zero bytes; gathering gives the same storage fresh memory, so the saved tensors see the
 // gathered values again (this is what FSDP does with storage().resize_()).
-// Note [Spare unit memory]: a gathered unit's memory and a unit's gradient bucket are the same
-// sizes every step (every block of a GPT is), and with the allocator returning large buffers
-// to the kernel (Note [Returning released memory]) each gather and each bucket page-faulted
-// its memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a
-// step. The two most recently released of each are kept and handed to the next of the same
-// size instead, which is at most two units above what is held in any case (the prefetched and
-// the in-flight ones). gpt-small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs):
-// 0.51-0.53 samples/s without, 0.63-0.70 with; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB.
+// Note [Spare unit memory]: a gathered unit's memory and a stage 3 unit's gradient bucket are the
+// same sizes every step (every block of a GPT is), and with the allocator returning large buffers
+// to the kernel (Note [Returning released memory]) each gather and each bucket page-faulted its
+// memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a step. The two
+// most recently released of each are kept and handed to the next of the same size instead, which is
+// at most two units above what is held in any case (the prefetched and the in-flight ones). gpt-
+// small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs): 0.51-0.53 samples/s without,
+// 0.63-0.70 with; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB.
+// Note [Gradient buckets of stage 2]: stage 2 holds its parameters whole, so what it frees
+// each step is what the next step needs again, and the heap keeps it (Note [Returning released
+// memory]) as long as no buffer is above glibc's 32 MiB mmap threshold. Its units close before
+// the bucket cap (25 MiB by default), so every bucket of several parameters comes from the
+// heap; a parameter above the cap (a GPT's token embedding, 154 MiB at gpt-small) is a unit of
+// its own, and its gradient is its bucket as backward left it, no copy; and the first
+// reduction after zero_grad() writes the shard directly, no `incoming` buffer. Before, stage 2
+// took its buckets from mappings of its own, as stage 3 must, and the spares rarely matched
+// units of varying sizes: gpt-small at 2 ranks (LibTorch 2.15, 5 steps after 2) faulted 236k
+// pages a step (ZeRO-1 151k) and ran 1.59-1.65 s a step (ZeRO-1 1.44-1.56 s in the same
+// runs); now 133k-148k and 1.40-1.50 s (ZeRO-1 1.39-1.49 s); peak RSS per rank 2.19 GiB then,
+// 2.12 GiB now.
 // A model built without memory (Note [Deferred initialisation]) has no weights to pack: its
 // units' full buffers are allocated and released untouched, and each rank fills its masters
 // from the model's units built again one at a time (init_deferred).
@@ -111,6 +123,7 @@ struct ShardedModel::Impl {
     at::Tensor incoming;    // stages 2-3, during backward: this rank's reduced chunk
     comm::Work reduce, gather;
     bool materialized = true;
+    bool shard_zeroed = true;  // grad_shard holds zeros: a reduction may write it directly
   };
 
   std::shared_ptr<torch::nn::Module> module;
@@ -148,6 +161,9 @@ struct ShardedModel::Impl {
     return at::TensorOptions().dtype(dtype).device(device);
   }
   bool sharded_params() const { return opts.stage == 3; }
+  // Stage 3's gradient buckets on a CPU live in mappings of their own, two of them kept (Note
+  // [Spare unit memory]); a GPU's caching allocator keeps freed memory itself.
+  bool mapped_buckets() const { return sharded_params() && device.is_cpu(); }
   // The root of a model that does not scope its forward (Note [Sharding stages]).
   bool always_gathered(size_t u) const {
     return sharded_params() && !root_per_step && plan.units[u].name == "root";
@@ -171,6 +187,7 @@ struct ShardedModel::Impl {
   void release(size_t u);
   void wait_for(comm::Work& w, double& seconds);
   at::Tensor zeroed_bucket(size_t u);
+  bool owns_whole_unit(const at::Tensor& g, size_t u) const;
   void before_block(const std::string& block);
   at::Tensor after_block(const std::string& block, at::Tensor out);
   void before_forward();
@@ -489,8 +506,12 @@ void ShardedModel::Impl::absorb(size_t i) {
     if (g.defined() && !g.is_same(view)) view.copy_(g);
     return;
   }
-  if (!s.bucket.defined()) s.bucket = zeroed_bucket(u);
-  if (g.defined()) s.bucket.narrow(0, e.offset, e.numel).copy_(g.reshape({-1}));
+  if (!s.bucket.defined() && owns_whole_unit(g, u)) {
+    s.bucket = g.view({-1});  // Note [Gradient buckets of stage 2]
+  } else {
+    if (!s.bucket.defined()) s.bucket = zeroed_bucket(u);
+    if (g.defined()) s.bucket.narrow(0, e.offset, e.numel).copy_(g.reshape({-1}));
+  }
   g.reset();  // the bucket has it; free it now rather than after backward
 }
 
@@ -511,8 +532,12 @@ void ShardedModel::Impl::launch(size_t u) {
     return;
   }
   if (!s.bucket.defined()) s.bucket = zeroed_bucket(u);
-  s.incoming = at::empty({unit.shard}, on(opts.reduce_dtype));
-  s.reduce = comm->reduce_scatter_async(s.bucket, s.incoming, comm::ReduceOp::Avg, what);
+  // Note [Gradient buckets of stage 2]: the first reduction after zero_grad() writes the shard.
+  const bool direct = s.shard_zeroed && opts.reduce_dtype == at::kFloat;
+  s.shard_zeroed = false;
+  if (!direct) s.incoming = at::empty({unit.shard}, on(opts.reduce_dtype));
+  s.reduce = comm->reduce_scatter_async(s.bucket, direct ? s.grad_shard : s.incoming,
+                                        comm::ReduceOp::Avg, what);
   release(u);  // backward is done with this unit's parameters (Note [Sharding stages])
   // Note [Buckets in flight]: a launched unit's bucket (the whole unit's gradient) lives until
   // its reduce-scatter is added to the shard. Waiting for all of them at the end of backward
@@ -534,18 +559,31 @@ void ShardedModel::Impl::finish_reduction(UnitState& s) {
     s.grad_shard.add_(s.incoming);
     s.incoming = at::Tensor();
   }
-  // Note [Spare unit memory]; stage 1's bucket is a dtype copy of its whole gradient.
-  if (s.bucket.defined() && opts.stage > 1) spare_buckets.put(bytes_of(s.bucket), s.bucket);
+  // Note [Spare unit memory]; stage 1's bucket is a dtype copy of its whole gradient, stage 2's
+  // came from the heap (Note [Gradient buckets of stage 2]).
+  if (s.bucket.defined() && mapped_buckets()) spare_buckets.put(bytes_of(s.bucket), s.bucket);
   s.bucket = at::Tensor();
 }
 
-// A zeroed gradient bucket for unit u: a spare one of its size when there is one.
+// A zeroed gradient bucket for unit u: stage 3's on a CPU is a spare one of its size when there
+// is one, else a mapping of its own; stage 2's comes from the heap (Note [Gradient buckets of
+// stage 2]), a GPU's from its caching allocator.
 at::Tensor ShardedModel::Impl::zeroed_bucket(size_t u) {
   const int64_t n = plan.units[u].padded;
+  if (!mapped_buckets()) return at::zeros({n}, on(opts.reduce_dtype));
   at::Tensor b = spare_buckets.take(n * c10::elementSize(opts.reduce_dtype));
-  if (b.defined()) return b.zero_();
-  return device.is_cpu() ? mapped_zeros(n, opts.reduce_dtype)
-                         : at::zeros({n}, on(opts.reduce_dtype));
+  return b.defined() ? b.zero_() : mapped_zeros(n, opts.reduce_dtype);
+}
+
+// Whether gradient `g` can be unit u's bucket as it is: the unit's one parameter, in the
+// reduction's dtype, filling the unit, and its memory seen by no tensor that outlives the
+// hook (the reduction may use it as scratch). AccumulateGrad makes .grad a detached alias of
+// backward's result, which the engine holds as the hook's input until the hook returns: two.
+bool ShardedModel::Impl::owns_whole_unit(const at::Tensor& g, size_t u) const {
+  const Unit& unit = plan.units[u];
+  return g.defined() && unit.entries.size() == 1 && unit.padded == g.numel() &&
+         g.scalar_type() == opts.reduce_dtype && g.is_contiguous() && g.storage_offset() == 0 &&
+         g.storage().use_count() <= 2;
 }
 
 // Every unit was launched (unused parameters are reduced as zeros).
@@ -739,6 +777,7 @@ void ShardedModel::zero_grad() {
   torch::NoGradGuard no_grad;
   for (auto& s : impl_->units) {
     s.grad_shard.zero_();
+    s.shard_zeroed = true;
     if (s.grad_full.defined()) s.grad_full.zero_();
   }
 }
