@@ -71,7 +71,7 @@ def main():
         "## Predicted against measured: `dtorch plan --validate`",
         "",
         "Measured by `make bench` (`%s`) on %s, %s, with %s (LibTorch %s): for each case `dtorch "
-        "plan calibrate` at its rank count, then `dtorch plan --validate K` runs the K layouts "
+        "plan calibrate` at its rank count (each rate the median of three rounds), then `dtorch plan --validate K` runs the K layouts "
         "predicted fastest that fit through `dtorch bench memory` (%d timed steps after two, "
         "fp32 AdamW, %d tokens, 1 thread per rank). Step: the median timed step, the slowest "
         "rank's; peak: the largest "

@@ -25,6 +25,7 @@
 #include "dtorch/core/paths.h"
 #include "dtorch/core/picture.h"
 #include "dtorch/launch/node_rendezvous.h"
+#include "dtorch/parallel/cp/attention.h"
 #include "dtorch/plan/cost_model.h"
 #include "dtorch/plan/plan_picture.h"
 #include "dtorch/report/out_of_memory.h"
@@ -295,6 +296,10 @@ struct Bench {
   int64_t width = 1024;  // the linear layer's weight side
   std::vector<int64_t> rows = {16, 64, 256, 1024, 4096};
   int64_t large_floats = int64_t(4) << 20;  // a collective's large buffer per rank
+  // Ring attention's layer: heads of head_dim, at two sizes of the rank's tokens.
+  int64_t ring_heads = 12, ring_head_dim = 64;
+  std::vector<int64_t> ring_tokens = {32, 128};
+  int64_t lockstep_rows = 64;  // a segment's rows: a layer's work at a small micro-batch
   torch::TensorOptions options() const { return torch::TensorOptions().device(device); }
 };
 
@@ -306,6 +311,9 @@ Bench bench_for(at::Device d) {
     b.width = 4096;
     b.rows = {256, 1024, 4096, 16384, 65536};
     b.large_floats = int64_t(64) << 20;
+    b.ring_heads = 16, b.ring_head_dim = 128;
+    b.ring_tokens = {1024, 4096};
+    b.lockstep_rows = 4096;
   }
   return b;
 }
@@ -334,6 +342,19 @@ double time_per_call(comm::Communicator& group, const Bench& b, double budget,
   const double one = time_calls(group, b, 1, f);
   const int calls = static_cast<int>(std::clamp(budget / std::max(one, 1e-7), 3.0, 1e5));
   return time_calls(group, b, calls, f) / calls;
+}
+
+// Calibrate measures every rate this many times and keeps each one's median.
+constexpr int kRounds = 3;
+
+// The median of get(round) over the rounds.
+template <class Round, class Get>
+double median_of(const std::vector<Round>& rounds, Get get) {
+  std::vector<double> v;
+  for (const Round& r : rounds)
+    v.push_back(get(r));
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // The matmul rate of one rank while every rank multiplies (they share the node, as in training).
@@ -371,6 +392,124 @@ double first_touch_seconds_per_byte(comm::Communicator& world, const Bench& b) {
   const double fresh =
       time_per_call(world, b, 0.5, [&] { torch::empty({floats}, b.options()).fill_(1); });
   return std::max(0.0, fresh - reused) / (4.0 * floats);
+}
+
+// The rates every rank measures alone, at once (they share the node, as in training).
+struct ComputeRates {
+  std::map<std::string, double> flops;
+  std::map<std::string, std::vector<plan::RowsRate>> by_rows;
+  double first_touch = 0, adamw = 0;
+};
+
+// One round of the rates. The first (`first` null) measures fp32 and bf16 by rows while a call
+// takes under a quarter second (bf16 on a CPU is slow), and fp32 alone where this LibTorch has
+// no bf16 matmul on the device; the later ones measure what the first did.
+ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
+                           const ComputeRates* first) {
+  ComputeRates r;
+  for (auto [name, dtype] : {std::pair{"fp32", torch::kFloat}, {"bf16", torch::kBFloat16}}) {
+    if (first && !first->flops.count(name)) continue;
+    try {
+      r.flops[name] = matmul_flops(world, bench, dtype);
+      for (size_t i = 0; i < bench.rows.size(); ++i) {
+        if (first && i == first->by_rows.at(name).size()) break;
+        const int64_t rows = bench.rows[i];
+        const double s = linear_seconds(world, bench, dtype, rows);
+        r.by_rows[name].push_back({rows, 3 * 2.0 * rows * bench.width * bench.width / s});
+        if (!first && s > 0.25) break;
+      }
+    } catch (const c10::Error&) {
+      if (dtype == torch::kFloat) throw;
+      if (world.rank() == 0) log::warn("calibrating: no bf16 matmul here; the file has fp32 only");
+      r.flops.erase(name);
+      r.by_rows.erase(name);
+    }
+  }
+  r.first_touch = first_touch_seconds_per_byte(world, bench);
+  torch::Tensor w = torch::zeros({bench.large_floats}, bench.options()).requires_grad_();
+  w.mutable_grad() = torch::randn({bench.large_floats}, bench.options());
+  torch::optim::AdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  r.adamw = time_per_call(world, bench, 1.0, [&] { adamw.step(); }) / double(w.numel());
+  return r;
+}
+
+// Each rate's median over the rounds into `m`.
+void set_median_rates(plan::Machine& m, const std::vector<ComputeRates>& rounds) {
+  auto of = [&](auto get) { return median_of(rounds, get); };
+  for (const auto& [name, rates] : rounds.front().by_rows) {
+    m.matmul_flops[name] = of([&](const ComputeRates& r) { return r.flops.at(name); });
+    for (size_t i = 0; i < rates.size(); ++i)
+      m.matmul_by_rows[name].push_back(
+          {rates[i].rows, of([&](const ComputeRates& r) { return r.by_rows.at(name)[i].flops; })});
+  }
+  m.first_touch_seconds_per_byte = of([](const ComputeRates& r) { return r.first_touch; });
+  m.adamw_seconds_per_parameter = of([](const ComputeRates& r) { return r.adamw; });
+}
+
+// A causal ring attention layer's seconds over the group of 2 `pair` at each of the bench's
+// sizes, forward and backward and forward alone, every pair of the node's ranks running at once.
+struct RingSeconds {
+  int64_t tokens = 0;
+  double both = 0, forward = 0;
+};
+std::vector<RingSeconds> ring_attention_seconds(const std::shared_ptr<comm::Communicator>& pair,
+                                                const Bench& b) {
+  std::vector<RingSeconds> out;
+  for (int64_t tokens : b.ring_tokens) {
+    torch::Tensor qkv =
+        torch::randn({3, 1, b.ring_heads, tokens, b.ring_head_dim}, b.options()).requires_grad_();
+    torch::Tensor grad = torch::randn({1, b.ring_heads, tokens, b.ring_head_dim}, b.options());
+    RingSeconds s{tokens};
+    s.both = time_per_call(*pair, b, 0.5,
+                           [&] { cp::ring_attention(qkv, pair, /*causal=*/true).backward(grad); });
+    s.forward =
+        time_per_call(*pair, b, 0.5, [&] { cp::ring_attention(qkv, pair, /*causal=*/true); });
+    out.push_back(s);
+  }
+  return out;
+}
+
+// Ring attention's own work (plan::RingAttentionCost): what a layer took beyond the cost
+// model's charge for its FLOPs and messages (m's rates); the time per score from the two sizes'
+// difference, the time per step from the rest at the smaller size.
+plan::RingAttentionCost ring_attention_cost(const std::vector<RingSeconds>& measured,
+                                            const Bench& b, const plan::Machine& m) {
+  std::vector<double> rest, scores;
+  for (const RingSeconds& s : measured) {
+    const plan::RingAttentionTime charged = plan::ring_attention_time(
+        m, {1, b.ring_heads, s.tokens, b.ring_head_dim, 2, 4}, false, false);
+    rest.push_back(std::max(0.0, s.both - charged.attention_s - charged.exposed_s));
+    scores.push_back(double(b.ring_heads) * s.tokens * 2 * s.tokens);
+  }
+  plan::RingAttentionCost c;
+  c.seconds_per_score = std::max(0.0, (rest[1] - rest[0]) / (scores[1] - scores[0]));
+  c.step_seconds = std::max(0.0, rest[0] - c.seconds_per_score * scores[0]) / 2;
+  c.forward_share = std::clamp(measured[0].forward / measured[0].both, 0.0, 1.0);
+  return c;
+}
+
+// How much longer compute takes when the ranks of `pair` meet after every segment of it (a
+// layer under tensor or context parallelism) than when they run apart (Machine::
+// lockstep_fraction): 40 segments of a linear layer's three products at the bench's rows, with
+// and without a one-float all-reduce after each, every pair of the node's ranks at once. The
+// all-reduces' own time (microseconds each, against milliseconds a segment) counts in the wait.
+double lockstep_fraction(comm::Communicator& pair, const Bench& b) {
+  constexpr int kSegments = 40;
+  const int64_t n = b.width;
+  const int64_t rows = b.lockstep_rows;
+  torch::Tensor x = torch::randn({rows, n}, b.options()), w = torch::randn({n, n}, b.options()),
+                g = torch::randn({rows, n}, b.options()), one = torch::zeros({1}, b.options());
+  auto segments = [&](bool meet) {
+    for (int i = 0; i < kSegments; ++i) {
+      torch::mm(x, w);
+      torch::mm(g, w.t());
+      torch::mm(x.t(), g);
+      if (meet) pair.allreduce(one, comm::ReduceOp::Sum, "lockstep");
+    }
+  };
+  const double apart = time_per_call(pair, b, 0.5, [&] { segments(false); });
+  const double together = time_per_call(pair, b, 0.5, [&] { segments(true); });
+  return std::max(0.0, together / apart - 1);
 }
 
 plan::LinkCost measure(comm::Communicator& group, const Bench& b, plan::Collective op) {
@@ -462,74 +601,126 @@ int calibrate_worker(const CalibrateFlags& f) {
     if (mem.cgroup_limit > 0) total = std::min(total, double(mem.cgroup_limit));
     m.memory_per_rank_bytes = total / per_node;
   }
-  if (world->rank() == 0)
-    log::info("calibrating on ", bench.device.str(), ": matmul rates (fp32, bf16) on every rank");
-  // By rows while a call takes under a quarter second (bf16 on a CPU is slow).
-  auto by_rows = [&](const char* name, torch::ScalarType dtype) {
-    m.matmul_flops[name] = matmul_flops(*world, bench, dtype);
-    for (int64_t r : bench.rows) {
-      const double s = linear_seconds(*world, bench, dtype, r);
-      m.matmul_by_rows[name].push_back({r, 3 * 2.0 * r * bench.width * bench.width / s});
-      if (s > 0.25) break;
-    }
-  };
-  by_rows("fp32", torch::kFloat);
-  try {
-    by_rows("bf16", torch::kBFloat16);
-  } catch (const c10::Error&) {  // a LibTorch without bf16 matmul on this device
-    if (world->rank() == 0) log::warn("calibrating: no bf16 matmul here; the file has fp32 only");
-    m.matmul_flops.erase("bf16");
-    m.matmul_by_rows.erase("bf16");
-  }
-  if (world->rank() == 0) log::info("calibrating: freshly allocated memory on every rank");
-  m.first_touch_seconds_per_byte = first_touch_seconds_per_byte(*world, bench);
-  {
-    if (world->rank() == 0) log::info("calibrating: an AdamW step on every rank");
-    torch::Tensor w = torch::zeros({bench.large_floats}, bench.options()).requires_grad_();
-    w.mutable_grad() = torch::randn({bench.large_floats}, bench.options());
-    torch::optim::AdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-    m.adamw_seconds_per_parameter =
-        time_per_call(*world, bench, 1.0, [&] { adamw.step(); }) / double(w.numel());
-  }
-  // The collectives over groups of 2, 4, ... and all of `order`'s ranks, each group its first
-  // ranks (the whole job's group where that is all of them), and point-to-point between the
-  // first two.
-  auto measure_groups = [&](const std::vector<int>& order, const std::string& name,
-                            const std::string& where,
-                            std::map<plan::Collective, std::vector<plan::LinkCost>>& into) {
+  // The groups the collectives are measured over, made once: within rank 0's node groups of 2,
+  // 4, ... and all its ranks, each its first ranks (the whole job's group where that is all of
+  // them); across nodes, the same over a list taking one rank of each node in turn (as a
+  // data-parallel group strides across the nodes under tensor parallelism). Null where this
+  // rank is not a member.
+  using Groups = std::vector<std::pair<int, std::shared_ptr<comm::Communicator>>>;
+  auto groups_over = [&](const std::vector<int>& order, const std::string& name) {
     const int n = static_cast<int>(order.size());
     std::vector<int> sizes;
     for (int s = 2; s < n; s *= 2)
       sizes.push_back(s);
     if (n >= 2) sizes.push_back(n);
+    Groups out;
     for (int s : sizes) {
-      if (world->rank() == 0) log::info("calibrating: collectives over ", s, " ranks ", where);
       std::vector<int> members(order.begin(), order.begin() + s);
       std::sort(members.begin(), members.end());
-      if (std::binary_search(members.begin(), members.end(), world->rank())) {
-        auto group = s == W ? world : world->split(members, name + std::to_string(s));
-        for (plan::Collective op : {plan::Collective::AllReduce, plan::Collective::ReduceScatter,
-                                    plan::Collective::AllGather})
-          into[op].push_back(measure(*group, bench, op));
-        if (s == 2)
-          into[plan::Collective::P2P].push_back(measure(*group, bench, plan::Collective::P2P));
-      }
-      world->barrier("calibration");
+      std::shared_ptr<comm::Communicator> group;
+      if (std::binary_search(members.begin(), members.end(), world->rank()))
+        group = s == W ? world : world->split(members, name + std::to_string(s));
+      out.emplace_back(s, group);
+      world->barrier("calibration groups");
     }
+    return out;
   };
-  // Within rank 0's node; across nodes, a group taking one rank of each node in turn (as a
-  // data-parallel group strides across the nodes under tensor parallelism).
-  measure_groups(nodes.front(), "calibrate-intra", "within a node", m.intra_node);
-  if (per_node < 2 && world->rank() == 0)
-    log::warn(
-        "calibrating: one rank per node, so no measurements within a node (a plan with "
-        "ranks sharing a node needs them)");
+  const Groups intra = groups_over(nodes.front(), "calibrate-intra");
+  Groups inter;
   if (nodes.size() > 1) {
     std::vector<int> across;
     for (int i = 0; i < per_node; ++i)
       for (const auto& node : nodes)
         across.push_back(node[i]);
-    measure_groups(across, "calibrate-inter", "across nodes", m.inter_node);
+    inter = groups_over(across, "calibrate-inter");
+  }
+  if (per_node < 2 && world->rank() == 0)
+    log::warn(
+        "calibrating: one rank per node, so no measurements within a node (a plan with "
+        "ranks sharing a node needs them)");
+  // Ring attention runs over pairs of each node's ranks, in its order, every pair at once.
+  std::shared_ptr<comm::Communicator> pair;
+  for (const auto& node : nodes)
+    for (size_t i = 0; i + 1 < node.size(); i += 2) {
+      std::vector<int> members = {node[i], node[i + 1]};
+      std::sort(members.begin(), members.end());
+      if (world->rank() == members[0] || world->rank() == members[1])
+        pair =
+            W == 2 ? world : world->split(members, "calibrate-ring" + std::to_string(members[0]));
+    }
+
+  // Every rate, kRounds times over, one round after the other: a spell of the machine that
+  // slows one round moves no median.
+  struct Round {
+    ComputeRates rates;
+    std::map<plan::Collective, std::vector<plan::LinkCost>> intra, inter;
+    std::vector<RingSeconds> ring;
+    double lockstep = 0;
+  };
+  std::vector<Round> rounds(kRounds);
+  for (int i = 0; i < kRounds; ++i) {
+    Round& r = rounds[i];
+    const std::string round =
+        "(round " + std::to_string(i + 1) + " of " + std::to_string(kRounds) + ")";
+    if (world->rank() == 0)
+      log::info("calibrating on ", bench.device.str(), " ", round,
+                ": matmul rates (fp32, bf16), freshly allocated memory and an AdamW step on "
+                "every rank");
+    r.rates = compute_rates(*world, bench, i == 0 ? nullptr : &rounds.front().rates);
+    auto measure_groups = [&](const Groups& groups, const std::string& where,
+                              std::map<plan::Collective, std::vector<plan::LinkCost>>& into) {
+      for (const auto& [size, group] : groups) {
+        if (world->rank() == 0)
+          log::info("calibrating ", round, ": collectives over ", size, " ranks ", where);
+        if (group) {
+          for (plan::Collective op : {plan::Collective::AllReduce, plan::Collective::ReduceScatter,
+                                      plan::Collective::AllGather})
+            into[op].push_back(measure(*group, bench, op));
+          if (size == 2)
+            into[plan::Collective::P2P].push_back(measure(*group, bench, plan::Collective::P2P));
+        }
+        world->barrier("calibration");
+      }
+    };
+    measure_groups(intra, "within a node", r.intra);
+    measure_groups(inter, "across nodes", r.inter);
+    if (per_node >= 2) {
+      if (world->rank() == 0)
+        log::info("calibrating ", round,
+                  ": ring attention and ranks in lockstep over pairs of ranks within a node");
+      if (pair) {
+        r.ring = ring_attention_seconds(pair, bench);
+        r.lockstep = lockstep_fraction(*pair, bench);
+      }
+      world->barrier("calibration");
+    }
+  }
+  set_median_rates(m, [&] {
+    std::vector<ComputeRates> rates;
+    for (const Round& r : rounds)
+      rates.push_back(r.rates);
+    return rates;
+  }());
+  for (auto [links, into] :
+       {std::pair{&Round::intra, &m.intra_node}, {&Round::inter, &m.inter_node}})
+    for (const auto& [op, costs] : rounds.front().*links)
+      for (size_t k = 0; k < costs.size(); ++k) {
+        plan::LinkCost l = costs[k];
+        l.latency_s =
+            median_of(rounds, [&](const Round& r) { return (r.*links).at(op)[k].latency_s; });
+        l.bus_bytes_per_s =
+            median_of(rounds, [&](const Round& r) { return (r.*links).at(op)[k].bus_bytes_per_s; });
+        (*into)[op].push_back(l);
+      }
+  // Rank 0's pair is the one whose point-to-point link was measured.
+  if (world->rank() == 0 && pair) {
+    std::vector<RingSeconds> ring = rounds.front().ring;
+    for (size_t k = 0; k < ring.size(); ++k) {
+      ring[k].both = median_of(rounds, [&](const Round& r) { return r.ring[k].both; });
+      ring[k].forward = median_of(rounds, [&](const Round& r) { return r.ring[k].forward; });
+    }
+    m.ring_attention = ring_attention_cost(ring, bench, m);
+    m.lockstep_fraction = median_of(rounds, [](const Round& r) { return r.lockstep; });
   }
   if (world->rank() == 0) {
     const std::string json = plan::machine_json(m);

@@ -146,6 +146,25 @@ TEST(CostModel, FewRowsRunSlowerAndFreshMemoryCostsItsFirstTouch) {
               (4 * P + 4 * V * C) * 1e-9, 1e-12);
 }
 
+TEST(CostModel, RingAttentionPaysItsOwnWorkPerStepAndScoreInEveryLayer) {
+  Machine m = round_machine();
+  const Workload w = workload_of("gpt-debug", 32, 2);  // 2 blocks of 4 heads of 8
+  const Layout cp2{1, 1, 1, 2, 1}, recomputed{1, 1, 1, 2, 1, true};
+  const Prediction plain = predict(w, m, cp2), plain_ac = predict(w, m, recomputed);
+  m.ring_attention = {1e-3, 2e-9, 0.25};
+  // Per layer: 2 ring steps, and 2 sequences x 4 heads x 16 of the rank's tokens x 32 scores.
+  const double own = 2 * 1e-3 + 2 * 4 * 16 * 32 * 2e-9;
+  EXPECT_NEAR(predict(w, m, cp2).compute_s - plain.compute_s, 2 * own, 1e-12);
+  // A recomputed forward pays the forward's share again.
+  EXPECT_NEAR(predict(w, m, recomputed).compute_s - plain_ac.compute_s, 2 * own * 1.25, 1e-12);
+  // The same parts ring_attention_time gives, and its FLOPs as predict charges attention.
+  const RingAttentionTime r = ring_attention_time(m, {2, 4, 16, 8, 2, 4}, false, false);
+  EXPECT_NEAR(r.own_s, own, 1e-15);
+  EXPECT_NEAR(r.attention_s, 3 * 2 * 4 * 16 * 32 * 32 / 1e9, 1e-15);
+  EXPECT_DOUBLE_EQ(predict(w, m, Layout{2, 1, 1, 1, 1}).compute_s,
+                   predict(w, round_machine(), Layout{2, 1, 1, 1, 1}).compute_s);
+}
+
 TEST(CostModel, MoreMicroBatchesShrinkThePipelinesBubble) {
   const Workload w = workload_of("gpt-debug", 32, 16);
   const Machine m = round_machine();
@@ -203,11 +222,13 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   m.overlap["zero2"] = 0.7;
   m.matmul_by_rows["fp32"] = {{64, 5e8}, {1024, 1e9}};
   m.first_touch_seconds_per_byte = 1e-9;
+  m.ring_attention = {1e-3, 2e-9, 0.25};
   { std::ofstream(dir + "/m.json") << machine_json(m); }
   const Machine back = read_machine(dir + "/m.json");
   EXPECT_EQ(machine_json(back), machine_json(m));
   EXPECT_DOUBLE_EQ(back.flops("fp32", 64), 5e8);
   EXPECT_DOUBLE_EQ(back.first_touch_seconds_per_byte, 1e-9);
+  EXPECT_DOUBLE_EQ(back.ring_attention.seconds_per_score, 2e-9);
   auto error_for = [&](const std::string& text) {
     std::ofstream(dir + "/bad.json") << text;
     return testing::error_of<ConfigError>([&] { read_machine(dir + "/bad.json"); });

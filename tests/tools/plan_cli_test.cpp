@@ -126,7 +126,7 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   const std::string out = dir + "/machine.json";
   auto r = testing::run_command(
       "plan_calibrate", {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2"},
-      120);
+      300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   const plan::Machine m = plan::read_machine(out);
   EXPECT_EQ(m.ranks_per_node, 2);
@@ -142,6 +142,11 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
     EXPECT_LT(m.matmul_by_rows.at("fp32")[i - 1].rows, m.matmul_by_rows.at("fp32")[i].rows);
   EXPECT_GT(m.flops("fp32", 64), 1e8);
   EXPECT_GE(m.first_touch_seconds_per_byte, 0);
+  // Ring attention over the two ranks, and the two in lockstep.
+  EXPECT_GT(m.ring_attention.step_seconds + m.ring_attention.seconds_per_score, 0);
+  EXPECT_GT(m.ring_attention.forward_share, 0);
+  EXPECT_LT(m.ring_attention.forward_share, 1);
+  EXPECT_GE(m.lockstep_fraction, 0);
   auto plan = testing::run_command("plan_calibrated",
                                    {DTORCH_CLI, "plan", "--model", "gpt-debug", "--nproc-per-node",
                                     "2", "--global-batch-size", "4", "--machine", out},
@@ -188,7 +193,7 @@ TEST(PlanCalibrate, MeasuresWithinAndAcrossNodesOnTwoNodes) {
          "--master-addr", "127.0.0.1", "--master-port", std::to_string(port), "--", DTORCH_CLI,
          "plan", "calibrate", "--out", out}));
   for (const auto& node : nodes) {
-    auto r = testing::finish_command(node, 180);
+    auto r = testing::finish_command(node, 360);
     ASSERT_EQ(r.exit_code(), 0) << r.out << r.err;
   }
   const plan::Machine m = plan::read_machine(out);

@@ -112,6 +112,24 @@ std::string flags_of(const Layout& l, const Workload& w) {
   return f.str();
 }
 
+RingAttentionTime ring_attention_time(const Machine& m, const RingAttentionShape& s,
+                                      bool across_nodes, bool recomputed) {
+  RingAttentionTime r;
+  const double t = double(s.local_tokens), T = t * s.cp;
+  const double rate = m.flops(s.element_bytes == 2 ? "bf16" : "fp32", s.batch * t);
+  // A block's attention_f (predict) for the batch, forward and backward.
+  r.attention_s = 3 * s.batch * 4 * t * T * double(s.heads * s.head_dim) / rate;
+  const cp::LayerBytes bytes = cp::bytes_sent_per_layer(
+      cp::Kind::Ring, s.cp, int64_t(s.batch), s.heads, s.local_tokens, s.head_dim, s.element_bytes);
+  const double messages_s =
+      m.seconds(Collective::P2P, 2, double(bytes.forward + bytes.backward), across_nodes);
+  r.exposed_s = std::max(0.0, messages_s - r.attention_s);
+  const RingAttentionCost& own = m.ring_attention;
+  r.own_s = (s.cp * own.step_seconds + s.batch * s.heads * t * T * own.seconds_per_score) *
+            (recomputed ? 1 + own.forward_share : 1);
+  return r;
+}
+
 Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   Prediction p;
   p.layout = l;
@@ -146,6 +164,8 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   // Activation bytes of one micro-batch passed between stages.
   const double message = mb * t * C * eb;
   p.compute_s = replica_batch * train_f / rate + fresh_s;
+  // Ranks that meet in every layer (tensor and context parallelism) wait for each other.
+  if (l.tp > 1 || l.cp > 1) p.compute_s += replica_batch * train_f / rate * m.lockstep_fraction;
   double in_flight = 1;  // micro-batches of activations the rank holds at once
   if (l.pp > 1) {
     const double per_stage = 1.0 / share.stages;
@@ -191,14 +211,13 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
     p.exposed_comm_s += microbatches * share.blocks * per_block;
   }
   if (l.cp > 1) {
-    // The ring's messages hide behind the attention they overlap, what is left is exposed.
-    const cp::LayerBytes bytes =
-        cp::bytes_sent_per_layer(cp::Kind::Ring, l.cp, int64_t(mb), w.heads / l.tp, int64_t(t),
-                                 w.hidden / w.heads, w.element_bytes);
-    const double layer_s = m.seconds(Collective::P2P, 2, double(bytes.forward + bytes.backward),
-                                     spans_nodes(l.tp * l.cp, m));
-    const double attention_s = 3 * mb * attention_f / rate;
-    p.exposed_comm_s += microbatches * share.blocks * std::max(0.0, layer_s - attention_s);
+    // The ring's messages hide behind the attention they overlap, what is left is exposed; its
+    // own work beyond both is compute.
+    const RingAttentionTime ring = ring_attention_time(
+        m, {mb, w.heads / l.tp, int64_t(t), w.hidden / w.heads, l.cp, w.element_bytes},
+        spans_nodes(l.tp * l.cp, m), l.activation_checkpointing);
+    p.exposed_comm_s += microbatches * share.blocks * ring.exposed_s;
+    p.compute_s += microbatches * share.blocks * ring.own_s;
   }
 
   // Memory.

@@ -27,6 +27,13 @@ namespace dtorch::plan {
 //   the machine's measured seconds per byte: page faults on a CPU, where the allocator hands
 //   large buffers back to the kernel; 0 on a GPU. The optimizer step adds the rank's
 //   parameters (1/n of them under ZeRO over n ranks) at the measured AdamW time per parameter.
+//   Under context parallelism each layer's ring attention adds its own work beyond its FLOPs
+//   and messages (ring_attention_time): calibrate times a layer's ring over 2 ranks at two
+//   sizes and keeps the rest as a time per ring step (cp of them a layer) and a time per
+//   score; a recomputed layer pays its forward's share of it again. Ranks that meet in every
+//   layer (tensor and context parallelism) pay the machine's lockstep fraction of their FLOPs'
+//   time more: calibrate times pairs of ranks running a linear layer's products 40 times with
+//   and without a one-float all-reduce after each.
 // - the pipeline bubble: the schedule simulated on paper (parallel/pp/schedule.h) with each
 //   micro-batch's forward and backward times of the slowest stage, plus the activation
 //   message's time; the bubble is the makespan less the rank's compute.
@@ -96,6 +103,26 @@ struct Prediction {
   /// Whether it fits the machine's memory per rank.
   bool fits = true;
 };
+
+/// One layer's ring attention on a rank: `batch` sequences of `local_tokens` over `cp` ranks,
+/// `heads` (after tensor parallelism's split) of `head_dim`, activations of `element_bytes`.
+struct RingAttentionShape {
+  double batch = 1;
+  int64_t heads = 1, local_tokens = 1, head_dim = 1;
+  int cp = 2;
+  int64_t element_bytes = 4;
+};
+
+/// What the cost model charges that layer, forward and backward: its FLOPs at the matmul rate
+/// for its rows (`attention_s`, as every attention), the ring's messages those do not hide
+/// (`exposed_s`), and the ring's own work beyond both (`own_s`, from the machine's
+/// ring_attention; with `recomputed`, its forward once more). Calibration measures the
+/// ring's own work as what a layer takes beyond the first two.
+struct RingAttentionTime {
+  double attention_s = 0, exposed_s = 0, own_s = 0;
+};
+RingAttentionTime ring_attention_time(const Machine& m, const RingAttentionShape& s,
+                                      bool across_nodes, bool recomputed);
 
 /// The prediction for `layout` (Note [Cost model]).
 Prediction predict(const Workload& w, const Machine& m, const Layout& layout);

@@ -154,7 +154,8 @@ Machine read_machine(const std::string& path) {
   json_config::Section s(j, "", path, &warnings);
   s.keys({"name", "device", "ranks_per_node", "memory_per_rank_bytes", "base_bytes_per_rank",
           "matmul_flops", "matmul_by_rows", "first_touch_seconds_per_byte",
-          "adamw_seconds_per_parameter", "intra_node", "inter_node", "overlap"},
+          "adamw_seconds_per_parameter", "ring_attention", "lockstep_fraction", "intra_node",
+          "inter_node", "overlap"},
          {});
   Machine m;
   m.name = s.text("name").value_or(path);
@@ -190,6 +191,13 @@ Machine read_machine(const std::string& path) {
   }
   m.first_touch_seconds_per_byte = s.number("first_touch_seconds_per_byte", 0, 1).value_or(0);
   m.adamw_seconds_per_parameter = s.number("adamw_seconds_per_parameter", 0, 1).value_or(0);
+  if (auto ring = s.section("ring_attention")) {
+    ring->keys({"step_seconds", "seconds_per_score", "forward_share"}, {});
+    m.ring_attention.step_seconds = ring->number("step_seconds", 0, 1e3).value_or(0);
+    m.ring_attention.seconds_per_score = ring->number("seconds_per_score", 0, 1).value_or(0);
+    m.ring_attention.forward_share = ring->number("forward_share", 0, 1).value_or(0);
+  }
+  m.lockstep_fraction = s.number("lockstep_fraction", 0, 10).value_or(0);
   needed("intra_node");
   m.intra_node = read_links(*s.section("intra_node"), &warnings);
   if (auto inter = s.section("inter_node")) m.inter_node = read_links(*inter, &warnings);
@@ -212,6 +220,11 @@ std::string machine_json(const Machine& m) {
                       {"matmul_flops", m.matmul_flops},
                       {"first_touch_seconds_per_byte", m.first_touch_seconds_per_byte},
                       {"adamw_seconds_per_parameter", m.adamw_seconds_per_parameter},
+                      {"ring_attention",
+                       {{"step_seconds", m.ring_attention.step_seconds},
+                        {"seconds_per_score", m.ring_attention.seconds_per_score},
+                        {"forward_share", m.ring_attention.forward_share}}},
+                      {"lockstep_fraction", m.lockstep_fraction},
                       {"intra_node", links_json(m.intra_node)}};
   if (!m.inter_node.empty()) j["inter_node"] = links_json(m.inter_node);
   if (!m.overlap.empty()) j["overlap"] = m.overlap;

@@ -37,6 +37,17 @@ struct RowsRate {
   double flops = 0;
 };
 
+/// Ring attention's own work in one layer, forward and backward, beyond the FLOPs and the
+/// messages the cost model charges it (Note [Cost model]): a time per ring step (its blocks'
+/// calls, the log-sum-exp merges, the handshake with the neighbours) and a time per attention
+/// score (the passes over each block's scores and probabilities), and the forward's share of
+/// the layer's time (what a recomputed forward pays again). 0 where not measured.
+struct RingAttentionCost {
+  double step_seconds = 0;
+  double seconds_per_score = 0;
+  double forward_share = 0;
+};
+
 struct Machine {
   std::string name;
   /// "cpu" or "cuda": what ran the measurements.
@@ -58,6 +69,12 @@ struct Machine {
   /// Seconds an AdamW step takes per fp32 parameter on one rank (memory-bound: it reads and
   /// writes the weights, the gradients and both moments).
   double adamw_seconds_per_parameter = 0;
+  RingAttentionCost ring_attention;
+  /// How much longer a rank's compute takes when it meets another rank after every layer's
+  /// worth (tensor and context parallelism's collectives) than when they run apart: the wait
+  /// for the slower of ranks that share a node's cores, caches and memory. 0 where not
+  /// measured.
+  double lockstep_fraction = 0;
   /// Per collective, measured group sizes, within one node and across nodes (empty: not
   /// measured).
   std::map<Collective, std::vector<LinkCost>> intra_node, inter_node;

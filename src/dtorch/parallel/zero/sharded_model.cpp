@@ -59,8 +59,8 @@ namespace dtorch::zero {
 // to the kernel (Note [Returning released memory]) each gather and each bucket page-faulted its
 // memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a step. The two
 // most recently released of each are kept and handed to the next of the same size instead, which is
-// at most two units above what is held in any case (the prefetched and the in-flight ones). gpt-
-// small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs): 0.51-0.53 samples/s without,
+// at most two units above what is held in any case (the prefetched and the in-flight ones).
+// gpt-small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs): 0.51-0.53 samples/s without,
 // 0.63-0.70 with; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB.
 // Note [Gradient buckets of stage 2]: stage 2 holds its parameters whole, so what it frees
 // each step is what the next step needs again, and the heap keeps it (Note [Returning released
