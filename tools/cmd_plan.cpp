@@ -446,45 +446,46 @@ void set_median_rates(plan::Machine& m, const std::vector<ComputeRates>& rounds)
   m.adamw_seconds_per_parameter = of([](const ComputeRates& r) { return r.adamw; });
 }
 
-// A causal ring attention layer's seconds over the group of 2 `pair` at each of the bench's
-// sizes, forward and backward and forward alone, every pair of the node's ranks running at once.
+// A causal ring attention layer's seconds over the group of 2 `pair`, every pair of the node's
+// ranks running at once: forward and backward at each of the bench's sizes (`both`, in
+// ring_tokens' order), and forward alone at the first (the forward's share).
 struct RingSeconds {
-  int64_t tokens = 0;
-  double both = 0, forward = 0;
+  std::vector<double> both;
+  double forward = 0;
 };
-std::vector<RingSeconds> ring_attention_seconds(const std::shared_ptr<comm::Communicator>& pair,
-                                                const Bench& b) {
-  std::vector<RingSeconds> out;
+RingSeconds ring_attention_seconds(const std::shared_ptr<comm::Communicator>& pair,
+                                   const Bench& b) {
+  RingSeconds s;
   for (int64_t tokens : b.ring_tokens) {
     torch::Tensor qkv =
         torch::randn({3, 1, b.ring_heads, tokens, b.ring_head_dim}, b.options()).requires_grad_();
     torch::Tensor grad = torch::randn({1, b.ring_heads, tokens, b.ring_head_dim}, b.options());
-    RingSeconds s{tokens};
-    s.both = time_per_call(*pair, b, 0.5,
-                           [&] { cp::ring_attention(qkv, pair, /*causal=*/true).backward(grad); });
-    s.forward =
-        time_per_call(*pair, b, 0.5, [&] { cp::ring_attention(qkv, pair, /*causal=*/true); });
-    out.push_back(s);
+    s.both.push_back(time_per_call(
+        *pair, b, 0.5, [&] { cp::ring_attention(qkv, pair, /*causal=*/true).backward(grad); }));
+    if (s.both.size() == 1)
+      s.forward =
+          time_per_call(*pair, b, 0.5, [&] { cp::ring_attention(qkv, pair, /*causal=*/true); });
   }
-  return out;
+  return s;
 }
 
 // Ring attention's own work (plan::RingAttentionCost): what a layer took beyond the cost
 // model's charge for its FLOPs and messages (m's rates); the time per score from the two sizes'
 // difference, the time per step from the rest at the smaller size.
-plan::RingAttentionCost ring_attention_cost(const std::vector<RingSeconds>& measured,
-                                            const Bench& b, const plan::Machine& m) {
+plan::RingAttentionCost ring_attention_cost(const RingSeconds& measured, const Bench& b,
+                                            const plan::Machine& m) {
   std::vector<double> rest, scores;
-  for (const RingSeconds& s : measured) {
+  for (size_t k = 0; k < b.ring_tokens.size(); ++k) {
+    const int64_t tokens = b.ring_tokens[k];
     const plan::RingAttentionTime charged = plan::ring_attention_time(
-        m, {1, b.ring_heads, s.tokens, b.ring_head_dim, 2, 4}, false, false);
-    rest.push_back(std::max(0.0, s.both - charged.attention_s - charged.exposed_s));
-    scores.push_back(double(b.ring_heads) * s.tokens * 2 * s.tokens);
+        m, {1, b.ring_heads, tokens, b.ring_head_dim, 2, 4}, false, false);
+    rest.push_back(std::max(0.0, measured.both[k] - charged.attention_s - charged.exposed_s));
+    scores.push_back(double(b.ring_heads) * tokens * 2 * tokens);
   }
   plan::RingAttentionCost c;
   c.seconds_per_score = std::max(0.0, (rest[1] - rest[0]) / (scores[1] - scores[0]));
   c.step_seconds = std::max(0.0, rest[0] - c.seconds_per_score * scores[0]) / 2;
-  c.forward_share = std::clamp(measured[0].forward / measured[0].both, 0.0, 1.0);
+  c.forward_share = std::clamp(measured.forward / measured.both[0], 0.0, 1.0);
   return c;
 }
 
@@ -654,7 +655,7 @@ int calibrate_worker(const CalibrateFlags& f) {
   struct Round {
     ComputeRates rates;
     std::map<plan::Collective, std::vector<plan::LinkCost>> intra, inter;
-    std::vector<RingSeconds> ring;
+    RingSeconds ring;
     double lockstep = 0;
   };
   std::vector<Round> rounds(kRounds);
@@ -714,11 +715,10 @@ int calibrate_worker(const CalibrateFlags& f) {
       }
   // Rank 0's pair is the one whose point-to-point link was measured.
   if (world->rank() == 0 && pair) {
-    std::vector<RingSeconds> ring = rounds.front().ring;
-    for (size_t k = 0; k < ring.size(); ++k) {
-      ring[k].both = median_of(rounds, [&](const Round& r) { return r.ring[k].both; });
-      ring[k].forward = median_of(rounds, [&](const Round& r) { return r.ring[k].forward; });
-    }
+    RingSeconds ring;
+    for (size_t k = 0; k < bench.ring_tokens.size(); ++k)
+      ring.both.push_back(median_of(rounds, [&](const Round& r) { return r.ring.both[k]; }));
+    ring.forward = median_of(rounds, [](const Round& r) { return r.ring.forward; });
     m.ring_attention = ring_attention_cost(ring, bench, m);
     m.lockstep_fraction = median_of(rounds, [](const Round& r) { return r.lockstep; });
   }
