@@ -348,10 +348,10 @@ double time_per_call(comm::Communicator& group, const Bench& b, double budget,
 constexpr int kRounds = 3;
 
 // The median of get(round) over the rounds.
-template <class Round, class Get>
-double median_of(const std::vector<Round>& rounds, Get get) {
+template <class T, class Get>
+double median_of(const std::vector<T>& rounds, Get get) {
   std::vector<double> v;
-  for (const Round& r : rounds)
+  for (const T& r : rounds)
     v.push_back(get(r));
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -433,19 +433,6 @@ ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
   return r;
 }
 
-// Each rate's median over the rounds into `m`.
-void set_median_rates(plan::Machine& m, const std::vector<ComputeRates>& rounds) {
-  auto of = [&](auto get) { return median_of(rounds, get); };
-  for (const auto& [name, rates] : rounds.front().by_rows) {
-    m.matmul_flops[name] = of([&](const ComputeRates& r) { return r.flops.at(name); });
-    for (size_t i = 0; i < rates.size(); ++i)
-      m.matmul_by_rows[name].push_back(
-          {rates[i].rows, of([&](const ComputeRates& r) { return r.by_rows.at(name)[i].flops; })});
-  }
-  m.first_touch_seconds_per_byte = of([](const ComputeRates& r) { return r.first_touch; });
-  m.adamw_seconds_per_parameter = of([](const ComputeRates& r) { return r.adamw; });
-}
-
 // A causal ring attention layer's seconds over the group of 2 `pair`, every pair of the node's
 // ranks running at once: forward and backward at each of the bench's sizes (`both`, in
 // ring_tokens' order), and forward alone at the first (the forward's share).
@@ -476,11 +463,10 @@ plan::RingAttentionCost ring_attention_cost(const RingSeconds& measured, const B
                                             const plan::Machine& m) {
   std::vector<double> rest, scores;
   for (size_t k = 0; k < b.ring_tokens.size(); ++k) {
-    const int64_t tokens = b.ring_tokens[k];
-    const plan::RingAttentionTime charged = plan::ring_attention_time(
-        m, {1, b.ring_heads, tokens, b.ring_head_dim, 2, 4}, false, false);
+    const plan::AttentionShape layer{1, b.ring_heads, b.ring_tokens[k], b.ring_head_dim, 2, 4};
+    const plan::RingAttentionTime charged = plan::ring_attention_time(m, layer, false, false);
     rest.push_back(std::max(0.0, measured.both[k] - charged.attention_s - charged.exposed_s));
-    scores.push_back(double(b.ring_heads) * tokens * 2 * tokens);
+    scores.push_back(plan::attention_scores(layer));
   }
   plan::RingAttentionCost c;
   c.seconds_per_score = std::max(0.0, (rest[1] - rest[0]) / (scores[1] - scores[0]));
@@ -544,6 +530,48 @@ plan::LinkCost measure(comm::Communicator& group, const Bench& b, plan::Collecti
   l.bus_bytes_per_s =
       plan::bus_bytes(op, n, 4.0 * (large - small)) / std::max(1e-9, t_large - t_small);
   return l;
+}
+
+// One round of every rate calibrate measures, as this rank saw it (a rank outside a group or
+// the ring's pairs leaves its part empty).
+struct Round {
+  ComputeRates rates;
+  std::map<plan::Collective, std::vector<plan::LinkCost>> intra, inter;
+  RingSeconds ring;
+  double lockstep = 0;
+};
+
+// Each rate's median over the rounds into `m`; ring attention's and the lockstep's where
+// `paired` (this rank ran them: rank 0's pair is the one whose point-to-point link was
+// measured).
+void set_medians(plan::Machine& m, const std::vector<Round>& rounds, const Bench& bench,
+                 bool paired) {
+  auto of = [&](auto get) { return median_of(rounds, get); };
+  for (const auto& [name, rates] : rounds.front().rates.by_rows) {
+    m.matmul_flops[name] = of([&](const Round& r) { return r.rates.flops.at(name); });
+    for (size_t i = 0; i < rates.size(); ++i)
+      m.matmul_by_rows[name].push_back(
+          {rates[i].rows, of([&](const Round& r) { return r.rates.by_rows.at(name)[i].flops; })});
+  }
+  m.first_touch_seconds_per_byte = of([](const Round& r) { return r.rates.first_touch; });
+  m.adamw_seconds_per_parameter = of([](const Round& r) { return r.rates.adamw; });
+  for (auto [links, into] :
+       {std::pair{&Round::intra, &m.intra_node}, {&Round::inter, &m.inter_node}})
+    for (const auto& [op, costs] : rounds.front().*links)
+      for (size_t k = 0; k < costs.size(); ++k) {
+        plan::LinkCost l = costs[k];
+        l.latency_s = of([&](const Round& r) { return (r.*links).at(op)[k].latency_s; });
+        l.bus_bytes_per_s =
+            of([&](const Round& r) { return (r.*links).at(op)[k].bus_bytes_per_s; });
+        (*into)[op].push_back(l);
+      }
+  if (!paired) return;
+  RingSeconds ring;
+  for (size_t k = 0; k < bench.ring_tokens.size(); ++k)
+    ring.both.push_back(of([&](const Round& r) { return r.ring.both[k]; }));
+  ring.forward = of([](const Round& r) { return r.ring.forward; });
+  m.ring_attention = ring_attention_cost(ring, bench, m);
+  m.lockstep_fraction = of([](const Round& r) { return r.lockstep; });
 }
 
 // The job's ranks by node (the launcher's node_rank), each node's in rank order, rank 0's node
@@ -652,12 +680,6 @@ int calibrate_worker(const CalibrateFlags& f) {
 
   // Every rate, kRounds times over, one round after the other: a spell of the machine that
   // slows one round moves no median.
-  struct Round {
-    ComputeRates rates;
-    std::map<plan::Collective, std::vector<plan::LinkCost>> intra, inter;
-    RingSeconds ring;
-    double lockstep = 0;
-  };
   std::vector<Round> rounds(kRounds);
   for (int i = 0; i < kRounds; ++i) {
     Round& r = rounds[i];
@@ -696,33 +718,8 @@ int calibrate_worker(const CalibrateFlags& f) {
       world->barrier("calibration");
     }
   }
-  set_median_rates(m, [&] {
-    std::vector<ComputeRates> rates;
-    for (const Round& r : rounds)
-      rates.push_back(r.rates);
-    return rates;
-  }());
-  for (auto [links, into] :
-       {std::pair{&Round::intra, &m.intra_node}, {&Round::inter, &m.inter_node}})
-    for (const auto& [op, costs] : rounds.front().*links)
-      for (size_t k = 0; k < costs.size(); ++k) {
-        plan::LinkCost l = costs[k];
-        l.latency_s =
-            median_of(rounds, [&](const Round& r) { return (r.*links).at(op)[k].latency_s; });
-        l.bus_bytes_per_s =
-            median_of(rounds, [&](const Round& r) { return (r.*links).at(op)[k].bus_bytes_per_s; });
-        (*into)[op].push_back(l);
-      }
-  // Rank 0's pair is the one whose point-to-point link was measured.
-  if (world->rank() == 0 && pair) {
-    RingSeconds ring;
-    for (size_t k = 0; k < bench.ring_tokens.size(); ++k)
-      ring.both.push_back(median_of(rounds, [&](const Round& r) { return r.ring.both[k]; }));
-    ring.forward = median_of(rounds, [](const Round& r) { return r.ring.forward; });
-    m.ring_attention = ring_attention_cost(ring, bench, m);
-    m.lockstep_fraction = median_of(rounds, [](const Round& r) { return r.lockstep; });
-  }
   if (world->rank() == 0) {
+    set_medians(m, rounds, bench, pair != nullptr);
     const std::string json = plan::machine_json(m);
     if (auto failed = write_file_atomically(f.out, json.data(), json.size())) {
       DTORCH_FAIL(ConfigError, *failed);

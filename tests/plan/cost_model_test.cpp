@@ -158,6 +158,7 @@ TEST(CostModel, RingAttentionPaysItsOwnWorkPerStepAndScoreInEveryLayer) {
   // A recomputed forward pays the forward's share again.
   EXPECT_NEAR(predict(w, m, recomputed).compute_s - plain_ac.compute_s, 2 * own * 1.25, 1e-12);
   // The same parts ring_attention_time gives, and its FLOPs as predict charges attention.
+  EXPECT_DOUBLE_EQ(attention_scores({2, 4, 16, 8, 2, 4}), 2 * 4 * 16 * 32);
   const RingAttentionTime r = ring_attention_time(m, {2, 4, 16, 8, 2, 4}, false, false);
   EXPECT_NEAR(r.own_s, own, 1e-15);
   EXPECT_NEAR(r.attention_s, 3 * 2 * 4 * 16 * 32 * 32 / 1e9, 1e-15);

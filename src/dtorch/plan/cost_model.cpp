@@ -112,20 +112,23 @@ std::string flags_of(const Layout& l, const Workload& w) {
   return f.str();
 }
 
-RingAttentionTime ring_attention_time(const Machine& m, const RingAttentionShape& s,
-                                      bool across_nodes, bool recomputed) {
+double attention_scores(const AttentionShape& s) {
+  return s.batch * double(s.heads) * double(s.local_tokens) * double(s.local_tokens * s.cp);
+}
+
+RingAttentionTime ring_attention_time(const Machine& m, const AttentionShape& s, bool across_nodes,
+                                      bool recomputed) {
   RingAttentionTime r;
-  const double t = double(s.local_tokens), T = t * s.cp;
-  const double rate = m.flops(s.element_bytes == 2 ? "bf16" : "fp32", s.batch * t);
-  // A block's attention_f (predict) for the batch, forward and backward.
-  r.attention_s = 3 * s.batch * 4 * t * T * double(s.heads * s.head_dim) / rate;
+  const double scores = attention_scores(s);
+  const double rate = m.flops(s.element_bytes == 2 ? "bf16" : "fp32", s.batch * s.local_tokens);
+  r.attention_s = 3 * 4 * scores * double(s.head_dim) / rate;  // forward and backward
   const cp::LayerBytes bytes = cp::bytes_sent_per_layer(
       cp::Kind::Ring, s.cp, int64_t(s.batch), s.heads, s.local_tokens, s.head_dim, s.element_bytes);
   const double messages_s =
       m.seconds(Collective::P2P, 2, double(bytes.forward + bytes.backward), across_nodes);
   r.exposed_s = std::max(0.0, messages_s - r.attention_s);
   const RingAttentionCost& own = m.ring_attention;
-  r.own_s = (s.cp * own.step_seconds + s.batch * s.heads * t * T * own.seconds_per_score) *
+  r.own_s = (s.cp * own.step_seconds + scores * own.seconds_per_score) *
             (recomputed ? 1 + own.forward_share : 1);
   return r;
 }
@@ -144,7 +147,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double params_rank = double(share.parameters) / l.tp;
 
   // Compute: forward FLOPs of one sequence on this rank, per block and for the head.
-  const double attention_f = 4 * t * T * C / l.tp;
+  const AttentionShape attention{1,    w.heads / l.tp, int64_t(t), w.hidden / w.heads,
+                                 l.cp, w.element_bytes};
+  const double attention_f = 4 * attention_scores(attention) * double(attention.head_dim);
   const double block_f = 24 * C * C * t / l.tp + attention_f;
   const double head_f = share.head ? 2 * C * V * t / l.tp : 0;
   const double forward_f = share.blocks * block_f + head_f;
@@ -213,9 +218,10 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   if (l.cp > 1) {
     // The ring's messages hide behind the attention they overlap, what is left is exposed; its
     // own work beyond both is compute.
-    const RingAttentionTime ring = ring_attention_time(
-        m, {mb, w.heads / l.tp, int64_t(t), w.hidden / w.heads, l.cp, w.element_bytes},
-        spans_nodes(l.tp * l.cp, m), l.activation_checkpointing);
+    AttentionShape micro_batch = attention;
+    micro_batch.batch = mb;
+    const RingAttentionTime ring = ring_attention_time(m, micro_batch, spans_nodes(l.tp * l.cp, m),
+                                                       l.activation_checkpointing);
     p.exposed_comm_s += microbatches * share.blocks * ring.exposed_s;
     p.compute_s += microbatches * share.blocks * ring.own_s;
   }

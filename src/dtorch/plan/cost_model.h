@@ -104,25 +104,32 @@ struct Prediction {
   bool fits = true;
 };
 
-/// One layer's ring attention on a rank: `batch` sequences of `local_tokens` over `cp` ranks,
-/// `heads` (after tensor parallelism's split) of `head_dim`, activations of `element_bytes`.
-struct RingAttentionShape {
+/// One layer's attention on a rank: `batch` sequences of `local_tokens`, the rank's share of
+/// a sequence split over `cp` ranks (1: the whole), `heads` (after tensor parallelism's split)
+/// of `head_dim`, activations of `element_bytes`.
+struct AttentionShape {
   double batch = 1;
   int64_t heads = 1, local_tokens = 1, head_dim = 1;
-  int cp = 2;
+  int cp = 1;
   int64_t element_bytes = 4;
 };
 
-/// What the cost model charges that layer, forward and backward: its FLOPs at the matmul rate
-/// for its rows (`attention_s`, as every attention), the ring's messages those do not hide
+/// The scores that layer's forward computes: each of the rank's queries against every key of
+/// its sequence, per head (a ring's every step included). Its two products (queries by keys,
+/// scores by values) take 4 head_dim FLOPs a score.
+double attention_scores(const AttentionShape& s);
+
+/// What the cost model charges that layer under context parallelism (a ring), forward and backward:
+/// its FLOPs at the matmul rate for its rows (`attention_s`, as every attention), the ring's
+/// messages those do not hide
 /// (`exposed_s`), and the ring's own work beyond both (`own_s`, from the machine's
 /// ring_attention; with `recomputed`, its forward once more). Calibration measures the
 /// ring's own work as what a layer takes beyond the first two.
 struct RingAttentionTime {
   double attention_s = 0, exposed_s = 0, own_s = 0;
 };
-RingAttentionTime ring_attention_time(const Machine& m, const RingAttentionShape& s,
-                                      bool across_nodes, bool recomputed);
+RingAttentionTime ring_attention_time(const Machine& m, const AttentionShape& s, bool across_nodes,
+                                      bool recomputed);
 
 /// The prediction for `layout` (Note [Cost model]).
 Prediction predict(const Workload& w, const Machine& m, const Layout& layout);
