@@ -5,7 +5,9 @@ layouts predicted fastest that fit through `dtorch bench memory`, and writes the
 measured step time and peak memory per rank into BENCHMARKS.md. No other system predicts a
 whole layout's step time and memory, so there is no peer to run beside it.
 
-Cases: MODEL:RANKS:GLOBAL_BATCH at --seq-len tokens, fp32 AdamW, 1 thread per rank.
+Cases: MODEL:RANKS:GLOBAL_BATCH[:STRATEGY] at --seq-len tokens, fp32 AdamW, 1 thread per rank;
+a STRATEGY (`dtorch plan --strategy`) validates that strategy's best layouts, which the others'
+may crowd out of the top K (ZeRO-3's, at these sizes).
 Usage: bench/bench_plan.py [--dtorch build-pip/dtorch] [--validate 10] [--cases gpt-small:2:2 ...]
 """
 import argparse
@@ -38,9 +40,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtorch", default=os.path.join(ROOT, "build-pip", "dtorch"))
     ap.add_argument("--cases", nargs="+",
-                    default=["gpt-small:2:2", "gpt-small:4:4", "gpt-large:2:2", "gpt-large:4:4"])
+                    default=["gpt-small:2:2", "gpt-small:4:4", "gpt-large:2:2", "gpt-large:4:4",
+                             "gpt-small:2:2:zero3"])
     ap.add_argument("--validate", type=int, default=10, help="layouts run per case (gpt-small)")
     ap.add_argument("--validate-large", type=int, default=5, help="layouts run per gpt-large case")
+    ap.add_argument("--validate-strategy", type=int, default=4,
+                    help="layouts run per case of one strategy")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
@@ -49,23 +54,26 @@ def main():
     tmp = tempfile.mkdtemp(prefix="dtorch-bench-plan-")
     results = []
     for i, case in enumerate(a.cases):
-        model, ranks, batch = case.split(":")
+        model, ranks, batch, strategy = (case.split(":") + [""])[:4]
         # Calibrated right before the case: a shared machine's speed drifts over the minutes
         # between the first case and the last.
         machine_file = os.path.join(tmp, "machine-%d.json" % i)
         run([a.dtorch, "plan", "calibrate", "--out", machine_file, "--nproc-per-node", ranks])
-        k = a.validate_large if model == "gpt-large" else a.validate
+        k = a.validate_strategy if strategy else (
+            a.validate_large if model == "gpt-large" else a.validate)
         out = run([a.dtorch, "plan", "--model", model, "--nproc-per-node", ranks,
                    "--global-batch-size", batch, "--seq-len", str(a.seq_len), "--machine",
                    machine_file, "--format", "json", "--top", "1", "--validate", str(k),
-                   "--validate-steps", str(a.steps)])
+                   "--validate-steps", str(a.steps)] + (["--strategy", strategy] if strategy else []))
         rows = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-        results.append((model, int(ranks), int(batch), rows))
+        results.append((model, int(ranks), int(batch), strategy, rows))
         print("%s on %s ranks: %d layouts validated" % (model, ranks, sum(
             "measured_step_s" in r for r in rows)), file=sys.stderr)
 
-    cmd = "bench/bench_plan.py --validate %d --validate-large %d --steps %d --seq-len %d" % (
-        a.validate, a.validate_large, a.steps, a.seq_len)
+    cmd = ("bench/bench_plan.py --validate %d --validate-large %d --validate-strategy %d "
+           "--steps %d --seq-len %d" % (a.validate, a.validate_large, a.validate_strategy, a.steps,
+                                        a.seq_len))
+    others = max([r.get("measured_others_cpu_share", 0) for c in results for r in c[-1]] + [0])
     lines = [
         START,
         "## Predicted against measured: `dtorch plan --validate`",
@@ -75,15 +83,17 @@ def main():
         "predicted fastest that fit through `dtorch bench memory` (%d timed steps after two, "
         "fp32 AdamW, %d tokens, 1 thread per rank). Step: the median timed step, the slowest "
         "rank's; peak: the largest "
-        "rank's peak RSS. Miss: (predicted - measured) / measured. No other system predicts a "
-        "layout's step time and memory, so none runs beside it."
+        "rank's peak RSS. Miss: (predicted - measured) / measured. Other processes took at most "
+        "%.0f%% of the machine's CPU time while a layout ran (Note [Others on the machine]). No "
+        "other system predicts a layout's step time and memory, so none runs beside it."
         % (cmd, datetime.date.today().isoformat(), machine(), shown_path(a.dtorch),
-           libtorch_version(a.dtorch), a.steps, a.seq_len),
+           libtorch_version(a.dtorch), a.steps, a.seq_len, 100 * others),
     ]
     total = time_ok = memory_ok = 0
-    for model, ranks, batch, rows in results:
+    for model, ranks, batch, strategy, rows in results:
         ran = [r for r in rows if "measured_step_s" in r]
-        lines += ["", "### %s, %d ranks, global batch %d" % (model, ranks, batch), "",
+        only = ", %s layouts only (`--strategy %s`)" % (strategy, strategy) if strategy else ""
+        lines += ["", "### %s, %d ranks, global batch %d%s" % (model, ranks, batch, only), "",
                   "| # | layout | predicted step s (compute + comm + bubble) | measured step s | "
                   "miss | predicted peak GiB | measured peak GiB | miss |",
                   "|---|---|---|---|---|---|---|---|"]

@@ -22,10 +22,12 @@
 #include "dtorch/core/freed_memory.h"
 #include "dtorch/core/json_config.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/machine_load.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/core/picture.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/parallel/cp/attention.h"
+#include "dtorch/parallel/zero/zero.h"
 #include "dtorch/plan/cost_model.h"
 #include "dtorch/plan/plan_picture.h"
 #include "dtorch/report/out_of_memory.h"
@@ -41,6 +43,7 @@ struct PlanFlags {
   std::string model, machine, format = "table", out;
   int nodes = 1, gpus_per_node = 0, nproc_per_node = 0, top = 20;
   int validate = 0, validate_steps = 3;
+  std::vector<std::string> strategies;  // only these (zero::stage_names()); empty: all
   int64_t global_batch = 0, seq_len = 0;
   double memory_per_rank_gib = 0;
 };
@@ -57,10 +60,12 @@ std::string seconds(double s) {
   return o.str();
 }
 
-// What one layout measured when run: the slowest rank's median step and the largest peak RSS.
+// What one layout measured when run: the slowest rank's median step and the largest peak RSS,
+// and the share of the machine's CPU time other processes took meanwhile (Note [Others on the
+// machine]).
 struct Measured {
   bool ran = false;
-  double step_s = 0, peak_bytes = 0;
+  double step_s = 0, peak_bytes = 0, others_share = 0;
   std::string why;  // when it did not run
 };
 
@@ -90,6 +95,8 @@ Measured measure_layout(const std::string& flags, const std::string& device, int
   command += " --nproc-per-node " + std::to_string(world) + " --steps " + std::to_string(steps) +
              " 2>" + shell_quoted(log_path);
   Measured m;
+  const MachineLoad load;
+  const double job0 = own_cpu_seconds() + children_cpu_seconds();
   FILE* out = popen(command.c_str(), "r");
   DTORCH_CHECK_T(ConfigError, out != nullptr, "plan --validate cannot start ", command);
   std::string text;
@@ -97,6 +104,7 @@ Measured measure_layout(const std::string& flags, const std::string& device, int
   for (size_t n; (n = fread(buffer, 1, sizeof buffer, out)) > 0;)
     text.append(buffer, n);
   const int status = pclose(out);
+  m.others_share = load.others_share(own_cpu_seconds() + children_cpu_seconds() - job0);
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
     nlohmann::json j;
@@ -149,16 +157,33 @@ int run_plan(const PlanFlags& f) {
     DTORCH_CHECK_T(ConfigError, ec || paths::canonical(f.out, out_ec) != read || out_ec, "--out ",
                    f.out, " is the --machine file this plan reads: give the picture a new name");
   }
+  for (const std::string& s : f.strategies) {
+    const auto& names = zero::stage_names();
+    DTORCH_CHECK_T(ConfigError, std::count(names.begin(), names.end(), s), "--strategy ", s,
+                   " is not a strategy: give ddp, zero1, zero2 or zero3 (a "
+                   "comma-separated list for several)");
+  }
   plan::Machine m = plan::read_machine(f.machine);
   const int per_node = f.gpus_per_node > 0 ? f.gpus_per_node : f.nproc_per_node;
   m.ranks_per_node = per_node;
   if (f.memory_per_rank_gib > 0) m.memory_per_rank_bytes = f.memory_per_rank_gib * kGiB;
   const int world = f.nodes * per_node;
   const plan::Workload w = plan::workload_of(f.model, f.seq_len, f.global_batch);
-  const std::vector<plan::Prediction> ranked = plan::rank_layouts(w, m, world);
+  std::vector<plan::Prediction> ranked = plan::rank_layouts(w, m, world);
+  if (!f.strategies.empty()) {
+    const auto& names = zero::stage_names();
+    ranked.erase(std::remove_if(ranked.begin(), ranked.end(),
+                                [&](const plan::Prediction& p) {
+                                  return !std::count(f.strategies.begin(), f.strategies.end(),
+                                                     names.at(p.layout.zero));
+                                }),
+                 ranked.end());
+  }
   DTORCH_CHECK_T(ConfigError, !ranked.empty(), "no layout of ", world, " ranks runs ", f.model,
                  " at a global batch of ", f.global_batch,
-                 ": use a --global-batch-size that the data-parallel degrees divide");
+                 f.strategies.empty() ? "" : " under the --strategy given",
+                 ": use a --global-batch-size that the data-parallel degrees divide",
+                 f.strategies.empty() ? "" : ", or another --strategy");
   const int shown = std::min<int>(f.top, static_cast<int>(ranked.size()));
   // --validate K: the first K layouts that fit, run here.
   std::vector<Measured> measured(ranked.size());
@@ -179,6 +204,9 @@ int run_plan(const PlanFlags& f) {
       measured[i] = measure_layout(flags, m.device, world, f.validate_steps,
                                    logs + "/layout-" + std::to_string(i + 1) + ".log");
       if (!measured[i].ran) log::warn("layout #", i + 1, " did not run: ", measured[i].why);
+      if (measured[i].ran && noticeable(measured[i].others_share))
+        log::warn(others_took(measured[i].others_share, str("layout #", i + 1, " ran")),
+                  "; its measured step includes them (validate on an otherwise idle machine)");
     }
     paths::remove_all(logs);
   }
@@ -214,6 +242,7 @@ int run_plan(const PlanFlags& f) {
       if (measured[i].ran) {
         j["measured_step_s"] = measured[i].step_s;
         j["measured_peak_gib"] = measured[i].peak_bytes / kGiB;
+        j["measured_others_cpu_share"] = measured[i].others_share;
       } else if (!measured[i].why.empty()) {
         j["not_run"] = measured[i].why;
       }
@@ -678,6 +707,10 @@ int calibrate_worker(const CalibrateFlags& f) {
             W == 2 ? world : world->split(members, "calibrate-ring" + std::to_string(members[0]));
     }
 
+  // What else rank 0's node runs while it measures (Note [Others on the machine]).
+  const MachineLoad load;
+  const bool first_node = std::count(nodes.front().begin(), nodes.front().end(), world->rank());
+  const double cpu0 = own_cpu_seconds();
   // Every rate, kRounds times over, one round after the other: a spell of the machine that
   // slows one round moves no median.
   std::vector<Round> rounds(kRounds);
@@ -718,7 +751,14 @@ int calibrate_worker(const CalibrateFlags& f) {
       world->barrier("calibration");
     }
   }
+  torch::Tensor node_cpu =
+      torch::full({1}, first_node ? own_cpu_seconds() - cpu0 : 0.0, bench.options());
+  world->allreduce(node_cpu, comm::ReduceOp::Sum, "calibration's CPU time");
   if (world->rank() == 0) {
+    const double others = load.others_share(node_cpu.item<double>());
+    if (noticeable(others))
+      log::warn(others_took(others, "calibrating"),
+                "; every rate includes them (calibrate on an otherwise idle machine)");
     set_medians(m, rounds, bench, pair != nullptr);
     const std::string json = plan::machine_json(m);
     if (auto failed = write_file_atomically(f.out, json.data(), json.size())) {
@@ -750,6 +790,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
   cmd->add_option("--top", f->top, "layouts shown")->capture_default_str();
+  cmd->add_option("--strategy", f->strategies,
+                  "only layouts of these strategies (ddp, zero1, zero2, zero3; comma-separated)")
+      ->delimiter(',');
   cmd->add_option("--out", f->out,
                   "also draw the layouts shown (their predicted time split) into this .png or "
                   ".svg file");

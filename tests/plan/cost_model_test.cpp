@@ -12,6 +12,7 @@
 #include "dtorch/models/registry.h"
 #include "support/command.h"
 #include "support/error_of.h"
+#include "support/workers.h"
 
 namespace dtorch::plan {
 namespace {

@@ -8,6 +8,7 @@
 
 #include "dtorch/core/paths.h"
 #include "support/command.h"
+#include "support/workers.h"
 
 namespace dtorch {
 namespace {

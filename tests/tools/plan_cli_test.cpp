@@ -1,6 +1,7 @@
 // `dtorch plan` from a machine file: one JSON line per layout, ranked fitting first and then by
 // predicted step time, each with its flags; bad flags and files named. `dtorch plan calibrate`
-// on 2 ranks writes a machine file that plan reads, and never overwrites one.
+// on 2 ranks writes a machine file that plan reads and validates a layout with, and never
+// overwrites one.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "dtorch/core/paths.h"
 #include "dtorch/plan/machine.h"
 #include "support/command.h"
+#include "support/workers.h"
 
 namespace dtorch {
 namespace {
@@ -68,6 +70,26 @@ TEST(PlanCli, RanksEveryLayoutAsJsonLines) {
   }
   // gpt-small's ddp state alone (16 bytes a parameter) is over 2 GiB.
   EXPECT_TRUE(some_do_not_fit);
+  // --strategy keeps the layouts of the strategies named, in the same order.
+  auto sharded =
+      testing::run_command("plan_json_zero",
+                           {DTORCH_CLI, "plan", "--model", "gpt-small", "--nproc-per-node", "4",
+                            "--global-batch-size", "8", "--seq-len", "64", "--machine", machine,
+                            "--format", "json", "--top", "1000", "--strategy", "zero3,zero1"},
+                           60);
+  ASSERT_EQ(sharded.exit_code(), 0) << sharded.err;
+  std::vector<std::string> kept, expected;
+  std::istringstream sharded_lines(sharded.out);
+  for (std::string line; std::getline(sharded_lines, line);)
+    kept.push_back(nlohmann::json::parse(line)["flags"]);
+  for (const nlohmann::json& row : rows) {
+    const std::string flags = row["flags"];
+    if (testing::contains(flags, "--strategy zero3") ||
+        testing::contains(flags, "--strategy zero1"))
+      expected.push_back(flags);
+  }
+  EXPECT_FALSE(kept.empty());
+  EXPECT_EQ(kept, expected);
   auto table =
       testing::run_command("plan_table",
                            {DTORCH_CLI, "plan", "--model", "gpt-small", "--nproc-per-node", "4",
@@ -108,6 +130,9 @@ TEST(PlanCli, BadFlagsAndFilesAreNamed) {
            Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--machine", dir + "/none.json"},
                 "no such file"},
+           Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", machine, "--strategy", "zero1,zero4"},
+                "--strategy zero4 is not a strategy: give ddp, zero1, zero2 or zero3"},
            Case{{"--model", "gpt-small", "--nodes", "2", "--gpus-per-node", "4",
                  "--global-batch-size", "8", "--machine", machine},
                 "no inter_node.allreduce measurement"},
@@ -152,6 +177,21 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
                                     "2", "--global-batch-size", "4", "--machine", out},
                                    60);
   EXPECT_EQ(plan.exit_code(), 0) << plan.err;
+  // --validate runs the layout predicted fastest here and reports what it measured, and how much
+  // of the machine other processes took meanwhile (Note [Others on the machine]).
+  auto validated =
+      testing::run_command("plan_validated",
+                           {DTORCH_CLI, "plan", "--model", "gpt-debug", "--nproc-per-node", "2",
+                            "--global-batch-size", "4", "--machine", out, "--format", "json",
+                            "--top", "1", "--validate", "1", "--validate-steps", "1"},
+                           180);
+  ASSERT_EQ(validated.exit_code(), 0) << validated.err;
+  const nlohmann::json first =
+      nlohmann::json::parse(validated.out.substr(0, validated.out.find('\n')));
+  EXPECT_GT(first.at("measured_step_s").get<double>(), 0) << first;
+  EXPECT_GT(first.at("measured_peak_gib").get<double>(), 0) << first;
+  EXPECT_GE(first.at("measured_others_cpu_share").get<double>(), 0) << first;
+  EXPECT_LE(first.at("measured_others_cpu_share").get<double>(), 1) << first;
   auto again = testing::run_command(
       "plan_calibrate_again",
       {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2"}, 60);

@@ -15,6 +15,7 @@
 #include "dtorch/core/paths.h"
 #include "support/command.h"
 #include "support/train_run.h"
+#include "support/workers.h"
 
 namespace dtorch {
 namespace {

@@ -169,7 +169,8 @@ TrainConfig read_config_file(const std::string& path, std::set<std::string>* key
                  "--config ", path, ": ", problem,
                  "; give the config.json of a run (dtorch train writes one into its --out), or "
                  "one --print-config printed");
-  return from_json(json_config::parse(text, path), path, {}, keys);
+  const TrainConfig defaults;  // named: GCC 12 warns of a temporary's vectors as uninitialized
+  return from_json(json_config::parse(text, path), path, defaults, keys);
 }
 
 void write_config_file(const TrainConfig& c, const std::string& path) {
@@ -184,8 +185,8 @@ TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_conf
   json j = to_json(file);
   const json given = to_json(flags_config);
   std::map<std::string, json_config::Keys> keys;
-  TrainConfig probe;
-  visit_fields(probe, KeyLister{keys});
+  TrainConfig defaults;  // named: GCC 12 warns of a temporary's vectors as uninitialized
+  visit_fields(defaults, KeyLister{keys});
   for (const auto& [section, section_flags] : keys)
     for (const auto& flag : section_flags)
       if (flags.count("--" + flag)) j[section][flag] = given[section][flag];
@@ -194,7 +195,7 @@ TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_conf
     if (given["optimizer"].contains(kDeepSpeedSchedule))
       j["optimizer"][kDeepSpeedSchedule] = given["optimizer"][kDeepSpeedSchedule];
   }
-  TrainConfig c = from_json(j, "the command line");
+  TrainConfig c = from_json(j, "the command line", defaults);
   c.checkpointing.resume = flags_config.checkpointing.resume;
   c.reporting.progress = flags_config.reporting.progress;
   if (!flags.count("--progress")) c.reporting.progress.mode = file.reporting.progress.mode;

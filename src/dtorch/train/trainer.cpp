@@ -166,12 +166,13 @@ struct Epochs {
   int64_t total_steps = 0;
   int64_t global_step = 0;
   bool lead = false;
-  std::unique_ptr<report::MetricsWriter> metrics;    // rank 0's
-  std::unique_ptr<report::TensorBoardWriter> board;  // rank 0's, with --tensorboard
-  std::unique_ptr<report::ProgressReporter> progress;
-  std::unique_ptr<PhaseTimes> epoch_phases;
-  std::unique_ptr<DeviceCopier> copier;    // Note [Batches to the GPU]
-  std::unique_ptr<BackgroundSaver> saver;  // --async-checkpoint
+  // Made after the rest (hence initialized here: the braces that make an Epochs stop above).
+  std::unique_ptr<report::MetricsWriter> metrics{};    // rank 0's
+  std::unique_ptr<report::TensorBoardWriter> board{};  // rank 0's, with --tensorboard
+  std::unique_ptr<report::ProgressReporter> progress{};
+  std::unique_ptr<PhaseTimes> epoch_phases{};
+  std::unique_ptr<DeviceCopier> copier{};    // Note [Batches to the GPU]
+  std::unique_ptr<BackgroundSaver> saver{};  // --async-checkpoint
 
   // The rate of the last optimizer step taken.
   double last_lr() const {
