@@ -11,12 +11,14 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "commands.h"
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/atomic_file.h"
 #include "dtorch/core/device.h"
+#include "dtorch/core/enum_names.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/freed_memory.h"
@@ -27,7 +29,6 @@
 #include "dtorch/core/picture.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/parallel/cp/attention.h"
-#include "dtorch/parallel/zero/zero.h"
 #include "dtorch/plan/cost_model.h"
 #include "dtorch/plan/plan_picture.h"
 #include "dtorch/report/out_of_memory.h"
@@ -43,7 +44,7 @@ struct PlanFlags {
   std::string model, machine, format = "table", out;
   int nodes = 1, gpus_per_node = 0, nproc_per_node = 0, top = 20;
   int validate = 0, validate_steps = 3;
-  std::vector<std::string> strategies;  // only these (zero::stage_names()); empty: all
+  std::vector<std::string> strategies;  // only these (train::StrategyKind's names); empty: all
   int64_t global_batch = 0, seq_len = 0;
   double memory_per_rank_gib = 0;
 };
@@ -95,8 +96,11 @@ Measured measure_layout(const std::string& flags, const std::string& device, int
   command += " --nproc-per-node " + std::to_string(world) + " --steps " + std::to_string(steps) +
              " 2>" + shell_quoted(log_path);
   Measured m;
+  // The layout's processes are this one's children, waited for by pclose (Note [Others on the
+  // machine]).
   const MachineLoad load;
-  const double job0 = own_cpu_seconds() + children_cpu_seconds();
+  auto job_cpu = [] { return own_cpu_seconds() + children_cpu_seconds(); };
+  const double job0 = job_cpu();
   FILE* out = popen(command.c_str(), "r");
   DTORCH_CHECK_T(ConfigError, out != nullptr, "plan --validate cannot start ", command);
   std::string text;
@@ -104,7 +108,7 @@ Measured measure_layout(const std::string& flags, const std::string& device, int
   for (size_t n; (n = fread(buffer, 1, sizeof buffer, out)) > 0;)
     text.append(buffer, n);
   const int status = pclose(out);
-  m.others_share = load.others_share(own_cpu_seconds() + children_cpu_seconds() - job0);
+  m.others_share = load.others_share(job_cpu() - job0);
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
     nlohmann::json j;
@@ -157,11 +161,12 @@ int run_plan(const PlanFlags& f) {
     DTORCH_CHECK_T(ConfigError, ec || paths::canonical(f.out, out_ec) != read || out_ec, "--out ",
                    f.out, " is the --machine file this plan reads: give the picture a new name");
   }
+  std::set<int> stages;  // the ZeRO stages --strategy keeps (empty: all)
   for (const std::string& s : f.strategies) {
-    const auto& names = zero::stage_names();
-    DTORCH_CHECK_T(ConfigError, std::count(names.begin(), names.end(), s), "--strategy ", s,
-                   " is not a strategy: give ddp, zero1, zero2 or zero3 (a "
-                   "comma-separated list for several)");
+    const auto kind = value_named<train::StrategyKind>(s);
+    DTORCH_CHECK_T(ConfigError, kind.has_value(), "--strategy ", s, " is not a strategy: give ",
+                   listed<train::StrategyKind>(), " (a comma-separated list for several)");
+    stages.insert(train::zero_stage(*kind));
   }
   plan::Machine m = plan::read_machine(f.machine);
   const int per_node = f.gpus_per_node > 0 ? f.gpus_per_node : f.nproc_per_node;
@@ -170,20 +175,16 @@ int run_plan(const PlanFlags& f) {
   const int world = f.nodes * per_node;
   const plan::Workload w = plan::workload_of(f.model, f.seq_len, f.global_batch);
   std::vector<plan::Prediction> ranked = plan::rank_layouts(w, m, world);
-  if (!f.strategies.empty()) {
-    const auto& names = zero::stage_names();
-    ranked.erase(std::remove_if(ranked.begin(), ranked.end(),
-                                [&](const plan::Prediction& p) {
-                                  return !std::count(f.strategies.begin(), f.strategies.end(),
-                                                     names.at(p.layout.zero));
-                                }),
-                 ranked.end());
-  }
+  if (!stages.empty())
+    ranked.erase(
+        std::remove_if(ranked.begin(), ranked.end(),
+                       [&](const plan::Prediction& p) { return !stages.count(p.layout.zero); }),
+        ranked.end());
   DTORCH_CHECK_T(ConfigError, !ranked.empty(), "no layout of ", world, " ranks runs ", f.model,
                  " at a global batch of ", f.global_batch,
-                 f.strategies.empty() ? "" : " under the --strategy given",
+                 stages.empty() ? "" : " under the --strategy given",
                  ": use a --global-batch-size that the data-parallel degrees divide",
-                 f.strategies.empty() ? "" : ", or another --strategy");
+                 stages.empty() ? "" : ", or another --strategy");
   const int shown = std::min<int>(f.top, static_cast<int>(ranked.size()));
   // --validate K: the first K layouts that fit, run here.
   std::vector<Measured> measured(ranked.size());
