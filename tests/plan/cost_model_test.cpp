@@ -88,31 +88,32 @@ TEST(CostModel, DataParallelPaysItsAllReduceAndZeroShardsTheState) {
   const double shards = m.seconds(Collective::ReduceScatter, 8, 4 * P, false) +
                         m.seconds(Collective::AllGather, 8, 4 * P, false);
   // The peak is its parts; ddp holds every gradient as backward makes it and the tied
-  // embedding's second gradient, ZeRO-3 only the latter (its whole gradients are its root's).
+  // embedding's two gradients that autograd adds into its .grad.
   const double tied = 4.0 * w.vocab * w.hidden;
   EXPECT_NEAR(d.peak_bytes,
               m.base_bytes_per_rank + d.model_state_bytes + d.activation_bytes + d.transient_bytes,
               1);
-  EXPECT_NEAR(d.transient_bytes, 4 * P + tied, 1);
-  Layout zero3 = ddp;
-  zero3.zero = 3;
-  EXPECT_NEAR(predict(w, m, zero3).transient_bytes, tied, 1);
-  // ZeRO-1 and -2 keep neither copy of the tied gradient in their state; AdamW's temporaries
-  // span the largest unit's shard (the root's, the embedding); ZeRO-2 has two 25 MiB buckets
-  // in flight (gpt-small's MLP weight, 9 MiB, is below the cap).
-  const double adamw = 2 * 4.0 * double(w.unit_parameters.front()) / 8;
-  Layout zero1 = ddp, zero2 = ddp;
+  EXPECT_NEAR(d.transient_bytes, 4 * P + 2 * tied, 1);
+  // ZeRO's state holds no .grad: the tied embedding's counts beside its two copies. ZeRO-2 has
+  // two 25 MiB buckets in flight (gpt-small's MLP weight, 9 MiB, is below the cap).
+  Layout zero1 = ddp, zero2 = ddp, zero3 = ddp;
   zero1.zero = 1;
   zero2.zero = 2;
-  EXPECT_NEAR(predict(w, m, zero1).transient_bytes, 2 * tied + adamw, 1);
-  EXPECT_NEAR(predict(w, m, zero2).transient_bytes, 2 * tied + adamw + 2 * 25.0 * (1 << 20), 1);
+  zero3.zero = 3;
+  EXPECT_NEAR(predict(w, m, zero1).transient_bytes, 3 * tied, 1);
+  EXPECT_NEAR(predict(w, m, zero2).transient_bytes, 3 * tied + 2 * 25.0 * (1 << 20), 1);
+  EXPECT_NEAR(predict(w, m, zero3).transient_bytes, 3 * tied, 1);
+  // ZeRO-3 holds its shards, its root unit whole with its gradient bucket, and five blocks:
+  // gpt-small's root is a third of it, so over 8 ranks that is more than ZeRO-2 holds.
+  const double root = 4.0 * double(w.unit_parameters.front());
+  const double block = 4.0 * double(w.unit_parameters.at(1));
+  EXPECT_NEAR(predict(w, m, zero3).model_state_bytes, 16 * P / 8 + 2 * root + 5 * block, 1);
+  EXPECT_GT(predict(w, m, zero3).model_state_bytes, predict(w, m, zero2).model_state_bytes);
   double last = d.model_state_bytes;
-  for (int zero = 1; zero <= 3; ++zero) {
-    Layout z = ddp;
-    z.zero = zero;
+  for (const Layout& z : {zero1, zero2}) {
     const Prediction p = predict(w, m, z);
-    EXPECT_LT(p.model_state_bytes, last) << "zero" << zero;
-    if (zero < 3) EXPECT_NEAR(p.exposed_comm_s, shards, 1e-9) << "zero" << zero;
+    EXPECT_LT(p.model_state_bytes, last) << "zero" << z.zero;
+    EXPECT_NEAR(p.exposed_comm_s, shards, 1e-9) << "zero" << z.zero;
     last = p.model_state_bytes;
   }
   // The same layout with half its link's bandwidth hidden behind backward.
@@ -137,14 +138,19 @@ TEST(CostModel, FewRowsRunSlowerAndFreshMemoryCostsItsFirstTouch) {
   const double forward = T * (L * (24 * C * C + 4 * T * C) + 2 * C * V);
   // 4 sequences of 32 tokens: 128 rows, three quarters of the way from 16 to 256.
   EXPECT_NEAR(predict(w, m, Layout{}).compute_s, 4 * 3 * forward / 8.75e8, 1e-12);
-  // Backward's fresh bytes: every gradient and the tied embedding's second one.
+  // Backward's fresh bytes: every gradient and the two copies of the tied embedding's.
   double P = -V * C;  // the tied embedding once
   for (int64_t u : w.unit_parameters)
     P += double(u);
   Machine touched = m;
   touched.first_touch_seconds_per_byte = 1e-9;
   EXPECT_NEAR(predict(w, touched, Layout{}).compute_s - predict(w, m, Layout{}).compute_s,
-              (4 * P + 4 * V * C) * 1e-9, 1e-12);
+              (4 * P + 2 * 4 * V * C) * 1e-9, 1e-12);
+  // ZeRO-3 gathers its units into memory it kept (Note [Spare unit memory]): nothing more.
+  Layout zero3;
+  zero3.zero = 3;
+  EXPECT_NEAR(predict(w, touched, zero3).compute_s - predict(w, m, zero3).compute_s,
+              (4 * P + 2 * 4 * V * C) * 1e-9, 1e-12);
 }
 
 TEST(CostModel, RingAttentionPaysItsOwnWorkPerStepAndScoreInEveryLayer) {

@@ -156,14 +156,16 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double recompute_f = l.activation_checkpointing ? share.blocks * block_f : 0;
   const double train_f = 3 * forward_f + recompute_f;  // per sequence
 
-  // The tied embedding's gradient beyond the one .grad holds: its lookup's and the head's are
-  // made apart and added; under a pipeline, a micro-batch's before it is added into .grad and
-  // the copy the first and last stages exchange.
-  const double gradient_copies = (l.pp > 1 ? 2 : 1) * 4 * V * C / l.tp;
-  // Bytes backward allocates afresh: every gradient, those copies, and under ZeRO-3 the
-  // parameters gathered for forward and again for backward.
-  const double fresh_bytes =
-      4 * params_rank + gradient_copies + (l.zero == 3 ? 2 * 4 * params_rank : 0);
+  // The tied embedding's gradient beyond the one .grad holds, two copies: its lookup's and the
+  // head's, made apart and held while autograd adds them into a third, .grad (each larger than
+  // glibc ever keeps, so each is mapped and faulted in afresh); under a pipeline, a
+  // micro-batch's before it is added into .grad and the copy the first and last stages exchange.
+  const double gradient_copies = 2 * 4 * V * C / l.tp;
+  // Bytes backward allocates afresh: every gradient and those copies. ZeRO-3's gathered units
+  // and gradient buckets come from spares of their size (Note [Spare unit memory]): gpt-small at
+  // 2 ranks faulted 0.71 GB a step under ZeRO-3, where these are 0.81 GB and its parameters
+  // gathered twice 1.0 GB more.
+  const double fresh_bytes = 4 * params_rank + gradient_copies;
   const double fresh_s = fresh_bytes * m.first_touch_seconds_per_byte;
 
   // Activation bytes of one micro-batch passed between stages.
@@ -228,11 +230,13 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
 
   // Memory.
   // ZeRO-3 holds its root unit (the embeddings and the tied head) whole through forward and
-  // backward, with its whole gradients, and two blocks gathered (the running, the prefetched).
+  // backward, with its whole gradient bucket, and five blocks' memory: two gathered (the running
+  // and the prefetched, kept spare once released: Note [Spare unit memory]), the gradient
+  // buckets of the two blocks in flight (Note [Buckets in flight]) and one kept spare.
   const double block_params = double(w.unit_parameters.at(1)) / l.tp;
   const double root_params = double(w.unit_parameters.front()) / l.tp;
   p.model_state_bytes = report::model_state_bytes(
-      l.zero, params_rank, n, l.zero == 3 ? 2 * 4 * block_params + 2 * 4 * root_params : 0);
+      l.zero, params_rank, n, l.zero == 3 ? 5 * 4 * block_params + 2 * 4 * root_params : 0);
   const double per_token_block = ((4 + 16.0 / l.tp) * C + 2.0 * (double(w.heads) / l.tp) * T) * eb;
   const double kept_per_token = l.activation_checkpointing
                                     ? C * eb * share.blocks + per_token_block  // inputs + one whole
@@ -242,12 +246,10 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   // What a step holds beyond the model state and the activations (Note [Cost model]).
   p.transient_bytes = gradient_copies;
   if (l.zero == 0) p.transient_bytes += 4 * params_rank;  // gradients made afresh
-  if (l.zero == 1 || l.zero == 2) {
-    // Both of the tied embedding's copies: ZeRO-1 adds their sum into its flat buffer, ZeRO-2
-    // reduces it from where it lies (Note [Gradient buckets of stage 2]); neither keeps it.
-    p.transient_bytes += 4 * V * C / l.tp;
-    p.transient_bytes += 2 * 4 * root_params / n;  // AdamW's temporaries
-  }
+  // The tied embedding's .grad, the sum of its copies, which ZeRO's state does not count: ZeRO-1
+  // adds it into its flat buffer, ZeRO-2 reduces it from where it lies (Note [Gradient buckets
+  // of stage 2]), ZeRO-3 copies it into its root unit's bucket.
+  if (l.zero > 0) p.transient_bytes += 4 * V * C / l.tp;
   if (l.zero == 2) {
     // Two buckets in flight (Note [Buckets in flight]), each at most the cap unless one
     // parameter, the MLP's, is larger and has a unit of its own.

@@ -23,7 +23,7 @@ namespace dtorch::plan {
 //   C x C-equivalent matmuls and attention's two T x T x C products), the language head
 //   2 C V; backward twice the forward, and a recomputed block (activation checkpointing) its
 //   forward once more. Backward also pays the first touch of the bytes it allocates afresh
-//   (every gradient, the tied embedding's second one, ZeRO-3's parameters gathered twice) at
+//   (every gradient, the tied embedding's two copies; ZeRO-3's gathered units reuse memory) at
 //   the machine's measured seconds per byte: page faults on a CPU, where the allocator hands
 //   large buffers back to the kernel; 0 on a GPU. The optimizer step adds the rank's
 //   parameters (1/n of them under ZeRO over n ranks) at the measured AdamW time per parameter.
@@ -48,20 +48,22 @@ namespace dtorch::plan {
 //   behind backward is the machine's overlap fraction for it; the rest is exposed.
 // - memory per rank: the model state as the ZeRO paper counts it (report::model_state_bytes;
 //   ZeRO-3 adds its root unit, the embeddings and tied head, whole with its whole gradients
-//   through forward and backward, and two gathered blocks; the tied embedding counts once on a
-//   rank that holds both ends), the activations each block keeps per token (its tensors:
-//   20 C + the attention matrices' 2 H T / cp floats; C with activation checkpointing, plus one
-//   block's whole while it recomputes) times the micro-batches in flight (the simulator's
-//   peak), the logits' three copies, the machine's base bytes per process, and what a step
-//   holds beyond them: the copies of the tied embedding's gradient (its lookup's and the
-//   head's, made apart before they are added; under a pipeline two: a micro-batch's before it
-//   is added into .grad, and the copy the first and last stages exchange); under ddp every
-//   gradient as backward makes it afresh (ZeRO-1 adds each into its flat buffer as it comes);
-//   under ZeRO-1 and -2 the sum of the tied embedding's copies too (ZeRO-1 adds it into its
-//   flat buffer, ZeRO-2 reduces it where it lies) and AdamW's two temporaries over the largest
-//   unit's shard; under ZeRO-2 the two gradient buckets in flight (Note [Buckets in flight]), at
-//   most the bucket cap each unless the MLP's weight alone is larger. The heap keeps what these
-//   free, so the peak counts them all.
+//   through forward and backward, and five blocks: two gathered, two blocks' gradient buckets
+//   in flight and one kept spare; the tied embedding counts once on a rank that holds both
+//   ends), the activations each block keeps per token (its tensors: 20 C + the attention
+//   matrices' 2 H T / cp floats; C with activation checkpointing, plus one block's whole while
+//   it recomputes) times the micro-batches in flight (the simulator's peak), the logits' three
+//   copies, the machine's base bytes per process, and what a step holds beyond them at its
+//   peak, the end of backward, where the tied embedding's gradient is made: two copies of it
+//   (its lookup's and the head's, held while autograd adds them into .grad; under a pipeline a
+//   micro-batch's before it is added into .grad, and the copy the first and last stages
+//   exchange); under ddp every gradient as backward makes it afresh; under ZeRO that .grad
+//   too, which its state does not count (ZeRO-1 adds it into its flat buffer, ZeRO-2 reduces
+//   it where it lies, ZeRO-3 copies it into its root's bucket); under ZeRO-2 the two gradient
+//   buckets in flight (Note [Buckets in flight]), at most the bucket cap each unless the MLP's
+//   weight alone is larger. At their peak RSS, gpt-small at 2 ranks held the three copies
+//   under ddp and ZeRO-1 to -3 and gpt-large under ZeRO-3 (the allocation meter), and ZeRO-3
+//   its root's two mappings and five blocks' (its mapped bytes).
 // Every term is printed, so a miss can be traced to the term that made it.
 
 /// The model as the cost model sees it: a GPT's shape.
