@@ -156,11 +156,13 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double recompute_f = l.activation_checkpointing ? share.blocks * block_f : 0;
   const double train_f = 3 * forward_f + recompute_f;  // per sequence
 
-  // The tied embedding's gradient beyond the one .grad holds, two copies: its lookup's and the
-  // head's, made apart and held while autograd adds them into a third, .grad (each larger than
+  // The tied embedding's gradient on the rank, fp32.
+  const double tied_grad_bytes = 4 * V * C / l.tp;
+  // Its copies beyond the one .grad holds, two: its lookup's and the head's, made apart and
+  // held while autograd adds them into a third, .grad (at GPT-2's sizes each is larger than
   // glibc ever keeps, so each is mapped and faulted in afresh); under a pipeline, a
   // micro-batch's before it is added into .grad and the copy the first and last stages exchange.
-  const double gradient_copies = 2 * 4 * V * C / l.tp;
+  const double gradient_copies = 2 * tied_grad_bytes;
   // Bytes backward allocates afresh: every gradient and those copies. ZeRO-3's gathered units
   // and gradient buckets come from spares of their size (Note [Spare unit memory]): gpt-small at
   // 2 ranks faulted 0.71 GB a step under ZeRO-3, where these are 0.81 GB and its parameters
@@ -249,7 +251,7 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   // The tied embedding's .grad, the sum of its copies, which ZeRO's state does not count: ZeRO-1
   // adds it into its flat buffer, ZeRO-2 reduces it from where it lies (Note [Gradient buckets
   // of stage 2]), ZeRO-3 copies it into its root unit's bucket.
-  if (l.zero > 0) p.transient_bytes += 4 * V * C / l.tp;
+  if (l.zero > 0) p.transient_bytes += tied_grad_bytes;
   if (l.zero == 2) {
     // Two buckets in flight (Note [Buckets in flight]), each at most the cap unless one
     // parameter, the MLP's, is larger and has a unit of its own.
