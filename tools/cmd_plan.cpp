@@ -505,12 +505,18 @@ plan::RingAttentionCost ring_attention_cost(const RingSeconds& measured, const B
   return c;
 }
 
-// How much longer compute takes when the ranks of `pair` meet after every segment of it (a
-// layer under tensor or context parallelism) than when they run apart (Machine::
-// lockstep_fraction): 40 segments of a linear layer's three products at the bench's rows, with
-// and without a one-float all-reduce after each, every pair of the node's ranks at once. The
-// all-reduces' own time (microseconds each, against milliseconds a segment) counts in the wait.
-double lockstep_fraction(comm::Communicator& pair, const Bench& b) {
+// How much longer compute takes when ranks meet after every segment of it (a layer under tensor
+// or context parallelism) than when they run apart (Machine::lockstep_fraction): 40 segments of a
+// linear layer's three products at the bench's rows, with and without a one-float all-reduce
+// over `pair` after each (a rank of no pair computes alongside, never meeting). Every rank of the
+// job runs the same mode at once, as a job's tensor-parallel groups do (timed by pairs, one
+// pair's meetings overlapped another's work apart). The wait comes and goes with how the ranks
+// happen to share the cores: at 4 ranks on 2 cores one timing each way read from -0.14 to
+// +0.43, and one of each a round gave 0 to 0.29 over six rounds, so the fraction is the median
+// of kLockstepTrials timings each way, taken in turn. The all-reduces' own time (microseconds
+// each, against milliseconds a segment) counts in the wait.
+constexpr int kLockstepTrials = 7;
+double lockstep_fraction(comm::Communicator& world, comm::Communicator* pair, const Bench& b) {
   constexpr int kSegments = 40;
   const int64_t n = b.width;
   const int64_t rows = b.lockstep_rows;
@@ -521,12 +527,20 @@ double lockstep_fraction(comm::Communicator& pair, const Bench& b) {
       torch::mm(x, w);
       torch::mm(g, w.t());
       torch::mm(x.t(), g);
-      if (meet) pair.allreduce(one, comm::ReduceOp::Sum, "lockstep");
+      if (meet && pair) pair->allreduce(one, comm::ReduceOp::Sum, "lockstep");
     }
   };
-  const double apart = time_per_call(pair, b, 0.5, [&] { segments(false); });
-  const double together = time_per_call(pair, b, 0.5, [&] { segments(true); });
-  return std::max(0.0, together / apart - 1);
+  segments(true);  // warm-up
+  // Each timing 0.15 s or one call, whichever is longer; as many calls on every rank.
+  const double once = time_calls(world, b, 1, [&] { segments(false); });
+  const int calls = static_cast<int>(std::clamp(0.15 / std::max(once, 1e-7), 1.0, 1e4));
+  std::vector<double> fractions;
+  for (int i = 0; i < kLockstepTrials; ++i) {
+    const double apart = time_calls(world, b, calls, [&] { segments(false); });
+    const double together = time_calls(world, b, calls, [&] { segments(true); });
+    fractions.push_back(together / apart - 1);
+  }
+  return std::max(0.0, median_of(fractions, [](double f) { return f; }));
 }
 
 plan::LinkCost measure(comm::Communicator& group, const Bench& b, plan::Collective op) {
@@ -745,11 +759,9 @@ int calibrate_worker(const CalibrateFlags& f) {
       if (world->rank() == 0)
         log::info("calibrating ", round,
                   ": ring attention and ranks in lockstep over pairs of ranks within a node");
-      if (pair) {
-        r.ring = ring_attention_seconds(pair, bench);
-        r.lockstep = lockstep_fraction(*pair, bench);
-      }
+      if (pair) r.ring = ring_attention_seconds(pair, bench);
       world->barrier("calibration");
+      r.lockstep = lockstep_fraction(*world, pair.get(), bench);
     }
   }
   torch::Tensor node_cpu =

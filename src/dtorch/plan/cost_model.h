@@ -33,7 +33,9 @@ namespace dtorch::plan {
 //   score; a recomputed layer pays its forward's share of it again. Ranks that meet in every
 //   layer (tensor and context parallelism) pay the machine's lockstep fraction of their FLOPs'
 //   time more: calibrate times pairs of ranks running a linear layer's products 40 times with
-//   and without a one-float all-reduce after each.
+//   and without a one-float all-reduce after each, every rank of the job in the same mode at
+//   once, and keeps the median of seven timings each way (at 4 ranks on 2 cores one timing
+//   each way read from -0.14 to +0.43).
 // - the pipeline bubble: the schedule simulated on paper (parallel/pp/schedule.h) with each
 //   micro-batch's forward and backward times of the slowest stage, plus the activation
 //   message's time; the bubble is the makespan less the rank's compute.
