@@ -364,13 +364,19 @@ double time_calls(comm::Communicator& group, const Bench& b, int calls,
   return t.item<double>();
 }
 
-// Seconds per call of f over about `budget` seconds (3 calls at least). Every rank runs as
-// many calls (f may be a collective): the count follows from one timed call, the same on all.
-double time_per_call(comm::Communicator& group, const Bench& b, double budget,
-                     const std::function<void()>& f) {
+// How many calls of f take about `budget` seconds (`least` at least), from one timed call after
+// a warm-up: the same count on every rank, so every rank runs as many (f may be a collective).
+int calls_for(comm::Communicator& group, const Bench& b, double budget, int least,
+              const std::function<void()>& f) {
   f();  // warm-up
   const double one = time_calls(group, b, 1, f);
-  const int calls = static_cast<int>(std::clamp(budget / std::max(one, 1e-7), 3.0, 1e5));
+  return static_cast<int>(std::clamp(budget / std::max(one, 1e-7), double(least), 1e5));
+}
+
+// Seconds per call of f over about `budget` seconds (3 calls at least).
+double time_per_call(comm::Communicator& group, const Bench& b, double budget,
+                     const std::function<void()>& f) {
+  const int calls = calls_for(group, b, budget, 3, f);
   return time_calls(group, b, calls, f) / calls;
 }
 
@@ -530,10 +536,8 @@ double lockstep_fraction(comm::Communicator& world, comm::Communicator* pair, co
       if (meet && pair) pair->allreduce(one, comm::ReduceOp::Sum, "lockstep");
     }
   };
-  segments(true);  // warm-up
-  // Each timing 0.15 s or one call, whichever is longer; as many calls on every rank.
-  const double once = time_calls(world, b, 1, [&] { segments(false); });
-  const int calls = static_cast<int>(std::clamp(0.15 / std::max(once, 1e-7), 1.0, 1e4));
+  // Each timing 0.15 s or one call, whichever is longer.
+  const int calls = calls_for(world, b, 0.15, 1, [&] { segments(false); });
   std::vector<double> fractions;
   for (int i = 0; i < kLockstepTrials; ++i) {
     const double apart = time_calls(world, b, calls, [&] { segments(false); });
