@@ -590,8 +590,8 @@ struct Round {
 };
 
 // Each rate's median over the rounds into `m`; ring attention's and the lockstep's where
-// `paired` (this rank ran them: rank 0's pair is the one whose point-to-point link was
-// measured).
+// `paired` (this rank ran the ring, and the ranks shared a node, so every rank timed the
+// lockstep: rank 0's pair is the one whose point-to-point link was measured).
 void set_medians(plan::Machine& m, const std::vector<Round>& rounds, const Bench& bench,
                  bool paired) {
   auto of = [&](auto get) { return median_of(rounds, get); };
