@@ -143,7 +143,8 @@ std::string percent(double fraction) {
 }
 
 int run_plan(const PlanFlags& f) {
-  DTORCH_CHECK_T(ConfigError, !f.model.empty(), "dtorch plan needs --model (a gpt-* name)");
+  DTORCH_CHECK_T(ConfigError, !f.model.empty(),
+                 "dtorch plan needs --model (a gpt-* or vit-* name)");
   DTORCH_CHECK_T(
       ConfigError, !f.machine.empty(),
       "dtorch plan needs --machine FILE: `dtorch plan calibrate --out FILE` measures "
@@ -325,6 +326,9 @@ struct Bench {
   int64_t square = 512;  // the matmul_flops product's side
   int64_t width = 1024;  // the linear layer's weight side
   std::vector<int64_t> rows = {16, 64, 256, 1024, 4096};
+  // The convolution rate's layer: a 3x3 convolution of conv_channels to as many, padding 1, over
+  // conv_batch images of conv_side (a ResNet stage's).
+  int64_t conv_batch = 4, conv_channels = 64, conv_side = 28;
   int64_t large_floats = int64_t(4) << 20;  // a collective's large buffer per rank
   // Ring attention's layer: heads of head_dim, at two sizes of the rank's tokens.
   int64_t ring_heads = 12, ring_head_dim = 64;
@@ -340,6 +344,7 @@ Bench bench_for(at::Device d) {
     b.square = 8192;
     b.width = 4096;
     b.rows = {256, 1024, 4096, 16384, 65536};
+    b.conv_batch = 32, b.conv_channels = 256, b.conv_side = 56;
     b.large_floats = int64_t(64) << 20;
     b.ring_heads = 16, b.ring_head_dim = 128;
     b.ring_tokens = {1024, 4096};
@@ -418,6 +423,22 @@ double linear_seconds(comm::Communicator& world, const Bench& b, torch::ScalarTy
   });
 }
 
+// The convolution rate of one rank while every rank convolves: the bench's 3x3 convolution
+// layer's three products (forward, input and weight gradients), as backward makes them. Each
+// takes 2 batch side^2 channels^2 9 operations. A call may be slow (bf16 on a CPU without bf16
+// instructions takes about 12 times fp32's time), so a timing is one call at least, of about
+// 0.3 s.
+double conv_flops(comm::Communicator& world, const Bench& b, torch::ScalarType dtype) {
+  const int64_t n = b.conv_batch, c = b.conv_channels, side = b.conv_side;
+  torch::Tensor x = torch::randn({n, c, side, side}, b.options()).to(dtype).requires_grad_();
+  torch::Tensor w = torch::randn({c, c, 3, 3}, b.options()).to(dtype).requires_grad_();
+  torch::Tensor g = torch::randn({n, c, side, side}, b.options()).to(dtype);
+  auto layer = [&] { torch::conv2d(x, w, {}, 1, 1).backward(g); };
+  const int calls = calls_for(world, b, 0.3, 1, layer);
+  const double s = time_calls(world, b, calls, layer) / calls;
+  return 3 * 2.0 * double(n * side * side * c * c * 9) / s;
+}
+
 // Seconds per byte that a fresh allocation costs beyond writing it: 64 MiB allocated and filled
 // each call, against the same bytes filled in place (about 0 on a GPU, whose caching allocator
 // keeps its blocks).
@@ -432,14 +453,15 @@ double first_touch_seconds_per_byte(comm::Communicator& world, const Bench& b) {
 
 // The rates every rank measures alone, at once (they share the node, as in training).
 struct ComputeRates {
-  std::map<std::string, double> flops;
+  std::map<std::string, double> flops, conv;
   std::map<std::string, std::vector<plan::RowsRate>> by_rows;
   double first_touch = 0, adamw = 0;
 };
 
-// One round of the rates. The first (`first` null) measures fp32 and bf16 by rows while a call
-// takes under a quarter second (bf16 on a CPU is slow), and fp32 alone where this LibTorch has
-// no bf16 matmul on the device; the later ones measure what the first did.
+// One round of the rates. The first (`first` null) measures fp32 and bf16, the matmul by rows
+// while a call takes under a quarter second (bf16 on a CPU is slow), and the convolution; fp32
+// alone where this LibTorch has no bf16 matmul or convolution on the device. The later ones
+// measure what the first did.
 ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
                            const ComputeRates* first) {
   ComputeRates r;
@@ -454,11 +476,14 @@ ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
         r.by_rows[name].push_back({rows, 3 * 2.0 * rows * bench.width * bench.width / s});
         if (!first && s > 0.25) break;
       }
+      r.conv[name] = conv_flops(world, bench, dtype);
     } catch (const c10::Error&) {
       if (dtype == torch::kFloat) throw;
-      if (world.rank() == 0) log::warn("calibrating: no bf16 matmul here; the file has fp32 only");
+      if (world.rank() == 0)
+        log::warn("calibrating: no bf16 matmul or convolution here; the file has fp32 only");
       r.flops.erase(name);
       r.by_rows.erase(name);
+      r.conv.erase(name);
     }
   }
   r.first_touch = first_touch_seconds_per_byte(world, bench);
@@ -597,6 +622,7 @@ void set_medians(plan::Machine& m, const std::vector<Round>& rounds, const Bench
   auto of = [&](auto get) { return median_of(rounds, get); };
   for (const auto& [name, rates] : rounds.front().rates.by_rows) {
     m.matmul_flops[name] = of([&](const Round& r) { return r.rates.flops.at(name); });
+    m.conv_flops[name] = of([&](const Round& r) { return r.rates.conv.at(name); });
     for (size_t i = 0; i < rates.size(); ++i)
       m.matmul_by_rows[name].push_back(
           {rates[i].rows, of([&](const Round& r) { return r.rates.by_rows.at(name)[i].flops; })});
@@ -739,8 +765,8 @@ int calibrate_worker(const CalibrateFlags& f) {
         "(round " + std::to_string(i + 1) + " of " + std::to_string(kRounds) + ")";
     if (world->rank() == 0)
       log::info("calibrating on ", bench.device.str(), " ", round,
-                ": matmul rates (fp32, bf16), freshly allocated memory and an AdamW step on "
-                "every rank");
+                ": matmul and convolution rates (fp32, bf16), freshly allocated memory and an "
+                "AdamW step on every rank");
     r.rates = compute_rates(*world, bench, i == 0 ? nullptr : &rounds.front().rates);
     auto measure_groups = [&](const Groups& groups, const std::string& where,
                               std::map<plan::Collective, std::vector<plan::LinkCost>>& into) {
@@ -794,13 +820,14 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   auto f = std::make_shared<PlanFlags>();
   auto* cmd = app.add_subcommand(
       "plan", "Rank every layout of a job by predicted step time and peak memory per rank");
-  cmd->add_option("--model", f->model, "a gpt-* model");
+  cmd->add_option("--model", f->model, "a gpt-* or vit-* model");
   cmd->add_option("--machine", f->machine, "machine file (dtorch plan calibrate writes one)");
   cmd->add_option("--nodes", f->nodes)->capture_default_str();
   cmd->add_option("--gpus-per-node", f->gpus_per_node, "ranks per node");
   cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node, "ranks per node");
-  cmd->add_option("--global-batch-size", f->global_batch, "sequences per optimizer step");
-  cmd->add_option("--seq-len", f->seq_len, "tokens per sequence (default: the block size)");
+  cmd->add_option("--global-batch-size", f->global_batch, "samples per optimizer step");
+  cmd->add_option("--seq-len", f->seq_len,
+                  "a gpt-* model's tokens per sequence (default: its block size)");
   cmd->add_option("--memory-per-rank", f->memory_per_rank_gib,
                   "GiB per rank (default: the machine file's)");
   cmd->add_option("--format", f->format)

@@ -1,6 +1,6 @@
-// The cost model (Note [Cost model]) without processes: a GPT's units as the registry counts
-// them, each term against the same sum made by hand, the memory ordering ZeRO promises, the
-// pipeline's bubble shrinking with micro-batches, every enumerated layout one the run
+// The cost model (Note [Cost model]) without processes: a GPT's and a ViT's units as the
+// registry counts them, each term against the same sum made by hand, the memory ordering ZeRO
+// promises, the pipeline's bubble shrinking with micro-batches, every enumerated layout one the run
 // configuration accepts, and machine files read, refused and written back.
 #include "dtorch/plan/cost_model.h"
 
@@ -39,7 +39,38 @@ TEST(CostModel, GptUnitsAreTheRegistrys) {
   for (size_t i = 0; i < units.size(); ++i)
     EXPECT_EQ(units[i].parameters, w.unit_parameters[i]) << units[i].name;
   const std::string e = testing::error_of<ConfigError>([] { workload_of("resnet18", 0, 8); });
-  EXPECT_NE(e.find("plan a gpt-* model"), std::string::npos) << e;
+  EXPECT_NE(e.find("plan a gpt-* or vit-* model"), std::string::npos) << e;
+}
+
+// A ViT's blocks at the matmul rate as a GPT's, its class token's head, and its patch embedding
+// (a convolution) at the convolution rate; its layouts have no context parallelism and their
+// flags no --seq-len.
+TEST(CostModel, VitsPatchEmbeddingRunsAtTheConvolutionRate) {
+  const Workload w = workload_of("vit-debug", 0, 4);  // 28 x 28 in 7 x 7 patches
+  EXPECT_EQ(w.seq_len, 17);
+  const auto units = models::model_units("vit-debug");
+  ASSERT_EQ(units.size(), w.unit_parameters.size());
+  for (size_t i = 0; i < units.size(); ++i)
+    EXPECT_EQ(units[i].parameters, w.unit_parameters[i]) << units[i].name;
+  Machine m = round_machine();
+  std::string e = testing::error_of<ConfigError>([&] { predict(w, m, Layout{}); });
+  EXPECT_NE(e.find("no convolution rate for fp32"), std::string::npos) << e;
+  m.conv_flops["fp32"] = 1e8;
+  const double C = 32, M = 64, T = 17, L = 2, K = 10;
+  const double forward = T * L * (8 * C * C + 4 * C * M + 4 * T * C) + 2 * C * K;
+  const double patches = 2 * 16 * C * 49;  // one channel, 7 x 7 each
+  EXPECT_NEAR(predict(w, m, Layout{}).compute_s, 4 * 3 * (forward / 1e9 + patches / 1e8), 1e-12);
+  bool tp2 = false;
+  for (const Layout& l : enumerate_layouts(w, 4)) {
+    EXPECT_EQ(l.cp, 1);
+    tp2 |= l.tp == 2;
+  }
+  EXPECT_TRUE(tp2);
+  Layout l;
+  l.dp = 2, l.zero = 1;
+  EXPECT_EQ(flags_of(l, w), "--model vit-debug --batch-size 2 --strategy zero1");
+  e = testing::error_of<ConfigError>([] { workload_of("vit-debug", 64, 4); });
+  EXPECT_NE(e.find("drop --seq-len"), std::string::npos) << e;
 }
 
 TEST(CostModel, CollectiveTimeIsLatencyPerStepPlusBusBytesOverBandwidth) {
@@ -104,8 +135,10 @@ TEST(CostModel, DataParallelPaysItsAllReduceAndZeroShardsTheState) {
   EXPECT_NEAR(predict(w, m, zero2).transient_bytes, 3 * tied + 2 * 25.0 * (1 << 20), 1);
   EXPECT_NEAR(predict(w, m, zero3).transient_bytes, 3 * tied, 1);
   // ZeRO-3 holds its shards, its root unit whole with its gradient bucket, and five blocks:
-  // gpt-small's root is a third of it, so over 8 ranks that is more than ZeRO-2 holds.
-  const double root = 4.0 * double(w.unit_parameters.front());
+  // gpt-small's root (the parameters outside the blocks, the tied embedding once) is a third of
+  // it, so over 8 ranks that is more than ZeRO-2 holds.
+  const double root =
+      4.0 * double(w.unit_parameters.front() + w.unit_parameters.back() - w.vocab * w.hidden);
   const double block = 4.0 * double(w.unit_parameters.at(1));
   EXPECT_NEAR(predict(w, m, zero3).model_state_bytes, 16 * P / 8 + 2 * root + 5 * block, 1);
   EXPECT_GT(predict(w, m, zero3).model_state_bytes, predict(w, m, zero2).model_state_bytes);
@@ -231,12 +264,14 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   m.matmul_by_rows["fp32"] = {{64, 5e8}, {1024, 1e9}};
   m.first_touch_seconds_per_byte = 1e-9;
   m.ring_attention = {1e-3, 2e-9, 0.25};
+  m.conv_flops["fp32"] = 2e8;
   { std::ofstream(dir + "/m.json") << machine_json(m); }
   const Machine back = read_machine(dir + "/m.json");
   EXPECT_EQ(machine_json(back), machine_json(m));
   EXPECT_DOUBLE_EQ(back.flops("fp32", 64), 5e8);
   EXPECT_DOUBLE_EQ(back.first_touch_seconds_per_byte, 1e-9);
   EXPECT_DOUBLE_EQ(back.ring_attention.seconds_per_score, 2e-9);
+  EXPECT_DOUBLE_EQ(back.convolution_flops("fp32"), 2e8);
   auto error_for = [&](const std::string& text) {
     std::ofstream(dir + "/bad.json") << text;
     return testing::error_of<ConfigError>([&] { read_machine(dir + "/bad.json"); });

@@ -123,7 +123,13 @@ TEST(PlanCli, BadFlagsAndFilesAreNamed) {
                 "give the ranks per node once"},
            Case{{"--model", "resnet18", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--machine", machine},
-                "plan a gpt-* model"},
+                "plan a gpt-* or vit-* model"},
+           Case{{"--model", "vit-debug", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--seq-len", "64", "--machine", machine},
+                "takes its tokens from its images: drop --seq-len"},
+           Case{{"--model", "vit-debug", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", machine},
+                "has no convolution rate for fp32 (it has none): calibrate it again"},
            Case{{"--model", "gpt-debug", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--machine", svg_named, "--out", dir + "/./machine.svg"},
                 "is the --machine file this plan reads"},
@@ -166,6 +172,7 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   for (size_t i = 1; i < m.matmul_by_rows.at("fp32").size(); ++i)
     EXPECT_LT(m.matmul_by_rows.at("fp32")[i - 1].rows, m.matmul_by_rows.at("fp32")[i].rows);
   EXPECT_GT(m.flops("fp32", 64), 1e8);
+  EXPECT_GT(m.convolution_flops("fp32"), 1e8);
   EXPECT_GE(m.first_touch_seconds_per_byte, 0);
   // Ring attention over the two ranks, and the two in lockstep.
   EXPECT_GT(m.ring_attention.step_seconds + m.ring_attention.seconds_per_score, 0);

@@ -8,6 +8,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/gpt.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/models/vit.h"
 #include "dtorch/parallel/cp/context_parallel.h"
 #include "dtorch/parallel/pp/stage_plan.h"
 #include "dtorch/parallel/zero/zero.h"
@@ -53,9 +54,11 @@ RankShare slowest_share(const Workload& w, const Layout& l) {
         if (i > 0 && i < head_unit) ++s.blocks;
       }
     }
-    // Work in units of a block; the head's matmul is V/(12 C) blocks' worth.
+    // Work in units of a block: a GPT's head's matmul is 2 V / (8 C + 4 M) blocks' worth (V /
+    // 12 C at M = 4 C), a ViT's (its class token's) none to speak of.
     if (s.embedding && s.head) s.parameters -= w.vocab * w.hidden;
-    const double work = s.blocks + (s.head ? double(w.vocab) / (12.0 * w.hidden) : 0);
+    const double head_blocks = 2.0 * w.vocab / (8.0 * w.hidden + 4.0 * w.mlp);
+    const double work = s.blocks + (s.head ? head_blocks : 0);
     if (work > worst_work) worst_work = work, worst = s;
   }
   return worst;
@@ -67,26 +70,72 @@ bool spans_nodes(int group_span, const Machine& m) {
 
 }  // namespace
 
+namespace {
+
+// A ViT's workload: its images give its tokens (patches and the class token).
+Workload vit_workload(const std::string& name, int64_t seq_len) {
+  DTORCH_CHECK_T(ConfigError, seq_len == 0, "--seq-len ", seq_len, " is for a gpt-* model; ", name,
+                 " takes its tokens from its images: drop --seq-len");
+  auto one_block = models::make_model(name, {1, 2});
+  const auto* vit = dynamic_cast<const models::VisionTransformer*>(one_block.get());
+  DTORCH_CHECK(vit, name, " is not a ViT");
+  const models::ViTConfig& c = vit->config();
+  const int64_t patches = (c.image_size / c.patch_size) * (c.image_size / c.patch_size);
+  Workload w;
+  w.layers = c.num_layers;
+  w.hidden = c.hidden_dim;
+  w.heads = c.num_heads;
+  w.mlp = c.mlp_dim;
+  w.classes = c.num_classes;
+  w.seq_len = patches + 1;
+  w.patch_flops =
+      2.0 * double(patches * c.hidden_dim * c.in_channels * c.patch_size * c.patch_size);
+  // A block keeps its input, ln_1's and ln_2's outputs and the residual sum whole (4 C), and
+  // in_proj's q | k | v, the attention's output, fc1's and GELU's outputs split (3 C + C + 2 M,
+  // 12 C at M = 4 C): vit-tiny kept 239 MB in forward at 32 images a rank where these are 236 MB
+  // (50 tokens, 12 blocks), and the attention matrices 23 MB more, which LibTorch 2.x's fused
+  // attention does not keep.
+  w.whole_activations = 4;
+  w.split_activations = 4 + 2.0 * double(c.mlp_dim) / double(c.hidden_dim);
+  for (const models::UnitSize& u : models::model_units(name))
+    w.unit_parameters.push_back(u.parameters);
+  return w;
+}
+
+}  // namespace
+
 Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch) {
-  DTORCH_CHECK_T(ConfigError, name.rfind("gpt-", 0) == 0, "dtorch plan has cost terms for the ",
-                 "language models (gpt-*), not for ", name, ": plan a gpt-* model");
+  const bool gpt = name.rfind("gpt-", 0) == 0, vit = name.rfind("vit-", 0) == 0;
+  DTORCH_CHECK_T(ConfigError, gpt || vit, "dtorch plan has cost terms for the transformers ",
+                 "(gpt-*, vit-*), not for ", name, ": plan a gpt-* or vit-* model");
+  DTORCH_CHECK_T(ConfigError, global_batch >= 1, "--global-batch-size must be >= 1 (got ",
+                 global_batch, ")");
+  if (vit) {
+    Workload w = vit_workload(name, seq_len);
+    w.model = name;
+    w.global_batch = global_batch;
+    return w;
+  }
   // One block built alone (cheap even for gpt-large) gives the shape and a block's size.
   auto one_block = models::make_model(name, {1, 2});
-  const auto* gpt = dynamic_cast<const models::GPT*>(one_block.get());
-  DTORCH_CHECK(gpt, name, " is not a GPT");
-  const models::GPTConfig& c = gpt->config();
+  const auto* gpt_model = dynamic_cast<const models::GPT*>(one_block.get());
+  DTORCH_CHECK(gpt_model, name, " is not a GPT");
+  const models::GPTConfig& c = gpt_model->config();
   Workload w;
   w.model = name;
   w.layers = c.n_layer;
   w.hidden = c.n_embd;
   w.heads = c.n_head;
+  w.mlp = 4 * c.n_embd;
   w.vocab = c.vocab_size;
   w.seq_len = seq_len == 0 ? c.block_size : seq_len;
   DTORCH_CHECK_T(ConfigError, w.seq_len >= 1 && w.seq_len <= c.block_size, "--seq-len ", seq_len,
                  " is outside ", name, "'s 1 to ", c.block_size, " tokens");
-  DTORCH_CHECK_T(ConfigError, global_batch >= 1, "--global-batch-size must be >= 1 (got ",
-                 global_batch, ")");
   w.global_batch = global_batch;
+  // A GPT block's tensors: 4 C whole and 16 C split per token (gpt-small and gpt-large at 2 and 4
+  // ranks, BENCHMARKS.md's plan table).
+  w.whole_activations = 4;
+  w.split_activations = 16;
   int64_t block = 0;
   for (const auto& p : one_block->parameters())
     block += p.numel();
@@ -101,8 +150,10 @@ Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_ba
 
 std::string flags_of(const Layout& l, const Workload& w) {
   std::ostringstream f;
-  f << "--model " << w.model << " --seq-len " << w.seq_len << " --batch-size "
-    << w.global_batch / l.dp << " --strategy " << zero::stage_names().at(l.zero);
+  f << "--model " << w.model;
+  if (w.language()) f << " --seq-len " << w.seq_len;
+  f << " --batch-size " << w.global_batch / l.dp << " --strategy "
+    << zero::stage_names().at(l.zero);
   if (l.tp > 1) f << " --tp " << l.tp;
   if (l.cp > 1) f << " --cp " << l.cp;
   if (l.pp > 1)
@@ -136,27 +187,33 @@ RingAttentionTime ring_attention_time(const Machine& m, const AttentionShape& s,
 Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   Prediction p;
   p.layout = l;
-  const double eb = double(w.element_bytes), C = double(w.hidden), V = double(w.vocab);
+  const double eb = double(w.element_bytes), C = double(w.hidden), V = double(w.vocab),
+               M = double(w.mlp);
   const double T = double(w.seq_len), t = T / l.cp;  // tokens of a sequence on the rank
   const double replica_batch = double(w.global_batch) / l.dp;
   const int microbatches = l.pp > 1 ? l.microbatches : 1;
   const double mb = replica_batch / microbatches;  // sequences per micro-batch
   // The matmuls' rows are the micro-batch's tokens on the rank.
-  const double rate = m.flops(w.element_bytes == 2 ? "bf16" : "fp32", mb * t);
+  const std::string dtype = w.element_bytes == 2 ? "bf16" : "fp32";
+  const double rate = m.flops(dtype, mb * t);
   const RankShare share = slowest_share(w, l);
   const double params_rank = double(share.parameters) / l.tp;
 
-  // Compute: forward FLOPs of one sequence on this rank, per block and for the head.
+  // Compute: forward seconds of one sample on this rank, its blocks' and head's FLOPs at the
+  // matmul rate and a ViT's patch embedding at the convolution rate.
   const AttentionShape attention{1,    w.heads / l.tp, int64_t(t), w.hidden / w.heads,
                                  l.cp, w.element_bytes};
   const double attention_f = 4 * attention_scores(attention) * double(attention.head_dim);
-  const double block_f = 24 * C * C * t / l.tp + attention_f;
-  const double head_f = share.head ? 2 * C * V * t / l.tp : 0;
-  const double forward_f = share.blocks * block_f + head_f;
-  const double recompute_f = l.activation_checkpointing ? share.blocks * block_f : 0;
-  const double train_f = 3 * forward_f + recompute_f;  // per sequence
+  const double block_f = (8 * C * C + 4 * C * M) * t / l.tp + attention_f;
+  // A GPT's head: every token's logits over the vocabulary it splits; a ViT's: its class token's.
+  const double head_f = !share.head ? 0 : w.language() ? 2 * C * V * t / l.tp : 2 * C * w.classes;
+  const double patch_s =
+      share.embedding && w.patch_flops > 0 ? w.patch_flops / m.convolution_flops(dtype) : 0;
+  const double forward_s = (share.blocks * block_f + head_f) / rate + patch_s;
+  const double recompute_s = l.activation_checkpointing ? share.blocks * block_f / rate : 0;
+  const double train_s = 3 * forward_s + recompute_s;  // per sample
 
-  // The tied embedding's gradient on the rank, fp32.
+  // The tied embedding's gradient on the rank, fp32 (a GPT's).
   const double tied_grad_bytes = 4 * V * C / l.tp;
   // Its copies beyond the one .grad holds, two: its lookup's and the head's, made apart and
   // held while autograd adds them into a third, .grad (at GPT-2's sizes each is larger than
@@ -172,18 +229,18 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
 
   // Activation bytes of one micro-batch passed between stages.
   const double message = mb * t * C * eb;
-  p.compute_s = replica_batch * train_f / rate + fresh_s;
+  p.compute_s = replica_batch * train_s + fresh_s;
   // Ranks that meet in every layer (tensor and context parallelism) wait for each other.
-  if (l.tp > 1 || l.cp > 1) p.compute_s += replica_batch * train_f / rate * m.lockstep_fraction;
+  if (l.tp > 1 || l.cp > 1) p.compute_s += replica_batch * train_s * m.lockstep_fraction;
   double in_flight = 1;  // micro-batches of activations the rank holds at once
   if (l.pp > 1) {
     const double per_stage = 1.0 / share.stages;
     const double link =
         m.seconds(Collective::P2P, 2, message, spans_nodes(l.pp * l.dp * l.cp * l.tp, m));
     pp::Costs costs;
-    costs.forward = mb * forward_f * per_stage / rate + link;
-    costs.backward_input = (mb * (forward_f + recompute_f) * per_stage / rate) + link;
-    costs.backward_weight = (mb * forward_f / rate + fresh_s / microbatches) * per_stage;
+    costs.forward = mb * forward_s * per_stage + link;
+    costs.backward_input = mb * (forward_s + recompute_s) * per_stage + link;
+    costs.backward_weight = (mb * forward_s + fresh_s / microbatches) * per_stage;
     const pp::Simulation sim = pp::simulate(
         pp::make_schedule(l.schedule, l.pp, microbatches, share.stages), microbatches, costs);
     p.bubble_s = std::max(0.0, sim.makespan - p.compute_s);
@@ -231,19 +288,25 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   }
 
   // Memory.
-  // ZeRO-3 holds its root unit (the embeddings and the tied head) whole through forward and
-  // backward, with its whole gradient bucket, and five blocks' memory: two gathered (the running
-  // and the prefetched, kept spare once released: Note [Spare unit memory]), the gradient
-  // buckets of the two blocks in flight (Note [Buckets in flight]) and one kept spare.
+  // ZeRO-3 holds its root unit (the parameters outside the blocks: a GPT's embeddings and tied
+  // head, split like the vocabulary; a ViT's patch embedding, norm and head, whole) whole through
+  // forward and backward, with its whole gradient bucket, and five blocks' memory: two gathered
+  // (the running and the prefetched, kept spare once released: Note [Spare unit memory]), the
+  // gradient buckets of the two blocks in flight (Note [Buckets in flight]) and one kept spare.
   const double block_params = double(w.unit_parameters.at(1)) / l.tp;
-  const double root_params = double(w.unit_parameters.front()) / l.tp;
+  const double root_params =
+      double(w.unit_parameters.front() + w.unit_parameters.back() - w.vocab * w.hidden) /
+      (w.language() ? l.tp : 1);
   p.model_state_bytes = report::model_state_bytes(
       l.zero, params_rank, n, l.zero == 3 ? 5 * 4 * block_params + 2 * 4 * root_params : 0);
-  const double per_token_block = ((4 + 16.0 / l.tp) * C + 2.0 * (double(w.heads) / l.tp) * T) * eb;
+  const double per_token_block = ((w.whole_activations + w.split_activations / l.tp) * C +
+                                  2.0 * (double(w.heads) / l.tp) * T) *
+                                 eb;
   const double kept_per_token = l.activation_checkpointing
                                     ? C * eb * share.blocks + per_token_block  // inputs + one whole
                                     : per_token_block * share.blocks;
-  const double logits = share.head ? 3 * t * (V / l.tp) * 4 : 0;
+  // Per sample: a GPT's logits for every token, a ViT's for its class token.
+  const double logits = !share.head ? 0 : 3 * 4 * (w.language() ? t * V / l.tp : double(w.classes));
   p.activation_bytes = in_flight * mb * t * kept_per_token + mb * logits;
   // What a step holds beyond the model state and the activations (Note [Cost model]).
   p.transient_bytes = gradient_copies;
@@ -254,9 +317,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   if (l.zero > 0) p.transient_bytes += tied_grad_bytes;
   if (l.zero == 2) {
     // Two buckets in flight (Note [Buckets in flight]), each at most the cap unless one
-    // parameter, the MLP's, is larger and has a unit of its own.
+    // parameter, the MLP's (M x C), is larger and has a unit of its own.
     const double cap = zero::Options{}.bucket_cap_mb * (1 << 20);
-    p.transient_bytes += 2 * std::max(cap, 4 * 4 * C * C / l.tp);
+    p.transient_bytes += 2 * std::max(cap, 4 * M * C / l.tp);
   }
   p.peak_bytes =
       m.base_bytes_per_rank + p.model_state_bytes + p.activation_bytes + p.transient_bytes;
@@ -269,12 +332,13 @@ std::vector<Layout> enumerate_layouts(const Workload& w, int world) {
   std::vector<Layout> out;
   const int blocks = static_cast<int>(w.layers);
   for (int tp = 1; tp <= world; ++tp) {
-    if (world % tp != 0 || w.heads % tp != 0) continue;
+    if (world % tp != 0 || w.heads % tp != 0 || w.mlp % tp != 0) continue;
     for (int pp = 1; pp * tp <= world; ++pp) {
       if ((world / tp) % pp != 0 || pp > blocks) continue;
       for (int cp = 1; cp * pp * tp <= world; ++cp) {
         if ((world / tp / pp) % cp != 0) continue;
-        if (cp > 1 && (pp > 1 || w.seq_len % (2 * cp) != 0)) continue;
+        // Context parallelism as the ring's terms know it: a GPT's causal ring (calibrate's).
+        if (cp > 1 && (!w.language() || pp > 1 || w.seq_len % (2 * cp) != 0)) continue;
         const int dp = world / (tp * pp * cp);
         if (w.global_batch % dp != 0) continue;
         const int64_t replica_batch = w.global_batch / dp;

@@ -19,10 +19,13 @@ namespace dtorch::plan {
 //   batch (B / dp samples, T / cp tokens each, 1 / tp of every block's matrices) at the
 //   machine's measured matmul rate for as many rows as a micro-batch has tokens on the rank
 //   (a few rows run well below the peak: calibrate measures a linear layer's three products
-//   at 16 to 4096 rows). A transformer block's forward takes 24 C^2 + 4 T C per token (its six
-//   C x C-equivalent matmuls and attention's two T x T x C products), the language head
-//   2 C V; backward twice the forward, and a recomputed block (activation checkpointing) its
-//   forward once more. Backward also pays the first touch of the bytes it allocates afresh
+//   at 16 to 4096 rows). A transformer block's forward takes 8 C^2 + 4 C M + 4 T C per token
+//   (attention's four C x C matmuls, the MLP's two C x M, attention's two T x T x C products;
+//   24 C^2 + 4 T C at GPT-2's and ViT-Ti's M = 4 C), a GPT's head 2 C V per token, a ViT's
+//   head 2 C K for its class token alone, and a ViT's patch embedding its convolution's FLOPs
+//   at the machine's convolution rate (calibrate times a 3x3 convolution layer's three
+//   products); backward twice the forward, and a recomputed block (activation checkpointing)
+//   its forward once more. Backward also pays the first touch of the bytes it allocates afresh
 //   (every gradient, the tied embedding's two copies; ZeRO-3's gathered units reuse memory) at
 //   the machine's measured seconds per byte: page faults on a CPU, where the allocator hands
 //   large buffers back to the kernel; 0 on a GPU. The optimizer step adds the rank's
@@ -52,13 +55,14 @@ namespace dtorch::plan {
 //   ZeRO-3 adds its root unit, the embeddings and tied head, whole with its whole gradients
 //   through forward and backward, and five blocks: two gathered, two blocks' gradient buckets
 //   in flight and one kept spare; the tied embedding counts once on a rank that holds both
-//   ends), the activations each block keeps per token (its tensors: 20 C + the attention
-//   matrices' 2 H T / cp floats; C with activation checkpointing, plus one block's whole while
-//   it recomputes) times the micro-batches in flight (the simulator's peak), the logits' three
-//   copies, the machine's base bytes per process, and what a step holds beyond them at its
-//   peak, the end of backward, where the tied embedding's gradient is made: two copies of it
-//   (its lookup's and the head's, held while autograd adds them into .grad; under a pipeline a
-//   micro-batch's before it is added into .grad, and the copy the first and last stages
+//   ends), the activations each block keeps per token (its tensors: a GPT's 4 C whole and 16 C
+//   split by tensor parallelism, a ViT's 4 C and 3 C + C + 2 M, and the attention matrices'
+//   2 H T / cp floats; C with activation checkpointing, plus one block's whole while it
+//   recomputes) times the micro-batches in flight (the simulator's peak), the logits' three
+//   copies (a GPT's, for every token), the machine's base bytes per process, and what a step holds
+//   beyond them at its peak, the end of backward, where the tied embedding's gradient is made: two
+//   copies of it (its lookup's and the head's, held while autograd adds them into .grad; under a
+//   pipeline a micro-batch's before it is added into .grad, and the copy the first and last stages
 //   exchange); under ddp every gradient as backward makes it afresh; under ZeRO that .grad
 //   too, which its state does not count (ZeRO-1 adds it into its flat buffer, ZeRO-2 reduces
 //   it where it lies, ZeRO-3 copies it into its root's bucket); under ZeRO-2 the two gradient
@@ -68,20 +72,38 @@ namespace dtorch::plan {
 //   its root's two mappings and five blocks' (its mapped bytes).
 // Every term is printed, so a miss can be traced to the term that made it.
 
-/// The model as the cost model sees it: a GPT's shape.
+/// The model as the cost model sees it: a transformer's shape, a GPT's (gpt-*) or a ViT's
+/// (vit-*).
 struct Workload {
   std::string model;
-  int64_t layers = 0, hidden = 0, heads = 0, vocab = 0;
+  int64_t layers = 0, hidden = 0, heads = 0;
+  /// The width of each block's MLP (4 C in GPT-2 and ViT-Ti).
+  int64_t mlp = 0;
+  /// Tokens per sample: a GPT's sequence, a ViT's patches and class token.
   int64_t seq_len = 0;
   int64_t global_batch = 0;
+  /// A GPT's vocabulary: its tied embedding, and the head's outputs for every token (split by
+  /// tensor parallelism). 0 for a ViT.
+  int64_t vocab = 0;
+  /// A ViT's classes: its head's outputs, for the class token alone (whole on every rank).
+  int64_t classes = 0;
+  /// A ViT's patch embedding (a convolution): its forward's floating-point operations per
+  /// sample, at the machine's convolution rate. 0 for a GPT.
+  double patch_flops = 0;
+  /// The floats a block keeps for backward per token, in units of C: split by tensor
+  /// parallelism and whole (Note [Cost model]); its attention matrices come on top.
+  double split_activations = 0, whole_activations = 0;
   /// Parameters of each pipeline unit (embedding, blocks, head), as models::model_units.
   std::vector<int64_t> unit_parameters;
   /// 4 (fp32) or 2 (bf16/fp16 compute).
   int64_t element_bytes = 4;
+  /// Whether it is a GPT: a language model whose embedding is tied to its head.
+  bool language() const { return vocab > 0; }
 };
 
-/// The workload of model `name` (gpt-*) at `seq_len` tokens (0: the model's block size) and
-/// `global_batch` sequences. ConfigError for a model the cost model has no terms for.
+/// The workload of model `name` (gpt-* or vit-*) at `seq_len` tokens (a GPT's; 0: the model's
+/// block size, and a ViT's must be 0: its images give its tokens) and `global_batch` samples.
+/// ConfigError for a model the cost model has no terms for.
 Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch);
 
 /// One layout: the degrees, the strategy, recomputation and the pipeline's schedule.
@@ -123,12 +145,11 @@ struct AttentionShape {
 /// scores by values) take 4 head_dim FLOPs a score.
 double attention_scores(const AttentionShape& s);
 
-/// What the cost model charges that layer under context parallelism (a ring), forward and backward:
-/// its FLOPs at the matmul rate for its rows (`attention_s`, as every attention), the ring's
-/// messages those do not hide
-/// (`exposed_s`), and the ring's own work beyond both (`own_s`, from the machine's
-/// ring_attention; with `recomputed`, its forward once more). Calibration measures the
-/// ring's own work as what a layer takes beyond the first two.
+/// What the cost model charges that layer under context parallelism (a ring), forward and
+/// backward: its FLOPs at the matmul rate for its rows (`attention_s`, as every attention), the
+/// ring's messages those do not hide (`exposed_s`), and the ring's own work beyond both (`own_s`,
+/// from the machine's ring_attention; with `recomputed`, its forward once more). Calibration
+/// measures the ring's own work as what a layer takes beyond the first two.
 struct RingAttentionTime {
   double attention_s = 0, exposed_s = 0, own_s = 0;
 };
@@ -139,11 +160,11 @@ RingAttentionTime ring_attention_time(const Machine& m, const AttentionShape& s,
 Prediction predict(const Workload& w, const Machine& m, const Layout& layout);
 
 /// Every layout of `world` ranks (nodes x ranks_per_node) that the run configuration accepts
-/// for `w`: dp x tp x pp x cp = world with tp dividing the heads, cp the tokens' 2 cp chunks
-/// (without a pipeline), pp at most the blocks, dp dividing the batch; each strategy, with and
-/// without recomputation (ZeRO only where dp x cp > 1: on one rank it is ddp); under a pipeline
-/// 1F1B, ZB-H1, GPipe and interleaved 1F1B with pp, 2 pp and 4 pp micro-batches that divide the
-/// replica's batch.
+/// for `w`: dp x tp x pp x cp = world with tp dividing the heads and the MLP's width, cp (a
+/// GPT's: the ring's terms are a causal ring's) the tokens' 2 cp chunks (without a pipeline),
+/// pp at most the blocks, dp dividing the batch; each strategy, with and without recomputation
+/// (ZeRO only where dp x cp > 1: on one rank it is ddp); under a pipeline 1F1B, ZB-H1, GPipe
+/// and interleaved 1F1B with pp, 2 pp and 4 pp micro-batches that divide the replica's batch.
 std::vector<Layout> enumerate_layouts(const Workload& w, int world);
 
 /// The predictions of every layout, fitting ones first, each group fastest first.

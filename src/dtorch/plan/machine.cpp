@@ -68,6 +68,14 @@ std::map<Collective, std::vector<LinkCost>> read_links(const json_config::Sectio
   return out;
 }
 
+// The dtypes `rates` has, comma-separated ("none" for none): what an error says a file has.
+std::string dtypes_of(const std::map<std::string, double>& rates) {
+  std::string known;
+  for (const auto& kv : rates)
+    known += (known.empty() ? "" : ", ") + kv.first;
+  return known.empty() ? "none" : known;
+}
+
 nlohmann::json links_json(const std::map<Collective, std::vector<LinkCost>>& links) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [op, costs] : links) {
@@ -139,12 +147,18 @@ double Machine::flops(const std::string& dtype, double rows) const {
   }
   auto it = matmul_flops.find(dtype);
   if (it != matmul_flops.end()) return it->second;
-  std::string known;
-  for (const auto& kv : matmul_flops)
-    known += (known.empty() ? "" : ", ") + kv.first;
   DTORCH_FAIL(ConfigError, "machine '", name, "' has no matmul rate for ", dtype, " (it has ",
-              known.empty() ? "none" : known, "): calibrate it, or add matmul_flops.", dtype,
+              dtypes_of(matmul_flops), "): calibrate it, or add matmul_flops.", dtype,
               " to the machine file");
+}
+
+double Machine::convolution_flops(const std::string& dtype) const {
+  auto it = conv_flops.find(dtype);
+  if (it != conv_flops.end()) return it->second;
+  DTORCH_FAIL(ConfigError, "machine '", name, "' has no convolution rate for ", dtype, " (it has ",
+              dtypes_of(conv_flops),
+              "): calibrate it again (dtorch plan calibrate measures one), or add conv_flops.",
+              dtype, " to the machine file");
 }
 
 Machine read_machine(const std::string& path) {
@@ -153,7 +167,7 @@ Machine read_machine(const std::string& path) {
   std::vector<std::string> warnings;
   json_config::Section s(j, "", path, &warnings);
   s.keys({"name", "device", "ranks_per_node", "memory_per_rank_bytes", "base_bytes_per_rank",
-          "matmul_flops", "matmul_by_rows", "first_touch_seconds_per_byte",
+          "matmul_flops", "matmul_by_rows", "conv_flops", "first_touch_seconds_per_byte",
           "adamw_seconds_per_parameter", "ring_attention", "lockstep_fraction", "intra_node",
           "inter_node", "overlap"},
          {});
@@ -168,11 +182,15 @@ Machine read_machine(const std::string& path) {
   needed("memory_per_rank_bytes");
   m.memory_per_rank_bytes = *s.number("memory_per_rank_bytes", 0, 1e16, /*open_low=*/true);
   m.base_bytes_per_rank = s.number("base_bytes_per_rank", 0, 1e16).value_or(0);
+  // A rate per dtype (fp32, bf16) of `rates`.
+  auto read_rates = [&](const json_config::Section& rates, std::map<std::string, double>& into) {
+    rates.keys({"fp32", "bf16"}, {});
+    for (const char* dtype : {"fp32", "bf16"})
+      if (auto r = rates.number(dtype, 0, 1e18, /*open_low=*/true)) into[dtype] = *r;
+  };
   needed("matmul_flops");
-  const json_config::Section rates = *s.section("matmul_flops");
-  rates.keys({"fp32", "bf16"}, {});
-  for (const char* dtype : {"fp32", "bf16"})
-    if (auto r = rates.number(dtype, 0, 1e18, /*open_low=*/true)) m.matmul_flops[dtype] = *r;
+  read_rates(*s.section("matmul_flops"), m.matmul_flops);
+  if (auto conv = s.section("conv_flops")) read_rates(*conv, m.conv_flops);
   if (auto by_rows = s.section("matmul_by_rows")) {
     by_rows->keys({"fp32", "bf16"}, {});
     for (const char* dtype : {"fp32", "bf16"}) {
@@ -228,6 +246,7 @@ std::string machine_json(const Machine& m) {
                       {"intra_node", links_json(m.intra_node)}};
   if (!m.inter_node.empty()) j["inter_node"] = links_json(m.inter_node);
   if (!m.overlap.empty()) j["overlap"] = m.overlap;
+  if (!m.conv_flops.empty()) j["conv_flops"] = m.conv_flops;
   for (const auto& [dtype, rates] : m.matmul_by_rows)
     for (const RowsRate& r : rates)
       j["matmul_by_rows"][dtype].push_back({{"rows", r.rows}, {"flops", r.flops}});

@@ -1,7 +1,7 @@
-// A machine as the cost model (Note [Cost model]) sees it: its matmul rate per dtype, each
-// collective's latency and bandwidth per group size within a node and across nodes, its memory
-// per rank and what one rank costs before it holds a model. `dtorch plan calibrate` measures
-// one and writes it as JSON; a file for another machine can be written by hand.
+// A machine as the cost model (Note [Cost model]) sees it: its matmul and convolution rates per
+// dtype, each collective's latency and bandwidth per group size within a node and across nodes,
+// its memory per rank and what one rank costs before it holds a model. `dtorch plan calibrate`
+// measures one and writes it as JSON; a file for another machine can be written by hand.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +62,10 @@ struct Machine {
   /// The same by the rows of the product, by dtype, fewest rows first (optional: a hand-written
   /// file may give matmul_flops alone). Few rows (a small micro-batch) run below the peak rate.
   std::map<std::string, std::vector<RowsRate>> matmul_by_rows;
+  /// Sustained convolution floating-point operations per second of one rank, by dtype: a 3x3
+  /// convolution layer's three products (forward, input gradient, weight gradient), channels to
+  /// as many channels, every rank at once (optional: only a model with convolutions reads it).
+  std::map<std::string, double> conv_flops;
   /// Seconds per byte a step allocates afresh beyond writing it: the page faults of memory the
   /// allocator returned to the system and takes back (large tensors on a CPU; 0 on a GPU, whose
   /// caching allocator keeps its blocks).
@@ -89,6 +93,9 @@ struct Machine {
   /// measured rows (the nearest end outside them), matmul_flops where none were measured or
   /// `rows` is 0. ConfigError naming the file's rates when it has none for `dtype`.
   double flops(const std::string& dtype, double rows = 0) const;
+  /// The convolution rate for `dtype`. ConfigError naming the file's rates and the fix when it
+  /// has none for `dtype`.
+  double convolution_flops(const std::string& dtype) const;
 };
 
 /// Reads a machine file; ConfigError naming the file, the field and the fix for a missing or
