@@ -68,10 +68,6 @@ bool spans_nodes(int group_span, const Machine& m) {
   return group_span > m.ranks_per_node;
 }
 
-}  // namespace
-
-namespace {
-
 // A ViT's workload: its images give its tokens (patches and the class token).
 Workload vit_workload(const std::string& name, int64_t seq_len) {
   DTORCH_CHECK_T(ConfigError, seq_len == 0, "--seq-len ", seq_len, " is for a gpt-* model; ", name,
@@ -102,27 +98,14 @@ Workload vit_workload(const std::string& name, int64_t seq_len) {
   return w;
 }
 
-}  // namespace
-
-Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch) {
-  const bool gpt = name.rfind("gpt-", 0) == 0, vit = name.rfind("vit-", 0) == 0;
-  DTORCH_CHECK_T(ConfigError, gpt || vit, "dtorch plan has cost terms for the transformers ",
-                 "(gpt-*, vit-*), not for ", name, ": plan a gpt-* or vit-* model");
-  DTORCH_CHECK_T(ConfigError, global_batch >= 1, "--global-batch-size must be >= 1 (got ",
-                 global_batch, ")");
-  if (vit) {
-    Workload w = vit_workload(name, seq_len);
-    w.model = name;
-    w.global_batch = global_batch;
-    return w;
-  }
+// A GPT's workload at `seq_len` tokens (0: its block size).
+Workload gpt_workload(const std::string& name, int64_t seq_len) {
   // One block built alone (cheap even for gpt-large) gives the shape and a block's size.
   auto one_block = models::make_model(name, {1, 2});
-  const auto* gpt_model = dynamic_cast<const models::GPT*>(one_block.get());
-  DTORCH_CHECK(gpt_model, name, " is not a GPT");
-  const models::GPTConfig& c = gpt_model->config();
+  const auto* gpt = dynamic_cast<const models::GPT*>(one_block.get());
+  DTORCH_CHECK(gpt, name, " is not a GPT");
+  const models::GPTConfig& c = gpt->config();
   Workload w;
-  w.model = name;
   w.layers = c.n_layer;
   w.hidden = c.n_embd;
   w.heads = c.n_head;
@@ -131,7 +114,6 @@ Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_ba
   w.seq_len = seq_len == 0 ? c.block_size : seq_len;
   DTORCH_CHECK_T(ConfigError, w.seq_len >= 1 && w.seq_len <= c.block_size, "--seq-len ", seq_len,
                  " is outside ", name, "'s 1 to ", c.block_size, " tokens");
-  w.global_batch = global_batch;
   // A GPT block's tensors: 4 C whole and 16 C split per token (gpt-small and gpt-large at 2 and 4
   // ranks, BENCHMARKS.md's plan table).
   w.whole_activations = 4;
@@ -145,6 +127,20 @@ Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_ba
   for (int64_t i = 0; i < c.n_layer; ++i)
     w.unit_parameters.push_back(block);
   w.unit_parameters.push_back(2 * c.n_embd + c.vocab_size * c.n_embd);
+  return w;
+}
+
+}  // namespace
+
+Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch) {
+  const bool gpt = name.rfind("gpt-", 0) == 0, vit = name.rfind("vit-", 0) == 0;
+  DTORCH_CHECK_T(ConfigError, gpt || vit, "dtorch plan has cost terms for the transformers ",
+                 "(gpt-*, vit-*), not for ", name, ": plan a gpt-* or vit-* model");
+  DTORCH_CHECK_T(ConfigError, global_batch >= 1, "--global-batch-size must be >= 1 (got ",
+                 global_batch, ")");
+  Workload w = vit ? vit_workload(name, seq_len) : gpt_workload(name, seq_len);
+  w.model = name;
+  w.global_batch = global_batch;
   return w;
 }
 
@@ -233,6 +229,7 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   // Ranks that meet in every layer (tensor and context parallelism) wait for each other.
   if (l.tp > 1 || l.cp > 1) p.compute_s += replica_batch * train_s * m.lockstep_fraction;
   double in_flight = 1;  // micro-batches of activations the rank holds at once
+  double awaiting = 0;   // of those, how many hold their weights' gradients (zero bubble)
   if (l.pp > 1) {
     const double per_stage = 1.0 / share.stages;
     const double link =
@@ -247,6 +244,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
     // The simulator counts (stage, micro-batch) pairs.
     in_flight = *std::max_element(sim.peak_activations.begin(), sim.peak_activations.end()) /
                 double(share.stages);
+    awaiting =
+        *std::max_element(sim.peak_awaiting_weights.begin(), sim.peak_awaiting_weights.end()) /
+        double(share.stages);
   }
 
   // The optimizer step, over the rank's shard under ZeRO.
@@ -307,7 +307,11 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
                                     : per_token_block * share.blocks;
   // Per sample: a GPT's logits for every token, a ViT's for its class token.
   const double logits = !share.head ? 0 : 3 * 4 * (w.language() ? t * V / l.tp : double(w.classes));
-  p.activation_bytes = in_flight * mb * t * kept_per_token + mb * logits;
+  // A micro-batch whose weight gradients wait (Note [Split backward]) holds the gradients of its
+  // blocks' linears' outputs: in_proj's 3 C and the MLP's first M split, the two C whole.
+  const double weight_grads_per_token = (2 * C + (3 * C + M) / l.tp) * eb * share.blocks;
+  p.activation_bytes = in_flight * mb * t * kept_per_token +
+                       awaiting * mb * t * weight_grads_per_token + mb * logits;
   // What a step holds beyond the model state and the activations (Note [Cost model]).
   p.transient_bytes = gradient_copies;
   if (l.zero == 0) p.transient_bytes += 4 * params_rank;  // gradients made afresh

@@ -56,6 +56,12 @@ TEST_P(Schedules, ZeroBubbleCutsTheBubbleToAThirdAtOneFOneBsPeakMemory) {
       *std::max_element(f.peak_activations.begin(), f.peak_activations.end());
   for (int r = 0; r < p; ++r)
     EXPECT_LE(z.peak_activations[r], one_f_one_b_peak) << "rank " << r;
+  // Rank r holds up to r + 1 micro-batches whose weight halves wait, each with its recorded
+  // gradients (Note [Split backward]); 1F1B runs each backward whole.
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(z.peak_awaiting_weights[r], std::min(r + 1, m)) << "rank " << r;
+    EXPECT_EQ(f.peak_awaiting_weights[r], 0) << "rank " << r;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Schedules,

@@ -211,12 +211,13 @@ Simulation simulate(const Schedule& schedule, int microbatches, Costs costs) {
   std::map<std::tuple<int, int, bool>, std::deque<Message>> channels;
   std::vector<size_t> next(n, 0);
   std::vector<double> clock(n, 0), busy(n, 0);
-  std::vector<int> live(n, 0);
+  std::vector<int> live(n, 0), awaiting(n, 0);
   std::map<std::tuple<int, int, ActionKind>, int> done;  // (stage, microbatch, kind) -> count
   Simulation sim;
   sim.costs = costs;
   sim.stages = stages;
   sim.peak_activations.assign(n, 0);
+  sim.peak_awaiting_weights.assign(n, 0);
   sim.start.resize(n);
   for (int r = 0; r < n; ++r)
     sim.start[r].assign(schedule[r].size(), 0);
@@ -258,6 +259,8 @@ Simulation simulate(const Schedule& schedule, int microbatches, Costs costs) {
           busy[r] += t;
           if (a.kind == ActionKind::Forward) ++live[r];
           if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight) --live[r];
+          if (a.kind == ActionKind::BackwardInput) ++awaiting[r];
+          if (a.kind == ActionKind::BackwardWeight) --awaiting[r];
           const bool after_forward = count(a.stage, a.microbatch, ActionKind::Forward) > 0;
           const bool after_input = a.kind != ActionKind::BackwardWeight ||
                                    count(a.stage, a.microbatch, ActionKind::BackwardInput) > 0;
@@ -266,6 +269,7 @@ Simulation simulate(const Schedule& schedule, int microbatches, Costs costs) {
                          "pipeline schedule: rank ", r, " runs ", to_string(a), " before ",
                          after_forward ? "its input gradient" : "that micro-batch's forward");
           sim.peak_activations[r] = std::max(sim.peak_activations[r], live[r]);
+          sim.peak_awaiting_weights[r] = std::max(sim.peak_awaiting_weights[r], awaiting[r]);
           ++done[{a.stage, a.microbatch, a.kind}];
         }
         ++next[r];

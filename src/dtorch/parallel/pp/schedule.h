@@ -99,6 +99,10 @@ struct Simulation {
   std::vector<double> idle_fraction;
   /// Per rank: the most (stage, micro-batch) activations it held at once.
   std::vector<int> peak_activations;
+  /// Per rank: the most (stage, micro-batch) pairs whose input gradient ran and whose weight
+  /// gradients wait (a zero-bubble schedule's I before its W) at once; each holds the gradients
+  /// recorded for its weights (Note [Split backward]) beside its activations.
+  std::vector<int> peak_awaiting_weights;
   /// Per rank, per action: when it started.
   std::vector<std::vector<double>> start;
   Costs costs;
