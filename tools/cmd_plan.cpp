@@ -378,10 +378,10 @@ int calls_for(comm::Communicator& group, const Bench& b, double budget, int leas
   return static_cast<int>(std::clamp(budget / std::max(one, 1e-7), double(least), 1e5));
 }
 
-// Seconds per call of f over about `budget` seconds (3 calls at least).
+// Seconds per call of f over about `budget` seconds (`least` calls at least).
 double time_per_call(comm::Communicator& group, const Bench& b, double budget,
-                     const std::function<void()>& f) {
-  const int calls = calls_for(group, b, budget, 3, f);
+                     const std::function<void()>& f, int least = 3) {
+  const int calls = calls_for(group, b, budget, least, f);
   return time_calls(group, b, calls, f) / calls;
 }
 
@@ -434,9 +434,7 @@ double conv_flops(comm::Communicator& world, const Bench& b, torch::ScalarType d
   torch::Tensor w = torch::randn({c, c, 3, 3}, b.options()).to(dtype).requires_grad_();
   torch::Tensor g = torch::randn({n, c, side, side}, b.options()).to(dtype);
   auto layer = [&] { torch::conv2d(x, w, {}, 1, 1).backward(g); };
-  const int calls = calls_for(world, b, 0.3, 1, layer);
-  const double s = time_calls(world, b, calls, layer) / calls;
-  return 3 * 2.0 * double(n * side * side * c * c * 9) / s;
+  return 3 * 2.0 * double(n * side * side * c * c * 9) / time_per_call(world, b, 0.3, layer, 1);
 }
 
 // Seconds per byte that a fresh allocation costs beyond writing it: 64 MiB allocated and filled

@@ -309,9 +309,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double logits = !share.head ? 0 : 3 * 4 * (w.language() ? t * V / l.tp : double(w.classes));
   // A micro-batch whose weight gradients wait (Note [Split backward]) holds the gradients of its
   // blocks' linears' outputs: in_proj's 3 C and the MLP's first M split, the two C whole.
-  const double weight_grads_per_token = (2 * C + (3 * C + M) / l.tp) * eb * share.blocks;
+  const double weight_grads_per_token = (2 * C + (3 * C + M) / l.tp) * eb;
   p.activation_bytes = in_flight * mb * t * kept_per_token +
-                       awaiting * mb * t * weight_grads_per_token + mb * logits;
+                       awaiting * mb * t * share.blocks * weight_grads_per_token + mb * logits;
   // What a step holds beyond the model state and the activations (Note [Cost model]).
   p.transient_bytes = gradient_copies;
   if (l.zero == 0) p.transient_bytes += 4 * params_rank;  // gradients made afresh
