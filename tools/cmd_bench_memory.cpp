@@ -17,6 +17,7 @@
 #include <iostream>
 #include <optional>
 
+#include "dtorch/core/allocation_meter.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
@@ -29,7 +30,6 @@
 #include "dtorch/train/run_config.h"
 #include "dtorch/train/step_stats.h"
 #include "dtorch/train/strategy.h"
-#include "tools/allocation_meter.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {

@@ -144,7 +144,7 @@ std::string percent(double fraction) {
 
 int run_plan(const PlanFlags& f) {
   DTORCH_CHECK_T(ConfigError, !f.model.empty(),
-                 "dtorch plan needs --model (a gpt-* or vit-* name)");
+                 "dtorch plan needs --model (a name from dtorch train --help)");
   DTORCH_CHECK_T(
       ConfigError, !f.machine.empty(),
       "dtorch plan needs --machine FILE: `dtorch plan calibrate --out FILE` measures "
@@ -255,10 +255,12 @@ int run_plan(const PlanFlags& f) {
   int fitting = 0;
   for (const auto& p : ranked)
     fitting += p.fits;
-  std::cout << f.model << ", " << w.seq_len << " tokens, global batch " << w.global_batch << ", on "
-            << world << " rank(s) (" << f.nodes << " node(s) x " << per_node << ") of machine '"
-            << m.name << "' (" << gib(m.memory_per_rank_bytes)
-            << " GiB per rank): " << ranked.size() << " layouts, " << fitting << " fit\n";
+  std::cout << f.model << ", "
+            << (w.measured() ? "1 x 28 x 28 images" : std::to_string(w.seq_len) + " tokens")
+            << ", global batch " << w.global_batch << ", on " << world << " rank(s) (" << f.nodes
+            << " node(s) x " << per_node << ") of machine '" << m.name << "' ("
+            << gib(m.memory_per_rank_bytes) << " GiB per rank): " << ranked.size() << " layouts, "
+            << fitting << " fit\n";
   std::cout << std::setw(4) << "#" << std::setw(10) << "step s" << std::setw(10) << "compute"
             << std::setw(10) << "comm" << std::setw(10) << "bubble" << std::setw(11) << "peak GiB";
   if (validated > 0) std::cout << std::setw(17) << "measured s" << std::setw(19) << "measured GiB";
@@ -818,7 +820,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   auto f = std::make_shared<PlanFlags>();
   auto* cmd = app.add_subcommand(
       "plan", "Rank every layout of a job by predicted step time and peak memory per rank");
-  cmd->add_option("--model", f->model, "a gpt-* or vit-* model");
+  cmd->add_option("--model", f->model, "the model, as dtorch train names it");
   cmd->add_option("--machine", f->machine, "machine file (dtorch plan calibrate writes one)");
   cmd->add_option("--nodes", f->nodes)->capture_default_str();
   cmd->add_option("--gpus-per-node", f->gpus_per_node, "ranks per node");

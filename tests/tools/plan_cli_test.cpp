@@ -1,7 +1,7 @@
 // `dtorch plan` from a machine file: one JSON line per layout, ranked fitting first and then by
 // predicted step time, each with its flags; bad flags and files named. `dtorch plan calibrate`
-// on 2 ranks writes a machine file that plan reads and validates a layout with, and never
-// overwrites one.
+// on 2 ranks writes a machine file that plan reads (a GPT and a CNN) and validates a layout with,
+// and never overwrites one.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -121,9 +121,12 @@ TEST(PlanCli, BadFlagsAndFilesAreNamed) {
            Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--gpus-per-node", "2",
                  "--global-batch-size", "2", "--machine", machine},
                 "give the ranks per node once"},
-           Case{{"--model", "resnet18", "--nproc-per-node", "2", "--global-batch-size", "2",
+           Case{{"--model", "resnet19", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--machine", machine},
-                "plan a gpt-* or vit-* model"},
+                "unknown model 'resnet19': choose one of"},
+           Case{{"--model", "resnet-debug", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--seq-len", "64", "--machine", machine},
+                "takes images: drop --seq-len"},
            Case{{"--model", "vit-debug", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--seq-len", "64", "--machine", machine},
                 "takes its tokens from its images: drop --seq-len"},
@@ -184,6 +187,15 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
                                     "2", "--global-batch-size", "4", "--machine", out},
                                    60);
   EXPECT_EQ(plan.exit_code(), 0) << plan.err;
+  // A CNN is measured in the plan's own process, its convolutions at the calibrated rate.
+  auto cnn =
+      testing::run_command("plan_cnn",
+                           {DTORCH_CLI, "plan", "--model", "resnet-debug", "--nproc-per-node", "2",
+                            "--global-batch-size", "4", "--machine", out},
+                           60);
+  EXPECT_EQ(cnn.exit_code(), 0) << cnn.err;
+  EXPECT_TRUE(testing::contains(cnn.out, "resnet-debug, 1 x 28 x 28 images")) << cnn.out;
+  EXPECT_TRUE(testing::contains(cnn.out, "--activation-checkpointing 1")) << cnn.out;
   // --validate runs the layout predicted fastest here and reports what it measured, and how much
   // of the machine other processes took meanwhile (Note [Others on the machine]).
   auto validated =

@@ -4,6 +4,8 @@
 
 #include <torch/nn/functional.h>
 
+#include "dtorch/models/module_hooks.h"
+
 namespace dtorch::models {
 
 namespace F = torch::nn::functional;
@@ -22,10 +24,10 @@ MnistCnn::MnistCnn(const ImageInput& in) {
 
 torch::Tensor MnistCnn::forward(torch::Tensor x) {
   return run_forward(std::move(x), [this](torch::Tensor x) {
-    x = torch::relu(conv1_->forward(x));
-    x = torch::max_pool2d(torch::relu(conv2_->forward(x)), 2);
+    x = torch::relu(call(conv1_, x));
+    x = torch::max_pool2d(torch::relu(call(conv2_, x)), 2);
     x = torch::flatten(x, 1);
-    return fc2_->forward(torch::relu(fc1_->forward(x)));
+    return call(fc2_, torch::relu(call(fc1_, x)));
   });
 }
 
@@ -38,7 +40,7 @@ MnistMlp::MnistMlp(const ImageInput& in) {
 torch::Tensor MnistMlp::forward(torch::Tensor x) {
   return run_forward(std::move(x), [this](torch::Tensor x) {
     x = torch::flatten(x, 1);
-    return fc3_->forward(torch::relu(fc2_->forward(torch::relu(fc1_->forward(x)))));
+    return call(fc3_, torch::relu(call(fc2_, torch::relu(call(fc1_, x)))));
   });
 }
 

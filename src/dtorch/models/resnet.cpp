@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/module_hooks.h"
 #include "dtorch/models/unit_seeds.h"
 
 namespace dtorch::models {
@@ -38,17 +39,18 @@ ResidualBlockImpl::ResidualBlockImpl(bool bottleneck, int64_t in_planes, int64_t
     bn2_ = register_module("bn2", nn::BatchNorm2d(planes));
   }
   if (stride != 1 || in_planes != out_planes) {
-    downsample_ = register_module(
-        "downsample",
-        nn::Sequential(conv(in_planes, out_planes, 1, stride), nn::BatchNorm2d(out_planes)));
+    // torchvision's names (downsample.0, downsample.1); forward runs the two layers itself.
+    shortcut_conv_ = conv(in_planes, out_planes, 1, stride);
+    shortcut_bn_ = nn::BatchNorm2d(out_planes);
+    downsample_ = register_module("downsample", nn::Sequential(shortcut_conv_, shortcut_bn_));
   }
 }
 
 torch::Tensor ResidualBlockImpl::forward(torch::Tensor x) {
-  torch::Tensor identity = downsample_ ? downsample_->forward(x) : x;
-  torch::Tensor out = torch::relu(bn1_->forward(conv1_->forward(x)));
-  out = bn2_->forward(conv2_->forward(out));
-  if (conv3_) out = bn3_->forward(conv3_->forward(torch::relu(out)));
+  const torch::Tensor identity = downsample_ ? call(shortcut_bn_, call(shortcut_conv_, x)) : x;
+  torch::Tensor out = torch::relu(call(bn1_, call(conv1_, x)));
+  out = call(bn2_, call(conv2_, out));
+  if (conv3_) out = call(bn3_, call(conv3_, torch::relu(out)));
   return torch::relu(out + identity);
 }
 
@@ -117,7 +119,7 @@ torch::Tensor ResNet::forward(torch::Tensor x) {
 
 torch::Tensor ResNet::run_units(torch::Tensor x) {
   if (holds_unit(0)) {
-    x = torch::relu(bn1_->forward(conv1_->forward(x)));
+    x = torch::relu(call(bn1_, call(conv1_, x)));
     if (config_.imagenet_stem) x = torch::max_pool2d(x, 3, 2, 1);
   }
   const auto names = block_names();
@@ -125,7 +127,7 @@ torch::Tensor ResNet::run_units(torch::Tensor x) {
     x = run_block(names[s], x, [this, s](torch::Tensor t) { return stages_[s]->forward(t); });
   if (!fc_) return x;
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
-  return fc_->forward(x);
+  return call(fc_, x);
 }
 
 std::vector<std::string> ResNet::block_names() const {

@@ -54,7 +54,9 @@ class ResidualBlockImpl : public torch::nn::Module {
  private:
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
-  torch::nn::Sequential downsample_{nullptr};
+  torch::nn::Sequential downsample_{nullptr};  // shortcut_conv_, shortcut_bn_
+  torch::nn::Conv2d shortcut_conv_{nullptr};
+  torch::nn::BatchNorm2d shortcut_bn_{nullptr};
 };
 TORCH_MODULE(ResidualBlock);
 

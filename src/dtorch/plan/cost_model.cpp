@@ -1,12 +1,17 @@
 // Note [Cost model]: the terms, the layouts they are summed for, and the ranking.
 #include "dtorch/plan/cost_model.h"
 
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
 
+#include "dtorch/core/allocation_meter.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/gpt.h"
+#include "dtorch/models/module_hooks.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/models/vit.h"
 #include "dtorch/parallel/cp/context_parallel.h"
@@ -23,27 +28,30 @@ struct RankShare {
   int64_t parameters = 0;  // before tensor parallelism's split; the tied embedding once
   int blocks = 0;
   bool embedding = false, head = false;
-  int stages = 1;  // stages per rank (interleaved: 2)
+  int stages = 1;          // stages per rank (interleaved: 2)
+  std::vector<int> units;  // the model's units it holds, in order
+  double work = 0;         // its forward's (unit_work)
 };
 
-// The slowest rank's share: the one with the most block and head work.
-RankShare slowest_share(const Workload& w, const Layout& l) {
-  if (l.pp == 1) {
-    RankShare s;
-    for (int64_t p : w.unit_parameters)
-      s.parameters += p;
-    s.blocks = static_cast<int>(w.layers);
-    s.embedding = s.head = true;
-    s.parameters -= w.vocab * w.hidden;  // the head's copy of the tied embedding is the same
-    return s;
-  }
-  const int v = pp::default_virtual_stages(l.schedule);
-  const pp::StagePlan plan = pp::balance_stages(w.unit_parameters, l.pp * v);
+// A unit's forward work, to find the slowest stage: a measured unit's FLOPs; a transformer's in
+// units of a block, where a GPT's head's matmul is 2 V / (8 C + 4 M) blocks' worth (V / 12 C at
+// M = 4 C), a ViT's (its class token's) none to speak of.
+double unit_work(const Workload& w, int unit) {
+  if (w.measured()) return w.unit_work[unit].conv_flops + w.unit_work[unit].matmul_flops;
   const int head_unit = static_cast<int>(w.unit_parameters.size()) - 1;
-  RankShare worst;
-  double worst_work = -1;
+  if (unit == head_unit) return 2.0 * w.vocab / (8.0 * w.hidden + 4.0 * w.mlp);
+  return unit == 0 ? 0 : 1;
+}
+
+// Each pipeline rank's share (one without a pipeline), as the stage plan assigns the units.
+std::vector<RankShare> rank_shares(const Workload& w, const Layout& l) {
+  const int units = static_cast<int>(w.unit_parameters.size()), head_unit = units - 1;
+  const int v = l.pp == 1 ? 1 : pp::default_virtual_stages(l.schedule);
+  const pp::StagePlan plan = l.pp == 1 ? pp::StagePlan{{models::UnitRange{0, units}}, {}}
+                                       : pp::balance_stages(w.unit_parameters, l.pp * v);
+  std::vector<RankShare> shares(l.pp);
   for (int r = 0; r < l.pp; ++r) {
-    RankShare s;
+    RankShare& s = shares[r];
     s.stages = v;
     for (int k = 0; k < v; ++k) {
       const models::UnitRange u = plan.stages[r + k * l.pp];
@@ -52,16 +60,14 @@ RankShare slowest_share(const Workload& w, const Layout& l) {
         if (i == 0) s.embedding = true;
         if (i == head_unit) s.head = true;
         if (i > 0 && i < head_unit) ++s.blocks;
+        s.units.push_back(i);
+        s.work += unit_work(w, i);
       }
     }
-    // Work in units of a block: a GPT's head's matmul is 2 V / (8 C + 4 M) blocks' worth (V /
-    // 12 C at M = 4 C), a ViT's (its class token's) none to speak of.
+    // The head's copy of the tied embedding is the same.
     if (s.embedding && s.head) s.parameters -= w.vocab * w.hidden;
-    const double head_blocks = 2.0 * w.vocab / (8.0 * w.hidden + 4.0 * w.mlp);
-    const double work = s.blocks + (s.head ? head_blocks : 0);
-    if (work > worst_work) worst_work = work, worst = s;
   }
-  return worst;
+  return shares;
 }
 
 bool spans_nodes(int group_span, const Machine& m) {
@@ -93,6 +99,7 @@ Workload vit_workload(const std::string& name, int64_t seq_len) {
   // attention does not keep.
   w.whole_activations = 4;
   w.split_activations = 4 + 2.0 * double(c.mlp_dim) / double(c.hidden_dim);
+  w.largest_block_parameter = c.mlp_dim * c.hidden_dim;
   for (const models::UnitSize& u : models::model_units(name))
     w.unit_parameters.push_back(u.parameters);
   return w;
@@ -118,6 +125,7 @@ Workload gpt_workload(const std::string& name, int64_t seq_len) {
   // ranks, BENCHMARKS.md's plan table).
   w.whole_activations = 4;
   w.split_activations = 16;
+  w.largest_block_parameter = w.mlp * w.hidden;
   int64_t block = 0;
   for (const auto& p : one_block->parameters())
     block += p.numel();
@@ -130,15 +138,79 @@ Workload gpt_workload(const std::string& name, int64_t seq_len) {
   return w;
 }
 
+// An image model that is not a transformer (resnet*, mnist-*), measured: two images of
+// Fashion-MNIST's shape (batch norm in training needs two values a channel) through each unit
+// built alone, the previous unit's output its input. Hooks on its convolutions and linear layers
+// (Note [Module hooks]) count their FLOPs and output bytes; the allocation meter counts what
+// forward keeps and the most backward holds beyond it.
+Workload measured_workload(const std::string& name, int64_t seq_len) {
+  DTORCH_CHECK_T(ConfigError, seq_len == 0, "--seq-len ", seq_len, " is for a gpt-* model; ", name,
+                 " takes images: drop --seq-len");
+  constexpr int64_t kImages = 2;
+  const models::ImageInput input;
+  Workload w;
+  torch::Tensor x = torch::randn({kImages, input.channels, input.size, input.size});
+  int64_t largest = 0, largest_in_blocks = 0;
+  models::for_each_unit(name, input, [&](int, models::Model& unit) {
+    UnitWork u;
+    u.block = !unit.block_names().empty();
+    int64_t parameters = 0;
+    for (const auto& p : unit.parameters()) {
+      parameters += p.numel();
+      largest = std::max(largest, p.numel());
+      if (u.block) largest_in_blocks = std::max(largest_in_blocks, p.numel());
+    }
+    w.unit_parameters.push_back(parameters);
+    w.layers += u.block ? 1 : 0;
+    for (const auto& module : unit.modules(/*include_self=*/false)) {
+      const auto* conv = module->as<torch::nn::Conv2d>();
+      const auto* linear = module->as<torch::nn::Linear>();
+      if (!conv && !linear) continue;
+      const torch::Tensor weight = conv ? conv->weight : linear->weight;
+      double& flops = conv ? u.conv_flops : u.matmul_flops;
+      const double per_output = double(weight.numel() / weight.size(0));  // multiply-adds
+      models::ModuleHooks hooks;
+      hooks.post = [&u, &flops, per_output](torch::Tensor y) {
+        flops += 2 * double(y.numel()) * per_output / kImages;
+        u.weighted_output_bytes += double(y.numel() * y.element_size()) / kImages;
+        return y;
+      };
+      models::set_module_hooks(*module, std::move(hooks));
+    }
+    // A unit after the first takes its input's gradient, as in training.
+    if (!w.unit_work.empty()) x.requires_grad_(true);
+    torch::Tensor y;
+    {
+      const AllocationMeter meter;  // off before x, allocated without it, is freed
+      y = unit.forward(x);
+      u.kept_bytes = double(meter.current()) / kImages;
+    }
+    for (const auto& module : unit.modules(/*include_self=*/false))
+      models::clear_module_hooks(*module);
+    u.output_bytes = double(y.numel() * y.element_size()) / kImages;
+    const torch::Tensor grad = torch::randn_like(y);
+    {
+      // Its parameters' gradients are the model state's (Note [Cost model]), not the unit's.
+      const AllocationMeter meter;
+      y.backward(grad);
+      u.backward_bytes = std::max(0.0, double(meter.peak() - 4 * parameters)) / kImages;
+    }
+    x = y.detach();
+    w.unit_work.push_back(u);
+  });
+  w.largest_block_parameter = w.layers > 0 ? largest_in_blocks : largest;
+  return w;
+}
+
 }  // namespace
 
 Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch) {
   const bool gpt = name.rfind("gpt-", 0) == 0, vit = name.rfind("vit-", 0) == 0;
-  DTORCH_CHECK_T(ConfigError, gpt || vit, "dtorch plan has cost terms for the transformers ",
-                 "(gpt-*, vit-*), not for ", name, ": plan a gpt-* or vit-* model");
   DTORCH_CHECK_T(ConfigError, global_batch >= 1, "--global-batch-size must be >= 1 (got ",
                  global_batch, ")");
-  Workload w = vit ? vit_workload(name, seq_len) : gpt_workload(name, seq_len);
+  Workload w = gpt   ? gpt_workload(name, seq_len)
+               : vit ? vit_workload(name, seq_len)
+                     : measured_workload(name, seq_len);
   w.model = name;
   w.global_batch = global_batch;
   return w;
@@ -180,23 +252,29 @@ RingAttentionTime ring_attention_time(const Machine& m, const AttentionShape& s,
   return r;
 }
 
-Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
-  Prediction p;
-  p.layout = l;
+namespace {
+
+// What one sample costs the rank's share at micro-batches of `mb` samples: its forward's seconds
+// and a recomputation's (activation checkpointing), the bytes it keeps for backward, the
+// gradients of its weighted layers' outputs it holds while its weight half waits (Note [Split
+// backward]), what it holds once, for the micro-batch in backward alone (a GPT's logits, a
+// measured model's backward beyond what forward kept), and the activation message between
+// stages.
+struct SampleCost {
+  double forward_s = 0, recompute_s = 0;
+  double kept_bytes = 0, awaiting_bytes = 0, once_bytes = 0, message_bytes = 0;
+};
+
+// A transformer's, from its shape: its blocks' and head's FLOPs at the matmul rate for as many
+// rows as a micro-batch has tokens on the rank, a ViT's patch embedding at the convolution rate.
+SampleCost transformer_sample(const Workload& w, const Machine& m, const Layout& l,
+                              const RankShare& share, double mb) {
   const double eb = double(w.element_bytes), C = double(w.hidden), V = double(w.vocab),
                M = double(w.mlp);
   const double T = double(w.seq_len), t = T / l.cp;  // tokens of a sequence on the rank
-  const double replica_batch = double(w.global_batch) / l.dp;
-  const int microbatches = l.pp > 1 ? l.microbatches : 1;
-  const double mb = replica_batch / microbatches;  // sequences per micro-batch
-  // The matmuls' rows are the micro-batch's tokens on the rank.
   const std::string dtype = w.element_bytes == 2 ? "bf16" : "fp32";
   const double rate = m.flops(dtype, mb * t);
-  const RankShare share = slowest_share(w, l);
-  const double params_rank = double(share.parameters) / l.tp;
-
-  // Compute: forward seconds of one sample on this rank, its blocks' and head's FLOPs at the
-  // matmul rate and a ViT's patch embedding at the convolution rate.
+  SampleCost c;
   const AttentionShape attention{1,    w.heads / l.tp, int64_t(t), w.hidden / w.heads,
                                  l.cp, w.element_bytes};
   const double attention_f = 4 * attention_scores(attention) * double(attention.head_dim);
@@ -205,8 +283,83 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double head_f = !share.head ? 0 : w.language() ? 2 * C * V * t / l.tp : 2 * C * w.classes;
   const double patch_s =
       share.embedding && w.patch_flops > 0 ? w.patch_flops / m.convolution_flops(dtype) : 0;
-  const double forward_s = (share.blocks * block_f + head_f) / rate + patch_s;
-  const double recompute_s = l.activation_checkpointing ? share.blocks * block_f / rate : 0;
+  c.forward_s = (share.blocks * block_f + head_f) / rate + patch_s;
+  c.recompute_s = l.activation_checkpointing ? share.blocks * block_f / rate : 0;
+
+  const double per_token_block = ((w.whole_activations + w.split_activations / l.tp) * C +
+                                  2.0 * (double(w.heads) / l.tp) * T) *
+                                 eb;
+  const double kept_per_token = l.activation_checkpointing
+                                    ? C * eb * share.blocks + per_token_block  // inputs + one whole
+                                    : per_token_block * share.blocks;
+  c.kept_bytes = t * kept_per_token;
+  // The gradients of its blocks' linears' outputs: in_proj's 3 C and the MLP's first M split,
+  // the two C whole.
+  c.awaiting_bytes = t * share.blocks * (2 * C + (3 * C + M) / l.tp) * eb;
+  // A GPT's logits for every token, a ViT's for its class token.
+  c.once_bytes = !share.head ? 0 : 3 * 4 * (w.language() ? t * V / l.tp : double(w.classes));
+  c.message_bytes = t * C * eb;
+  return c;
+}
+
+// A measured model's (UnitWork), summed over the rank's units: convolutions at the convolution
+// rate, linear layers at the matmul rate for a micro-batch's rows. A recomputed block keeps its
+// output alone. Backward runs through the units last to first, each holding what the units
+// before it keep, its own kept bytes (all of them again, for a recomputed block) and what its
+// backward makes beyond them; the most of that beyond what forward kept is held once. The
+// message is the largest activation the rank's stages receive or send.
+SampleCost measured_sample(const Workload& w, const Machine& m, const Layout& l,
+                           const RankShare& share, double mb) {
+  const std::string dtype = w.element_bytes == 2 ? "bf16" : "fp32";
+  const double rate = m.flops(dtype, mb);
+  auto holds = [&](int unit) {
+    return std::find(share.units.begin(), share.units.end(), unit) != share.units.end();
+  };
+  const int units = static_cast<int>(w.unit_work.size());
+  SampleCost c;
+  for (int i : share.units) {
+    const UnitWork& u = w.unit_work[i];
+    const double s =
+        (u.conv_flops > 0 ? u.conv_flops / m.convolution_flops(dtype) : 0) + u.matmul_flops / rate;
+    c.forward_s += s;
+    c.awaiting_bytes += u.weighted_output_bytes;
+    const bool recomputed = u.block && l.activation_checkpointing;
+    if (recomputed) c.recompute_s += s;
+    c.kept_bytes += recomputed ? u.output_bytes : u.kept_bytes;
+    if (i > 0 && !holds(i - 1))
+      c.message_bytes = std::max(c.message_bytes, w.unit_work[i - 1].output_bytes);
+    if (i + 1 < units && !holds(i + 1)) c.message_bytes = std::max(c.message_bytes, u.output_bytes);
+  }
+  double before = c.kept_bytes;  // what the units before the one in backward keep
+  for (auto i = share.units.rbegin(); i != share.units.rend(); ++i) {
+    const UnitWork& u = w.unit_work[*i];
+    before -= u.block && l.activation_checkpointing ? u.output_bytes : u.kept_bytes;
+    c.once_bytes = std::max(c.once_bytes, before + u.kept_bytes + u.backward_bytes - c.kept_bytes);
+  }
+  return c;
+}
+
+}  // namespace
+
+Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
+  Prediction p;
+  p.layout = l;
+  const double eb = double(w.element_bytes), C = double(w.hidden), V = double(w.vocab);
+  const double t = double(w.seq_len) / l.cp;  // tokens of a sequence on the rank
+  const double replica_batch = double(w.global_batch) / l.dp;
+  const int microbatches = l.pp > 1 ? l.microbatches : 1;
+  const double mb = replica_batch / microbatches;  // sequences per micro-batch
+  // The slowest rank: the one with the most forward work (the first of equals).
+  const std::vector<RankShare> shares = rank_shares(w, l);
+  const RankShare& share =
+      *std::max_element(shares.begin(), shares.end(),
+                        [](const RankShare& a, const RankShare& b) { return a.work < b.work; });
+  const double params_rank = double(share.parameters) / l.tp;
+
+  // Compute: forward seconds of one sample on this rank.
+  const SampleCost sample =
+      w.measured() ? measured_sample(w, m, l, share, mb) : transformer_sample(w, m, l, share, mb);
+  const double forward_s = sample.forward_s, recompute_s = sample.recompute_s;
   const double train_s = 3 * forward_s + recompute_s;  // per sample
 
   // The tied embedding's gradient on the rank, fp32 (a GPT's).
@@ -224,12 +377,13 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double fresh_s = fresh_bytes * m.first_touch_seconds_per_byte;
 
   // Activation bytes of one micro-batch passed between stages.
-  const double message = mb * t * C * eb;
+  const double message = mb * sample.message_bytes;
   p.compute_s = replica_batch * train_s + fresh_s;
   // Ranks that meet in every layer (tensor and context parallelism) wait for each other.
   if (l.tp > 1 || l.cp > 1) p.compute_s += replica_batch * train_s * m.lockstep_fraction;
-  double in_flight = 1;  // micro-batches of activations the rank holds at once
-  double awaiting = 0;   // of those, how many hold their weights' gradients (zero bubble)
+  // Per rank: the micro-batches of activations it holds at once, and of those how many hold their
+  // weights' gradients (zero bubble).
+  std::vector<double> in_flight(l.pp, 1), awaiting(l.pp, 0);
   if (l.pp > 1) {
     const double per_stage = 1.0 / share.stages;
     const double link =
@@ -242,11 +396,10 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
         pp::make_schedule(l.schedule, l.pp, microbatches, share.stages), microbatches, costs);
     p.bubble_s = std::max(0.0, sim.makespan - p.compute_s);
     // The simulator counts (stage, micro-batch) pairs.
-    in_flight = *std::max_element(sim.peak_activations.begin(), sim.peak_activations.end()) /
-                double(share.stages);
-    awaiting =
-        *std::max_element(sim.peak_awaiting_weights.begin(), sim.peak_awaiting_weights.end()) /
-        double(share.stages);
+    for (int r = 0; r < l.pp; ++r) {
+      in_flight[r] = sim.peak_activations[r] / double(share.stages);
+      awaiting[r] = sim.peak_awaiting_weights[r] / double(share.stages);
+    }
   }
 
   // The optimizer step, over the rank's shard under ZeRO.
@@ -279,8 +432,8 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   if (l.cp > 1) {
     // The ring's messages hide behind the attention they overlap, what is left is exposed; its
     // own work beyond both is compute.
-    AttentionShape micro_batch = attention;
-    micro_batch.batch = mb;
+    const AttentionShape micro_batch{mb,   w.heads / l.tp, int64_t(t), w.hidden / w.heads,
+                                     l.cp, w.element_bytes};
     const RingAttentionTime ring = ring_attention_time(m, micro_batch, spans_nodes(l.tp * l.cp, m),
                                                        l.activation_checkpointing);
     p.exposed_comm_s += microbatches * share.blocks * ring.exposed_s;
@@ -293,40 +446,61 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   // forward and backward, with its whole gradient bucket, and five blocks' memory: two gathered
   // (the running and the prefetched, kept spare once released: Note [Spare unit memory]), the
   // gradient buckets of the two blocks in flight (Note [Buckets in flight]) and one kept spare.
-  const double block_params = double(w.unit_parameters.at(1)) / l.tp;
-  const double root_params =
-      double(w.unit_parameters.front() + w.unit_parameters.back() - w.vocab * w.hidden) /
-      (w.language() ? l.tp : 1);
-  p.model_state_bytes = report::model_state_bytes(
-      l.zero, params_rank, n, l.zero == 3 ? 5 * 4 * block_params + 2 * 4 * root_params : 0);
-  const double per_token_block = ((w.whole_activations + w.split_activations / l.tp) * C +
-                                  2.0 * (double(w.heads) / l.tp) * T) *
-                                 eb;
-  const double kept_per_token = l.activation_checkpointing
-                                    ? C * eb * share.blocks + per_token_block  // inputs + one whole
-                                    : per_token_block * share.blocks;
-  // Per sample: a GPT's logits for every token, a ViT's for its class token.
-  const double logits = !share.head ? 0 : 3 * 4 * (w.language() ? t * V / l.tp : double(w.classes));
-  // A micro-batch whose weight gradients wait (Note [Split backward]) holds the gradients of its
-  // blocks' linears' outputs: in_proj's 3 C and the MLP's first M split, the two C whole.
-  const double weight_grads_per_token = (2 * C + (3 * C + M) / l.tp) * eb;
-  p.activation_bytes = in_flight * mb * t * kept_per_token +
-                       awaiting * mb * t * share.blocks * weight_grads_per_token + mb * logits;
-  // What a step holds beyond the model state and the activations (Note [Cost model]).
-  p.transient_bytes = gradient_copies;
-  if (l.zero == 0) p.transient_bytes += 4 * params_rank;  // gradients made afresh
-  // The tied embedding's .grad, the sum of its copies, which ZeRO's state does not count: ZeRO-1
-  // adds it into its flat buffer, ZeRO-2 reduces it from where it lies (Note [Gradient buckets
-  // of stage 2]), ZeRO-3 copies it into its root unit's bucket.
-  if (l.zero > 0) p.transient_bytes += tied_grad_bytes;
-  if (l.zero == 2) {
-    // Two buckets in flight (Note [Buckets in flight]), each at most the cap unless one
-    // parameter, the MLP's (M x C), is larger and has a unit of its own.
-    const double cap = zero::Options{}.bucket_cap_mb * (1 << 20);
-    p.transient_bytes += 2 * std::max(cap, 4 * M * C / l.tp);
+  // A transformer's blocks are all one size, a measured model's are not: the two gathered and the
+  // two in flight are the largest two adjacent blocks, the spare the largest block.
+  const std::vector<int64_t>& units = w.unit_parameters;
+  double largest = 0, pair = 0;
+  for (size_t i = 1; i + 1 < units.size(); ++i) {
+    largest = std::max(largest, double(units[i]));
+    pair = std::max(pair, double(units[i]) + (i + 2 < units.size() ? double(units[i + 1]) : 0));
   }
-  p.peak_bytes =
-      m.base_bytes_per_rank + p.model_state_bytes + p.activation_bytes + p.transient_bytes;
+  const double five_blocks = (2 * pair + largest) / l.tp;
+  const double root_params =
+      double(units.size() == 1 ? units[0] : units.front() + units.back() - w.vocab * w.hidden) /
+      (w.language() ? l.tp : 1);
+  // The peak of a rank holding `held`'s units and `flight` and `waiting` micro-batches.
+  auto peak_of = [&](const RankShare& held, double flight, double waiting) {
+    const double parameters = double(held.parameters) / l.tp;
+    const SampleCost c = held.units == share.units ? sample
+                         : w.measured()            ? measured_sample(w, m, l, held, mb)
+                                                   : transformer_sample(w, m, l, held, mb);
+    Prediction q;
+    q.model_state_bytes = report::model_state_bytes(
+        l.zero, parameters, n, l.zero == 3 ? 4 * five_blocks + 2 * 4 * root_params : 0);
+    q.activation_bytes =
+        flight * mb * c.kept_bytes + waiting * mb * c.awaiting_bytes + mb * c.once_bytes;
+    // What a step holds beyond the model state and the activations (Note [Cost model]).
+    q.transient_bytes = gradient_copies;
+    if (l.zero == 0) q.transient_bytes += 4 * parameters;  // gradients made afresh
+    // The tied embedding's .grad, the sum of its copies, which ZeRO's state does not count:
+    // ZeRO-1 adds it into its flat buffer, ZeRO-2 reduces it from where it lies (Note [Gradient
+    // buckets of stage 2]), ZeRO-3 copies it into its root unit's bucket.
+    if (l.zero > 0) q.transient_bytes += tied_grad_bytes;
+    if (l.zero == 2) {
+      // Two buckets in flight (Note [Buckets in flight]), each at most the cap unless one
+      // parameter of a block (a transformer's MLP weight, M x C) is larger and has a unit of its
+      // own.
+      const double cap = zero::Options{}.bucket_cap_mb * (1 << 20);
+      q.transient_bytes += 2 * std::max(cap, 4 * double(w.largest_block_parameter) / l.tp);
+    }
+    q.peak_bytes =
+        m.base_bytes_per_rank + q.model_state_bytes + q.activation_bytes + q.transient_bytes;
+    return q;
+  };
+  // The slowest rank's share with the most micro-batches any rank holds (a transformer's stages
+  // hold the same blocks, give or take the embedding and head), and every rank's own share with
+  // its own (a measured model's differ several times over: resnet18's at pp 2 hold 2.8 M and
+  // 8.4 M parameters); the largest peak.
+  Prediction peak = peak_of(share, *std::max_element(in_flight.begin(), in_flight.end()),
+                            *std::max_element(awaiting.begin(), awaiting.end()));
+  for (int r = 0; r < l.pp; ++r) {
+    const Prediction q = peak_of(shares[r], in_flight[r], awaiting[r]);
+    if (q.peak_bytes > peak.peak_bytes) peak = q;
+  }
+  p.model_state_bytes = peak.model_state_bytes;
+  p.activation_bytes = peak.activation_bytes;
+  p.transient_bytes = peak.transient_bytes;
+  p.peak_bytes = peak.peak_bytes;
   p.fits = p.peak_bytes <= m.memory_per_rank_bytes;
   return p;
 }
@@ -336,9 +510,11 @@ std::vector<Layout> enumerate_layouts(const Workload& w, int world) {
   std::vector<Layout> out;
   const int blocks = static_cast<int>(w.layers);
   for (int tp = 1; tp <= world; ++tp) {
-    if (world % tp != 0 || w.heads % tp != 0 || w.mlp % tp != 0) continue;
+    if (world % tp != 0) continue;
+    // A measured model has no tensor-parallel plan (a transformer block's linears).
+    if (tp > 1 && (w.measured() || w.heads % tp != 0 || w.mlp % tp != 0)) continue;
     for (int pp = 1; pp * tp <= world; ++pp) {
-      if ((world / tp) % pp != 0 || pp > blocks) continue;
+      if ((world / tp) % pp != 0 || (pp > 1 && pp > blocks)) continue;
       for (int cp = 1; cp * pp * tp <= world; ++cp) {
         if ((world / tp / pp) % cp != 0) continue;
         // Context parallelism as the ring's terms know it: a GPT's causal ring (calibrate's).
@@ -348,6 +524,7 @@ std::vector<Layout> enumerate_layouts(const Workload& w, int world) {
         const int64_t replica_batch = w.global_batch / dp;
         for (int zero = 0; zero <= (dp * cp > 1 ? 3 : 0); ++zero) {
           for (bool ac : {false, true}) {
+            if (ac && blocks == 0) continue;  // nothing to recompute (mnist-*)
             Layout l{dp, tp, pp, cp, zero, ac};
             if (pp == 1) {
               out.push_back(l);

@@ -1,5 +1,5 @@
 // The CPU allocator's reports counted into current and peak bytes (Note [Allocation meter]).
-#include "tools/allocation_meter.h"
+#include "dtorch/core/allocation_meter.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
@@ -8,7 +8,7 @@
 
 #include "dtorch/core/torch_compat.h"
 
-namespace dtorch::tools {
+namespace dtorch {
 
 struct AllocationMeter::Impl : public c10::MemoryReportingInfoBase {
   std::atomic<int64_t> current{0}, peak{0};
@@ -45,4 +45,4 @@ void AllocationMeter::reset_peak() {
   impl_->peak.store(impl_->current.load());
 }
 
-}  // namespace dtorch::tools
+}  // namespace dtorch

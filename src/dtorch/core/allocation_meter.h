@@ -1,12 +1,13 @@
-// Bytes LibTorch's CPU allocator hands out while a meter is on, for benchmarks that report the
-// memory a phase of a step takes (activations kept by forward, the peak during backward)
-// exactly, where peak RSS mixes it with everything else the process ever held.
+// Bytes LibTorch's CPU allocator hands out while a meter is on: the memory a phase of a step
+// takes (activations kept by forward, the peak during backward) exactly, where peak RSS mixes it
+// with everything else the process ever held. Benchmarks report it; the planner measures a
+// CNN's activations with it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
-namespace dtorch::tools {
+namespace dtorch {
 
 /// Note [Allocation meter]: LibTorch's default CPU allocator reports every allocation and free
 /// to the thread's profiler state when that state says memory profiling is on; the meter is
@@ -32,4 +33,4 @@ class AllocationMeter {
   std::unique_ptr<Guard> guard_;
 };
 
-}  // namespace dtorch::tools
+}  // namespace dtorch
