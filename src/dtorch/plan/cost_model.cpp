@@ -30,13 +30,13 @@ struct RankShare {
   bool embedding = false, head = false;
   int stages = 1;          // stages per rank (interleaved: 2)
   std::vector<int> units;  // the model's units it holds, in order
-  double work = 0;         // its forward's (unit_work)
+  double work = 0;         // its forward's (forward_work)
 };
 
 // A unit's forward work, to find the slowest stage: a measured unit's FLOPs; a transformer's in
 // units of a block, where a GPT's head's matmul is 2 V / (8 C + 4 M) blocks' worth (V / 12 C at
 // M = 4 C), a ViT's (its class token's) none to speak of.
-double unit_work(const Workload& w, int unit) {
+double forward_work(const Workload& w, int unit) {
   if (w.measured()) return w.unit_work[unit].conv_flops + w.unit_work[unit].matmul_flops;
   const int head_unit = static_cast<int>(w.unit_parameters.size()) - 1;
   if (unit == head_unit) return 2.0 * w.vocab / (8.0 * w.hidden + 4.0 * w.mlp);
@@ -61,7 +61,7 @@ std::vector<RankShare> rank_shares(const Workload& w, const Layout& l) {
         if (i == head_unit) s.head = true;
         if (i > 0 && i < head_unit) ++s.blocks;
         s.units.push_back(i);
-        s.work += unit_work(w, i);
+        s.work += forward_work(w, i);
       }
     }
     // The head's copy of the tied embedding is the same.
