@@ -1,6 +1,6 @@
 // The source tree's layers: core <- launch <- comm <- parallel <- checkpoint <- train, with models,
-// data and report on core only beside them, and plan (the cost model) on parallel and report:
-// each folder includes only from the folders below it.
+// data, optim and report on core only beside them, and plan (the cost model) on parallel and
+// report: each folder includes only from the folders below it.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -20,12 +20,14 @@ TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
       {"comm", {"core", "launch", "comm"}},
       {"models", {"core", "models"}},
       {"data", {"core", "data"}},
-      {"parallel", {"core", "launch", "comm", "models", "parallel"}},
-      {"checkpoint", {"core", "comm", "models", "parallel", "checkpoint"}},
+      {"optim", {"core", "optim"}},
+      {"parallel", {"core", "launch", "comm", "models", "optim", "parallel"}},
+      {"checkpoint", {"core", "comm", "models", "optim", "parallel", "checkpoint"}},
       {"report", {"core", "report"}},
       {"plan", {"core", "models", "parallel", "report", "plan"}},
       {"train",
-       {"core", "launch", "comm", "models", "data", "parallel", "checkpoint", "report", "train"}},
+       {"core", "launch", "comm", "models", "data", "optim", "parallel", "checkpoint", "report",
+        "train"}},
   };
   const std::regex include(R"re(#include "dtorch/([a-z_]+)/)re");
   const std::string root = std::string(DTORCH_SOURCE_DIR) + "/src/dtorch/";

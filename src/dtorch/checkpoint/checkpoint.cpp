@@ -80,8 +80,13 @@ std::string brief(const std::exception& e) {
   return e.what();
 }
 
-// "torch::optim::Adam" for an Adam, so a checkpoint can say which optimizer wrote it.
+// "torch::optim::Adam" for an Adam, so a checkpoint can say which optimizer wrote it. A fused
+// optimizer is named by the torch::optim class whose state it keeps (Note [Fused optimizers]),
+// so checkpoints of either resume with the other.
 std::string optimizer_type(const torch::optim::Optimizer& o) {
+  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return "torch::optim::AdamW";
+  if (dynamic_cast<const torch::optim::Adam*>(&o)) return "torch::optim::Adam";
+  if (dynamic_cast<const torch::optim::SGD*>(&o)) return "torch::optim::SGD";
   const char* mangled = typeid(o).name();
   int status = 0;
   char* plain = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);

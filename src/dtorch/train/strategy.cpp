@@ -10,6 +10,7 @@
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
+#include "dtorch/optim/fused.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/strategy_parts.h"
@@ -66,15 +67,15 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
                                                         std::vector<torch::Tensor> params) {
   const double decay = weight_decay_of(c);
   if (c.kind == OptimizerKind::SGD) {
-    return std::make_unique<torch::optim::SGD>(
+    return std::make_unique<optim::FusedSGD>(
         params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(decay));
   }
   const std::tuple<double, double> betas{c.betas.at(0), c.betas.at(1)};
   if (c.kind == OptimizerKind::Adam) {
-    return std::make_unique<torch::optim::Adam>(
+    return std::make_unique<optim::FusedAdam>(
         params, torch::optim::AdamOptions(c.lr).betas(betas).eps(c.eps).weight_decay(decay));
   }
-  return std::make_unique<torch::optim::AdamW>(
+  return std::make_unique<optim::FusedAdamW>(
       params, torch::optim::AdamWOptions(c.lr).betas(betas).eps(c.eps).weight_decay(decay));
 }
 

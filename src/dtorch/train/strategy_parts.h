@@ -13,7 +13,8 @@
 
 namespace dtorch::train {
 
-/// The optimizer `c` names over `params`, at c.lr with its weight decay.
+/// The optimizer `c` names over `params`, at c.lr with its weight decay, stepped by
+/// multi-tensor kernels (Note [Fused optimizers] in optim/fused.h).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
                                                         std::vector<torch::Tensor> params);
 /// Sets every parameter group's learning rate.
