@@ -4,10 +4,15 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/alignment.h>
 #include <malloc.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "dtorch/core/torch_compat.h"
 
@@ -62,26 +67,128 @@ namespace dtorch {
 // made every buffer above 4 MiB fault afresh each step: with the allocator above, 350k faults
 // a step and 0.63 samples/s under Return, 2.23 GiB peak RSS.
 //
+// Buffers above 32 MiB are the allocator's own (Note [Kept large buffers]).
+//
 // Return remains for building a model without memory (Note [Deferred initialisation]): each
 // released unit would otherwise stay in the heap below the next one's, and the skeleton of
 // gpt-large held 1.5 GiB of freed memory.
+// Note [Kept large buffers]
+// glibc maps every buffer above 32 MiB apart, whatever mallopt says, and unmaps it on free: a
+// GPT-2's token-embedding gradient (154 MB, twice a step when tied), its logits and AdamW's
+// temporaries over it were faulted in afresh every step, 75k page faults (310 MB) a step for
+// gpt-small at one rank. PyTorch's Python has the same faults; its CUDA caching allocator is
+// what spares GPUs. Under Reuse the allocator below maps such buffers itself and, when one is
+// freed, keeps its mapping for the next request of the same page-rounded length, the way a
+// training step asks for the same sizes every time. What it keeps is bounded by the most
+// large-buffer bytes the process ever held at once (so at most doubling what the step reached
+// anyway), oldest given back first; Return and return_freed_memory give all of it back.
 namespace {
 
-// Note [Returning released memory]: LibTorch's own CPU allocator, with plain malloc under it.
-// Each block is malloc'ed gAlignment + one pointer larger, and the pointer malloc returned is
-// kept just below the aligned data, so the data is its own context (raw_allocate works).
+constexpr size_t kLargeBuffer = size_t{32} << 20;  // glibc's largest mmap threshold
+
+size_t page_rounded(size_t bytes) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (bytes + page - 1) / page * page;
+}
+
+// The mappings of freed large buffers, by length, oldest first (Note [Kept large buffers]).
+class LargeBuffers {
+ public:
+  // A mapping of `length` bytes: a kept one, else a fresh one (nullptr when mmap fails).
+  void* take(size_t length) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_ += length;
+      peak_live_ = std::max(peak_live_, live_);
+      for (auto it = kept_.begin(); it != kept_.end(); ++it) {
+        if (it->second != length) continue;
+        void* base = it->first;
+        kept_bytes_ -= length;
+        kept_.erase(it);
+        return base;
+      }
+    }
+    void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED) return base;
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ -= length;
+    return nullptr;
+  }
+
+  void give(void* base, size_t length) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_ -= length;
+    if (!keep_) {
+      munmap(base, length);
+      return;
+    }
+    kept_.emplace_back(base, length);
+    kept_bytes_ += length;
+    while (kept_bytes_ > peak_live_) {
+      munmap(kept_.front().first, kept_.front().second);
+      kept_bytes_ -= kept_.front().second;
+      kept_.erase(kept_.begin());
+    }
+  }
+
+  // Keep freed mappings from now on, or give every kept one back and keep none.
+  void set_keep(bool keep) {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep_ = keep;
+    if (!keep) unmap_kept();
+  }
+
+  // Gives every kept mapping back (and goes on keeping, under Reuse).
+  void release_kept() {
+    std::lock_guard<std::mutex> lock(mu_);
+    unmap_kept();
+  }
+
+ private:
+  std::mutex mu_;
+  bool keep_ = true;
+  std::vector<std::pair<void*, size_t>> kept_;
+  size_t kept_bytes_ = 0, live_ = 0, peak_live_ = 0;
+
+  void unmap_kept() {
+    for (const auto& [base, length] : kept_)
+      munmap(base, length);
+    kept_.clear();
+    kept_bytes_ = 0;
+  }
+};
+
+LargeBuffers& large_buffers() {
+  static auto* b = new LargeBuffers();  // never destroyed: tensors may outlive static teardown
+  return *b;
+}
+
+// Note [Returning released memory]: LibTorch's own CPU allocator, with plain malloc under it
+// (mappings of its own above 32 MiB: Note [Kept large buffers]). Each block is gAlignment and
+// two words larger than asked; the two words just below the aligned data say where the block
+// starts and, for a mapping, its length (0: malloc's), so the data is its own context
+// (raw_allocate works).
 class ExactReuseAllocator final : public compat::Allocator {
  public:
   at::DataPtr allocate_bytes(size_t nbytes) const override {
     if (nbytes == 0) return {nullptr, nullptr, &release, at::kCPU};
-    void* block = std::malloc(nbytes + c10::gAlignment + sizeof(void*));
+    const size_t total = nbytes + c10::gAlignment + 2 * sizeof(void*);
+    size_t mapped = 0;
+    void* block = nullptr;
+    if (total > kLargeBuffer) {
+      mapped = page_rounded(total);
+      block = large_buffers().take(mapped);
+    } else {
+      block = std::malloc(total);
+    }
     if (!block) c10::profiledCPUMemoryReporter().OutOfMemory(nbytes);
     TORCH_CHECK(block, "dtorch CPU allocator: can't allocate memory: you tried to allocate ",
                 nbytes, " bytes");
-    const auto at = (reinterpret_cast<uintptr_t>(block) + sizeof(void*) + c10::gAlignment - 1) &
+    const auto at = (reinterpret_cast<uintptr_t>(block) + 2 * sizeof(void*) + c10::gAlignment - 1) &
                     ~uintptr_t(c10::gAlignment - 1);
     void* data = reinterpret_cast<void*>(at);
     static_cast<void**>(data)[-1] = block;
+    static_cast<size_t*>(data)[-2] = mapped;
     c10::profiledCPUMemoryReporter().New(data, nbytes);  // what the allocation meter reads
     return {data, data, &release, at::kCPU};
   }
@@ -91,7 +198,13 @@ class ExactReuseAllocator final : public compat::Allocator {
   static void release(void* data) {
     if (!data) return;
     c10::profiledCPUMemoryReporter().Delete(data);
-    std::free(static_cast<void**>(data)[-1]);
+    void* block = static_cast<void**>(data)[-1];
+    const size_t mapped = static_cast<size_t*>(data)[-2];
+    if (mapped > 0) {
+      large_buffers().give(block, mapped);
+    } else {
+      std::free(block);
+    }
   }
 };
 
@@ -105,6 +218,7 @@ void set_freed_memory(FreedMemory policy) {
     allocator = new ExactReuseAllocator();  // never destroyed: in use until the process exits
     c10::SetCPUAllocator(allocator);
   }
+  large_buffers().set_keep(policy == FreedMemory::Reuse);
 #ifdef M_MMAP_THRESHOLD
   if (policy == FreedMemory::Return) {
     mallopt(M_MMAP_THRESHOLD, 4 << 20);
@@ -119,6 +233,7 @@ void set_freed_memory(FreedMemory policy) {
 }
 
 void return_freed_memory() {
+  large_buffers().release_kept();
 #ifdef M_MMAP_THRESHOLD
   malloc_trim(0);
 #endif
