@@ -57,11 +57,14 @@ namespace dtorch::zero {
 // Note [Spare unit memory]: a gathered unit's memory and a stage 3 unit's gradient bucket are the
 // same sizes every step (every block of a GPT is), and with the allocator returning large buffers
 // to the kernel (Note [Returning released memory]) each gather and each bucket page-faulted its
-// memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a step. The two
-// most recently released of each are kept and handed to the next of the same size instead, which is
-// at most two units above what is held in any case (the prefetched and the in-flight ones).
+// memory in afresh: gpt-small at 2 ranks gathers 24 and buckets 12 units of 28 MiB a step. The
+// most recently released of each are kept and handed to the next of the same size instead.
 // gpt-small at 2 ranks (LibTorch 2.15, 4 steps, interleaved runs): 0.51-0.53 samples/s without,
-// 0.63-0.70 with; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB.
+// 0.63-0.70 with two kept; peak RSS per rank 2.17-2.18 and 2.25-2.26 GiB. Two still left about
+// three units' memory to fault in every step (the root unit, of another size, pushed a block's
+// out): with four kept, gpt-small at 2 ranks (LibTorch 2.15, 3 steps after 3) faults 0 pages a
+// step where it faulted 20.8k, and steps in 1.39 s where it took 1.70 s; peak RSS per rank 2.30
+// GiB with either.
 // Note [Gradient buckets of stage 2]: stage 2 holds its parameters whole, so what it frees
 // each step is what the next step needs again, and the heap keeps it (Note [Returning released
 // memory]) as long as no buffer is above glibc's 32 MiB mmap threshold. Its units close before
@@ -89,14 +92,14 @@ int64_t bytes_of(const at::Tensor& t) {
 
 }  // namespace
 
-// Note [Spare unit memory]: the two most recently released buffers (unit memory, or gradient
+// Note [Spare unit memory]: the four most recently released buffers (unit memory, or gradient
 // buckets), each with its size in bytes. Outside the anonymous namespace: Impl holds two.
 template <class T>
 class Spares {
  public:
   void put(size_t nbytes, T buffer) {
     kept_.emplace_back(nbytes, std::move(buffer));
-    if (kept_.size() > 2) kept_.pop_front();
+    if (kept_.size() > 4) kept_.pop_front();
   }
   /// A kept buffer of `nbytes`, or an empty T when there is none.
   T take(size_t nbytes) {
