@@ -11,6 +11,7 @@
 // backward, are counted at the allocator (Note [Allocation meter]).
 #include <sys/resource.h>
 #include <torch/version.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -21,10 +22,12 @@
 #include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/trace_range.h"
 #include "dtorch/models/gpt.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/report/out_of_memory.h"
+#include "dtorch/report/profiler.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/parallelize.h"
 #include "dtorch/train/run_config.h"
@@ -48,6 +51,8 @@ struct MemoryFlags {
   train::ParallelismConfig parallelism;
   int64_t image_size = 0;  ///< image models: side of the square input (0: 28)
   int64_t classes = 0;     ///< image models: classes (0: 10)
+  std::string profile;     ///< steps to trace, FIRST:LAST over all steps run (report/profiler.h)
+  std::string out = ".";   ///< where --profile writes trace.rank<N>.json
 };
 
 using train::Clock;
@@ -57,6 +62,8 @@ int memory_worker(MemoryFlags f) {
   torch::set_num_threads(f.threads);
   auto world = comm::Communicator::from_env();
   const at::Device device = train::resolve_run_device(f.strategy.device, world->info());
+  report::StepProfiler profiler(report::parse_step_range(f.profile, "--profile"),
+                                report::trace_path(f.out, world->rank()), device);
   torch::manual_seed(0);
   models::ImageInput input;
   if (f.image_size > 0) input = {3, f.image_size, f.classes > 0 ? f.classes : 1000};
@@ -112,6 +119,7 @@ int memory_worker(MemoryFlags f) {
   };
   Clock::time_point t0, step_start;
   std::vector<double> step_seconds;  // each timed step's
+  const bool sync_errors = device.is_cuda() && env::get("DTORCH_SYNC_ERRORS").value_or("") == "1";
   double pipeline_seconds = 0, compute_seconds = 0;
   int peak_activations = 0;
   // Bytes allocated during the timed steps (Note [Allocation meter]): kept from forward to
@@ -120,8 +128,10 @@ int memory_worker(MemoryFlags f) {
   std::optional<AllocationMeter> meter;
   int64_t forward_bytes = 0, step_peak_bytes = 0, step_base = 0;
   // Where a timed step's time goes (without a pipeline): forward, backward and the optimizer
-  // step, each including the communication waits counted apart (Strategy::comm_waits).
-  double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  // step, each including the communication waits counted apart (Strategy::comm_waits). On a
+  // GPU the phases are CUDA events, read after the last step: a step synchronizes once, at its
+  // end, as a training step never does.
+  train::PhaseTimes phases(true, device);
   zero::WaitSeconds waits0;
   // Page faults of the timed steps: memory the kernel had to clear and map again (Note
   // [Returning released memory]).
@@ -138,17 +148,23 @@ int memory_worker(MemoryFlags f) {
       world->barrier("bench start");
       reset();
       reset_peak_memory(device);
-      meter.emplace();
+      // The meter takes the thread's profiler slot (Note [Allocation meter]): under --profile
+      // Kineto has it, and the bytes the meter counts are not reported.
+      if (f.profile.empty()) meter.emplace();
       t0 = Clock::now();
-      forward_s = backward_s = optimizer_s = 0;
+      phases.take_mean_ms(1);  // the untimed steps' phases are not counted
       waits0 = strategy->comm_waits();
       faults0 = minor_faults();
     }
+    profiler.before_step(step + 1);
     step_start = Clock::now();
     if (meter) {
       step_base = meter->current();
       meter->reset_peak();
     }
+    // With DTORCH_SYNC_ERRORS=1 a timed step on a GPU throws at any wait for the device before
+    // its end (scripts/gpu-check; Note [No host sync in a step]).
+    set_sync_errors(timed && sync_errors);
     // Named members, not a structured binding: lambdas below use them (C++17 cannot capture one).
     const auto xy = batch();
     const torch::Tensor& x = xy.first;
@@ -156,13 +172,17 @@ int memory_worker(MemoryFlags f) {
     if (pipeline) {
       pp::PipelineStepResult r;
       strategy->backward_accumulated([&] {
+        TraceRange range("forward_backward");
         parallel::Autocast autocast(strategy->autocast());
         r = pipeline->step(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
           return train::cross_entropy(out, t, tensor_parallel);
         });
       });
       if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
-      strategy->step(0);
+      {
+        TraceRange range("optimizer");
+        strategy->step(0);
+      }
       if (timed) {
         pipeline_seconds += r.seconds;
         compute_seconds += r.compute_seconds;
@@ -170,30 +190,32 @@ int memory_worker(MemoryFlags f) {
       peak_activations = std::max(peak_activations, r.peak_activations);
     } else {
       torch::Tensor loss;
-      // On a GPU each phase ends with a synchronize, so that its kernels count in it (three host
-      // syncs a step: a few microseconds against a step of milliseconds).
-      auto t = Clock::now();
+      phases.start();
       {
+        TraceRange range("forward");
         parallel::Autocast autocast(strategy->autocast());
         loss = train::cross_entropy(model->forward(x), y, tensor_parallel);
       }
-      synchronize(device);
-      forward_s += seconds_since(t);
+      phases.lap("forward");
       if (meter) forward_bytes = std::max(forward_bytes, meter->current() - step_base);
-      t = Clock::now();
-      strategy->backward(loss, true);
-      synchronize(device);
-      backward_s += seconds_since(t);
+      {
+        TraceRange range("backward");
+        strategy->backward(loss, true);
+      }
+      phases.lap("backward");
       if (meter) step_peak_bytes = std::max(step_peak_bytes, meter->peak() - step_base);
-      t = Clock::now();
-      strategy->step(0);
-      synchronize(device);
-      optimizer_s += seconds_since(t);
+      {
+        TraceRange range("optimizer");
+        strategy->step(0);
+      }
+      phases.lap("optimizer");
     }
+    set_sync_errors(false);
     if (timed) {
       synchronize(device);
       step_seconds.push_back(seconds_since(step_start));
     }
+    profiler.after_step(step + 1);
   }
   world->barrier("bench end");
   double seconds = seconds_since(t0);
@@ -206,6 +228,9 @@ int memory_worker(MemoryFlags f) {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   const double faults_per_step = double(ru.ru_minflt - faults0) / f.steps;
+  // Note [Kept large buffers]: a steady step should fault in a small share of the pages its
+  // gradients span.
+  const double grad_pages = double(m.grad_bytes) / double(sysconf(_SC_PAGESIZE));
   const int n = dp->size();
   // The ZeRO formulas over the dp group, for the parameters this rank holds.
   double expected = report::model_state_bytes(train::zero_stage(f.strategy.kind), double(P_local),
@@ -249,11 +274,12 @@ int memory_worker(MemoryFlags f) {
       {"image_size", model->takes_tokens() ? 0 : side},
       {"samples_per_s", f.steps * f.batch_size * layout.data_ranks() / seconds},
       {"page_faults_per_step", faults_per_step},
+      {"page_faults_per_grad_page", grad_pages > 0 ? faults_per_step / grad_pages : 0.0},
       {"step_seconds", seconds / f.steps},
       {"timed_step_seconds", step_seconds},
       {"step_seconds_median", train::median_seconds(step_seconds)},
       {"activation_checkpointing", f.parallelism.activation_checkpointing},
-      {"forward_backward_peak_bytes", step_peak_bytes},
+      {"forward_backward_peak_bytes", meter ? nlohmann::json(step_peak_bytes) : nlohmann::json()},
       {"bytes_sent_per_step", per_step(traffic)},
       {"tp_bytes_sent_per_step", per_step(tp_traffic)},
       {"cp", f.parallelism.cp},
@@ -279,11 +305,13 @@ int memory_worker(MemoryFlags f) {
         g.n_layer * (layer.forward + layer.backward) + recomputed * layer.forward;
   }
   if (!pipeline) {
-    j["forward_kept_bytes"] = forward_bytes;
+    j["forward_kept_bytes"] = meter ? nlohmann::json(forward_bytes) : nlohmann::json();
     const zero::WaitSeconds waits = strategy->comm_waits();
-    j["phase_seconds"] = {{"forward", forward_s / f.steps},
-                          {"backward", backward_s / f.steps},
-                          {"optimizer", optimizer_s / f.steps},
+    const std::map<std::string, double> ms = phases.take_mean_ms(f.steps);
+    auto phase = [&](const char* name) { return ms.count(name) ? ms.at(name) / 1e3 : 0.0; };
+    j["phase_seconds"] = {{"forward", phase("forward")},
+                          {"backward", phase("backward")},
+                          {"optimizer", phase("optimizer")},
                           {"gather_wait", (waits.gather - waits0.gather) / f.steps},
                           {"reduce_wait", (waits.reduce - waits0.reduce) / f.steps}};
   }
@@ -332,6 +360,11 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
   cmd->add_option("--image-size", f->image_size,
                   "image models: random 3-channel images of this side (default: 1 x 28 x 28)");
   cmd->add_option("--classes", f->classes, "image models with --image-size: classes (1000)");
+  cmd->add_option("--profile", f->profile,
+                  "trace steps FIRST:LAST (counting the untimed ones) with LibTorch's profiler "
+                  "into --out/trace.rank<N>.json");
+  cmd->add_option("--out", f->out, "the folder --profile writes its traces into")
+      ->capture_default_str();
   cmd->callback([f, &exit_code] {
     DTORCH_CHECK_T(
         ConfigError,
@@ -341,6 +374,12 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code) {
         "--seq-len must be >= 1, --image-size and --classes >= 0 (got ",
         f->nproc_per_node, ", ", f->threads, ", ", f->warmup_steps, ", ", f->steps, ", ",
         f->batch_size, ", ", f->seq_len, ", ", f->image_size, " and ", f->classes, ")");
+    const report::StepRange profiled = report::parse_step_range(f->profile, "--profile");
+    DTORCH_CHECK_T(ConfigError, profiled.last <= f->warmup_steps + f->steps, "--profile ",
+                   f->profile, " ends after the last step this runs (", f->warmup_steps + f->steps,
+                   ": --warmup-steps ", f->warmup_steps, " + --steps ", f->steps,
+                   "); trace steps within it, or raise --steps");
+    if (!profiled.empty()) report::require_profiler();
     train::ParallelismConfig& p = f->parallelism;
     train::validate(p);
     if (p.pp > 1 && p.microbatches == 0) {  // Note [Micro-batches]

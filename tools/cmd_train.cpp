@@ -8,6 +8,7 @@
 
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
+#include "dtorch/report/profiler.h"
 #include "dtorch/train/trainer.h"
 #include "tools/commands.h"
 
@@ -67,6 +68,7 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
     for (const auto& n : resolved.notes)
       log::info(n);
   }
+  if (!c.reporting.profile.empty()) report::require_profiler();  // before any rank starts
   if (auto code = self_launch(how)) return *code;
   auto comm = comm::Communicator::from_env();
   train::train(c, comm);

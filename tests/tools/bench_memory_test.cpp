@@ -3,9 +3,15 @@
 // its stdout is JSON lines only.
 #include <gtest/gtest.h>
 
+#include <torch/version.h>
+
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <set>
+
 #include "support/command.h"
+#include "support/workers.h"
 
 namespace dtorch {
 namespace {
@@ -64,6 +70,57 @@ TEST(BenchMemory, StepCountsBelowOneAreRefusedWithTheValuesGiven) {
   EXPECT_TRUE(testing::contains(r.err, "--warmup-steps")) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "(got 1, 1, 0, 2, 2, 64, 0 and 0)")) << r.err;
   EXPECT_FALSE(testing::contains(r.err, ".cpp:")) << r.err;
+}
+
+// --profile writes each rank's Chrome/Perfetto trace with dtorch's own ranges in it: the step's
+// phases and every gradient bucket's allreduce (launched, and waited for). Debian's LibTorch
+// 1.13 has no Kineto: there the run is refused before any work, naming the version.
+TEST(BenchMemory, ProfileWritesATraceWithDtorchsRangesPerRank) {
+  const std::string out = testing::scratch_dir("bench-memory-profile");
+  auto r = testing::run_command("bench_memory_profile",
+                                {DTORCH_CLI, "bench", "memory", "--model", "gpt-debug",
+                                 "--strategy", "ddp", "--nproc-per-node", "2", "--steps", "2",
+                                 "--seq-len", "16", "--profile", "2:3", "--out", out},
+                                180);
+  if (TORCH_VERSION_MAJOR < 2) {
+    EXPECT_NE(r.exit_code(), 0);
+    EXPECT_TRUE(testing::contains(r.err, "needs a LibTorch built with the Kineto profiler"))
+        << r.err;
+    EXPECT_TRUE(testing::contains(r.err, TORCH_VERSION)) << r.err;
+    EXPECT_FALSE(testing::contains(r.err, ".cpp:")) << r.err;
+    return;
+  }
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (int rank : {0, 1}) {
+    const std::string path = out + "/trace.rank" + std::to_string(rank) + ".json";
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << path << " was not written: " << r.err;
+    const nlohmann::json trace = nlohmann::json::parse(in, nullptr, false);
+    ASSERT_TRUE(trace.is_object() && trace.contains("traceEvents")) << path;
+    std::set<std::string> names;
+    for (const auto& ev : trace["traceEvents"])
+      if (ev.contains("name") && ev["name"].is_string())
+        names.insert(ev["name"].get<std::string>());
+    for (const char* phase : {"forward", "backward", "optimizer"})
+      EXPECT_TRUE(names.count(phase)) << path << " has no range named " << phase;
+    auto has = [&](const std::string& part) {
+      for (const auto& n : names)
+        if (n.find(part) != std::string::npos) return true;
+      return false;
+    };
+    EXPECT_TRUE(has("allreduce #")) << path << ": no gradient allreduce launched";
+    EXPECT_TRUE(has("wait allreduce #")) << path << ": no wait for one";
+    EXPECT_TRUE(has("DDP gradient bucket")) << path;
+  }
+  // A range that ends past the run's steps, or is not FIRST:LAST, is refused before any work.
+  for (const std::string& bad : {"3:9", "4", "0:2", "3:2"}) {
+    auto refused = testing::run_command(
+        "bench_memory_profile_bad",
+        {DTORCH_CLI, "bench", "memory", "--steps", "2", "--profile", bad, "--out", out}, 60);
+    EXPECT_NE(refused.exit_code(), 0) << bad;
+    EXPECT_TRUE(testing::contains(refused.err, "--profile")) << bad << ": " << refused.err;
+    EXPECT_FALSE(testing::contains(refused.err, ".cpp:")) << refused.err;
+  }
 }
 
 TEST(BenchMemory, ModelStateMatchesZeroFormulasAtFourRanks) {

@@ -29,6 +29,7 @@
 #include "dtorch/comm/shm_allreduce.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/trace_range.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/launch/process.h"
 #include "dtorch/launch/store.h"
@@ -90,11 +91,6 @@ bool needs_float_cast(const at::Tensor& t) {
 // host (which waits for the kernels that produce it), sent by the CPU path (shared memory or
 // Gloo), and copied back once the operation completes. It is slow, and it lets the multi-rank
 // code of every strategy run on CUDA tensors with one GPU.
-
-std::string first_line(const std::string& s) {
-  auto p = s.find('\n');
-  return p == std::string::npos ? s : s.substr(0, p);
-}
 
 std::string describe(const at::Tensor& t) {
   double mb = static_cast<double>(t.numel() * t.element_size()) / (1024.0 * 1024.0);
@@ -382,6 +378,7 @@ struct Work::State {
 void Work::wait() {
   if (!state_ || state_->done) return;
   state_->done = true;
+  TraceRange range("wait " + state_->op);
   try {
     if (state_->work) state_->work->wait(state_->comm->options().timeout);
     if (state_->local.valid()) state_->local.get();
@@ -696,6 +693,7 @@ Work Communicator::start(const std::string& op, const std::string& what, at::Ten
   auto& s = *w.state_;
   s.peer = peer;
   if (size() == 1) return w;
+  TraceRange range(s.op);
   try {
     s.work = launch(t);
   } catch (const CommError&) {
@@ -729,6 +727,7 @@ Work Communicator::start_local(const std::string& op, const std::string& what, c
   std::lock_guard<std::mutex> lock(impl_->mu);
   Work w = new_work(op, what, t, std::move(finish), path);
   if (size() == 1) return w;
+  TraceRange range(w.state_->op);
   w.state_->local =
       impl_->worker->submit([job = std::move(job), seq = w.state_->seq] { job(seq); });
   return w;

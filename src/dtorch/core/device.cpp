@@ -101,6 +101,15 @@ void synchronize(at::Device d) {
 #endif
 }
 
+void set_sync_errors(bool on) {
+#ifdef DTORCH_WITH_CUDA
+  c10::cuda::warning_state().set_sync_debug_mode(on ? c10::cuda::SyncDebugMode::L_ERROR
+                                                    : c10::cuda::SyncDebugMode::L_DISABLED);
+#else
+  (void)on;
+#endif
+}
+
 DeviceMemory device_memory(at::Device d) {
   DeviceMemory m;
 #ifdef DTORCH_WITH_CUDA

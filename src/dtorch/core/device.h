@@ -58,6 +58,11 @@ std::string gpu_name(at::Device d);
 /// Waits until every operation queued on `d` has finished (nothing for the CPU).
 void synchronize(at::Device d);
 
+/// While on, any operation that makes the host wait for a GPU (item(), a copy to the host, a
+/// stream synchronize) throws, as torch.cuda.set_sync_debug_mode("error") makes it (Note [No
+/// host sync in a step] in train/step_stats.h). Nothing without CUDA.
+void set_sync_errors(bool on);
+
 /// The CUDA caching allocator's counts for a GPU, in bytes (all 0 for the CPU): what tensors
 /// hold now and at most since the last reset, what the allocator has reserved from the driver
 /// now and at most, and the device's total memory.

@@ -28,6 +28,11 @@ std::string without_locations(const std::string& text) {
   return std::regex_replace(text, where, "");
 }
 
+std::string first_line(const std::string& text) {
+  auto p = text.find('\n');
+  return p == std::string::npos ? text : text.substr(0, p);
+}
+
 std::string joined(const std::vector<std::string>& words, const std::string& separator) {
   std::string s;
   for (const auto& w : words)

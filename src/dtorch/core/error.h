@@ -64,6 +64,10 @@ std::string str(Args&&... args) {
 /// a plain dtorch::Error).
 std::string without_locations(const std::string& text);
 
+/// The first line of `text`: an exception's message without the backtrace LibTorch's errors
+/// carry on the lines after it.
+std::string first_line(const std::string& text);
+
 /// "a, b, c": the choices a message lists.
 std::string joined(const std::vector<std::string>& words, const std::string& separator = ", ");
 

@@ -126,8 +126,13 @@ ProgressState ProgressReporter::state_at(double now) const {
 }
 
 void ProgressReporter::update(int64_t step, double loss, int64_t samples) {
+  update(
+      step, [loss] { return loss; }, samples);
+}
+
+void ProgressReporter::update(int64_t step, std::function<double()> loss, int64_t samples) {
   state_.step = step;
-  state_.loss = loss;
+  loss_ = std::move(loss);
   samples_ = samples;
   if (mode_ == ProgressConfig::Mode::Off) return;
   const double now = clock_();
@@ -141,6 +146,7 @@ void ProgressReporter::update(int64_t step, double loss, int64_t samples) {
   if (!due) return;
   last_print_ = now;
   last_print_step_ = step;
+  state_.loss = loss_();
   print(state_at(now), /*final=*/false);
 }
 
@@ -148,6 +154,7 @@ void ProgressReporter::finish_epoch() {
   if (mode_ == ProgressConfig::Mode::Off) return;
   // A line already printed for the last step says everything; do not repeat it.
   if (mode_ == ProgressConfig::Mode::Lines && printed_ && last_print_step_ == state_.step) return;
+  if (loss_) state_.loss = loss_();
   print(state_at(clock_()), /*final=*/true);
 }
 

@@ -74,6 +74,9 @@ class ProgressReporter {
   void start_epoch(int64_t epoch, int64_t epochs, int64_t total_steps);
   /// `step`: steps done this epoch; `samples`: samples done this epoch over all ranks.
   void update(int64_t step, double loss, int64_t samples);
+  /// The same with the latest loss read by `loss` only when a line is printed (Note [No host
+  /// sync in a step] in train/step_stats.h: reading a GPU's loss waits for the device).
+  void update(int64_t step, std::function<double()> loss, int64_t samples);
   /// Prints the final state of the epoch (ending the bar's line with a newline).
   void finish_epoch();
 
@@ -88,6 +91,7 @@ class ProgressReporter {
   ProgressConfig::Mode mode_;
   std::FILE* out_;
   std::function<double()> clock_;
+  std::function<double()> loss_;  // the latest loss, read when printed
   ProgressState state_;
   int64_t samples_ = 0;
   double epoch_start_ = 0;

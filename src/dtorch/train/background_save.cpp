@@ -7,6 +7,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/trace_range.h"
 #include "dtorch/train/step_stats.h"
 
 namespace dtorch::train {
@@ -52,7 +53,11 @@ void BackgroundSaver::save(const std::string& dir, const checkpoint::CheckpointD
     std::iota(all.begin(), all.end(), 0);
     twin_ = group.split(all, "checkpoint");
   }
-  SaveJob job = strategy_.stage(dir, data, keep, /*background=*/true);
+  SaveJob job;
+  {
+    TraceRange range("checkpoint staging");
+    job = strategy_.stage(dir, data, keep, /*background=*/true);
+  }
   step_ = data.global_step;
   started_ = Clock::now();
   {

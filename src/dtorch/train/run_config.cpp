@@ -18,6 +18,7 @@
 #include "dtorch/core/json_config.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/report/profiler.h"
 #include "dtorch/train/batch_sizes.h"
 #include "dtorch/train/deepspeed_config.h"
 
@@ -224,6 +225,7 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, c.checkpointing.keep >= 1, "--keep-checkpoints must be >= 1");
   DTORCH_CHECK_T(ConfigError, c.reporting.print_every >= 0,
                  "--print-every must be >= 1, or 0 for a line per epoch only");
+  report::parse_step_range(c.reporting.profile, "--profile");
   validate(p);
   DTORCH_CHECK_T(ConfigError, p.tp == 1 || t.clip_grad_norm == 0,
                  "--clip-grad-norm with --tp is not supported yet (the norm of split parameters "

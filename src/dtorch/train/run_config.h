@@ -82,6 +82,9 @@ struct ReportingConfig {
   /// Time the phases of every step (data, forward, backward, optimizer step: their means go
   /// into the epoch's log line and records). DeepSpeed's wall_clock_breakdown.
   bool phase_times = false;
+  /// Optimizer steps to trace with LibTorch's profiler, as FIRST:LAST (1-based, inclusive),
+  /// into <out>/trace.rank<N>.json (report/profiler.h). Empty: none.
+  std::string profile;
   /// A folder for TensorBoard event files (rank 0's): every optimizer step's loss and lr,
   /// every epoch's record (report/tensorboard.h). Empty: none.
   std::string tensorboard;
@@ -347,6 +350,10 @@ void visit_fields(TrainConfig& c, V&& v) {
           "time each step's phases (data, forward, backward, step): means per step in the log "
           "lines and metrics.jsonl"},
     c.reporting.phase_times);
+  v(Field{"reporting", "profile",
+          "trace optimizer steps FIRST:LAST with LibTorch's profiler into "
+          "<out>/trace.rank<N>.json (open it at ui.perfetto.dev)"},
+    c.reporting.profile);
   v(Field{"reporting", "tensorboard",
           "write TensorBoard event files into DIR: each optimizer step's loss and lr, each "
           "epoch's record"},

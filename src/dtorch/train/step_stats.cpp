@@ -1,11 +1,31 @@
 // Step measurements (step_stats.h).
 #include "dtorch/train/step_stats.h"
 
+#include <ATen/ATen.h>
+
 #include <sstream>
 
 #include "dtorch/report/metrics.h"
 
 namespace dtorch::train {
+
+void LossTally::add(double batch_loss, int64_t batch_samples) {
+  loss_ += batch_loss;
+  ++batches;
+  samples += batch_samples;
+}
+
+void LossTally::add(const at::Tensor& batch_loss, int64_t batch_samples) {
+  const at::Tensor l = batch_loss.detach().to(at::kDouble).reshape({});
+  on_device_ = on_device_.defined() ? on_device_ + l : l;
+  ++batches;
+  samples += batch_samples;
+}
+
+double LossTally::mean() const {
+  const double sum = loss_ + (on_device_.defined() ? on_device_.item<double>() : 0.0);
+  return sum / static_cast<double>(std::max<int64_t>(1, batches));
+}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();

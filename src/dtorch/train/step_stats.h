@@ -2,6 +2,7 @@
 // time per phase (--phase-times).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <algorithm>
@@ -15,18 +16,31 @@
 
 namespace dtorch::train {
 
+// Note [No host sync in a step]
+// Reading a GPU tensor's value from the host (item()) waits until the device has run every
+// kernel queued before it, and the queue runs dry: the next step's kernels are queued only
+// after. So a step on a GPU reads nothing: the loss is added up on the device and read when a
+// line is printed (--print-every, the progress line at most every bar interval or
+// every_seconds) or the epoch ends, where a non-finite loss stops the run naming the steps it
+// lies in (--tensorboard, which records every step's loss, reads it every step); phase times
+// are CUDA events read when their window closes (PhaseTimes); the optimizers take their step
+// counts from the host (Note [Fused optimizers]). Still read every step: --clip-grad-norm's
+// norm and fp16's overflow check. On the CPU, where a value is ready when its operation
+// returns, the loss is read every step and a non-finite one stops the run at its step.
+
 // The training loss over some batches (a step, a --print-every window, an epoch): its mean
-// per batch, and the samples all ranks saw.
+// per batch, and the samples all ranks saw. Losses given as tensors are added up where they
+// are, and read only by mean() (Note [No host sync in a step]).
 struct LossTally {
-  double loss = 0;
   int64_t batches = 0;
   int64_t samples = 0;
-  void add(double batch_loss, int64_t batch_samples) {
-    loss += batch_loss;
-    ++batches;
-    samples += batch_samples;
-  }
-  double mean() const { return loss / static_cast<double>(std::max<int64_t>(1, batches)); }
+  void add(double batch_loss, int64_t batch_samples);
+  void add(const at::Tensor& batch_loss, int64_t batch_samples);
+  double mean() const;
+
+ private:
+  double loss_ = 0;
+  at::Tensor on_device_;  // the sum of the losses added as tensors, in float64
 };
 
 using Clock = std::chrono::steady_clock;

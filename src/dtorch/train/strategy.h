@@ -13,6 +13,7 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/enum_names.h"
+#include "dtorch/core/trace_range.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/cp/context_parallel.h"
@@ -126,6 +127,7 @@ class Strategy {
   virtual comm::Communicator& save_group() = 0;
   /// Writes a checkpoint of model and optimizer into `dir` now. Collective.
   void save(const std::string& dir, const checkpoint::CheckpointData& data, int keep) {
+    TraceRange range("checkpoint");
     stage(dir, data, keep, /*background=*/false)(save_group());
   }
   /// Restores the newest good checkpoint in `dir` (any world size for the sharded

@@ -20,6 +20,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
+#include "dtorch/core/trace_range.h"
 #include "dtorch/data/prefetch.h"
 #include "dtorch/data/sampler.h"
 #include "dtorch/models/registry.h"
@@ -28,6 +29,7 @@
 #include "dtorch/parallel/parallel_dims.h"
 #include "dtorch/parallel/tp/tensor_parallel.h"
 #include "dtorch/report/out_of_memory.h"
+#include "dtorch/report/profiler.h"
 #include "dtorch/report/tensorboard.h"
 #include "dtorch/train/background_save.h"
 #include "dtorch/train/evaluate.h"
@@ -96,6 +98,7 @@ double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Te
   // The pipeline runs backward itself, so the loss it differentiates carries fp16's scale.
   const double scale = strategy.loss_scale();
   strategy.backward_accumulated([&] {
+    TraceRange range("forward_backward");
     parallel::Autocast autocast(strategy.autocast());
     r = pipeline.step(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
       return cross_entropy(out, t, tensor_parallel) * scale;
@@ -103,7 +106,10 @@ double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Te
   });
   r.loss /= scale;
   lap("forward_backward");
-  strategy.step(clip_grad_norm);  // the norm spans every stage
+  {
+    TraceRange range("optimizer");
+    strategy.step(clip_grad_norm);  // the norm spans every stage
+  }
   lap("step");
   auto loss = torch::tensor({r.has_loss ? r.loss : 0.0}, torch::kDouble);
   pipeline.group().allreduce(loss, comm::ReduceOp::Sum, "pipeline loss");
@@ -171,8 +177,9 @@ struct Epochs {
   std::unique_ptr<report::TensorBoardWriter> board{};  // rank 0's, with --tensorboard
   std::unique_ptr<report::ProgressReporter> progress{};
   std::unique_ptr<PhaseTimes> epoch_phases{};
-  std::unique_ptr<DeviceCopier> copier{};    // Note [Batches to the GPU]
-  std::unique_ptr<BackgroundSaver> saver{};  // --async-checkpoint
+  std::unique_ptr<DeviceCopier> copier{};            // Note [Batches to the GPU]
+  std::unique_ptr<BackgroundSaver> saver{};          // --async-checkpoint
+  std::unique_ptr<report::StepProfiler> profiler{};  // --profile
 
   // The rate of the last optimizer step taken.
   double last_lr() const {
@@ -193,18 +200,33 @@ report::ProgressConfig progress_config(const TrainConfig& c, bool lead) {
   return shown;
 }
 
+// A loss that is not finite reaches every parameter at the next reduction, and every later
+// loss is NaN: stop where it is seen (`where`: the step on the CPU, the steps read together on a
+// GPU, Note [No host sync in a step]). fp16's dynamic loss scaling skips such steps itself (Note
+// [Loss scaling]).
+void check_loss(const Epochs& e, double loss, const std::string& where) {
+  DTORCH_CHECK_T(TrainingError,
+                 std::isfinite(loss) || e.c.strategy.precision.compute == Precision::FP16,
+                 "the loss is ", loss, " on rank ", e.world.rank(), " ", where,
+                 ": the model diverged or a batch holds NaN. Lower --lr, "
+                 "add --clip-grad-norm 1.0, or train in --precision fp32; --resume continues "
+                 "from the last checkpoint");
+}
+
 // --print-every's log line and "step" record over the window's `steps` optimizer steps.
 void report_window(Epochs& e, int64_t epoch, const LossTally& window, int64_t steps,
                    PhaseTimes& phases, double seconds) {
   const auto ms = phases.take_mean_ms(steps);
   const double rate = static_cast<double>(window.samples) / seconds;
   const double lr = e.last_lr();
+  const double loss = window.mean();
+  check_loss(e, loss, str("in steps ", e.global_step - steps + 1, " to ", e.global_step));
   if (!e.lead) return;
-  log::info("step ", e.global_step, "/", e.total_steps, ": loss ", window.mean(), ", lr ", lr, ", ",
+  log::info("step ", e.global_step, "/", e.total_steps, ": loss ", loss, ", lr ", lr, ", ",
             static_cast<int64_t>(rate), " samples/s", describe_phases(ms));
   std::map<std::string, double> record{{"step", static_cast<double>(e.global_step)},
                                        {"epoch", static_cast<double>(epoch)},
-                                       {"train_loss", window.mean()},
+                                       {"train_loss", loss},
                                        {"lr", lr},
                                        {"samples_per_s", rate}};
   for (const auto& [phase, v] : ms)
@@ -263,10 +285,14 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       window_phases.lap(phase);
     };
     lap("data");
+    if (e.profiler) e.profiler->before_step(e.global_step + 1);
     // A step fp16 skipped does not advance the schedule (Note [Loss scaling]).
     strategy.set_lr(e.schedule.at(e.global_step - strategy.skipped_steps()));
     bool last_micro = (i + 1) % c.training.accum_steps == 0 || i + 1 == batches.size();
-    double l = 0;
+    const int64_t batch_samples = x.size(0) * dp_size;
+    // The batch's loss: read now on the CPU, left on a GPU (Note [No host sync in a step]).
+    std::optional<double> l;
+    torch::Tensor on_device;
     bool stepped = last_micro;
     if (pipeline) {
       l = pipeline_step(*pipeline, strategy, x, y, c.training.clip_grad_norm, tensor_parallel, lap);
@@ -274,36 +300,43 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
     } else {
       torch::Tensor loss;
       {
+        TraceRange range("forward");
         parallel::Autocast autocast(strategy.autocast());
         loss = cross_entropy(model.forward(layout.local_tokens(x)), layout.local_tokens(y),
                              tensor_parallel);
       }
       lap("forward");
-      strategy.backward(loss / c.training.accum_steps, last_micro);
+      {
+        TraceRange range("backward");
+        strategy.backward(loss / c.training.accum_steps, last_micro);
+      }
       lap("backward");
       if (last_micro) {
+        TraceRange range("optimizer");
         strategy.step(c.training.clip_grad_norm);
         lap("step");
       }
-      l = loss.item<double>();
+      if (loss.is_cuda()) {
+        on_device = loss.detach();
+      } else {
+        l = loss.item<double>();
+      }
     }
-    // A loss that is not finite reaches every parameter at the next reduction, and every later
-    // loss is NaN: stop at the step it appears, naming it. fp16's dynamic loss scaling skips
-    // such steps itself (Note [Loss scaling]).
-    DTORCH_CHECK_T(TrainingError,
-                   std::isfinite(l) || c.strategy.precision.compute == Precision::FP16,
-                   "the loss is ", l, " on rank ", e.world.rank(), " at step ", e.global_step + 1,
-                   " (epoch ", epoch, ", batch ", i + 1,
-                   "): the model diverged or a batch holds NaN. Lower --lr, "
-                   "add --clip-grad-norm 1.0, or train in --precision fp32; --resume continues "
-                   "from the last checkpoint");
-    const int64_t batch_samples = x.size(0) * dp_size;
-    step_tally.add(l, batch_samples);
-    epoch_tally.add(l, batch_samples);
-    window.add(l, batch_samples);
+    if (l) {
+      check_loss(e, *l,
+                 str("at step ", e.global_step + 1, " (epoch ", epoch, ", batch ", i + 1, ")"));
+      step_tally.add(*l, batch_samples);
+      epoch_tally.add(*l, batch_samples);
+      window.add(*l, batch_samples);
+    } else {
+      step_tally.add(on_device, batch_samples);
+      epoch_tally.add(on_device, batch_samples);
+      window.add(on_device, batch_samples);
+    }
     if (stepped) {
       ++e.global_step;
       ++window_steps;
+      if (e.profiler) e.profiler->after_step(e.global_step);
       if (e.saver) e.saver->poll();
       if (e.board) {
         e.board->scalar("train/loss", e.global_step, step_tally.mean());
@@ -311,7 +344,13 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       }
       step_tally = {};
     }
-    e.progress->update(static_cast<int64_t>(i) + 1, l, epoch_tally.samples);
+    if (l) {
+      e.progress->update(static_cast<int64_t>(i) + 1, *l, epoch_tally.samples);
+    } else {
+      e.progress->update(
+          static_cast<int64_t>(i) + 1, [on_device] { return on_device.item<double>(); },
+          epoch_tally.samples);
+    }
     if (stepped && c.reporting.print_every > 0 && e.global_step % c.reporting.print_every == 0) {
       report_window(e, epoch, window, window_steps, window_phases, seconds_since(window_start));
       window = {};
@@ -328,7 +367,10 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
                                  Clock::time_point t0, double train_seconds, int64_t first_step) {
   const Layout& layout = e.run.layout;
   Strategy& strategy = *e.run.strategy;
-  auto mean_loss = torch::tensor({tally.mean()}, torch::kDouble);
+  const double own_loss = tally.mean();
+  check_loss(e, own_loss,
+             str("in epoch ", epoch, "'s steps ", first_step + 1, " to ", e.global_step));
+  auto mean_loss = torch::tensor({own_loss}, torch::kDouble);
   e.world.allreduce(mean_loss, comm::ReduceOp::Avg, "epoch train loss");
   auto [test_loss, test_acc] =
       evaluate(*e.run.model, e.data.test, e.c.data.test_samples, strategy, layout, e.world);
@@ -378,6 +420,7 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   const at::Device device = resolve_run_device(c.strategy.device, comm->info());
   memory.device = device;
   if (lead) log::info(describe_device(device, c.strategy.device));
+  if (!c.reporting.profile.empty()) report::require_profiler();  // before any work
   // What this run is, before it starts: `dtorch train --config` reruns it.
   if (lead) write_config_file(c, paths::join(c.checkpointing.out, "config.json"));
   // Image data first: the model is built for its channels, size and classes.
@@ -438,6 +481,14 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   e.epoch_phases = std::make_unique<PhaseTimes>(c.reporting.phase_times, device);
   e.copier = std::make_unique<DeviceCopier>(device);
   if (c.checkpointing.async_save) e.saver = std::make_unique<BackgroundSaver>(*run.strategy);
+  const report::StepRange profiled = report::parse_step_range(c.reporting.profile, "--profile");
+  DTORCH_CHECK_T(ConfigError, profiled.last <= e.total_steps, "--profile ", c.reporting.profile,
+                 " ends after the run's last optimizer step (", e.total_steps,
+                 "); trace steps within it, or train longer");
+  if (!profiled.empty()) {
+    e.profiler = std::make_unique<report::StepProfiler>(
+        profiled, report::trace_path(c.checkpointing.out, comm->rank()), device);
+  }
   std::vector<report::EpochRecord> records;
   for (int64_t epoch = start.epoch; epoch < c.training.epochs; ++epoch) {
     const auto t0 = Clock::now();
