@@ -89,7 +89,8 @@ endif
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 $(CTEST_FLAGS); \
 	  status=$$?; $(SANITIZER_CHECK) exit $$status
 
-# dtorch on both LibTorch versions: DDP on Debian's 1.13 against PyTorch 1.13 and 2.x; Gloo's
+# dtorch on both LibTorch versions: one rank's training step against PyTorch eager's with fused
+# AdamW; DDP on Debian's 1.13 against PyTorch 1.13 and 2.x; Gloo's
 # own collectives (2.x only) against dtorch's; the sharded strategies on LibTorch 2.x against
 # PyTorch 2.x's FSDP, ZeroRedundancyOptimizer and DeepSpeed on the same torch; tensor
 # parallelism against PyTorch 2.x's parallelize_module; pipelines against its pipelining;
@@ -100,6 +101,7 @@ endif
 bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
+	bench/bench_step.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_ddp.py --dtorch build/dtorch --dtorch2 build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_collectives.py --dtorch build-pip/dtorch
 	bench/bench_memory.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON) --nprocs 2
