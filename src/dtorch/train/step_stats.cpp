@@ -9,21 +9,19 @@
 
 namespace dtorch::train {
 
-void LossTally::add(double batch_loss, int64_t batch_samples) {
-  loss_ += batch_loss;
-  ++batches;
-  samples += batch_samples;
-}
-
 void LossTally::add(const at::Tensor& batch_loss, int64_t batch_samples) {
-  const at::Tensor l = batch_loss.detach().to(at::kDouble).reshape({});
-  on_device_ = on_device_.defined() ? on_device_ + l : l;
+  if (batch_loss.is_cpu()) {
+    on_host_ += batch_loss.item<double>();
+  } else {
+    const at::Tensor l = batch_loss.detach().to(at::kDouble).reshape({});
+    on_device_ = on_device_.defined() ? on_device_ + l : l;
+  }
   ++batches;
   samples += batch_samples;
 }
 
 double LossTally::mean() const {
-  const double sum = loss_ + (on_device_.defined() ? on_device_.item<double>() : 0.0);
+  const double sum = on_host_ + (on_device_.defined() ? on_device_.item<double>() : 0.0);
   return sum / static_cast<double>(std::max<int64_t>(1, batches));
 }
 

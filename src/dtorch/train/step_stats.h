@@ -29,18 +29,17 @@ namespace dtorch::train {
 // returns, the loss is read every step and a non-finite one stops the run at its step.
 
 // The training loss over some batches (a step, a --print-every window, an epoch): its mean
-// per batch, and the samples all ranks saw. Losses given as tensors are added up where they
-// are, and read only by mean() (Note [No host sync in a step]).
+// per batch, and the samples all ranks saw. A loss on a GPU is added up there and read only by
+// mean() (Note [No host sync in a step]); one on the CPU is read as it is added.
 struct LossTally {
   int64_t batches = 0;
   int64_t samples = 0;
-  void add(double batch_loss, int64_t batch_samples);
   void add(const at::Tensor& batch_loss, int64_t batch_samples);
   double mean() const;
 
  private:
-  double loss_ = 0;
-  at::Tensor on_device_;  // the sum of the losses added as tensors, in float64
+  double on_host_ = 0;
+  at::Tensor on_device_;  // the sum of the losses added on a GPU, in float64
 };
 
 using Clock = std::chrono::steady_clock;

@@ -289,13 +289,13 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
     // A step fp16 skipped does not advance the schedule (Note [Loss scaling]).
     strategy.set_lr(e.schedule.at(e.global_step - strategy.skipped_steps()));
     bool last_micro = (i + 1) % c.training.accum_steps == 0 || i + 1 == batches.size();
-    const int64_t batch_samples = x.size(0) * dp_size;
-    // The batch's loss: read now on the CPU, left on a GPU (Note [No host sync in a step]).
-    std::optional<double> l;
-    torch::Tensor on_device;
+    // The batch's loss, left where it was computed (Note [No host sync in a step]).
+    torch::Tensor batch_loss;
     bool stepped = last_micro;
     if (pipeline) {
-      l = pipeline_step(*pipeline, strategy, x, y, c.training.clip_grad_norm, tensor_parallel, lap);
+      batch_loss = torch::scalar_tensor(
+          pipeline_step(*pipeline, strategy, x, y, c.training.clip_grad_norm, tensor_parallel, lap),
+          torch::kDouble);
       stepped = true;
     } else {
       torch::Tensor loss;
@@ -316,23 +316,16 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
         strategy.step(c.training.clip_grad_norm);
         lap("step");
       }
-      if (loss.is_cuda()) {
-        on_device = loss.detach();
-      } else {
-        l = loss.item<double>();
-      }
+      batch_loss = loss.detach();
     }
-    if (l) {
-      check_loss(e, *l,
+    if (batch_loss.is_cpu()) {
+      check_loss(e, batch_loss.item<double>(),
                  str("at step ", e.global_step + 1, " (epoch ", epoch, ", batch ", i + 1, ")"));
-      step_tally.add(*l, batch_samples);
-      epoch_tally.add(*l, batch_samples);
-      window.add(*l, batch_samples);
-    } else {
-      step_tally.add(on_device, batch_samples);
-      epoch_tally.add(on_device, batch_samples);
-      window.add(on_device, batch_samples);
     }
+    const int64_t batch_samples = x.size(0) * dp_size;
+    step_tally.add(batch_loss, batch_samples);
+    epoch_tally.add(batch_loss, batch_samples);
+    window.add(batch_loss, batch_samples);
     if (stepped) {
       ++e.global_step;
       ++window_steps;
@@ -344,13 +337,9 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       }
       step_tally = {};
     }
-    if (l) {
-      e.progress->update(static_cast<int64_t>(i) + 1, *l, epoch_tally.samples);
-    } else {
-      e.progress->update(
-          static_cast<int64_t>(i) + 1, [on_device] { return on_device.item<double>(); },
-          epoch_tally.samples);
-    }
+    e.progress->update(
+        static_cast<int64_t>(i) + 1, [batch_loss] { return batch_loss.item<double>(); },
+        epoch_tally.samples);
     if (stepped && c.reporting.print_every > 0 && e.global_step % c.reporting.print_every == 0) {
       report_window(e, epoch, window, window_steps, window_phases, seconds_since(window_start));
       window = {};
