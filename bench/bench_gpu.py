@@ -5,8 +5,9 @@ as the denominator of MFU (no datasheet figure).
 
   gpt-small  nanoGPT's GPT (bench/peer_sharded.py) in dtorch's gpt-small configuration, 16 x 1024
              random tokens, bf16 autocast, AdamW as `dtorch bench memory` runs it (lr 1e-4,
-             weight decay 0.01, betas 0.9/0.999, eps 1e-8); PyTorch's AdamW is fused=True, dtorch's
-             C++ AdamW is not. MFU by nanoGPT's estimate_mfu: 6N + 12 L H Q T flops per token.
+             weight decay 0.01, betas 0.9/0.999, eps 1e-8); PyTorch's AdamW is fused=True, and so is
+             dtorch's (Note [Fused optimizers]). MFU by nanoGPT's estimate_mfu: 6N + 12 L H Q T
+             flops per token.
   resnet50   torchvision's resnet50(num_classes=1000) with the stem dtorch builds (found by
              matching dtorch's parameter count), 128 x 3 x 224 x 224 random images, bf16 autocast,
              SGD lr 0.01 momentum 0.9; flops per image counted by torch.utils.flop_counter.
@@ -394,7 +395,7 @@ def main():
         "T %d: %.3g GFLOP per token." % (
             gpt["model"], V, BS, L, H, C, gpt["batch"], T, ADAMW["lr"], ADAMW["weight_decay"],
             *ADAMW["betas"], ADAMW["eps"],
-            "; PyTorch's AdamW is fused=True, dtorch's C++ AdamW is not" if dev.type == "cuda"
+            "; both AdamWs are PyTorch's fused kernel" if dev.type == "cuda"
             else "", f"{n_params:,}", L, H, C // H, T, gpt_flops / 1e9),
         "- %s: torchvision's %s(num_classes=%d) with %s, %d x %d x %d x %d random images, bf16 "
         "autocast, SGD lr %g momentum %g on both sides, channels-last on neither; %s." % (
