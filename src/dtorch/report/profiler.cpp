@@ -1,18 +1,17 @@
 // `--profile`: LibTorch's Kineto profiler over a range of steps (see profiler.h).
 #include "dtorch/report/profiler.h"
 
+#include <sys/stat.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
+#include <cstring>
 #include <regex>
 #include <set>
-#include <sstream>
 
-#include "dtorch/core/atomic_file.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 
@@ -41,25 +40,33 @@ void start(c10::Device device) {
 }
 
 // Stops the profiler and writes what it traced to `path`, replacing it whole: Kineto writes a
-// file of its own beside it first.
+// file of its own beside it, which then takes the path's name.
 void stop_and_save(const std::string& path) {
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   const std::string partial = path + ".partial." + std::to_string(getpid());
-  std::string bytes;
   try {
     result->save(partial);
-    std::ifstream in(partial, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   } catch (const std::exception& e) {
     std::remove(partial.c_str());
     DTORCH_FAIL(CheckpointError, "--profile: cannot write the trace ", path, ": ",
                 first_line(e.what()));
   }
-  std::remove(partial.c_str());
-  DTORCH_CHECK_T(CheckpointError, !bytes.empty(), "--profile: the profiler wrote no trace to ",
-                 partial, " (is the folder writable?)");
-  if (auto failed = write_file_atomically(path, bytes.data(), bytes.size()))
-    DTORCH_FAIL(CheckpointError, "--profile: ", *failed);
+  struct stat written {};
+  const bool wrote = stat(partial.c_str(), &written) == 0 && written.st_size > 0;
+  if (!wrote) std::remove(partial.c_str());
+  DTORCH_CHECK_T(CheckpointError, wrote, "--profile: the profiler wrote no trace to ", partial,
+                 " (is the folder writable?)");
+  // Like every file dtorch writes, it replaces a regular file only (core/atomic_file.h).
+  struct stat there {};
+  const bool other = lstat(path.c_str(), &there) == 0 && !S_ISREG(there.st_mode);
+  if (other) std::remove(partial.c_str());
+  DTORCH_CHECK_T(CheckpointError, !other, "--profile: ", path,
+                 " exists and is not a regular file; give --out another folder");
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(partial.c_str());
+    DTORCH_FAIL(CheckpointError, "--profile: cannot write the trace ", path, ": ", why);
+  }
 }
 
 }  // namespace
