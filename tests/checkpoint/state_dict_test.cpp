@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/crc32.h"
 #include "dtorch/checkpoint/safetensors.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
@@ -157,6 +158,32 @@ TEST(StateDict, FailedWriteKeepsThePreviousFile) {
   EXPECT_THROW(write_file_atomically(dir + "/f", {'n', 'e', 'w'}), CheckpointError);
   EXPECT_EQ(read_file(dir + "/f"), (std::vector<char>{'o', 'l', 'd'}));
   EXPECT_THROW(write_file_atomically(dir + "/no/such/dir/f", {'x'}), CheckpointError);
+}
+
+// A shard file is streamed to disk: the same bytes as pickled whole, the CRC continued over the
+// pieces, and a failure part way leaves the previous file and no temporary.
+TEST(StateDict, StreamedFileIsThePickledOneAndFailsWhole) {
+  StateDict state = {{"a", torch::arange(1000, torch::kFloat)}, {"b", torch::ones({3, 5})}};
+  std::vector<char> whole = pickle_state_dict(state), streamed;
+  uint32_t crc = crc32_of(nullptr, 0);
+  stream_state_dict(state, [&](const char* data, size_t n) {
+    streamed.insert(streamed.end(), data, data + n);
+    crc = crc32_update(crc, data, n);
+    return true;
+  });
+  EXPECT_TRUE(streamed == whole);
+  EXPECT_EQ(crc, crc32_of(whole.data(), whole.size()));
+
+  auto dir = dtorch::testing::scratch_dir("state-dict-stream");
+  write_file_atomically(dir + "/f", {'o', 'l', 'd'});
+  EXPECT_THROW(dtorch::write_file_atomically(dir + "/f",
+                                             [](const ByteSink& sink) {
+                                               sink("ne", 2);
+                                               throw std::runtime_error("serializer failed");
+                                             }),
+               std::runtime_error);
+  EXPECT_EQ(read_file(dir + "/f"), (std::vector<char>{'o', 'l', 'd'}));
+  EXPECT_EQ(paths::list_directory(dir), std::vector<std::string>{"f"}) << "a temporary is left";
 }
 
 TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {

@@ -73,15 +73,18 @@ std::optional<torch::Dtype> dtype_from_name(const std::string& s) {
   return std::nullopt;
 }
 
-// A CPU tensor that owns exactly its elements: pickling a view would save the whole storage
-// behind it (a ZeRO engine's pieces are views into one flat buffer).
+// A CPU tensor whose storage is exactly its elements: pickling a view would save the whole
+// storage behind it (a ZeRO engine's pieces are views into one padded flat buffer). A
+// contiguous view becomes an alias over its own elements that keeps the buffer alive, not a
+// copy: a rank's shards are gigabytes.
 torch::Tensor compact(const torch::Tensor& t) {
   torch::Tensor c = t.detach();
   if (!c.device().is_cpu()) c = c.cpu();
+  if (!c.is_contiguous()) c = c.contiguous();
   const size_t need = static_cast<size_t>(c.numel()) * c.element_size();
-  if (!c.is_contiguous() || c.storage_offset() != 0 || c.storage().nbytes() != need)
-    c = c.clone(at::MemoryFormat::Contiguous);
-  return c;
+  if (c.storage_offset() == 0 && c.storage().nbytes() == need) return c;
+  return torch::from_blob(
+      c.data_ptr(), c.sizes(), [keep = c](void*) {}, c.options());
 }
 
 void fsync_dir(const std::string& dir) {
@@ -268,11 +271,19 @@ json metadata_of(const ShardedCheckpointData& data, int world,
           {"files", file_list}};
 }
 
-// Writes `state` to `path`; returns {bytes, crc32}.
+// Writes `state` to `path` as it is serialized; returns {bytes, crc32}.
 std::pair<int64_t, int64_t> write_tensors(const std::string& path, const StateDict& state) {
-  std::vector<char> bytes = pickle_state_dict(state);
-  write_file_atomically(path, bytes);
-  return {static_cast<int64_t>(bytes.size()), crc32_of(bytes.data(), bytes.size())};
+  int64_t bytes = 0;
+  uint32_t crc = crc32_of(nullptr, 0);
+  auto why = dtorch::write_file_atomically(path, [&](const ByteSink& sink) {
+    stream_state_dict(state, [&](const char* data, size_t n) {
+      bytes += static_cast<int64_t>(n);
+      crc = crc32_update(crc, data, n);
+      return sink(data, n);
+    });
+  });
+  DTORCH_CHECK_T(CheckpointError, !why, *why);
+  return {bytes, crc};
 }
 
 // Rank 0's last act: metadata.json into the staging folder, the folder renamed into place,

@@ -119,11 +119,23 @@ int64_t elements_within(const std::vector<int64_t>& shape, int64_t limit) {
   return n;
 }
 
-std::vector<char> pickle_state_dict(const StateDict& state) {
+namespace {
+
+c10::IValue as_dict(const StateDict& state) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, tensor] : host_copy(state))
     dict.insert(name, tensor);
-  return torch_save_bytes(c10::IValue(dict));
+  return dict;
+}
+
+}  // namespace
+
+std::vector<char> pickle_state_dict(const StateDict& state) {
+  return torch_save_bytes(as_dict(state));
+}
+
+void stream_state_dict(const StateDict& state, const ByteSink& sink) {
+  stream_torch_save(as_dict(state), sink);
 }
 
 StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {

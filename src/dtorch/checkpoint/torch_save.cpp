@@ -33,7 +33,12 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
   return out;
 }
 
-void append_torch_save(const c10::IValue& value, std::vector<char>& out) {
+namespace {
+
+// The archive torch.save writes for `value`: `begin` learns about how many bytes will come, then
+// `sink` takes them in order.
+void write_archive(const c10::IValue& value, const std::function<void(size_t)>& begin,
+                   const std::function<void(const char*, size_t)>& sink) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler(
       [&](const char* buf, size_t n) { pickle.insert(pickle.end(), buf, buf + n); },
@@ -48,15 +53,27 @@ void append_torch_save(const c10::IValue& value, std::vector<char>& out) {
   size_t size = pickle.size() + 4096;
   for (const at::Tensor& t : pickler.tensorData())
     size += t.storage().nbytes() + 512;
-  out.reserve(out.size() + size);
+  begin(size);
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
-    const char* bytes = static_cast<const char*>(data);
-    out.insert(out.end(), bytes, bytes + n);
+    sink(static_cast<const char*>(data), n);
     return n;
   });
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
                                      writer);
   writer.writeEndOfFile();
+}
+
+}  // namespace
+
+void append_torch_save(const c10::IValue& value, std::vector<char>& out) {
+  write_archive(
+      value, [&](size_t n) { out.reserve(out.size() + n); },
+      [&](const char* bytes, size_t n) { out.insert(out.end(), bytes, bytes + n); });
+}
+
+void stream_torch_save(const c10::IValue& value, const ByteSink& sink) {
+  write_archive(
+      value, [](size_t) {}, [&](const char* bytes, size_t n) { sink(bytes, n); });
 }
 
 namespace {

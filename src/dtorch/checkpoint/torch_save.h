@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/core/atomic_file.h"
+
 namespace dtorch::checkpoint {
 
 /// The bytes torch.save would write for `value`: a zip archive of a pickle (protocol 2) and one
@@ -17,6 +19,8 @@ std::vector<char> torch_save_bytes(const c10::IValue& value);
 /// The same bytes appended to `out`, which is grown once to hold them (a checkpoint's payload
 /// is gigabytes: no copy of it is made on the way).
 void append_torch_save(const c10::IValue& value, std::vector<char>& out);
+/// The same bytes handed to `sink` as they are made (a shard of gigabytes is never held twice).
+void stream_torch_save(const c10::IValue& value, const ByteSink& sink);
 
 /// What a file in torch.save's format refused before LibTorch reads it is; what() is a phrase
 /// that follows the file's name ("is not a zip archive ...").

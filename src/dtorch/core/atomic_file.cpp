@@ -21,6 +21,11 @@ std::string errno_text() {
 
 std::optional<std::string> write_file_atomically(const std::string& path, const char* data,
                                                  size_t n) {
+  return write_file_atomically(path, [&](const ByteSink& sink) { sink(data, n); });
+}
+
+std::optional<std::string> write_file_atomically(const std::string& path,
+                                                 const std::function<void(const ByteSink&)>& fill) {
   const std::string parent = paths::parent_path(path);
   const std::string dir = parent.empty() ? "." : parent;
   const std::string tmp = str(path, ".", ::getpid(), ".tmp");
@@ -36,8 +41,21 @@ std::optional<std::string> write_file_atomically(const std::string& path, const 
     return str("cannot create ", tmp, ": ", errno_text(),
                " (does the directory exist and is it writable?)", hint);
   }
-  bool ok = paths::write_fully(fd, data, n);
-  std::string why = ok ? "" : "write: " + errno_text();
+  bool ok = true;
+  std::string why;
+  try {
+    fill([&](const char* data, size_t n) {
+      if (ok && !paths::write_fully(fd, data, n)) {
+        ok = false;
+        why = "write: " + errno_text();
+      }
+      return ok;
+    });
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
   // fsync before rename: otherwise a power loss can leave the new name on an empty file.
   if (ok && ::fsync(fd) != 0) {
     ok = false;

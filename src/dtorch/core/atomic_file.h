@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -17,5 +18,15 @@ namespace dtorch {
 /// PATH: ... (disk full or not writable?)"), for the caller to throw as its kind of error.
 std::optional<std::string> write_file_atomically(const std::string& path, const char* data,
                                                  size_t n);
+
+/// Takes a file's bytes as they are made: `n` bytes at `data`, appended. Returns false once a
+/// write has failed (the failure is reported when the file is closed; what follows is dropped).
+using ByteSink = std::function<bool(const char* data, size_t n)>;
+
+/// The same, for bytes that `fill` hands to the sink it is given as it makes them, so a file of
+/// gigabytes is never held in memory whole. An exception from `fill` removes the temporary and
+/// passes on, the previous file untouched.
+std::optional<std::string> write_file_atomically(const std::string& path,
+                                                 const std::function<void(const ByteSink&)>& fill);
 
 }  // namespace dtorch
