@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <numeric>
 
 #include "checkpoint/sharded_fixture.h"
 #include "dtorch/comm/communicator.h"
@@ -94,6 +97,42 @@ TEST(ShardedCheckpoint, ConsolidateCutsParametersByLayout) {
   EXPECT_EQ(got.at("scale").item<float>(), p2[0].item<float>());
   EXPECT_TRUE(torch::equal(got.at("bn.running_mean"), torch::tensor({20.25f, 20.75f})));
   EXPECT_EQ(got.at("bn.num_batches_tracked").item<int64_t>(), 20);
+}
+
+// Note [Saving replicated state]: largest first, each to the rank with the fewest bytes.
+TEST(WritersByBytes, LargestFirstToTheLeastLoadedRank) {
+  EXPECT_EQ(writers_by_bytes({10, 7, 5, 3, 1}, 2), (std::vector<int>{0, 1, 1, 0, 1}));
+  EXPECT_EQ(writers_by_bytes({4, 4, 4}, 1), (std::vector<int>{0, 0, 0}));
+  EXPECT_EQ(writers_by_bytes({}, 3), std::vector<int>{});
+  EXPECT_THROW(writers_by_bytes({1}, 0), ConfigError);
+  EXPECT_THROW(writers_by_bytes({-1}, 2), ConfigError);
+}
+
+// Against the best split found by trying every one: within 4/3 of it (Graham's bound for
+// largest-first), and no rank above the mean plus one tensor.
+TEST(WritersByBytes, WithinGrahamsBoundOfTheBestSplit) {
+  torch::manual_seed(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int world = 2 + trial % 2, n = 3 + trial % 6;
+    std::vector<int64_t> bytes;
+    for (int i = 0; i < n; ++i)
+      bytes.push_back(torch::randint(1, 1000, {1}).item<int64_t>());
+    const std::vector<int> writer = writers_by_bytes(bytes, world);
+    std::vector<int64_t> load(world, 0);
+    for (int i = 0; i < n; ++i)
+      load[writer[i]] += bytes[i];
+    const int64_t got = *std::max_element(load.begin(), load.end());
+    int64_t best = INT64_MAX;
+    for (int64_t code = 0; code < static_cast<int64_t>(std::pow(world, n)); ++code) {
+      std::vector<int64_t> l(world, 0);
+      for (int64_t i = 0, c = code; i < n; ++i, c /= world)
+        l[c % world] += bytes[i];
+      best = std::min(best, *std::max_element(l.begin(), l.end()));
+    }
+    const int64_t total = std::accumulate(bytes.begin(), bytes.end(), int64_t{0});
+    EXPECT_LE(3 * got, 4 * best) << "trial " << trial;
+    EXPECT_LE(got, total / world + *std::max_element(bytes.begin(), bytes.end()));
+  }
 }
 
 TEST(ShardedCheckpoint, CutByLayoutChecksBounds) {

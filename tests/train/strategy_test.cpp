@@ -1,12 +1,15 @@
 // Strategies and sharded checkpoints together: a ZeRO checkpoint saved at 4 ranks resumes at
 // 2 ranks and at 1 with identical full parameters and optimizer state, for every stage, and
-// as zero3 with other units (Note [Resharding by name]); checkpoints written in the background
+// as zero3 with other units (Note [Resharding by name]); DDP's ranks share a save and write
+// what one file holds (Note [Saving replicated state]); checkpoints written in the background
 // hold what blocking ones hold, and a kill during one leaves a checkpoint to resume from; and
 // bf16 mixed precision follows the fp32 loss curve.
 #include "dtorch/train/strategy.h"
 
 #include <gtest/gtest.h>
 
+#include <torch/optim/adamw.h>
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 #include <map>
@@ -15,8 +18,10 @@
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
+#include "dtorch/core/torch_compat.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
+#include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/train/background_save.h"
 #include "dtorch/train/loss.h"
 #include "support/command.h"
@@ -25,9 +30,13 @@
 namespace dtorch::train {
 namespace {
 
+// A strategy's name, or "ddp-sharded": ddp whose ranks share each save.
 StrategyConfig adamw(const std::string& strategy) {
   StrategyConfig c;
-  c.kind = *value_named<StrategyKind>(strategy);
+  const bool shared = strategy == "ddp-sharded";
+  c.kind = shared ? StrategyKind::DDP : *value_named<StrategyKind>(strategy);
+  if (c.kind == StrategyKind::DDP)
+    c.checkpoint_layout = shared ? CheckpointLayout::Sharded : CheckpointLayout::File;
   c.optimizer.kind = OptimizerKind::AdamW;
   c.optimizer.lr = 1e-3;
   c.ddp.bucket_cap_mb = 0.01;  // several units
@@ -149,6 +158,109 @@ TEST_P(Reshard, ResumesAsZero3WithOtherUnits) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Reshard, ::testing::Values("zero1", "zero2", "zero3"));
 
+// args: DIR STRATEGY MODE. save: train 3 steps, save into DIR/<STRATEGY>. resume: load
+// DIR/ddp-sharded and save what was loaded into DIR/resumed-<STRATEGY>-<world>.
+DTORCH_TEST_WORKER(ddp_share) {
+  const std::string dir = args.at(0), strategy = args.at(1);
+  auto comm = comm::Communicator::from_env();
+  torch::manual_seed(5);
+  auto model = models::make_model("gpt-debug");
+  auto s = make_strategy(adamw(strategy), model, comm);
+  if (args.at(2) == "save") {
+    train_steps(*s, *model, 3, comm->rank());
+    s->save(dir + "/" + strategy, {1, 3, "{}"}, 2);
+    return;
+  }
+  auto loaded = s->load_latest(dir + "/ddp-sharded");
+  DTORCH_CHECK(loaded && loaded->data.global_step == 3, "checkpoint not found");
+  s->save(str(dir, "/resumed-", strategy, "-", comm->size()), {1, 3, "{}"}, 2);
+}
+
+// Every parameter of a gpt-debug .dtc with AdamW, and its optimizer state ("<name>/exp_avg",
+// "<name>/exp_avg_sq", "<name>/step").
+std::map<std::string, torch::Tensor> dtc_by_name(const std::string& path) {
+  auto model = models::make_model("gpt-debug");
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  checkpoint::load_checkpoint(path, *model, &opt);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : model->named_parameters()) {
+    out[p.key()] = p.value().detach();
+    const auto& state = *opt.state().at(compat::optimizer_state_key(p.value()));
+    for (const auto& [kind, t] : parallel::state_tensors(state))
+      out[p.key() + "/" + kind] = t;
+    out[p.key() + "/step"] = torch::tensor(parallel::steps_of(state));
+  }
+  return out;
+}
+
+// Note [Saving replicated state]: under DDP each rank writes about half of the state, and the
+// shards hold exactly what rank 0's one file holds; resumed at one rank (written again as one
+// file) the state is that file's, and ZeRO-1 resumes from it by name.
+TEST(DdpSharedSave, EachRankWritesItsShareOfWhatOneFileHolds) {
+  auto dir = testing::scratch_dir("ddp_share");
+  ASSERT_EQ(testing::run_ranks(2, "ddp_share", {dir, "ddp", "save"}), 0);
+  ASSERT_EQ(testing::run_ranks(2, "ddp_share", {dir, "ddp-sharded", "save"}), 0);
+  const auto file = checkpoint::list_checkpoints(dir + "/ddp");
+  const auto shards = checkpoint::latest_complete(dir + "/ddp-sharded");
+  ASSERT_EQ(file.size(), 1u);
+  ASSERT_TRUE(shards);
+  EXPECT_TRUE(checkpoint::list_checkpoints(dir + "/ddp-sharded").empty());
+
+  // Each rank wrote one share, no more than half the bytes plus the largest tensor.
+  checkpoint::ShardedCheckpointReader reader(*shards);
+  std::vector<int64_t> written(2, 0);
+  int64_t largest = 0, total = 0;
+  for (const auto& [key, info] : reader.flat_tensors()) {
+    const int64_t bytes = info.numel * static_cast<int64_t>(c10::elementSize(info.dtype));
+    int owners = 0;
+    for (int r = 0; r < 2; ++r) {
+      if (info.ranges[r].second == info.ranges[r].first) continue;
+      ++owners;
+      EXPECT_EQ(info.ranges[r], (std::pair<int64_t, int64_t>{0, info.numel})) << key;
+      written[r] += bytes;
+    }
+    EXPECT_EQ(owners, 1) << key;
+    largest = std::max(largest, bytes);
+    total += bytes;
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(written[r], 0) << "rank " << r;
+    EXPECT_LE(written[r], total / 2 + largest) << "rank " << r;
+  }
+
+  // The shards hold the file's parameters, moments and step; consolidated, its model.
+  const auto want = dtc_by_name(file.front());
+  auto shared = by_name(*shards);
+  EXPECT_EQ(shared.size() + want.size() / 4, want.size());  // all but each parameter's step
+  for (const auto& [name, t] : shared) {
+    ASSERT_TRUE(want.count(name)) << name;
+    EXPECT_TRUE(t.equal(want.at(name))) << name;
+  }
+  EXPECT_EQ(reader.read_full("optim/step").item<int64_t>(), 3);
+  for (const auto& [name, t] : checkpoint::consolidate_model(reader))
+    EXPECT_TRUE(t.equal(want.at(name))) << name;
+
+  // Resumed at one rank and saved as one file: the first run's file.
+  ASSERT_EQ(testing::run_ranks(1, "ddp_share", {dir, "ddp", "resume"}), 0);
+  const auto again = checkpoint::list_checkpoints(dir + "/resumed-ddp-1");
+  ASSERT_EQ(again.size(), 1u);
+  const auto got = dtc_by_name(again.front());
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(t.equal(got.at(name))) << name;
+
+  // ZeRO-1 at two ranks reads every parameter and moment by name.
+  ASSERT_EQ(testing::run_ranks(2, "ddp_share", {dir, "zero1", "resume"}), 0);
+  auto zero = checkpoint::latest_complete(dir + "/resumed-zero1-2");
+  ASSERT_TRUE(zero);
+  auto resharded = by_name(*zero);
+  EXPECT_EQ(shared.size(), resharded.size());
+  for (const auto& [name, t] : shared) {
+    ASSERT_TRUE(resharded.count(name)) << name;
+    EXPECT_TRUE(t.equal(resharded[name])) << name;
+  }
+}
+
 // Whether the step-6 save into `a` is under way or was cut short: a sharded save's staging folder
 // or a .dtc's temporary file is there.
 bool unpublished_save(const std::string& a) {
@@ -230,6 +342,7 @@ class BackgroundSave : public ::testing::TestWithParam<const char*> {};
 TEST_P(BackgroundSave, WritesWhatABlockingSaveWrites) {
   const std::string strategy = GetParam();
   auto dir = testing::scratch_dir("background_same_" + strategy);
+  std::replace(dir.begin(), dir.end(), '-', '_');
   ASSERT_EQ(testing::run_ranks(2, "background_save", {dir, strategy, "same"}), 0);
   auto blocking = files_under(dir + "/blocking"), background = files_under(dir + "/background");
   ASSERT_FALSE(blocking.empty());
@@ -246,10 +359,11 @@ TEST_P(BackgroundSave, WritesWhatABlockingSaveWrites) {
 TEST_P(BackgroundSave, KillDuringASaveLeavesACheckpointToResumeFrom) {
   const std::string strategy = GetParam();
   auto dir = testing::scratch_dir("background_kill_" + strategy);
+  std::replace(dir.begin(), dir.end(), '-', '_');
   EXPECT_NE(testing::run_ranks(2, "background_save", {dir, strategy, "kill"}), 0);
   // Killed before the new checkpoint was published: its staging folder or temporary is left.
   const bool interrupted = unpublished_save(dir + "/a");
-  if (strategy != "ddp") {
+  if (strategy != "ddp") {  // sharded
     auto latest = checkpoint::latest_complete(dir + "/a");
     ASSERT_TRUE(latest);
     EXPECT_NO_THROW(checkpoint::ShardedCheckpointReader(*latest).verify());
@@ -261,7 +375,8 @@ TEST_P(BackgroundSave, KillDuringASaveLeavesACheckpointToResumeFrom) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, BackgroundSave, ::testing::Values("ddp", "zero3"));
+INSTANTIATE_TEST_SUITE_P(Strategies, BackgroundSave,
+                         ::testing::Values("ddp", "ddp-sharded", "zero3"));
 
 // args: DIR PRECISION STRATEGY: writes the loss of each of 30 steps on one fixed batch.
 DTORCH_TEST_WORKER(precision_curve) {
@@ -283,6 +398,19 @@ std::vector<double> curve(const std::string& path) {
   for (double x; in >> x;)
     v.push_back(x);
   return v;
+}
+
+TEST(StrategyConfigCheck, OneCheckpointFileIsDdps) {
+  StrategyConfig c;
+  c.checkpoint_layout = CheckpointLayout::File;
+  EXPECT_NO_THROW(validate(c));
+  c.kind = StrategyKind::Zero1;
+  try {
+    validate(c);
+    ADD_FAILURE() << "zero1 with --checkpoint-layout file was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint consolidate"), std::string::npos) << e.what();
+  }
 }
 
 TEST(StrategyConfigCheck, ReshardingTheRootNeedsZero3) {

@@ -201,6 +201,10 @@ std::string checkpoint_path(const std::string& dir, int64_t epoch) {
   return paths::join(dir, name);
 }
 
+int64_t checkpoint_epoch(const std::string& path) {
+  return epoch_of(paths::file_name(path));
+}
+
 std::vector<std::string> list_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;  // no folder, or an unreadable one: no checkpoints

@@ -46,6 +46,9 @@ struct LoadedCheckpoint {
 /// DIR/checkpoint-NNNNNN.dtc for `epoch`.
 std::string checkpoint_path(const std::string& dir, int64_t epoch);
 
+/// The epoch a checkpoint file's name gives (checkpoint_path's), or -1 for a path not so named.
+int64_t checkpoint_epoch(const std::string& path);
+
 /// Checkpoint files in `dir`, newest (highest epoch) first; other files, including the
 /// temporaries of an interrupted save, are ignored. Empty when `dir` does not exist.
 std::vector<std::string> list_checkpoints(const std::string& dir);

@@ -466,6 +466,25 @@ void save_sharded_checkpoint(
                  " not saved: ", problem, "; earlier checkpoints are untouched");
 }
 
+std::vector<int> writers_by_bytes(const std::vector<int64_t>& bytes, int world) {
+  DTORCH_CHECK_T(ConfigError, world >= 1, "a save needs at least one rank, got ", world);
+  std::vector<size_t> order(bytes.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    DTORCH_CHECK_T(ConfigError, bytes[i] >= 0, "tensor ", i, " has ", bytes[i], " bytes");
+    order[i] = i;
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+  std::vector<int64_t> load(world, 0);
+  std::vector<int> writer(bytes.size(), 0);
+  for (size_t i : order) {
+    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    writer[i] = r;
+    load[r] += bytes[i];
+  }
+  return writer;
+}
+
 std::vector<std::string> list_sharded_checkpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;  // no folder, or an unreadable one: no checkpoints

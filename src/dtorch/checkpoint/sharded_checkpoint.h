@@ -76,6 +76,21 @@ struct ShardedCheckpointData {
   std::map<std::string, std::vector<FlatLayoutEntry>> layouts;
 };
 
+/// Note [Saving replicated state]
+/// Under DDP every rank holds every parameter and its optimizer state. One writer would write
+/// them all while the others wait (and, in the background, copy them all); instead each tensor
+/// is written once, by one of the ranks that hold it, and all ranks write at once into the
+/// sharded format, as PyTorch DCP deduplicates replicated tensors. The writers are chosen by
+/// writers_by_bytes: largest tensor first, each to the rank with the fewest bytes so far (ties
+/// to the lowest rank), so no rank writes more than the average plus one tensor. Every rank
+/// computes the same choice from the same sizes, without a collective. A tensor's pieces are
+/// not cut across ranks, so a checkpoint names each tensor as one unit of its own and reads
+/// back at any world size and under any strategy (Note [Resharding by name]).
+
+/// The rank among `world` that writes each tensor of `bytes` (Note [Saving replicated
+/// state]). Throws ConfigError when world < 1 or a size is negative.
+std::vector<int> writers_by_bytes(const std::vector<int64_t>& bytes, int world);
+
 /// DIR/step-NNNNNN for `global_step`.
 std::string sharded_step_dir(const std::string& dir, int64_t global_step);
 

@@ -63,6 +63,12 @@ std::optional<std::vector<int64_t>> ShardedJoin::shape(const std::string& name) 
   return it->second.shape;
 }
 
+bool ShardedJoin::has_state(const std::string& name, const std::string& state) const {
+  auto it = sources_.find(name);
+  return it != sources_.end() &&
+         readers_[it->second.reader]->has_flat("optim/" + it->second.unit + "/" + state);
+}
+
 const ShardedJoin::Source& ShardedJoin::source(const std::string& name) const {
   auto it = sources_.find(name);
   DTORCH_CHECK_T(CheckpointError, it != sources_.end(), dir(), " and the checkpoints beside it ",

@@ -40,6 +40,9 @@ class ShardedJoin {
   const std::string& dir() const;
   /// The shape saved for parameter `name`; nullopt when no checkpoint holds it.
   std::optional<std::vector<int64_t>> shape(const std::string& name) const;
+  /// Whether the checkpoint holding parameter `name` holds its optimizer state `state` (such as
+  /// "exp_avg"); false when none holds the parameter.
+  bool has_state(const std::string& name, const std::string& state) const;
 
   /// Elements [begin, end) of the flat tensor `kind` ("param", or "optim/<state>" such as
   /// "optim/exp_avg") of a unit laid out as `layout`, in `dtype`. CheckpointError names a

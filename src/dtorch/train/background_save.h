@@ -17,7 +17,8 @@ namespace dtorch::train {
 /// Note [Checkpoints in the background]
 /// A save in two halves. Strategy::stage copies what the checkpoint holds into host memory on the
 /// training thread (a DDP writer's model tensors and a twin of its optimizer holding copies of its
-/// state, checkpoint::checkpoint_state; a ZeRO rank's shards and rank 0's full tensors; pinned
+/// state, checkpoint::checkpoint_state, or under a sharded layout the DDP rank's share, Note
+/// [Saving replicated state]; a ZeRO rank's shards and rank 0's full tensors; pinned
 /// memory for GPU tensors) and returns a SaveJob; training goes on as soon as it returns: making
 /// the file (pickling, checksums) is the job's. A thread runs the job: the serialization, writes,
 /// fsyncs and collectives a blocking save makes, in the same order (files first, then the rename of
@@ -27,9 +28,9 @@ namespace dtorch::train {
 /// and logs how long. At each optimizer step while one is in flight the ranks agree, with one
 /// allreduce of a flag, whether every rank's job has ended; then each rank reports its job's
 /// outcome, which is the same on every rank (a sharded save exchanges its ranks' outcomes, a DDP
-/// save's writer broadcasts its own), so a failed write stops the run on every rank at the same
-/// step, before another checkpoint is tried, with the earlier ones untouched. The run waits for the
-/// last save before it writes the model and exits.
+/// one-file save's writer broadcasts its own), so a failed write stops the run on every rank at the
+/// same step, before another checkpoint is tried, with the earlier ones untouched. The run waits
+/// for the last save before it writes the model and exits.
 class BackgroundSaver {
  public:
   explicit BackgroundSaver(Strategy& strategy);

@@ -1,10 +1,12 @@
-// DDP as a strategy: replicated weights and a plain optimizer, single-file checkpoints (whole
-// models under tensor parallelism, Note [Tensor-parallel checkpoints]).
+// DDP as a strategy: replicated weights and a plain optimizer; checkpoints in one file (whole
+// models under tensor parallelism, Note [Tensor-parallel checkpoints]) or shared by every rank
+// (Note [Saving replicated state]).
 #include "dtorch/train/strategy_parts.h"
 
 #include <nlohmann/json.hpp>
 
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
+#include "dtorch/checkpoint/replicated_checkpoint.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
@@ -53,6 +55,12 @@ class DdpStrategy : public Strategy {
     if (c.precision.reduce_dtype == ReduceDtype::BF16) o.compression = ddp::Compression::BF16;
     ddp_ = ddp::wrap(model_, comm_, o);
     opt_ = make_optimizer(c.optimizer, model_->parameters());
+    DTORCH_CHECK_T(
+        ConfigError,
+        c.checkpoint_layout != CheckpointLayout::Sharded || (!tp_.handle && !pp_.pipeline),
+        "--checkpoint-layout sharded: ddp under --tp or --pp writes one file per ",
+        "stage or tp group; use --checkpoint-layout auto, or --strategy zero1 to shard ",
+        "the state");
   }
 
   void backward(const torch::Tensor& loss, bool sync) override {
@@ -87,8 +95,28 @@ class DdpStrategy : public Strategy {
 
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
+  // Whether every rank writes its share (Note [Saving replicated state]) rather than rank 0 all.
+  bool sharded_saves() const {
+    if (tp_.handle || pp_.pipeline) return false;
+    if (c_.checkpoint_layout != CheckpointLayout::Auto)
+      return c_.checkpoint_layout == CheckpointLayout::Sharded;
+    int64_t bytes = parallel::state_bytes(*opt_);
+    for (const auto& p : model_->parameters())
+      bytes += static_cast<int64_t>(p.nbytes());
+    return comm_->size() > 1 && bytes >= kAutoShardedBytes;
+  }
+
   SaveJob stage(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
                 bool background) override {
+    if (sharded_saves()) {
+      checkpoint::CheckpointData with_scaler = data;
+      with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
+      auto share = checkpoint::replicated_share(with_scaler, *model_, opt_.get(), comm_->rank(),
+                                                comm_->size(), background);
+      return [dir, keep, share = std::move(share)](comm::Communicator& group) {
+        checkpoint::save_sharded_checkpoint(dir, share.data, share.mine, share.full, group, keep);
+      };
+    }
     const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
     models::Model* model = model_.get();
     torch::optim::Optimizer* opt = opt_.get();
@@ -165,6 +193,13 @@ class DdpStrategy : public Strategy {
   }
 
   std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& dir) override {
+    if (!tp_.handle && !pp_.pipeline) {
+      if (auto saved = newer_shards(dir)) {
+        auto loaded = checkpoint::load_replicated(*saved, *model_, opt_.get());
+        scaling_.restore(c_.precision, loaded.data.metadata_json);
+        return loaded;
+      }
+    }
     // Note [Pipeline checkpoints]: stage folders, or a whole checkpoint a stage reads from.
     std::vector<checkpoint::SavedStage> saved = checkpoint::read_pipeline_layout(dir);
     if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
@@ -188,6 +223,18 @@ class DdpStrategy : public Strategy {
     tp::shard_optimizer_state(*tp_.handle, *full, *full_opt, *model_, *opt_);
     parallel::move_state_to_parameters(*opt_);
     return loaded;
+  }
+
+  // The sharded checkpoint in `dir` when it is newer than its newest .dtc (a run that changed
+  // --checkpoint-layout or its world size may hold both): any strategy's, read by name.
+  static std::optional<checkpoint::ShardedJoin> newer_shards(const std::string& dir) {
+    if (checkpoint::list_sharded_checkpoints(dir).empty()) return std::nullopt;
+    auto saved = checkpoint::ShardedJoin::open({dir});
+    const std::vector<std::string> files = checkpoint::list_checkpoints(dir);
+    if (saved && !files.empty() &&
+        checkpoint::checkpoint_epoch(files.front()) > saved->data().epoch)
+      return std::nullopt;
+    return saved;
   }
 
   zero::WaitSeconds comm_waits() const override { return {0, ddp_->comm_wait_seconds()}; }

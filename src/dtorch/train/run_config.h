@@ -200,6 +200,11 @@ void visit_fields(StrategyConfig& s, V&& v) {
           "ddp: allow parameters without gradient in a step"},
     s.ddp.find_unused_parameters);
   v(Field{"parallelism", "grad-compression", "ddp: none | fp16 | bf16"}, named(s.ddp.compression));
+  v(Field{"checkpointing", "checkpoint-layout",
+          "ddp: file (rank 0 writes one .dtc) | sharded (every rank writes its share of the "
+          "replicated state at once) | auto (sharded from 64 MiB of parameters and optimizer "
+          "state on 2 or more ranks; zero1-3 always write shards)"},
+    named(s.checkpoint_layout));
   v(Field{"precision", "precision",
           "fp32 | bf16 (bf16 compute, fp32 master weights) | fp16 (fp16 compute, fp32 master "
           "weights; on the CPU with LibTorch 2.x; dynamic loss scaling, --loss-scale)"},

@@ -45,6 +45,13 @@ const NameTable<OptimizerKind>& names(OptimizerKind) {
   return n;
 }
 
+const NameTable<CheckpointLayout>& names(CheckpointLayout) {
+  static const NameTable<CheckpointLayout> n{{CheckpointLayout::Auto, "auto"},
+                                             {CheckpointLayout::File, "file"},
+                                             {CheckpointLayout::Sharded, "sharded"}};
+  return n;
+}
+
 int zero_stage(StrategyKind k) {
   switch (k) {
     case StrategyKind::DDP:
@@ -178,6 +185,11 @@ void validate(const StrategyConfig& c) {
                  "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "
                  "zero3 (got ",
                  name_of(c.kind), ")");
+  DTORCH_CHECK_T(ConfigError,
+                 c.checkpoint_layout != CheckpointLayout::File || c.kind == StrategyKind::DDP,
+                 "--checkpoint-layout file is ddp's; ", name_of(c.kind),
+                 " writes each rank's shards (sharded); make one file of them with `dtorch "
+                 "checkpoint consolidate`");
   validate(c.precision.loss_scale);
 }
 

@@ -32,10 +32,14 @@ enum class StrategyKind { DDP, Zero1, Zero2, Zero3 };  ///< ddp | zero1 | zero2 
 enum class Precision { FP32, BF16, FP16 };             ///< fp32 | bf16 | fp16
 enum class ReduceDtype { FP32, BF16 };                 ///< fp32 | bf16
 enum class OptimizerKind { SGD, Adam, AdamW };         ///< sgd | adam | adamw
+/// How DDP writes a checkpoint: auto | file (rank 0 writes one .dtc) | sharded (every rank
+/// writes its share, Note [Saving replicated state]). ZeRO always writes sharded.
+enum class CheckpointLayout { Auto, File, Sharded };
 const NameTable<StrategyKind>& names(StrategyKind);
 const NameTable<Precision>& names(Precision);
 const NameTable<ReduceDtype>& names(ReduceDtype);
 const NameTable<OptimizerKind>& names(OptimizerKind);
+const NameTable<CheckpointLayout>& names(CheckpointLayout);
 /// The ZeRO stage of a strategy (0 for ddp).
 int zero_stage(StrategyKind k);
 
@@ -78,7 +82,13 @@ struct StrategyConfig {
   std::string model;         ///< the model's registry name (to rebuild saved stages)
   models::ImageInput input;  ///< what an image model was built for (the same)
   ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units
+  /// ddp's checkpoints; auto: sharded when the ranks replicate kAutoShardedBytes or more of
+  /// parameters and optimizer state, one file below
+  CheckpointLayout checkpoint_layout = CheckpointLayout::Auto;
 };
+
+/// auto's threshold for sharded ddp checkpoints: below it one file is as fast, and fewer files.
+inline constexpr int64_t kAutoShardedBytes = int64_t{64} << 20;
 
 /// Throw ConfigError naming the bad field and the fix.
 void validate(const OptimizerConfig& c);
