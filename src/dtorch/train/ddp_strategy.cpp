@@ -13,6 +13,7 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/models/stage_union.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/parallel/grad_clip.h"
 #include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/parallel/tp/optimizer_state.h"
 #include "dtorch/train/zero_grad.h"
@@ -77,16 +78,17 @@ class DdpStrategy : public Strategy {
     ddp_->reduce_accumulated();
   }
 
-  double step(double max_norm) override {
+  torch::Tensor step(double max_norm) override {
     if (!scaling_.ready(gradients_of(*model_))) {
       zero_grad_to_none(*opt_);
-      return 0;
+      return {};
     }
-    double norm = 0;
+    torch::Tensor norm;
     if (max_norm > 0 && pp_.pipeline) {
       norm = pp_.pipeline->clip_grad_norm(max_norm);  // across every stage
     } else if (max_norm > 0) {
-      norm = torch::nn::utils::clip_grad_norm_(model_->parameters(), max_norm);
+      const std::vector<at::Tensor> grads = gradients_of(*model_);
+      norm = parallel::clip_to_norm(grads, parallel::sum_of_squares(grads, device_), max_norm);
     }
     opt_->step();
     zero_grad_to_none(*opt_);

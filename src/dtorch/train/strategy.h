@@ -121,8 +121,10 @@ class Strategy {
   virtual void backward_accumulated(const std::function<void()>& work) = 0;
   /// Clips the whole gradient to `max_norm` (when > 0; under a pipeline, the norm of every
   /// stage's gradient together), updates the weights and clears the gradients. Returns the
-  /// gradient norm before clipping (0 when not clipping). Collective.
-  virtual double step(double max_norm) = 0;
+  /// gradient norm before clipping as a 0-dim tensor on the device, which nothing reads on the
+  /// host (Note [Clipping on the device] in parallel/grad_clip.h); undefined when not clipping
+  /// or when fp16 skipped the step. Collective.
+  virtual torch::Tensor step(double max_norm) = 0;
   /// Keeps every parameter whole until the returned guard is destroyed (ZeRO-3 gathers);
   /// needed to evaluate with a different number of batches per rank, or to save the model.
   /// Collective.

@@ -72,17 +72,17 @@ class ZeroStrategy : public Strategy {
     sharded_->reduce_accumulated();
   }
 
-  double step(double max_norm) override {
+  torch::Tensor step(double max_norm) override {
     if (!scaling_.ready(sharded_->gradient_shards())) {
       sharded_->zero_grad();
-      return 0;
+      return {};
     }
     zero::NormScope scope;
     if (pp_.pipeline) {  // the norm of every stage's shards, a tied parameter counted once
       scope.across = &pp_.pipeline->group();
       scope.counted_elsewhere = pp_.pipeline->counted_elsewhere();
     }
-    double norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm, scope) : 0;
+    torch::Tensor norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm, scope) : torch::Tensor();
     sharded_->step();
     sharded_->zero_grad();
     return norm;

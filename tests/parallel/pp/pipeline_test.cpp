@@ -202,13 +202,13 @@ DTORCH_TEST_WORKER(pp_parity) {
           r = pipe.step(x, y, loss_of);
         }
         sharded->reduce_accumulated();
-        norm = sharded->clip_grad_norm(0.5, {world.get(), pipe.counted_elsewhere()});
+        norm = sharded->clip_grad_norm(0.5, {world.get(), pipe.counted_elsewhere()}).item<double>();
         sharded->step();
         sharded->zero_grad();
       } else {
         opt.zero_grad();
         r = pipe.step(x, y, loss_of);
-        norm = pipe.clip_grad_norm(0.5);
+        norm = pipe.clip_grad_norm(0.5).item<double>();
         opt.step();
       }
       worst_norm = std::max(worst_norm, std::abs(norm - ref_norm));

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "dtorch/core/error.h"
+#include "dtorch/parallel/grad_clip.h"
 #include "dtorch/parallel/pp/split_backward.h"
 
 namespace dtorch::pp {
@@ -185,19 +186,16 @@ void Pipeline::forward_only(const at::Tensor& inputs, const at::Tensor& targets,
   im.wait_sends();
 }
 
-double Pipeline::clip_grad_norm(double max_norm) {
-  at::Tensor sq = at::zeros({1}, at::TensorOptions(at::kDouble).device(device()));
+at::Tensor Pipeline::clip_grad_norm(double max_norm) {
+  std::vector<at::Tensor> counted, all;
   for (const auto& p : impl_->norm_params)
-    if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum();
+    counted.push_back(p.grad());
+  for (const auto& s : stages_)
+    for (const auto& p : s->parameters())
+      all.push_back(p.grad());
+  at::Tensor sq = parallel::sum_of_squares(counted, device());
   pp_->allreduce(sq, comm::ReduceOp::Sum, "pipeline gradient norm");
-  const double norm = std::sqrt(sq.item<double>());
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1) {
-    for (const auto& s : stages_)
-      for (auto& p : s->parameters())
-        if (p.grad().defined()) p.mutable_grad().mul_(coef);
-  }
-  return norm;
+  return parallel::clip_to_norm(all, sq, max_norm);  // Note [Clipping on the device]
 }
 
 const std::set<std::string>& Pipeline::counted_elsewhere() const {

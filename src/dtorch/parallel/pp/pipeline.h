@@ -76,8 +76,9 @@ class Pipeline {
 
   /// Clips the gradient of the whole model (all stages, a tied parameter counted once) to
   /// `max_norm` as torch::nn::utils::clip_grad_norm_ does on one process; returns the norm
-  /// before clipping. Collective over the pipeline group.
-  double clip_grad_norm(double max_norm);
+  /// before clipping as a 0-dim float64 tensor, not read on the host (Note [Clipping on the
+  /// device] in parallel/grad_clip.h). Collective over the pipeline group.
+  at::Tensor clip_grad_norm(double max_norm);
   /// Names of this rank's parameters that another rank counts in that norm (its copies of
   /// tied parameters), for a strategy that computes the norm of its own gradient shards.
   const std::set<std::string>& counted_elsewhere() const;

@@ -14,6 +14,7 @@
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/model.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/parallel/grad_clip.h"
 #include "dtorch/parallel/grad_ready.h"
 #include "dtorch/parallel/model_sync.h"
 #include "dtorch/parallel/optimizer_state.h"
@@ -713,15 +714,13 @@ ShardedModel::FullParams ShardedModel::full_params() {
   return FullParams(this);
 }
 
-double ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
+at::Tensor ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
   DTORCH_CHECK_T(ConfigError, max_norm > 0, "clip-grad-norm must be positive (got ", max_norm, ")");
   auto& impl = *impl_;
-  at::Tensor sq = at::zeros({1}, impl.on(at::kDouble));
-  for (size_t u = 0; u < impl.units.size(); ++u) {
-    const at::Tensor& g = impl.units[u].grad_shard;
-    sq += g.to(at::kDouble).pow(2).sum();
-    if (scope.counted_elsewhere.empty()) continue;
+  at::Tensor sq = parallel::sum_of_squares(gradient_shards(), impl.on(at::kDouble).device());
+  for (size_t u = 0; u < impl.units.size() && !scope.counted_elsewhere.empty(); ++u) {
     // Take out the owned elements of parameters counted elsewhere.
+    const at::Tensor& g = impl.units[u].grad_shard;
     const Unit& unit = impl.plan.units[u];
     auto [begin, end] = unit.owned(impl.rank());
     for (const auto& e : unit.entries) {
@@ -732,14 +731,8 @@ double ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
   }
   impl.comm->allreduce(sq, comm::ReduceOp::Sum, "ZeRO gradient norm");
   if (scope.across) scope.across->allreduce(sq, comm::ReduceOp::Sum, "gradient norm of all stages");
-  const double norm = std::sqrt(std::max(0.0, sq.item<double>()));
-  // The same coefficient as torch::nn::utils::clip_grad_norm_.
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1) {
-    for (auto& s : impl.units)
-      s.grad_shard.mul_(coef);
-  }
-  return norm;
+  // Note [Clipping on the device]
+  return parallel::clip_to_norm(gradient_shards(), sq, max_norm);
 }
 
 std::vector<torch::Tensor> ShardedModel::gradient_shards() const {

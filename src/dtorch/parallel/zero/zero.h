@@ -165,8 +165,10 @@ class ShardedModel {
 
   /// Scales the gradient shards so that the norm of the whole (unsharded) gradient is at
   /// most max_norm, as torch::nn::utils::clip_grad_norm_ would on the full gradient; returns
-  /// that norm before clipping. Collective (and over scope.across).
-  double clip_grad_norm(double max_norm, const NormScope& scope = {});
+  /// that norm before clipping, a 0-dim float64 tensor on the gradients' device that nothing
+  /// reads on the host (Note [Clipping on the device] in parallel/grad_clip.h). Collective
+  /// (and over scope.across).
+  at::Tensor clip_grad_norm(double max_norm, const NormScope& scope = {});
   /// This rank's fp32 gradient shards, one per unit (what step() applies; scaling them
   /// scales the step).
   std::vector<torch::Tensor> gradient_shards() const;
