@@ -11,6 +11,7 @@ the stall (how long the save call held the training thread), the time until ever
 was written, the steps that ran while a background save was in flight, and the checkpoint's
 size. Runs that cannot fit this machine's memory are listed with the reason.
 Usage: bench/bench_checkpoint.py [--dtorch build-pip/dtorch] [--steps 6] [--save-at 3]
+       [--repeats gpt-small:3]
 """
 import argparse
 import datetime
@@ -51,6 +52,16 @@ def summary(rows):
     }
 
 
+def median_of(runs):
+    """Each figure's median over runs (summary()'s of one implementation and mode), so that
+    one run's disk hiccup does not decide a row."""
+    out = {}
+    for k in runs[0]:
+        values = sorted(r[k] for r in runs if r[k] is not None)
+        out[k] = values[len(values) // 2] if values else None
+    return out
+
+
 def row(impl, mode, s):
     during = "%.2f" % s["during"] if s["during"] is not None else "-"
     return "| %s | %s | %.2f | %.2f | %.2f | %s | %.2f GiB | %.2f GiB |" % (
@@ -65,12 +76,17 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--save-at", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--repeats", nargs="*", default=["gpt-small:3"],
+                    help="MODEL:N: run each of MODEL's saves N times, dtorch and PyTorch "
+                    "alternating, and report each figure's median (default: gpt-small's 3 "
+                    "times; a disk's speed varies from run to run; others once)")
     ap.add_argument("--skip", nargs="*", default=[SKIP_LARGE_ASYNC],
                     help="MODEL:MODE=WHY: runs left out of both, with why (default: "
                     "gpt-large's background saves, which do not fit 24 GiB)")
     a = parse_with_peer(ap)
     peer = os.path.join(ROOT, "bench", "peer_checkpoint.py")
     skipped = dict(s.split("=", 1) for s in a.skip)
+    repeats = {m: int(n) for m, n in (r.split(":") for r in a.repeats)}
 
     results = {}
     torch_version = None
@@ -80,28 +96,40 @@ def main():
             if key in skipped:
                 results[key] = (None, skipped[key], None, skipped[key])
                 continue
-            rows = run_lines([a.dtorch, "bench", "checkpoint", "--model", model, "--strategy",
-                              strategy, "--nproc-per-node", str(a.nproc), "--steps",
-                              str(a.steps), "--save-at", str(a.save_at), "--seq-len",
-                              str(a.seq_len)] + (["--async-checkpoint"] if mode == "async" else []))
-            torch_version = rows[0]["torch"]
-            ours = summary(rows)
-            theirs, err = None, None
-            if a.python2:
-                prows, err = run_peer([os.path.abspath(a.python2), peer, "--nproc", str(a.nproc),
-                                       "--model", model, "--strategy", peer_strategy, "--mode",
-                                       mode, "--steps", str(a.steps), "--save-at",
-                                       str(a.save_at), "--seq-len", str(a.seq_len)])
-                if prows:
-                    theirs = summary(prows)
-                    results.setdefault("peer_torch", prows[0]["torch"])
+            common = ["--model", model, "--strategy", strategy, "--nproc-per-node",
+                      str(a.nproc), "--steps", str(a.steps), "--save-at", str(a.save_at),
+                      "--seq-len", str(a.seq_len)]
+            ours_runs, file_runs, peer_runs, err = [], [], [], None
+            for _ in range(repeats.get(model, 1)):
+                rows = run_lines([a.dtorch, "bench", "checkpoint"] + common +
+                                 (["--async-checkpoint"] if mode == "async" else []))
+                torch_version = rows[0]["torch"]
+                ours_runs.append(summary(rows))
+                if strategy == "ddp" and mode == "blocking":
+                    # The layout the shared save replaced: rank 0 writes it all.
+                    file_runs.append(summary(run_lines(
+                        [a.dtorch, "bench", "checkpoint"] + common +
+                        ["--checkpoint-layout", "file"])))
+                if a.python2:
+                    prows, err = run_peer([os.path.abspath(a.python2), peer, "--nproc",
+                                           str(a.nproc), "--model", model, "--strategy",
+                                           peer_strategy, "--mode", mode, "--steps",
+                                           str(a.steps), "--save-at", str(a.save_at),
+                                           "--seq-len", str(a.seq_len)])
+                    if prows:
+                        peer_runs.append(summary(prows))
+                        results.setdefault("peer_torch", prows[0]["torch"])
+            ours = median_of(ours_runs)
+            theirs = median_of(peer_runs) if peer_runs else None
+            if file_runs:
+                results[key + ":file"] = median_of(file_runs)
             results[key] = (ours, None, theirs, err)
             print("%s: dtorch stall %.2f s%s" % (
                 key, ours["stall"], ", peer stall %.2f s" % theirs["stall"] if theirs else
                 ", peer: %s" % err), file=sys.stderr)
 
-    cmd = "bench/bench_checkpoint.py --steps %d --save-at %d --seq-len %d" % (
-        a.steps, a.save_at, a.seq_len)
+    cmd = "bench/bench_checkpoint.py --steps %d --save-at %d --seq-len %d --repeats %s" % (
+        a.steps, a.save_at, a.seq_len, " ".join(a.repeats))
     lines = [
         START,
         "## The stall a checkpoint causes: blocking against in the background (`dtorch bench "
@@ -115,7 +143,8 @@ def main():
         "copy of the rank's state to host memory; PyTorch's async_save also builds the state "
         "dict and stages it). Written: from the call until every rank's part was on disk. "
         "During: the slowest step that ran while a background save was in flight. Seconds are "
-        "the slowest rank's."
+        "the slowest rank's; with --repeats MODEL:N each figure is the median of N runs, "
+        "dtorch's and PyTorch's alternating."
         % (cmd, datetime.date.today().isoformat(), machine(), shown_path(a.dtorch),
            torch_version or "?", short_version(results.get("peer_torch", "2.x")), a.nproc,
            a.seq_len, a.steps, a.save_at),
@@ -130,6 +159,8 @@ def main():
                 lines.append("| dtorch, PyTorch | %s | not run: %s | | | | | |" % (mode, why))
                 continue
             lines.append(row("dtorch", mode, ours))
+            if "%s:%s:file" % (model, mode) in results:
+                lines.append(row("dtorch, one file", mode, results["%s:%s:file" % (model, mode)]))
             if theirs:
                 lines.append(row("PyTorch", mode, theirs))
             elif err:
@@ -137,9 +168,13 @@ def main():
                     mode, err.replace("|", "/")))
     lines += [
         "",
-        "Under DDP, DCP drops the replicated state's duplicates across ranks and each rank writes "
-        "its half; dtorch's rank 0 writes the whole .dtc (one file, with its CRC-32, fsynced) "
-        "while the other ranks wait. A ZeRO-3 rank writes its own shards under both.",
+        "Under DDP both write each replicated tensor once, every rank its share at once: DCP "
+        "drops the duplicates across ranks, dtorch gives each tensor with its optimizer state to "
+        "the rank with the fewest bytes so far, largest first (`--checkpoint-layout auto`, "
+        "sharded from 64 MiB of state on 2 or more ranks; Note [Saving replicated state]). "
+        "\"dtorch, one file\" is `--checkpoint-layout file`, rank 0 writing the whole .dtc while "
+        "the other ranks wait. A ZeRO-3 rank writes its own shards under both. dtorch's files "
+        "carry a CRC-32 each and are fsynced before the checkpoint is published.",
         END,
     ]
     publish(a.out, lines)
