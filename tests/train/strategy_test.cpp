@@ -159,13 +159,24 @@ TEST_P(Reshard, ResumesAsZero3WithOtherUnits) {
 INSTANTIATE_TEST_SUITE_P(Stages, Reshard, ::testing::Values("zero1", "zero2", "zero3"));
 
 // args: DIR STRATEGY MODE. save: train 3 steps, save into DIR/<STRATEGY>. resume: load
-// DIR/ddp-sharded and save what was loaded into DIR/resumed-<STRATEGY>-<world>.
+// DIR/ddp-sharded and save what was loaded into DIR/resumed-<STRATEGY>-<world>. sgd: load it
+// with SGD instead of AdamW, writing the error into DIR/sgd-<rank>.
 DTORCH_TEST_WORKER(ddp_share) {
   const std::string dir = args.at(0), strategy = args.at(1);
   auto comm = comm::Communicator::from_env();
   torch::manual_seed(5);
   auto model = models::make_model("gpt-debug");
-  auto s = make_strategy(adamw(strategy), model, comm);
+  StrategyConfig c = adamw(strategy);
+  if (args.at(2) == "sgd") c.optimizer.kind = OptimizerKind::SGD;
+  auto s = make_strategy(c, model, comm);
+  if (args.at(2) == "sgd") {
+    try {
+      s->load_latest(dir + "/ddp-sharded");
+    } catch (const CheckpointError& e) {
+      std::ofstream(str(dir, "/sgd-", comm->rank())) << e.what();
+    }
+    return;
+  }
   if (args.at(2) == "save") {
     train_steps(*s, *model, 3, comm->rank());
     s->save(dir + "/" + strategy, {1, 3, "{}"}, 2);
@@ -248,6 +259,12 @@ TEST(DdpSharedSave, EachRankWritesItsShareOfWhatOneFileHolds) {
   ASSERT_EQ(got.size(), want.size());
   for (const auto& [name, t] : want)
     EXPECT_TRUE(t.equal(got.at(name))) << name;
+
+  // Another optimizer's state is not taken for this one's.
+  ASSERT_EQ(testing::run_ranks(1, "ddp_share", {dir, "ddp", "sgd"}), 0);
+  const std::string why = testing::read_file(dir + "/sgd-0");
+  EXPECT_NE(why.find("holds exp_avg for"), std::string::npos) << why;
+  EXPECT_NE(why.find("another optimizer"), std::string::npos) << why;
 
   // ZeRO-1 at two ranks reads every parameter and moment by name.
   ASSERT_EQ(testing::run_ranks(2, "ddp_share", {dir, "zero1", "resume"}), 0);

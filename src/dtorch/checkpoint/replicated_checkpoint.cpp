@@ -94,8 +94,16 @@ LoadedCheckpoint load_replicated(ShardedJoin& saved, torch::nn::Module& model,
         parallel::fresh_state(*optimizer, p.value());
     if (!state) continue;  // SGD without momentum keeps none
     const auto tensors = parallel::state_tensors(*state);
-    // A parameter that had no step before the save has no state in it, as here.
-    if (tensors.empty() || !saved.has_state(name, tensors.front().first)) continue;
+    if (tensors.empty()) continue;
+    if (!saved.has_state(name, tensors.front().first)) {
+      // A parameter that had no step before the save has no state in it, as here; state of
+      // another optimizer is not this one's.
+      for (const char* other : {"exp_avg", "momentum_buffer"})
+        DTORCH_CHECK_T(CheckpointError, !saved.has_state(name, other), saved.dir(), " holds ",
+                       other, " for ", name, ", the state of another optimizer than this run's; ",
+                       "resume with the optimizer it was saved with, or start a new --out");
+      continue;
+    }
     for (const auto& [kind, t] : tensors)
       read("optim/" + kind, t);
     parallel::set_steps(*state, steps);
