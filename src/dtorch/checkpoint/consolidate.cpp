@@ -134,9 +134,7 @@ Consolidated consolidate(const std::string& path) {
     ShardedCheckpointReader reader(path);
     c.state = consolidate_model(reader);
     c.source = reader.dir();
-    c.data.epoch = reader.data().epoch;
-    c.data.global_step = reader.data().global_step;
-    c.data.metadata_json = reader.data().metadata_json;
+    c.data = checkpoint_data(reader.data());
   }
   return c;
 }

@@ -112,12 +112,7 @@ LoadedCheckpoint load_replicated(ShardedJoin& saved, torch::nn::Module& model,
   for (auto& b : model.named_buffers())
     b.value().copy_(saved.read_full("buffer/" + b.key()));
   if (saved.has_full("rng_state")) models::set_cpu_generator_state(saved.read_full("rng_state"));
-  LoadedCheckpoint out;
-  out.path = saved.dir();
-  out.data.epoch = saved.data().epoch;
-  out.data.global_step = saved.data().global_step;
-  out.data.metadata_json = saved.data().metadata_json;
-  return out;
+  return {checkpoint_data(saved.data()), saved.dir()};
 }
 
 }  // namespace dtorch::checkpoint

@@ -466,6 +466,10 @@ void save_sharded_checkpoint(
                  " not saved: ", problem, "; earlier checkpoints are untouched");
 }
 
+CheckpointData checkpoint_data(const ShardedCheckpointData& data) {
+  return {data.epoch, data.global_step, data.metadata_json};
+}
+
 std::vector<int> writers_by_bytes(const std::vector<int64_t>& bytes, int world) {
   DTORCH_CHECK_T(ConfigError, world >= 1, "a save needs at least one rank, got ", world);
   std::vector<size_t> order(bytes.size());

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/checkpoint/checkpoint.h"
 #include "dtorch/checkpoint/state_dict.h"
 
 namespace dtorch::comm {
@@ -90,6 +91,9 @@ struct ShardedCheckpointData {
 /// The rank among `world` that writes each tensor of `bytes` (Note [Saving replicated
 /// state]). Throws ConfigError when world < 1 or a size is negative.
 std::vector<int> writers_by_bytes(const std::vector<int64_t>& bytes, int world);
+
+/// Its epoch, global step and metadata as a one-file checkpoint records them.
+CheckpointData checkpoint_data(const ShardedCheckpointData& data);
 
 /// DIR/step-NNNNNN for `global_step`.
 std::string sharded_step_dir(const std::string& dir, int64_t global_step);

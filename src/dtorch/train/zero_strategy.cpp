@@ -196,11 +196,7 @@ class ZeroStrategy : public Strategy {
       models::set_cpu_generator_state(saved->read_full("rng_state", sharded_->param_names().at(0)));
     }
     sharded_->publish_params();
-    checkpoint::LoadedCheckpoint out;
-    out.path = saved->dir();
-    out.data.epoch = saved->data().epoch;
-    out.data.global_step = saved->data().global_step;
-    out.data.metadata_json = saved->data().metadata_json;
+    checkpoint::LoadedCheckpoint out{checkpoint::checkpoint_data(saved->data()), saved->dir()};
     scaling_.restore(c_.precision, out.data.metadata_json);
     return out;
   }
