@@ -10,13 +10,12 @@
 namespace dtorch::checkpoint {
 namespace {
 
-// A parameter's optimizer state tensors by name; none when it has no state yet.
-std::vector<std::pair<std::string, at::Tensor>> state_of(const torch::optim::Optimizer* opt,
-                                                         const at::Tensor& p) {
-  if (!opt) return {};
+// A parameter's optimizer state; null when it has none yet (or there is no optimizer).
+const torch::optim::OptimizerParamState* state_of(const torch::optim::Optimizer* opt,
+                                                  const at::Tensor& p) {
+  if (!opt) return nullptr;
   auto it = opt->state().find(compat::optimizer_state_key(p));
-  return it == opt->state().end() ? std::vector<std::pair<std::string, at::Tensor>>{}
-                                  : parallel::state_tensors(*it->second);
+  return it == opt->state().end() ? nullptr : it->second.get();
 }
 
 int64_t bytes_of(const at::Tensor& t) {
@@ -37,27 +36,26 @@ ReplicatedShare replicated_share(const CheckpointData& data, const torch::nn::Mo
   out.data.global_step = data.global_step;
   out.data.metadata_json = data.metadata_json;
   const auto params = model.named_parameters();
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> states;
   std::vector<int64_t> bytes;
+  int64_t steps = 0;  // every parameter's, the same
   for (const auto& p : params) {
+    const torch::optim::OptimizerParamState* st = state_of(optimizer, p.value());
+    if (st && steps == 0) steps = parallel::steps_of(*st);
+    states.push_back(st ? parallel::state_tensors(*st)
+                        : std::vector<std::pair<std::string, at::Tensor>>{});
     int64_t b = bytes_of(p.value());
-    for (const auto& [name, t] : state_of(optimizer, p.value()))
+    for (const auto& [name, t] : states.back())
       b += bytes_of(t);
     bytes.push_back(b);
     out.data.layouts[p.key()] = {{p.key(), p.value().sizes().vec(), 0}};
   }
   const std::vector<int> writer = writers_by_bytes(bytes, world);
-  int64_t steps = 0;
   for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& p = params[i].value();
-    const std::string& name = params[i].key();
-    const auto state = state_of(optimizer, p);
-    if (!state.empty() && steps == 0) {
-      auto it = optimizer->state().find(compat::optimizer_state_key(p));
-      steps = parallel::steps_of(*it->second);
-    }
     if (writer[i] != rank) continue;
-    out.mine.push_back({"param/" + name, p.numel(), 0, kept(p)});
-    for (const auto& [kind, t] : state)
+    const std::string& name = params[i].key();
+    out.mine.push_back({"param/" + name, params[i].value().numel(), 0, kept(params[i].value())});
+    for (const auto& [kind, t] : states[i])
       out.mine.push_back({str("optim/", name, "/", kind), t.numel(), 0, kept(t)});
   }
   if (rank == 0) {
