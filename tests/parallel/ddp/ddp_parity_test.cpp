@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <torch/csrc/autograd/function_hook.h>
+
 #include <fstream>
 #include <thread>
 
@@ -87,6 +89,35 @@ Setup parse(const std::vector<std::string>& a) {
   return s;
 }
 
+// Runs after DDP's own hook on the gradient accumulator of the parameter that is ready last:
+// counts the earlier gradients that are not yet their bucket's memory (Note [Gradient views]:
+// each becomes a view of its bucket as soon as its hook ran, so backward never holds two
+// copies of the gradients).
+class CountsFreshGradients : public torch::autograd::FunctionPostHook {
+ public:
+  CountsFreshGradients(std::vector<torch::Tensor> params, const ddp::BucketPlan& plan, size_t last,
+                       const bool* synced, int* fresh)
+      : params_(std::move(params)), plan_(plan), last_(last), synced_(synced), fresh_(fresh) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (!*synced_) return outputs;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const torch::Tensor& g = params_[i].grad();
+      const ddp::Bucket& b = plan_.buckets[plan_.where[i].first];
+      if (i == last_ || !g.defined() || plan_.where[i].first == plan_.where[last_].first) continue;
+      if (g.storage().nbytes() != static_cast<size_t>(b.numel) * g.element_size()) ++*fresh_;
+    }
+    return outputs;
+  }
+
+ private:
+  std::vector<torch::Tensor> params_;
+  const ddp::BucketPlan& plan_;
+  size_t last_;
+  const bool* synced_;
+  int* fresh_;
+};
+
 DTORCH_TEST_WORKER(ddp_parity) {
   Setup s = parse(args);
   auto comm = comm::Communicator::from_env();
@@ -96,6 +127,11 @@ DTORCH_TEST_WORKER(ddp_parity) {
   DTORCH_CHECK(d->plan().buckets.size() >= 3, "expected several buckets");
   torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   bool extra = !s.unused_on_odd_ranks || comm->rank() % 2 == 0;
+  bool synced = false;
+  int fresh = 0;
+  torch::autograd::impl::grad_accumulator(m->conv->weight)
+      ->add_post_hook(
+          std::make_unique<CountsFreshGradients>(m->parameters(), d->plan(), 0, &synced, &fresh));
   for (int step = 0; step < s.steps; ++step) {
     // Both ways of clearing gradients must work: in place (LibTorch 1.13's zero_grad) at 2
     // ranks, set to undefined (2.x's default) at 3.
@@ -107,7 +143,8 @@ DTORCH_TEST_WORKER(ddp_parity) {
     for (int k = 0; k < s.accum; ++k) {
       auto [x, y] = batch_of(step, k, comm->rank(), s.batch);
       auto loss = torch::cross_entropy_loss(m->forward(x, extra), y) / s.accum;
-      if (k + 1 < s.accum) {
+      synced = k + 1 == s.accum;
+      if (!synced) {
         auto guard = d->no_sync();
         loss.backward();
       } else {
@@ -116,6 +153,7 @@ DTORCH_TEST_WORKER(ddp_parity) {
     }
     opt.step();
   }
+  DTORCH_CHECK(fresh == 0, fresh, " gradients were not their bucket's memory in backward");
   if (comm->rank() == 0) torch::save(snapshot(*m), args.at(0) + "/params.pt");
 }
 

@@ -11,12 +11,16 @@ namespace dtorch::ddp {
 namespace {
 
 // Note [Gradient views]
-// After each reduction a parameter's .grad is set to an alias of its slice of the bucket's
-// flat buffer (same memory; not an autograd view, so zero_grad's detach_() works).
-// Optimizers that zero gradients in place keep that view, so the next backward accumulates
-// straight into the bucket and the hook copies nothing; an optimizer that sets gradients to
-// undefined (set_to_none) gets a fresh tensor from autograd, which the hook copies into the
-// bucket. Either way the reduced result lands in .grad with no extra copy.
+// The buckets' flat buffers are the only gradient storage DDP keeps: as each gradient is
+// absorbed, its parameter's .grad becomes an alias of its slice of the bucket (same memory;
+// not an autograd view, so zero_grad's detach_() works), and the gradient autograd produced
+// is freed at once instead of at the end of backward. Backward thus holds the buckets plus
+// the gradients of the parameters whose hooks have not run yet, not two copies of every
+// gradient (PyTorch's gradient_as_bucket_view). An optimizer that zeroes gradients in place
+// keeps the views, so the next backward accumulates straight into the bucket and the hook
+// copies nothing; one that sets them to undefined (dtorch's strategies, PyTorch 2's default)
+// gets a fresh tensor from autograd, which the hook copies into the bucket: one write of each
+// gradient where zeroing in place costs a memset and an add (a write and two reads more).
 
 std::vector<ParamSpec> specs_of(const std::vector<at::Tensor>& params) {
   std::vector<ParamSpec> specs;
@@ -96,12 +100,15 @@ Reducer::~Reducer() = default;
 
 void Reducer::absorb(size_t index) {
   auto [b, pos] = plan_.where[index];
-  const at::Tensor& grad = params_[index].grad();
-  if (!grad.defined()) {
-    buckets_[b].views[pos].zero_();
-  } else if (!grad.is_same(buckets_[b].views[pos])) {
-    buckets_[b].views[pos].copy_(grad);  // Note [Gradient views]
+  at::Tensor& grad = params_[index].mutable_grad();
+  const at::Tensor& view = buckets_[b].views[pos];
+  if (grad.defined() && grad.is_same(view)) return;
+  if (grad.defined()) {
+    view.copy_(grad);  // Note [Gradient views]
+  } else {
+    view.zero_();
   }
+  grad = view;
 }
 
 void Reducer::launch(size_t b) {
@@ -128,15 +135,10 @@ void Reducer::wait(size_t launched) {
 }
 
 void Reducer::complete() {
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    BucketState& s = buckets_[b];
+  for (BucketState& s : buckets_) {
     if (s.wire.defined()) {
       s.flat.copy_(s.wire);
       s.wire = at::Tensor();
-    }
-    for (size_t j = 0; j < s.views.size(); ++j) {
-      at::Tensor& g = params_[plan_.buckets[b].params[j]].mutable_grad();
-      if (!g.defined() || !g.is_same(s.views[j])) g = s.views[j];
     }
   }
   if (opts_.broadcast_buffers) {

@@ -1,5 +1,6 @@
 // The DDP reducer: executes a BucketPlan. As backward produces gradients they are copied
-// into flat bucket buffers, and each full bucket's allreduce starts at once; the end of
+// into flat bucket buffers, which hold the parameters' .grad from then on (Note [Gradient
+// views]), and each full bucket's allreduce starts at once; the end of
 // backward waits for them. The step itself (hooks, pending counts, in-order launch, the end
 // of backward) is the shared engine's (Note [Gradient readiness] in parallel/grad_ready.h).
 #pragma once
