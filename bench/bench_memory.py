@@ -111,6 +111,8 @@ def main():
     ap.add_argument("--model", default="gpt-small")
     ap.add_argument("--nprocs", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed steps before the timed ones (the heap settles in two)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3,
@@ -130,6 +132,7 @@ def main():
                 rows = run_lines([a.dtorch, "bench", "memory", "--model", a.model]
                                  + FLAGS.get(s, ["--strategy", s]) + [
                                   "--nproc-per-node", str(n), "--steps", str(a.steps),
+                                  "--warmup-steps", str(a.warmup),
                                   "--batch-size", str(a.batch), "--seq-len", str(a.seq_len)])
                 runs.setdefault((s, n), []).append(rows)
                 r = rows[0]
@@ -151,7 +154,7 @@ def main():
                     continue
                 rows, err = run_peer([a.python2, os.path.abspath(a.peer), "--strategy", s,
                                       "--model", a.model, "--nproc", str(n), "--steps",
-                                      str(a.steps), "--batch", str(a.batch), "--seq-len",
+                                      str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch), "--seq-len",
                                       str(a.seq_len)])
                 if err:
                     failed[(s, n)] = err
@@ -172,9 +175,9 @@ def main():
 
     P = results[("ddp", a.nprocs[0])][0]["params"]
     n0 = a.nprocs[0]
-    cmd = ("bench/bench_memory.py --model %s --nprocs %s --steps %d --batch %d --seq-len %d "
-           "--repeats %d" % (a.model, " ".join(map(str, a.nprocs)), a.steps, a.batch, a.seq_len,
-                             a.repeats))
+    cmd = ("bench/bench_memory.py --model %s --nprocs %s --steps %d --warmup %d --batch %d "
+           "--seq-len %d --repeats %d" % (a.model, " ".join(map(str, a.nprocs)), a.steps,
+                                          a.warmup, a.batch, a.seq_len, a.repeats))
     lines = [
         START,
         "## Memory per rank by strategy (`dtorch bench memory`)",
@@ -186,24 +189,28 @@ def main():
         "per parameter; peak RSS is the largest of the ranks' (`getrusage`), which also holds "
         "activations, gradients in flight, the fp32 model as built before it is sharded (not "
         "under zero3, which never builds it whole: Note [Deferred initialisation]), and "
-        "LibTorch itself. The references are the formula and, in the last table, %s"
+        "LibTorch itself. Page faults are the minor faults (`getrusage`) per timed step, "
+        "after %d untimed ones, as a share of the pages the gradients span: memory the step "
+        "asks the kernel for again instead of reusing. The references are the formula and, "
+        "in the last table, %s"
         % (cmd, datetime.date.today().isoformat(), machine(), a.model, P, P / 1e6, a.batch,
-           a.seq_len,
+           a.seq_len, a.warmup,
            peer_sentence(a, peers, torch2, deepspeed, fsdp)),
         "",
         "| strategy | N | params | grads | optimizer | model state | formula | state / "
-        "formula | peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "formula | peak RSS | page faults / step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in a.nprocs:
         for s in STRATEGIES:
             r = results[(s, n)][0]
             lines.append("| %s | %d | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | %.2f GiB | "
-                         "%.3f | %.2f GiB |" % (
+                         "%.3f | %.2f GiB | %s |" % (
                              s, n, gib(r["param_bytes"]), gib(r["grad_bytes"]),
                              gib(r["optim_bytes"]), gib(r["model_state_bytes"]),
                              gib(r["formula_bytes"]), r["model_state_over_formula"],
-                             gib(max(x["peak_rss_bytes"] for x in results[(s, n)]))))
+                             gib(max(x["peak_rss_bytes"] for x in results[(s, n)])),
+                             faults(r)))
     lines += [
         "",
         "ZeRO-3 holds no gathered parameters between steps: each transformer block is "
@@ -286,6 +293,13 @@ def main():
     publish(a.out, lines)
 
 
+def faults(row):
+    """Rank 0's page faults per step, and their share of the gradients' pages when known."""
+    f = row["page_faults_per_step"]
+    share = row.get("page_faults_per_grad_page")
+    return "%.0f (%.1f%%)" % (f, 100 * share) if share is not None else "%.0f" % f
+
+
 def shown_path(path):
     """A path as the reader's checkout would have it: relative to the repository when inside."""
     rel = os.path.relpath(os.path.abspath(path), ROOT)
@@ -323,18 +337,18 @@ def peer_table(a, results, peers, torch2):
         "",
         "The peers (`bench/peer_sharded.py`) train the same %s (nanoGPT's model.py, the "
         "sharding unit a transformer block) on %d x %d random token ids per rank, fp32 AdamW "
-        "(lr 1e-4, weight decay 0.01), one thread per rank, one untimed step then %d timed, "
+        "(lr 1e-4, weight decay 0.01), one thread per rank, %d untimed steps then %d timed, "
         "%d runs each interleaved like dtorch's (the median run; peak RSS the largest); "
         "every rank builds the whole model before it is sharded, as dtorch does for ddp, zero1 "
         "and zero2 (its zero3 never builds it whole). DeepSpeed's "
         "reduce and allgather buckets are set to 25 MiB like DDP's and dtorch's (its default, "
         "5e8 elements, is 2 GB in fp32). Peak RSS is the largest rank's. dtorch / peer above 1 "
         "means dtorch is faster; RSS dtorch / peer below 1 that it holds less memory."
-        % (a.model, a.batch, a.seq_len, a.steps, a.repeats),
+        % (a.model, a.batch, a.seq_len, a.warmup, a.steps, a.repeats),
         "",
-        "| N | dtorch | samples/s | peak RSS | peer | samples/s | peak RSS | samples/s dtorch "
-        "/ peer | RSS dtorch / peer |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| N | dtorch | samples/s | peak RSS | page faults / step | peer | samples/s | peak RSS "
+        "| page faults / step | samples/s dtorch / peer | RSS dtorch / peer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = []
     for n in a.nprocs:
@@ -343,14 +357,16 @@ def peer_table(a, results, peers, torch2):
             o_sps, o_rss = o[0]["samples_per_s"], max(x["peak_rss_bytes"] for x in o)
             rows, err = peers[(theirs, n)]
             if err:
-                lines.append("| %d | %s | %.2f | %.2f GiB | %s | did not run: %s | | | |" % (
-                    n, ours, o_sps, gib(o_rss), name, err.replace("|", "/")))
+                lines.append("| %d | %s | %.2f | %.2f GiB | %s | %s | did not run: %s | | | | |"
+                             % (n, ours, o_sps, gib(o_rss), faults(o[0]), name,
+                                err.replace("|", "/")))
                 continue
             t_sps, t_rss = rows[0]["samples_per_s"], max(x["peak_rss_bytes"] for x in rows)
             impl = " (%s)" % rows[0]["impl"] if theirs == "fsdp" else ""
-            lines.append("| %d | %s | %.2f | %.2f GiB | %s%s | %.2f | %.2f GiB | %.2f | %.2f |" % (
-                n, ours, o_sps, gib(o_rss), name, impl, t_sps, gib(t_rss), o_sps / t_sps,
-                o_rss / t_rss))
+            lines.append("| %d | %s | %.2f | %.2f GiB | %s | %s%s | %.2f | %.2f GiB | %s | %.2f "
+                         "| %.2f |" % (n, ours, o_sps, gib(o_rss), faults(o[0]), name, impl, t_sps,
+                                       gib(t_rss), faults(rows[0]), o_sps / t_sps,
+                                       o_rss / t_rss))
             base += [x["rss_before_model_bytes"] for x in rows]
     if base:
         lines += ["", "Of each peer rank's peak RSS, %.2f-%.2f GiB is held before the model "

@@ -28,7 +28,7 @@ rank are compared with what Python users run today, in the same run on the same 
                        is a copy of wte on the last stage (untied)
 Protocol (dtorch bench memory's): N local ranks, MASTER_ADDR 127.0.0.1, one intra-op thread per
 rank, fp32 AdamW (lr 1e-4, weight decay 0.01), --batch sequences of --seq-len random token ids
-per rank, one untimed warm-up step, then --steps timed steps between two barriers. The model is
+per rank, --warmup untimed steps (1), then --steps timed steps between two barriers. The model is
 nanoGPT's GPT-2 small as dtorch builds it (tests/models/gpt_test.cpp holds the same text):
 bias on, dropout 0, lm_head tied to wte, 124,475,904 parameters counted once each; the
 sharding unit is a transformer block, the root (embeddings, final norm) is the last unit.
@@ -553,11 +553,12 @@ def run_rank(rank, a):
     # coordinate.
     gen = torch.Generator().manual_seed(getattr(a, "data_rank", rank))
     traffic = CommBytes() if a.strategy in TP_STRATEGIES else None
-    t0 = None
-    for i in range(1 + a.steps):  # one untimed warm-up step
-        if i == 1:
+    t0 = faults0 = None
+    for i in range(a.warmup + a.steps):  # untimed warm-up steps first
+        if i == a.warmup:
             dist.barrier()
             t0 = time.perf_counter()
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         if i == 0 and traffic is not None:
             with traffic:  # the warm-up step's collectives, the same as every step's
                 loss = run(*batch_for(a, gen))
@@ -565,14 +566,16 @@ def run_rank(rank, a):
         loss = run(*batch_for(a, gen))
     dist.barrier()
     seconds = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss = usage.ru_maxrss * 1024
     batches = getattr(a, "dp_size", a.nproc)  # distinct batches per step
     row = dict(rank=rank, strategy=a.strategy, impl=impl, model=a.model, nproc=a.nproc,
                params=params, batch_per_rank=a.batch, seq_len=min(a.seq_len, CONFIGS[a.model][1]),
                steps=a.steps, seconds=seconds,
                samples_per_s=a.steps * a.batch * batches / seconds, peak_rss_bytes=rss,
                rss_before_model_bytes=base_rss, final_loss=float(loss.detach()),
-               step_seconds=seconds / a.steps, activation_checkpointing=a.activation_checkpointing,
+               step_seconds=seconds / a.steps,
+               page_faults_per_step=(usage.ru_minflt - faults0) / a.steps, activation_checkpointing=a.activation_checkpointing,
                torch=torch.__version__)
     if a.strategy.startswith("deepspeed"):
         import deepspeed
@@ -635,7 +638,8 @@ def main():
     ap.add_argument("--model", choices=sorted(CONFIGS), default="gpt-small")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps, after one untimed")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps, after the untimed ones")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps before the timed ones")
     ap.add_argument("--batch", type=int, default=1, help="sequences per rank")
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--port", type=int, default=0, help="rendezvous port; 0 picks a free one")
