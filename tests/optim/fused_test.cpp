@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
 #include <map>
 
 #include "dtorch/checkpoint/checkpoint.h"
@@ -67,6 +68,13 @@ std::vector<std::vector<torch::Tensor>> run(torch::optim::Optimizer& opt,
       now.push_back(q.detach().clone());
     out.push_back(now);
   }
+  return out;
+}
+
+// A gradient an fp16 overflow left: its values with one of them infinite.
+torch::Tensor p_inf(const torch::Tensor& g) {
+  torch::Tensor out = g.clone();
+  out.view({-1})[0] = std::numeric_limits<float>::infinity();
   return out;
 }
 
@@ -134,6 +142,41 @@ TEST(FusedOptimizer, MatchesTorchOptimsLoopInFloat64) {
     EXPECT_TRUE(torch::equal(got.back().back(), problem.params.back().detach())) << c.name;
     // The state is torch::optim's: as many entries, and the loop's step counts.
     EXPECT_EQ(fused->state().size(), plain->state().size()) << c.name;
+  }
+}
+
+// A step the device skips (an fp16 overflow's flag) leaves parameters and moments as they
+// are, and once the host takes back what it recorded the run goes on exactly as a run that
+// never saw that step's gradients (Note [Steps the device skips]), first steps included.
+TEST(FusedOptimizer, AStepTheFlagSkipsIsAsIfNeverTaken) {
+  const Problem problem = make_problem(torch::kFloat32);
+  const auto flag = [](float v) { return torch::full({1}, v); };
+  for (const Case& c : cases()) {
+    for (int skipped : {0, 4}) {
+      SCOPED_TRACE(c.name + " skipping step " + std::to_string(skipped));
+      auto mine = copies(problem.params), theirs = copies(problem.params);
+      auto skipping = c.make(mine, true), plain = c.make(theirs, true);
+      for (int s = 0; s < kSteps; ++s) {
+        if (s == skipped) {
+          for (size_t i = 0; i + 1 < mine.size(); ++i)
+            mine[i].mutable_grad() = p_inf(problem.grads[s][i]);
+          const auto before = copies(mine);
+          optim::step_unless(*skipping, flag(1));
+          for (size_t i = 0; i < mine.size(); ++i)
+            EXPECT_TRUE(torch::equal(mine[i], before[i])) << "parameter " << i;
+          optim::undo_skipped_step(*skipping);
+          continue;
+        }
+        for (size_t i = 0; i + 1 < mine.size(); ++i) {
+          mine[i].mutable_grad() = problem.grads[s][i].clone();
+          theirs[i].mutable_grad() = problem.grads[s][i].clone();
+        }
+        optim::step_unless(*skipping, flag(0));
+        plain->step();
+      }
+      for (size_t i = 0; i < mine.size(); ++i)
+        EXPECT_TRUE(torch::equal(mine[i], theirs[i])) << "parameter " << i;
+    }
   }
 }
 

@@ -169,27 +169,33 @@ std::vector<at::Tensor> gradients_of(at::ScalarType dtype, double bad, const at:
   return t;
 }
 
+bool has_inf_or_nan(const std::vector<at::Tensor>& tensors, const at::Device& device) {
+  const at::Tensor flag = non_finite_flag(tensors, device);
+  EXPECT_EQ(flag.device(), device);
+  return flag.item<float>() != 0;
+}
+
 void expect_overflow_found(const at::Device& device) {
   const double inf = std::numeric_limits<double>::infinity();
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
     SCOPED_TRACE(c10::toString(dtype));
-    EXPECT_FALSE(has_inf_or_nan(gradients_of(dtype, 0, device)));
-    EXPECT_TRUE(has_inf_or_nan(gradients_of(dtype, inf, device)));
-    EXPECT_TRUE(has_inf_or_nan(gradients_of(dtype, -inf, device)));
-    EXPECT_TRUE(has_inf_or_nan(gradients_of(dtype, std::nan(""), device)));
+    EXPECT_FALSE(has_inf_or_nan(gradients_of(dtype, 0, device), device));
+    EXPECT_TRUE(has_inf_or_nan(gradients_of(dtype, inf, device), device));
+    EXPECT_TRUE(has_inf_or_nan(gradients_of(dtype, -inf, device), device));
+    EXPECT_TRUE(has_inf_or_nan(gradients_of(dtype, std::nan(""), device), device));
   }
   // fp16's largest finite value many times over: finite (a sum would have overflowed).
-  EXPECT_FALSE(
-      has_inf_or_nan({torch::full({4096}, 65504.0, torch::dtype(at::kHalf).device(device))}));
+  EXPECT_FALSE(has_inf_or_nan(
+      {torch::full({4096}, 65504.0, torch::dtype(at::kHalf).device(device))}, device));
   // Mixed dtypes in one list, the bad element in the bf16 one.
   auto bf16 = torch::ones({3}, torch::dtype(at::kBFloat16).device(device));
   std::vector<at::Tensor> mixed{torch::ones({3}, torch::dtype(at::kHalf).device(device)), bf16,
                                 torch::ones({2}, torch::dtype(at::kFloat).device(device))};
-  EXPECT_FALSE(has_inf_or_nan(mixed));
+  EXPECT_FALSE(has_inf_or_nan(mixed, device));
   bf16.index_put_({1}, std::nan(""));
-  EXPECT_TRUE(has_inf_or_nan(mixed));
-  EXPECT_FALSE(has_inf_or_nan({}));
-  EXPECT_FALSE(has_inf_or_nan({at::Tensor()}));
+  EXPECT_TRUE(has_inf_or_nan(mixed, device));
+  EXPECT_FALSE(has_inf_or_nan({}, device));
+  EXPECT_FALSE(has_inf_or_nan({at::Tensor()}, device));
 }
 
 TEST(LossScaler, FindsInfAndNanInAnyOfSeveralTensors) {
@@ -209,7 +215,7 @@ TEST(LossScaler, UnscaleMultipliesDefinedTensorsInPlace) {
     for (const auto& t : g)
       before.push_back(t.defined() ? t.to(at::kDouble) : t);
     const void* data = g[0].data_ptr();
-    unscale(g, 1.0 / 1024);
+    unscale(g, torch::scalar_tensor(1.0 / 1024));
     EXPECT_EQ(g[0].data_ptr(), data) << "in place";
     EXPECT_FALSE(g[1].defined());
     for (size_t i : {0, 3}) {
@@ -219,11 +225,50 @@ TEST(LossScaler, UnscaleMultipliesDefinedTensorsInPlace) {
   }
   std::vector<at::Tensor> mixed{torch::full({2}, 6.0), at::Tensor(),
                                 torch::full({3}, 6.0, torch::kHalf)};
-  unscale(mixed, 0.5);
+  unscale(mixed, torch::scalar_tensor(0.5));
   EXPECT_TRUE(torch::equal(mixed[0], torch::full({2}, 3.0)));
   EXPECT_TRUE(torch::equal(mixed[2], torch::full({3}, 3.0, torch::kHalf)));
   std::vector<at::Tensor> none{at::Tensor()};
-  unscale(none, 0.5);
+  unscale(none, torch::scalar_tensor(0.5));
+}
+
+// The rule on the device (update_on_device, tensors only) against the host's update() over
+// random overflows, for dynamic scales of every hysteresis setting and a static one: the five
+// numbers agree after every step, up to the floor, where the host raises the error and the
+// device holds the scale at min_loss_scale.
+TEST(LossScaler, TheDevicesRuleIsTheHosts) {
+  std::vector<LossScaleConfig> configs;
+  for (int hysteresis : {1, 2, 3})
+    for (bool consecutive : {false, true})
+      for (int window : {1, 3}) {
+        LossScaleConfig c = scaler_config(6, window, hysteresis);
+        c.consecutive_hysteresis = consecutive;
+        c.min_loss_scale = std::ldexp(1.0, -10);
+        configs.push_back(c);
+      }
+  configs.push_back(LossScaleConfig{});
+  configs.back().loss_scale = 64;
+  for (size_t k = 0; k < configs.size(); ++k) {
+    SCOPED_TRACE("config " + std::to_string(k));
+    const LossScaleConfig& c = configs[k];
+    LossScaler host(c);
+    at::Tensor device = host.state_tensor(at::kCPU);
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(k) + 1);
+    int steps = 0;
+    for (; steps < 300; ++steps) {
+      const bool overflow = at::rand({1}, gen).item<double>() < 0.3;
+      update_on_device(c, device, torch::full({1}, overflow ? 1.0f : 0.0f));
+      try {
+        host.update(overflow);
+      } catch (const Error&) {
+        EXPECT_EQ(device[0].item<double>(), c.min_loss_scale);
+        break;
+      }
+      ASSERT_TRUE(host.same_state(device))
+          << "step " << steps << ": device " << device << ", host " << host.to_json().dump();
+    }
+    EXPECT_GE(steps, 20);
+  }
 }
 
 TEST(LossScaler, CheckpointStateRoundTripsAndTheRunContinuesAlike) {

@@ -3,6 +3,7 @@
 // streams go through c10's device-generic interface, which is the same on every 2.x.
 #include "dtorch/core/device.h"
 
+#include <ATen/ATen.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <utility>
 
 #ifdef DTORCH_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -236,6 +238,44 @@ std::vector<at::Tensor> DeviceCopier::ready() {
     m.copied.reset();
   }
   return std::move(m.tensors);
+}
+
+struct LateRead::Impl {
+  at::Tensor host;
+  std::optional<c10::Event> copied;  // recorded after the copy (GPU only)
+};
+
+LateRead::LateRead() : impl_(std::make_unique<Impl>()) {}
+LateRead::~LateRead() = default;
+
+void LateRead::start(const at::Tensor& t) {
+  Impl& m = *impl_;
+  m.copied.reset();
+#ifdef DTORCH_DEVICE_EVENTS
+  if (t.is_cuda()) {
+    m.host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+    m.host.copy_(t, /*non_blocking=*/true);
+    const auto* guard = c10::impl::getDeviceGuardImpl(t.device().type());
+    m.copied.emplace(t.device().type(), c10::EventFlag::PYTORCH_DEFAULT);
+    m.copied->record(guard->getStream(t.device()));
+    return;
+  }
+#endif
+  // The CPU; a GPU before LibTorch 2.4, whose c10::Event cannot be waited for alone.
+  m.host = t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+}
+
+bool LateRead::pending() const {
+  return impl_->host.defined();
+}
+
+at::Tensor LateRead::take() {
+  Impl& m = *impl_;
+#ifdef DTORCH_DEVICE_EVENTS
+  if (m.copied) m.copied->synchronize();
+#endif
+  m.copied.reset();
+  return std::exchange(m.host, at::Tensor());
 }
 
 }  // namespace dtorch

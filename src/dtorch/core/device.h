@@ -130,4 +130,27 @@ class DeviceCopier {
   std::unique_ptr<Impl> impl_;
 };
 
+/// A small tensor's value for the host without draining a GPU's queue (Note [No host sync in a
+/// step] in train/step_stats.h): start() queues its copy into pinned host memory behind the
+/// work queued so far, and take() waits for that copy alone, typically a step later, when the
+/// device finished it long ago while the host queued the next step's work. On the CPU the
+/// value is copied at once.
+class LateRead {
+ public:
+  LateRead();
+  ~LateRead();
+  LateRead(const LateRead&) = delete;
+  LateRead& operator=(const LateRead&) = delete;
+  /// Queues the copy of `t` to the host, replacing one not taken yet.
+  void start(const at::Tensor& t);
+  bool pending() const;
+  /// The host copy of the last start()'s tensor, waiting for it if needed; undefined when
+  /// nothing is pending.
+  at::Tensor take();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace dtorch

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "dtorch/core/torch_compat.h"
@@ -70,6 +71,17 @@ struct AdamHyper {
   bool amsgrad, decoupled;  // decoupled: AdamW's weight decay
 };
 
+// The flag as the fused kernels take it (Note [Steps the device skips]).
+c10::optional<at::Tensor> flag_of(const at::Tensor& found_inf) {
+  return found_inf.defined() ? c10::optional<at::Tensor>(found_inf) : c10::nullopt;
+}
+
+// Whether a step without fused kernels is skipped: the _foreach_ ops cannot read the flag on
+// the device, so it is read here (Note [Steps the device skips]).
+bool skipped_on_host(const at::Tensor& found_inf) {
+  return !DTORCH_FUSED_KERNELS && found_inf.defined() && found_inf.item<float>() != 0;
+}
+
 #if DTORCH_FUSED_KERNELS
 // The step count as the fused kernels read it: one float per parameter, on its device, made
 // by one fill (no copy from the host, so nothing waits on the device).
@@ -79,19 +91,22 @@ TensorVec step_tensors(const Batch& b) {
   return steps.unbind(0);
 }
 
-void adam_step(Batch& b, const AdamHyper& h) {
+void adam_step(Batch& b, const AdamHyper& h, const at::Tensor& found_inf) {
   const TensorVec steps = step_tensors(b);
   if (h.decoupled) {
     at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.max, steps, h.lr, h.beta1, h.beta2,
-                      h.weight_decay, h.eps, h.amsgrad, /*maximize=*/false);
+                      h.weight_decay, h.eps, h.amsgrad, /*maximize=*/false, c10::nullopt,
+                      flag_of(found_inf));
   } else {
     at::_fused_adam_(b.params, b.grads, b.first, b.second, b.max, steps, h.lr, h.beta1, h.beta2,
-                     h.weight_decay, h.eps, h.amsgrad, /*maximize=*/false);
+                     h.weight_decay, h.eps, h.amsgrad, /*maximize=*/false, c10::nullopt,
+                     flag_of(found_inf));
   }
 }
 #else
 // torch.optim's _multi_tensor_adam(w), with the bias corrections from the host's step count.
-void adam_step(Batch& b, const AdamHyper& h) {
+// A flag was read on the host before (skipped_on_host).
+void adam_step(Batch& b, const AdamHyper& h, const at::Tensor& /*found_inf*/) {
   TensorVec grads = b.grads;
   if (h.weight_decay != 0) {
     if (h.decoupled) {
@@ -118,9 +133,13 @@ void adam_step(Batch& b, const AdamHyper& h) {
 }
 #endif
 
-// Adam and AdamW: their states and options differ in type only.
+// Adam and AdamW: their states and options differ in type only. `stepped` gets the states
+// whose step count advanced.
 template <typename State, typename Options>
-void step_adam(torch::optim::Optimizer& opt, bool decoupled) {
+void step_adam(torch::optim::Optimizer& opt, bool decoupled, const at::Tensor& found_inf,
+               std::vector<State*>& stepped) {
+  stepped.clear();
+  if (skipped_on_host(found_inf)) return;
   for (auto& group : opt.param_groups()) {
     const auto& o = static_cast<const Options&>(group.options());
     std::vector<Batch> batches;
@@ -138,6 +157,7 @@ void step_adam(torch::optim::Optimizer& opt, bool decoupled) {
       }
       auto& s = static_cast<State&>(*slot);
       s.step(s.step() + 1);
+      stepped.push_back(&s);
       Batch& b = batch_for(batches, p, s.step());
       b.params.push_back(p);
       b.grads.push_back(g);
@@ -153,7 +173,7 @@ void step_adam(torch::optim::Optimizer& opt, bool decoupled) {
                       o.amsgrad(),
                       decoupled};
     for (Batch& b : batches)
-      adam_step(b, h);
+      adam_step(b, h, found_inf);
   }
 }
 
@@ -162,20 +182,35 @@ void step_adam(torch::optim::Optimizer& opt, bool decoupled) {
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = loss_of(closure);
-  step_adam<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(*this, true);
+  step_adam<torch::optim::AdamWParamState, torch::optim::AdamWOptions>(
+      *this, true, std::exchange(found_inf_, at::Tensor()), stepped_);
   return loss;
+}
+
+void FusedAdamW::undo_skipped_step() {
+  for (auto* s : std::exchange(stepped_, {}))
+    s->step(s->step() - 1);
 }
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = loss_of(closure);
-  step_adam<torch::optim::AdamParamState, torch::optim::AdamOptions>(*this, false);
+  step_adam<torch::optim::AdamParamState, torch::optim::AdamOptions>(
+      *this, false, std::exchange(found_inf_, at::Tensor()), stepped_);
   return loss;
+}
+
+void FusedAdam::undo_skipped_step() {
+  for (auto* s : std::exchange(stepped_, {}))
+    s->step(s->step() - 1);
 }
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = loss_of(closure);
+  const at::Tensor found_inf = std::exchange(found_inf_, at::Tensor());
+  first_.clear();
+  if (skipped_on_host(found_inf)) return loss;
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
     const bool momentum = o.momentum() != 0;
@@ -197,14 +232,18 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
       b.grads.push_back(g);
       if (!s) continue;
       // The fused kernel fills a first step's buffer; the foreach path clones into it below.
-      if (first) s->momentum_buffer(at::empty_like(g, at::MemoryFormat::Preserve));
+      if (first) {
+        s->momentum_buffer(at::empty_like(g, at::MemoryFormat::Preserve));
+        first_.push_back(s);
+      }
       b.first.push_back(s->momentum_buffer());
     }
     for (Batch& b : batches) {
       const bool first = b.step == 0;
 #if DTORCH_FUSED_KERNELS
       at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), o.lr(),
-                      o.dampening(), o.nesterov(), /*maximize=*/false, first && momentum);
+                      o.dampening(), o.nesterov(), /*maximize=*/false, first && momentum,
+                      c10::nullopt, flag_of(found_inf));
 #else
       // torch.optim's _multi_tensor_sgd.
       TensorVec d = b.grads;
@@ -224,6 +263,24 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+void FusedSGD::undo_skipped_step() {
+  for (auto* s : std::exchange(first_, {}))
+    s->momentum_buffer(at::Tensor());  // the skipped step never filled it
+}
+
+void step_unless(torch::optim::Optimizer& opt, const at::Tensor& found_inf) {
+  if (auto* skippable = dynamic_cast<SkippableStep*>(&opt)) {
+    skippable->skip_where(found_inf);
+  } else if (found_inf.defined() && found_inf.item<float>() != 0) {
+    return;
+  }
+  opt.step();
+}
+
+void undo_skipped_step(torch::optim::Optimizer& opt) {
+  if (auto* skippable = dynamic_cast<SkippableStep*>(&opt)) skippable->undo_skipped_step();
 }
 
 const char* fused_kernels() {

@@ -8,6 +8,9 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <utility>
+#include <vector>
+
 namespace dtorch::optim {
 
 // Note [Fused optimizers]
@@ -26,26 +29,68 @@ namespace dtorch::optim {
 // count lives on the host; the fused kernels read it from a tensor made per call, on the
 // parameters' device, so the step never waits on the device.
 
+// Note [Steps the device skips]
+// Under fp16 the device decides whether a step is taken (Note [Loss scaling] in
+// train/loss_scaler.h): step_unless() hands the flag to the step, and the fused kernels read it
+// where they run, leaving parameters and moments untouched when it is set. The host, which
+// advanced its step counts and made first momentum buffers without knowing, learns the outcome
+// a step later and calls undo_skipped_step(), which takes back exactly what the skipped step
+// recorded, before the next step reads any of it. The _foreach_ path cannot read a flag on the
+// device: it reads it on the host first (a sync on a GPU, nothing on the CPU) and skips
+// entirely, recording nothing to undo.
+
+/// What each of the optimizers below keeps for a step the device may skip.
+class SkippableStep {
+ public:
+  virtual ~SkippableStep() = default;
+  /// The next step() is skipped where `found_inf` (one float32 on the parameters' device) is
+  /// nonzero; an undefined flag steps always.
+  void skip_where(at::Tensor found_inf) { found_inf_ = std::move(found_inf); }
+  /// Takes back what the last step recorded on the host (Note [Steps the device skips]).
+  virtual void undo_skipped_step() = 0;
+
+ protected:
+  at::Tensor found_inf_;  // for the next step() only
+};
+
 /// AdamW (decoupled weight decay) stepped by multi-tensor kernels.
-class FusedAdamW : public torch::optim::AdamW {
+class FusedAdamW : public torch::optim::AdamW, public SkippableStep {
  public:
   using torch::optim::AdamW::AdamW;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void undo_skipped_step() override;
+
+ private:
+  std::vector<torch::optim::AdamWParamState*> stepped_;  // by the last step()
 };
 
 /// Adam (weight decay as L2 on the gradient) stepped by multi-tensor kernels.
-class FusedAdam : public torch::optim::Adam {
+class FusedAdam : public torch::optim::Adam, public SkippableStep {
  public:
   using torch::optim::Adam::Adam;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void undo_skipped_step() override;
+
+ private:
+  std::vector<torch::optim::AdamParamState*> stepped_;  // by the last step()
 };
 
 /// SGD (momentum, dampening, Nesterov, weight decay as L2) stepped by multi-tensor kernels.
-class FusedSGD : public torch::optim::SGD {
+class FusedSGD : public torch::optim::SGD, public SkippableStep {
  public:
   using torch::optim::SGD::SGD;
   torch::Tensor step(LossClosure closure = nullptr) override;
+  void undo_skipped_step() override;
+
+ private:
+  std::vector<torch::optim::SGDParamState*> first_;  // momentum buffers the last step() made
 };
+
+/// Steps `opt` unless `found_inf` is set (Note [Steps the device skips]); any other optimizer
+/// reads the flag on the host.
+void step_unless(torch::optim::Optimizer& opt, const at::Tensor& found_inf);
+/// After a step the device skipped: takes back what it recorded on the host.
+void undo_skipped_step(torch::optim::Optimizer& opt);
 
 /// What this LibTorch steps them with: "fused" (PyTorch's fused kernels) or "foreach".
 const char* fused_kernels();

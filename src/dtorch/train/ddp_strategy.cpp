@@ -13,6 +13,7 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/models/stage_union.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/optim/fused.h"
 #include "dtorch/parallel/grad_clip.h"
 #include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/parallel/tp/optimizer_state.h"
@@ -51,11 +52,12 @@ class DdpStrategy : public Strategy {
         tp_(std::move(tp)),
         pp_(std::move(pp)),
         device_(device_of(*model_)),
-        scaling_(c.precision, step_groups(*comm_, tp_.handle, pp_.pipeline)) {
+        scaling_(c.precision, step_groups(*comm_, tp_.handle, pp_.pipeline), device_) {
     ddp::Options o = c.ddp;
     if (c.precision.reduce_dtype == ReduceDtype::BF16) o.compression = ddp::Compression::BF16;
     ddp_ = ddp::wrap(model_, comm_, o);
     opt_ = make_optimizer(c.optimizer, model_->parameters());
+    scaling_.set_optimizer(opt_.get());
     DTORCH_CHECK_T(
         ConfigError,
         c.checkpoint_layout != CheckpointLayout::Sharded || (!tp_.handle && !pp_.pipeline),
@@ -79,10 +81,7 @@ class DdpStrategy : public Strategy {
   }
 
   torch::Tensor step(double max_norm) override {
-    if (!scaling_.ready(gradients_of(*model_))) {
-      zero_grad_to_none(*opt_);
-      return {};
-    }
+    const at::Tensor found_inf = scaling_.check_and_unscale(gradients_of(*model_));
     torch::Tensor norm;
     if (max_norm > 0 && pp_.pipeline) {
       norm = pp_.pipeline->clip_grad_norm(max_norm);  // across every stage
@@ -90,7 +89,7 @@ class DdpStrategy : public Strategy {
       const std::vector<at::Tensor> grads = gradients_of(*model_);
       norm = parallel::clip_to_norm(grads, parallel::sum_of_squares(grads, device_), max_norm);
     }
-    opt_->step();
+    optim::step_unless(*opt_, found_inf);
     zero_grad_to_none(*opt_);
     return norm;
   }
@@ -110,6 +109,7 @@ class DdpStrategy : public Strategy {
 
   SaveJob stage(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
                 bool background) override {
+    scaling_.settle();  // the last step's outcome, before its optimizer state is read
     if (sharded_saves()) {
       checkpoint::CheckpointData with_scaler = data;
       with_scaler.metadata_json = scaling_.with_state(data.metadata_json);

@@ -2,6 +2,8 @@
 // checkpoint state, and the overflow check and unscaling of the gradients.
 #include "dtorch/train/loss_scaler.h"
 
+#include <torch/version.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -131,13 +133,48 @@ LossScaler LossScaler::from_json(const LossScaleConfig& c, const nlohmann::json&
   return s;
 }
 
-bool has_inf_or_nan(const std::vector<at::Tensor>& tensors) {
+at::Tensor LossScaler::state_tensor(at::Device device) const {
+  return at::tensor(
+             {scale_, static_cast<double>(cur_iter_), static_cast<double>(last_overflow_iter_),
+              static_cast<double>(cur_hysteresis_), static_cast<double>(skipped_)},
+             at::kDouble)
+      .to(device);
+}
+
+bool LossScaler::same_state(const at::Tensor& state) const {
+  return state.numel() == 5 &&
+         at::equal(state.to(at::kDouble).reshape({5}), state_tensor(at::kCPU));
+}
+
+void update_on_device(const LossScaleConfig& c, at::Tensor& state, const at::Tensor& overflow) {
+  at::NoGradGuard no_grad;
+  const at::Tensor o = overflow.reshape({}).to(state.device()) != 0;
+  const at::Tensor scale = state[0], iter = state[1], last = state[2], hyst = state[3];
+  const auto number = [&](double v) { return at::scalar_tensor(v, state.options()); };
+  at::Tensor new_scale = scale, new_hyst = hyst;
+  if (c.dynamic()) {
+    // An overflow halves the scale once the hysteresis is used up, else uses one of it up.
+    const at::Tensor halve = c.hysteresis == 1 ? at::ones_like(o) : hyst == 1;
+    const at::Tensor halved = at::clamp_min(scale / 2, c.min_loss_scale);
+    // A clean step doubles it after every loss_scale_window stable steps (plus one).
+    const at::Tensor stable = iter - last - 1;
+    const at::Tensor grow = (stable > 0) & (at::fmod(stable, c.loss_scale_window) == 0);
+    const at::Tensor refilled = number(c.hysteresis);
+    const at::Tensor clean_hyst =
+        c.consecutive_hysteresis ? refilled : at::where(grow, refilled, hyst);
+    new_scale = at::where(o, at::where(halve, halved, scale), at::where(grow, scale * 2, scale));
+    new_hyst = at::where(o, at::where(halve, hyst, hyst - 1), clean_hyst);
+  }
+  state.copy_(at::stack({new_scale, iter + 1, at::where(o, iter, last), new_hyst,
+                         state[4] + o.to(state.scalar_type())}));
+}
+
+at::Tensor non_finite_flag(const std::vector<at::Tensor>& tensors, at::Device device) {
   // Per device and dtype, the largest and smallest element of each tensor: max is nan when
   // any element is and +inf when one is, min is -inf when one is. Reductions leave nothing the
   // size of a tensor behind (isinf | isnan would make two masks per tensor, DeepSpeed's reason
-  // too), and the flags stay on the device until the one read at the end.
-  // (at::_amp_foreach_non_finite_check_and_unscale_ would fuse this on CUDA, but LibTorch 1.13
-  // has no CPU kernel for it, and it writes every gradient.)
+  // too). (at::_amp_foreach_non_finite_check_and_unscale_ would fuse this with the unscaling on
+  // CUDA, but LibTorch 1.13 has no CPU kernel for it.)
   std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> extremes;
   for (at::Tensor t : tensors) {
     if (!t.defined()) continue;
@@ -148,22 +185,28 @@ bool has_inf_or_nan(const std::vector<at::Tensor>& tensors) {
     v.push_back(t.max());
     v.push_back(t.min());
   }
-  std::map<std::string, std::vector<at::Tensor>> finite_by_device;
-  for (auto& [key, v] : extremes)
-    finite_by_device[key.first].push_back(at::isfinite(at::stack(v)).all());
-  for (auto& [device, flags] : finite_by_device) {
-    if (!at::stack(flags).all().item<bool>()) return true;
+  at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+  for (auto& [key, v] : extremes) {
+    const at::Tensor bad = at::isfinite(at::stack(v)).all().logical_not().to(at::kFloat);
+    flag = at::maximum(flag, bad.to(device).reshape({1}));
   }
-  return false;
+  return flag;
 }
 
-void unscale(std::vector<at::Tensor>& tensors, double inv_scale) {
-  std::vector<at::Tensor> defined;
-  defined.reserve(tensors.size());
+void unscale(std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale) {
+  // One multi-tensor kernel per dtype where the LibTorch has the tensor overload (2.1); a
+  // loop of mul_ before.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (const auto& t : tensors)
-    if (t.defined()) defined.push_back(t);
-  // One multi-tensor kernel per device and dtype on CUDA; a loop of mul_ elsewhere.
-  if (!defined.empty()) at::_foreach_mul_(defined, inv_scale);
+    if (t.defined()) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+    at::_foreach_mul_(group, inv_scale.to(dtype == at::kDouble ? at::kDouble : at::kFloat));
+#else
+    for (auto& t : group)
+      t.mul_(inv_scale);
+#endif
+  }
 }
 
 }  // namespace dtorch::train

@@ -45,15 +45,26 @@ namespace dtorch::train {
 // before update(): one rank skipping while another steps would leave their weights apart, and
 // all ranks must change the scale alike to stay in step.
 //
-// A step: forward under fp16 autocast; backward of loss x scale(); has_inf_or_nan on the
+// A step: forward under fp16 autocast; backward of loss x scale(); non_finite_flag on the
 // gradients (after their reduction across ranks, which sums scaled values); the flag reduced
-// with MAX; update(flag); if it returns false, clear the gradients and skip the step (the
-// learning-rate schedule does not advance, as in DeepSpeed); else unscale by 1 / the scale
-// used in backward (read before update(), which may double it), clip the unscaled gradients,
-// step. Checkpoints keep to_json() (scale and counters), so a resumed run continues with the
+// with MAX; unscale by 1 / the scale used in backward (before update(), which may double it);
+// update(flag); clip the unscaled gradients; step unless the flag is set, then clear the
+// gradients (a skipped step does not advance the learning-rate schedule, as in DeepSpeed).
+// Checkpoints keep to_json() (scale and counters), so a resumed run continues with the
 // same scale, window and hysteresis instead of searching for a scale again from 2^16; the
 // configuration comes from the resumed run's flags. Metrics report the scale and the number of
 // skipped steps (skipped()), as DeepSpeed's engine reports skipped_steps.
+//
+// On the device: reading the flag on the host would drain a GPU's queue every step (Note [No
+// host sync in a step] in step_stats.h), so a step decides there: the scale backward multiplies
+// by, the flag (non_finite_flag, reduced with MAX by the collectives, which stay on the device),
+// the unscaling and the rule itself (update_on_device, on state_tensor()'s five numbers) are
+// tensors on the device, and the optimizer takes the flag and skips its own update (Note [Steps
+// the device skips] in optim/fused.h). The host learns each step's flag a step later, when the
+// device finished it long ago, and replays it through update(), the same rule: the copy that
+// checkpoints, metrics and the learning-rate schedule read, the one that raises the error at the
+// floor, and a check of the device's arithmetic (both states must agree). The schedule reads the
+// count of skipped steps just before the next optimizer step, so it stays exact.
 
 /// The "fp16" block of a DeepSpeed configuration (its keys and defaults) as flags.
 struct LossScaleConfig {
@@ -84,6 +95,7 @@ class LossScaler {
   /// Validates `c`; the scale starts at 2^initial_scale_power, or loss_scale when static.
   explicit LossScaler(const LossScaleConfig& c);
 
+  const LossScaleConfig& config() const { return config_; }
   /// What to multiply the loss by before backward.
   double scale() const { return scale_; }
   /// After a step's overflow check (the flag reduced over ranks): updates the scale and
@@ -96,6 +108,12 @@ class LossScaler {
   int64_t skipped() const { return skipped_; }
   /// Overflows still absorbed before the scale halves.
   int hysteresis_left() const { return cur_hysteresis_; }
+
+  /// The state as the device keeps it (Note [Loss scaling], "On the device"): float64
+  /// {scale, cur_iter, last_overflow_iter, cur_hysteresis, skipped}.
+  at::Tensor state_tensor(at::Device device) const;
+  /// Whether a state_tensor() on the CPU holds this scaler's state.
+  bool same_state(const at::Tensor& state) const;
 
   /// The state a checkpoint keeps: {"scale", "cur_iter", "last_overflow_iter",
   /// "cur_hysteresis", "skipped"}.
@@ -114,12 +132,18 @@ class LossScaler {
   int64_t skipped_ = 0;
 };
 
-/// Whether any element of any defined tensor is inf, -inf or nan. Two reductions per tensor
-/// (max and min, which nan and the infinities survive; nothing the size of a tensor is
-/// allocated), stacked on each device: one host sync per device.
-bool has_inf_or_nan(const std::vector<at::Tensor>& tensors);
+/// LossScaler::update's rule applied to `state` (a state_tensor()) in place on its device, with
+/// `overflow` a float [1] there, nonzero for an overflow: nothing is read on the host. At the
+/// floor the scale stays at min_loss_scale; the host's update() raises the error.
+void update_on_device(const LossScaleConfig& c, at::Tensor& state, const at::Tensor& overflow);
 
-/// Multiplies every defined tensor by `inv_scale` in place (1 / the scale backward used).
-void unscale(std::vector<at::Tensor>& tensors, double inv_scale);
+/// A float [1] on `device`: 1 when any element of any defined tensor is inf, -inf or nan, else
+/// 0. Two reductions per tensor (max and min, which nan and the infinities survive; nothing the
+/// size of a tensor is allocated), all computed on the tensors' devices; nothing is read.
+at::Tensor non_finite_flag(const std::vector<at::Tensor>& tensors, at::Device device);
+
+/// Multiplies every defined tensor by `inv_scale` (a number in a tensor on their device: 1 / the
+/// scale backward used) in place.
+void unscale(std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale);
 
 }  // namespace dtorch::train

@@ -24,9 +24,11 @@ namespace dtorch::train {
 // every_seconds) or the epoch ends, where a non-finite loss stops the run naming the steps it
 // lies in (--tensorboard, which records every step's loss, reads it every step); phase times
 // are CUDA events read when their window closes (PhaseTimes); the optimizers take their step
-// counts from the host (Note [Fused optimizers]). Still read every step: --clip-grad-norm's
-// norm and fp16's overflow check. On the CPU, where a value is ready when its operation
-// returns, the loss is read every step and a non-finite one stops the run at its step.
+// counts from the host (Note [Fused optimizers]); --clip-grad-norm's norm stays on the device
+// (Note [Clipping on the device]) and so does fp16's overflow check, which the host learns a
+// step late (Note [Loss scaling], "On the device"). On the CPU, where a value is ready when
+// its operation returns, the loss is read every step and a non-finite one stops the run at
+// its step.
 
 // The training loss over some batches (a step, a --print-every window, an epoch): its mean
 // per batch, and the samples all ranks saw. A loss on a GPU is added up there and read only by

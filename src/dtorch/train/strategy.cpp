@@ -126,26 +126,54 @@ std::vector<at::Tensor> gradients_of(const torch::nn::Module& model) {
   return out;
 }
 
-LossScaling::LossScaling(const PrecisionConfig& c, std::vector<comm::Communicator*> groups)
+LossScaling::LossScaling(const PrecisionConfig& c, std::vector<comm::Communicator*> groups,
+                         at::Device device)
     : groups_(std::move(groups)) {
-  if (c.compute == Precision::FP16) scaler_.emplace(c.loss_scale);
+  if (c.compute != Precision::FP16) return;
+  scaler_.emplace(c.loss_scale);
+  state_ = scaler_->state_tensor(device);
 }
 
-bool LossScaling::ready(std::vector<at::Tensor> grads) {
-  if (!scaler_) return true;
+double LossScaling::scale() const {
+  settle();
+  return scaler_ ? scaler_->scale() : 1.0;
+}
+
+int64_t LossScaling::skipped() const {
+  settle();
+  return scaler_ ? scaler_->skipped() : 0;
+}
+
+at::Tensor LossScaling::check_and_unscale(std::vector<at::Tensor> grads) {
+  if (!scaler_) return {};
+  settle();
   torch::NoGradGuard no_grad;
-  auto flag = torch::full({1}, has_inf_or_nan(grads) ? 1.0f : 0.0f);
+  at::Tensor flag = non_finite_flag(grads, state_.device());
   for (comm::Communicator* g : groups_)
     if (g) g->allreduce(flag, comm::ReduceOp::Max, "fp16 overflow check");
-  const bool overflow = flag.item<float>() > 0;
-  const double used = scaler_->scale();
-  if (!scaler_->update(overflow)) return false;
-  unscale(grads, 1.0 / used);
-  return true;
+  unscale(grads, state_[0].reciprocal());  // by the scale backward used, before it changes
+  update_on_device(scaler_->config(), state_, flag);
+  last_step_.start(at::cat({flag.to(at::kDouble), state_}));
+  return flag;
+}
+
+void LossScaling::settle() const {
+  if (!last_step_.pending()) return;
+  const at::Tensor read = last_step_.take();
+  const bool overflow = read[0].item<double>() != 0;
+  scaler_->update(overflow);  // the error at the floor comes from here
+  const at::Tensor device_state = read.narrow(0, 1, 5);
+  DTORCH_CHECK(scaler_->same_state(device_state),
+               "fp16 loss scaling: the device's scaler state (scale, iteration, last overflow, "
+               "hysteresis, skipped) ",
+               c10::ArrayRef<double>(device_state.data_ptr<double>(), 5),
+               " differs from the host's ", scaler_->to_json().dump());
+  if (overflow && optimizer_) optim::undo_skipped_step(*optimizer_);
 }
 
 std::string LossScaling::with_state(const std::string& metadata_json) const {
   if (!scaler_) return metadata_json;
+  settle();
   auto j = nlohmann::json::parse(metadata_json);
   j["loss_scaler"] = scaler_->to_json();
   return j.dump();
@@ -153,9 +181,11 @@ std::string LossScaling::with_state(const std::string& metadata_json) const {
 
 void LossScaling::restore(const PrecisionConfig& c, const std::string& metadata_json) {
   if (!scaler_) return;
+  settle();
   auto j = nlohmann::json::parse(metadata_json, nullptr, false);
   if (!j.is_object() || !j.contains("loss_scaler")) return;
   scaler_ = LossScaler::from_json(c.loss_scale, j.at("loss_scaler"));
+  state_.copy_(scaler_->state_tensor(state_.device()));
 }
 
 void validate(const OptimizerConfig& c) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/core/device.h"
 #include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/strategy.h"
 
@@ -36,20 +37,31 @@ std::vector<at::Tensor> gradients_of(const torch::nn::Module& model);
 // times the scale, and before each optimizer step every rank checks its gradients (whole, or
 // its shards) for inf and nan; the flag is reduced with MAX over each group the strategy spans
 // (dp, then tp, then pp: every rank of the job), so an overflow anywhere skips the step
-// everywhere. Otherwise the gradients are divided by the scale that produced them (before
-// the scaler may raise it), then clipped and applied. The scaler's state rides in each
-// checkpoint's metadata ("loss_scaler"), so a resumed run goes on with its scale.
+// everywhere. The gradients are divided by the scale that produced them, then clipped, and
+// the optimizer steps unless the flag is set; all of it on the device ("On the device"), the
+// host following a step later (settle). The scaler's state rides in each checkpoint's
+// metadata ("loss_scaler"), so a resumed run goes on with its scale.
 class LossScaling {
  public:
-  LossScaling(const PrecisionConfig& c, std::vector<comm::Communicator*> groups);
-  double scale() const { return scaler_ ? scaler_->scale() : 1.0; }
-  int64_t skipped() const { return scaler_ ? scaler_->skipped() : 0; }
+  LossScaling(const PrecisionConfig& c, std::vector<comm::Communicator*> groups, at::Device device);
+  /// The scale and the steps skipped so far (the host's copy, settled first).
+  double scale() const;
+  int64_t skipped() const;
+  /// `loss` times the scale on the device.
   torch::Tensor scaled(const torch::Tensor& loss) const {
-    return scaler_ ? loss * scaler_->scale() : loss;
+    return scaler_ ? loss * state_[0].to(loss.scalar_type()) : loss;
   }
-  /// Whether to take the optimizer step with `grads`, which it unscales when so. Collective
-  /// over every group.
-  bool ready(std::vector<at::Tensor> grads);
+  /// The optimizer whose host bookkeeping a skipped step takes back (Note [Steps the device
+  /// skips] in optim/fused.h).
+  void set_optimizer(torch::optim::Optimizer* opt) { optimizer_ = opt; }
+  /// Before the optimizer step: checks `grads` for inf and nan over every group, unscales them
+  /// and advances the scale, on the device. Returns the flag the optimizer takes (step_unless),
+  /// undefined without fp16. Collective over every group.
+  at::Tensor check_and_unscale(std::vector<at::Tensor> grads);
+  /// Brings the host's copy up to date with the last step the device decided (waiting for it
+  /// if needed), and takes back the optimizer's bookkeeping of a skipped step. Throws
+  /// dtorch::Error when that step overflowed at the floor.
+  void settle() const;
   /// `metadata_json` with the scaler's state added (unchanged without a scaler).
   std::string with_state(const std::string& metadata_json) const;
   /// Takes the state a checkpoint's metadata holds, when both have one.
@@ -57,7 +69,11 @@ class LossScaling {
 
  private:
   std::vector<comm::Communicator*> groups_;
-  std::optional<LossScaler> scaler_;
+  // The host's copy, a step behind the device's state_ until settle().
+  mutable std::optional<LossScaler> scaler_;
+  at::Tensor state_;            // LossScaler::state_tensor() on the device
+  mutable LateRead last_step_;  // the last step's flag and state after it
+  torch::optim::Optimizer* optimizer_ = nullptr;
 };
 
 /// DDP (ddp_strategy.cpp) and ZeRO-1/2/3 (zero_strategy.cpp) over `comm`.

@@ -93,7 +93,8 @@ int64_t window_length(const TrainConfig& c, const models::Model& m) {
 double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Tensor& x,
                      const torch::Tensor& y, double clip_grad_norm,
                      const tp::TensorParallel* tensor_parallel,
-                     const std::function<void(const char*)>& lap) {
+                     const std::function<void(const char*)>& lap,
+                     const std::function<void()>& set_lr) {
   pp::PipelineStepResult r;
   // The pipeline runs backward itself, so the loss it differentiates carries fp16's scale.
   const double scale = strategy.loss_scale();
@@ -108,6 +109,7 @@ double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Te
   lap("forward_backward");
   {
     TraceRange range("optimizer");
+    set_lr();
     strategy.step(clip_grad_norm);  // the norm spans every stage
   }
   lap("step");
@@ -286,16 +288,20 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
     };
     lap("data");
     if (e.profiler) e.profiler->before_step(e.global_step + 1);
-    // A step fp16 skipped does not advance the schedule (Note [Loss scaling]).
-    strategy.set_lr(e.schedule.at(e.global_step - strategy.skipped_steps()));
+    // A step fp16 skipped does not advance the schedule (Note [Loss scaling]). Set just before
+    // the optimizer step: the last step's outcome is known by then without draining a GPU.
+    const auto set_lr = [&] {
+      strategy.set_lr(e.schedule.at(e.global_step - strategy.skipped_steps()));
+    };
     bool last_micro = (i + 1) % c.training.accum_steps == 0 || i + 1 == batches.size();
     // The batch's loss, left where it was computed (Note [No host sync in a step]).
     torch::Tensor batch_loss;
     bool stepped = last_micro;
     if (pipeline) {
-      batch_loss = torch::scalar_tensor(
-          pipeline_step(*pipeline, strategy, x, y, c.training.clip_grad_norm, tensor_parallel, lap),
-          torch::kDouble);
+      batch_loss =
+          torch::scalar_tensor(pipeline_step(*pipeline, strategy, x, y, c.training.clip_grad_norm,
+                                             tensor_parallel, lap, set_lr),
+                               torch::kDouble);
       stepped = true;
     } else {
       torch::Tensor loss;
@@ -313,6 +319,7 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       lap("backward");
       if (last_micro) {
         TraceRange range("optimizer");
+        set_lr();
         strategy.step(c.training.clip_grad_norm);
         lap("step");
       }

@@ -13,6 +13,7 @@
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/optim/fused.h"
 #include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/train/zero_grad.h"
 
@@ -31,7 +32,7 @@ class ZeroStrategy : public Strategy {
         comm_(std::move(comm)),
         pp_(std::move(pp)),
         device_(device_of(*model_)),
-        scaling_(c.precision, step_groups(*comm_, tp.handle, pp_.pipeline)) {
+        scaling_(c.precision, step_groups(*comm_, tp.handle, pp_.pipeline), device_) {
     if (pp_.pipeline) {
       // Note [Pipeline checkpoints]
       stage_folder_ =
@@ -56,6 +57,7 @@ class ZeroStrategy : public Strategy {
     sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
       return make_optimizer(c.optimizer, std::move(p));
     });
+    scaling_.set_optimizer(&sharded_->optimizer());
   }
 
   void backward(const torch::Tensor& loss, bool sync) override {
@@ -73,17 +75,14 @@ class ZeroStrategy : public Strategy {
   }
 
   torch::Tensor step(double max_norm) override {
-    if (!scaling_.ready(sharded_->gradient_shards())) {
-      sharded_->zero_grad();
-      return {};
-    }
+    const at::Tensor found_inf = scaling_.check_and_unscale(sharded_->gradient_shards());
     zero::NormScope scope;
     if (pp_.pipeline) {  // the norm of every stage's shards, a tied parameter counted once
       scope.across = &pp_.pipeline->group();
       scope.counted_elsewhere = pp_.pipeline->counted_elsewhere();
     }
     torch::Tensor norm = max_norm > 0 ? sharded_->clip_grad_norm(max_norm, scope) : torch::Tensor();
-    sharded_->step();
+    sharded_->step(found_inf);
     sharded_->zero_grad();
     return norm;
   }
@@ -94,6 +93,7 @@ class ZeroStrategy : public Strategy {
 
   SaveJob stage(const std::string& out, const checkpoint::CheckpointData& data, int keep,
                 bool background) override {
+    scaling_.settle();  // the last step's outcome, before its optimizer state is read
     const std::string dir = out + stage_folder_ + tp_folder_;
     checkpoint::ShardedCheckpointData d;
     d.epoch = data.epoch;

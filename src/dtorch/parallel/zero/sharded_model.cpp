@@ -14,6 +14,7 @@
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/model.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/optim/fused.h"
 #include "dtorch/parallel/grad_clip.h"
 #include "dtorch/parallel/grad_ready.h"
 #include "dtorch/parallel/model_sync.h"
@@ -742,9 +743,9 @@ std::vector<torch::Tensor> ShardedModel::gradient_shards() const {
   return out;
 }
 
-void ShardedModel::step() {
+void ShardedModel::step(const at::Tensor& found_inf) {
   DTORCH_CHECK(!impl_->readiness->in_backward(), "step() was called during backward");
-  impl_->optimizer->step();
+  optim::step_unless(*impl_->optimizer, found_inf);
   publish_params();
 }
 

@@ -173,8 +173,10 @@ class ShardedModel {
   /// scales the step).
   std::vector<torch::Tensor> gradient_shards() const;
   /// Updates this rank's shards with the optimizer, then makes the parameters whole again
-  /// (stages 1-2) or leaves them sharded until the next forward (stage 3). Collective.
-  void step();
+  /// (stages 1-2) or leaves them sharded until the next forward (stage 3); a nonzero
+  /// `found_inf` (fp16's overflow flag on the device) leaves the shards as they are (Note
+  /// [Steps the device skips] in optim/fused.h). Collective.
+  void step(const at::Tensor& found_inf = {});
   /// Clears the gradient shards (call after step, before the next backward).
   void zero_grad();
 
