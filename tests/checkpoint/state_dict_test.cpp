@@ -5,6 +5,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -166,11 +167,14 @@ TEST(StateDict, StreamedFileIsThePickledOneAndFailsWhole) {
   StateDict state = {{"a", torch::arange(1000, torch::kFloat)}, {"b", torch::ones({3, 5})}};
   std::vector<char> whole = pickle_state_dict(state), streamed;
   uint32_t crc = crc32_of(nullptr, 0);
-  stream_state_dict(state, [&](const char* data, size_t n) {
-    streamed.insert(streamed.end(), data, data + n);
-    crc = crc32_update(crc, data, n);
-    return true;
-  });
+  stream_state_dict(
+      state,
+      [&](const char* data, size_t n) {
+        streamed.insert(streamed.end(), data, data + n);
+        crc = crc32_update(crc, data, n);
+        return true;
+      },
+      RecordCrcs::Computed);
   EXPECT_TRUE(streamed == whole);
   EXPECT_EQ(crc, crc32_of(whole.data(), whole.size()));
 
@@ -186,6 +190,55 @@ TEST(StateDict, StreamedFileIsThePickledOneAndFailsWhole) {
   EXPECT_EQ(paths::list_directory(dir), std::vector<std::string>{"f"}) << "a temporary is left";
 }
 
+std::vector<char> streamed_bytes(const StateDict& state, RecordCrcs crcs) {
+  std::vector<char> out;
+  stream_state_dict(
+      state,
+      [&](const char* data, size_t n) {
+        out.insert(out.end(), data, data + n);
+        return true;
+      },
+      crcs);
+  return out;
+}
+
+// Note [One checksum per file]: a checkpoint's archive leaves its records' CRC-32 out (zeros)
+// where LibTorch can, and reads back alike (Python's torch.load too: PythonLoadsItIntoThePeer).
+TEST(StateDict, RecordsWithoutTheirCrcReadBackAlike) {
+  StateDict state = {{"a", torch::arange(1000, torch::kFloat)}, {"b", torch::ones({3, 5})}};
+  const std::vector<char> with = streamed_bytes(state, RecordCrcs::Computed);
+  const std::vector<char> without = streamed_bytes(state, RecordCrcs::LeftOut);
+  ASSERT_EQ(without.size(), with.size());
+  // Each record's CRC-32 as the central directory lists it (bytes 16-19 of each 46-byte entry,
+  // which a name, an extra field and a comment follow), for the records that hold bytes.
+  const auto* b = reinterpret_cast<const unsigned char*>(without.data());
+  const auto le = [&](size_t at, int n) {
+    uint32_t v = 0;
+    for (int i = n - 1; i >= 0; --i)
+      v = v << 8 | b[at + i];
+    return v;
+  };
+  const size_t end = without.size() - 22;  // the end-of-central-directory record, no comment
+  ASSERT_EQ(le(end, 4), 0x06054b50u);
+  std::vector<uint32_t> crcs;
+  for (size_t at = le(end + 16, 4); at < end && le(at, 4) == 0x02014b50u;
+       at += 46 + le(at + 28, 2) + le(at + 30, 2) + le(at + 32, 2))
+    if (le(at + 24, 4) > 0) crcs.push_back(le(at + 16, 4));
+  ASSERT_GE(crcs.size(), 3u) << "data.pkl and the two storages at least";
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  EXPECT_EQ(crcs, std::vector<uint32_t>(crcs.size(), 0)) << "the records' CRC-32 was computed";
+#else
+  for (uint32_t crc : crcs)
+    EXPECT_NE(crc, 0u) << "before 2.6 LibTorch computes every record's CRC-32";
+#endif
+  const StateDict back = unpickle_state_dict(without, "without");
+  ASSERT_EQ(back.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(back[i].first, state[i].first);
+    EXPECT_TRUE(torch::equal(back[i].second, state[i].second)) << back[i].first;
+  }
+}
+
 TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {
   DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/true);
   auto dir = dtorch::testing::scratch_dir("state-dict-python");
@@ -193,9 +246,12 @@ TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {
   auto mlp = models::make_model("mnist-mlp");
   save_state_dict(*cnn, dir + "/cnn.pt");
   save_state_dict(*mlp, dir + "/mlp.pt");
+  // As a checkpoint writes it, without its records' CRC-32 (Note [One checksum per file]).
+  write_file_atomically(dir + "/cnn-checkpoint.pt",
+                        streamed_bytes(state_dict(*cnn), RecordCrcs::LeftOut));
   std::string out;
   int rc = dtorch::testing::run_python(dir, "load", R"PY(
-for cls, f in ((peer.Net, "cnn.pt"), (peer.MLP, "mlp.pt")):
+for cls, f in ((peer.Net, "cnn.pt"), (peer.MLP, "mlp.pt"), (peer.Net, "cnn-checkpoint.pt")):
     # Note [Files torch.load reads]: the safe loader (the default from PyTorch 2.6) too.
     sd = torch.load(f, weights_only=True)
     assert type(sd) is dict, type(sd)

@@ -282,8 +282,8 @@ CheckpointFile checkpoint_file(const CheckpointState& state) {
   std::vector<char>& file = out.bytes;
   put_le(file, kCheckpointVersion, 4);
   put_le(file, 0, 8);  // payload size
-  put_le(file, 0, 4);  // its CRC-32
-  append_torch_save(c10::IValue(dict), file);
+  put_le(file, 0, 4);  // its CRC-32, the payload's only one (Note [One checksum per file])
+  append_torch_save(c10::IValue(dict), file, RecordCrcs::LeftOut);
   const size_t payload = file.size() - kHeaderSize;
   std::vector<char> sizes;
   put_le(sizes, payload, 8);

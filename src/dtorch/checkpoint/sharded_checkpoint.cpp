@@ -271,16 +271,20 @@ json metadata_of(const ShardedCheckpointData& data, int world,
           {"files", file_list}};
 }
 
-// Writes `state` to `path` as it is serialized; returns {bytes, crc32}.
+// Writes `state` to `path` as it is serialized; returns {bytes, crc32}. The file's CRC-32 is
+// its only one (Note [One checksum per file] in torch_save.cpp).
 std::pair<int64_t, int64_t> write_tensors(const std::string& path, const StateDict& state) {
   int64_t bytes = 0;
   uint32_t crc = crc32_of(nullptr, 0);
   auto why = dtorch::write_file_atomically(path, [&](const ByteSink& sink) {
-    stream_state_dict(state, [&](const char* data, size_t n) {
-      bytes += static_cast<int64_t>(n);
-      crc = crc32_update(crc, data, n);
-      return sink(data, n);
-    });
+    stream_state_dict(
+        state,
+        [&](const char* data, size_t n) {
+          bytes += static_cast<int64_t>(n);
+          crc = crc32_update(crc, data, n);
+          return sink(data, n);
+        },
+        RecordCrcs::LeftOut);
   });
   DTORCH_CHECK_T(CheckpointError, !why, *why);
   return {bytes, crc};

@@ -134,8 +134,8 @@ std::vector<char> pickle_state_dict(const StateDict& state) {
   return torch_save_bytes(as_dict(state));
 }
 
-void stream_state_dict(const StateDict& state, const ByteSink& sink) {
-  stream_torch_save(as_dict(state), sink);
+void stream_state_dict(const StateDict& state, const ByteSink& sink, RecordCrcs crcs) {
+  stream_torch_save(as_dict(state), sink, crcs);
 }
 
 StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {

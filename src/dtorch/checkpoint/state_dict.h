@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/checkpoint/torch_save.h"
 #include "dtorch/core/atomic_file.h"
 #include "dtorch/core/enum_names.h"
 #include "dtorch/models/model.h"
@@ -40,8 +41,8 @@ StateDict with_python_aliases(StateDict state, const std::vector<models::PythonA
 /// Serialises a state dict as a pickled dict name -> tensor, the bytes of a file Python's
 /// torch.load reads, weights_only included (Note [Files torch.load reads]).
 std::vector<char> pickle_state_dict(const StateDict& state);
-/// The same bytes handed to `sink` as they are made.
-void stream_state_dict(const StateDict& state, const ByteSink& sink);
+/// The same bytes handed to `sink` as they are made, with `crcs` in each record.
+void stream_state_dict(const StateDict& state, const ByteSink& sink, RecordCrcs crcs);
 /// Parses what pickle_state_dict (or Python's torch.save of a state dict) wrote. Throws
 /// CheckpointError naming `source` when the bytes are not a dict of tensors.
 StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source);

@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/version.h>
 
 #include <cctype>
 #include <set>
@@ -33,11 +34,24 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
   return out;
 }
 
+// Note [One checksum per file]
+// A zip archive's every record carries a CRC-32 of its bytes, which LibTorch's writer computes
+// (about 1 s per GiB on one core, as long as a disk takes to write it) and its reader never
+// checks (LibTorch 1.13 and 2.x and Python's torch.load read records whose CRC-32 is zero; zip
+// tools such as unzip -t report them). dtorch's checkpoint files carry a CRC-32 of all their
+// bytes of their own (the .dtc header's, metadata.json's "files"), checked before anything in
+// them is read: computing the records' too was a second pass over every byte a checkpoint
+// saves, the slower of the two. Those files leave the records' out where the LibTorch can
+// (PyTorchStreamWriter's compute_crc32, from 2.6; Python's
+// torch.serialization.set_crc32_options(False)): zeros, which torch.load reads past. Files
+// meant for Python and zip tools (model.pt, what `checkpoint consolidate` writes) keep them.
+
 namespace {
 
 // The archive torch.save writes for `value`: `begin` learns about how many bytes will come, then
 // `sink` takes them in order.
-void write_archive(const c10::IValue& value, const std::function<void(size_t)>& begin,
+void write_archive(const c10::IValue& value, RecordCrcs crcs,
+                   const std::function<void(size_t)>& begin,
                    const std::function<void(const char*, size_t)>& sink) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler(
@@ -54,10 +68,17 @@ void write_archive(const c10::IValue& value, const std::function<void(size_t)>& 
   for (const at::Tensor& t : pickler.tensorData())
     size += t.storage().nbytes() + 512;
   begin(size);
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+  const auto write = [&](const void* data, size_t n) {
     sink(static_cast<const char*>(data), n);
     return n;
-  });
+  };
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  caffe2::serialize::PyTorchStreamWriter writer(write,
+                                                /*compute_crc32=*/crcs == RecordCrcs::Computed);
+#else
+  (void)crcs;  // computed always
+  caffe2::serialize::PyTorchStreamWriter writer(write);
+#endif
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
                                      writer);
   writer.writeEndOfFile();
@@ -65,15 +86,15 @@ void write_archive(const c10::IValue& value, const std::function<void(size_t)>& 
 
 }  // namespace
 
-void append_torch_save(const c10::IValue& value, std::vector<char>& out) {
+void append_torch_save(const c10::IValue& value, std::vector<char>& out, RecordCrcs crcs) {
   write_archive(
-      value, [&](size_t n) { out.reserve(out.size() + n); },
+      value, crcs, [&](size_t n) { out.reserve(out.size() + n); },
       [&](const char* bytes, size_t n) { out.insert(out.end(), bytes, bytes + n); });
 }
 
-void stream_torch_save(const c10::IValue& value, const ByteSink& sink) {
+void stream_torch_save(const c10::IValue& value, const ByteSink& sink, RecordCrcs crcs) {
   write_archive(
-      value, [](size_t) {}, [&](const char* bytes, size_t n) { sink(bytes, n); });
+      value, crcs, [](size_t) {}, [&](const char* bytes, size_t n) { sink(bytes, n); });
 }
 
 namespace {

@@ -12,15 +12,22 @@
 
 namespace dtorch::checkpoint {
 
+/// Whether each record of an archive carries the CRC-32 of its bytes: files meant for Python
+/// and zip tools do; a file that checksums all of its bytes itself leaves them out where the
+/// LibTorch can (Note [One checksum per file]).
+enum class RecordCrcs { Computed, LeftOut };
+
 /// The bytes torch.save would write for `value`: a zip archive of a pickle (protocol 2) and one
 /// record per tensor storage. Dicts, lists, strings, numbers, None and CPU tensors only; a dict
 /// becomes a plain Python dict (insertion order kept).
 std::vector<char> torch_save_bytes(const c10::IValue& value);
 /// The same bytes appended to `out`, which is grown once to hold them (a checkpoint's payload
 /// is gigabytes: no copy of it is made on the way).
-void append_torch_save(const c10::IValue& value, std::vector<char>& out);
+void append_torch_save(const c10::IValue& value, std::vector<char>& out,
+                       RecordCrcs crcs = RecordCrcs::Computed);
 /// The same bytes handed to `sink` as they are made (a shard of gigabytes is never held twice).
-void stream_torch_save(const c10::IValue& value, const ByteSink& sink);
+void stream_torch_save(const c10::IValue& value, const ByteSink& sink,
+                       RecordCrcs crcs = RecordCrcs::Computed);
 
 /// What a file in torch.save's format refused before LibTorch reads it is; what() is a phrase
 /// that follows the file's name ("is not a zip archive ...").
