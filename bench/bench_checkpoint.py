@@ -6,12 +6,13 @@ Python) in the same run, and writes the checkpoint section of BENCHMARKS.md.
 
 Layouts: gpt-small under DDP (PyTorch: DDP) and gpt-large under ZeRO-3 (PyTorch: FSDP2), 2
 ranks each, fp32 AdamW, batch 1 x --seq-len tokens per rank, 1 thread per rank, --steps
-optimizer steps with one save after step --save-at. Per run: the median step without a save,
+optimizer steps with one save after step --save-at, each model's runs repeated (--repeats: a
+disk's speed varies from run to run, gpt-large's stall by 20%). Per run: the median step without a save,
 the stall (how long the save call held the training thread), the time until every rank's part
 was written, the steps that ran while a background save was in flight, and the checkpoint's
 size. Runs that cannot fit this machine's memory are listed with the reason.
-Usage: bench/bench_checkpoint.py [--dtorch build-pip/dtorch] [--steps 6] [--save-at 3]
-       [--repeats gpt-small:3]
+Usage: bench/bench_checkpoint.py [--dtorch build-pip/dtorch] [--steps 4] [--save-at 2]
+       [--repeats gpt-small:3 gpt-large:3]
 """
 import argparse
 import datetime
@@ -73,13 +74,13 @@ def main():
     ap.add_argument("--dtorch", default=os.path.join(ROOT, "build-pip", "dtorch"))
     ap.add_argument("--models", nargs="+", default=["gpt-small", "gpt-large"])
     ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--save-at", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--save-at", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--repeats", nargs="*", default=["gpt-small:3"],
+    ap.add_argument("--repeats", nargs="*", default=["gpt-small:3", "gpt-large:3"],
                     help="MODEL:N: run each of MODEL's saves N times, dtorch and PyTorch "
-                    "alternating, and report each figure's median (default: gpt-small's 3 "
-                    "times; a disk's speed varies from run to run; others once)")
+                    "alternating, and report each figure's median (default: each model 3 "
+                    "times; a disk's speed varies from run to run; a model not named once)")
     ap.add_argument("--skip", nargs="*", default=[SKIP_LARGE_ASYNC],
                     help="MODEL:MODE=WHY: runs left out of both, with why (default: "
                     "gpt-large's background saves, which do not fit 24 GiB)")
@@ -173,8 +174,10 @@ def main():
         "the rank with the fewest bytes so far, largest first (`--checkpoint-layout auto`, "
         "sharded from 64 MiB of state on 2 or more ranks; Note [Saving replicated state]). "
         "\"dtorch, one file\" is `--checkpoint-layout file`, rank 0 writing the whole .dtc while "
-        "the other ranks wait. A ZeRO-3 rank writes its own shards under both. dtorch's files "
-        "carry a CRC-32 each and are fsynced before the checkpoint is published.",
+        "the other ranks wait. A ZeRO-3 rank writes its own shards under both. Both fsync every "
+        "file. dtorch's files carry one CRC-32 each, of all their bytes, the zip records inside "
+        "leaving theirs out (Note [One checksum per file]); DCP's torch.save computes each "
+        "record's.",
         END,
     ]
     publish(a.out, lines)
