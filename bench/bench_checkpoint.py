@@ -26,9 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- checkpoint-stall:start -->", "<!-- checkpoint-stall:end -->"
 SKIP_LARGE_ASYNC = (
     "gpt-large:async=a background save stages a copy of each rank's state (parameters and AdamW "
-    "moments: 12 bytes a parameter over 2 ranks, 4.3 GiB) on top of the rank's training peak "
-    "(above: 11.3 GiB dtorch, 9.6 GiB PyTorch), which 2 ranks cannot hold in this machine's "
-    "23.5 GiB")
+    "moments: 12 bytes a parameter over 2 ranks, 4.3 GiB) on top of the rank's peak (the "
+    "blocking rows' peak RSS), which 2 ranks cannot hold in this machine's 23.5 GiB")
 
 
 def cases(models):
