@@ -76,10 +76,15 @@ c10::optional<at::Tensor> flag_of(const at::Tensor& found_inf) {
   return found_inf.defined() ? c10::optional<at::Tensor>(found_inf) : c10::nullopt;
 }
 
+// The flag read on the host (a sync on a GPU): for what cannot read it on the device.
+bool set_on_host(const at::Tensor& found_inf) {
+  return found_inf.defined() && found_inf.item<float>() != 0;
+}
+
 // Whether a step without fused kernels is skipped: the _foreach_ ops cannot read the flag on
 // the device, so it is read here (Note [Steps the device skips]).
 bool skipped_on_host(const at::Tensor& found_inf) {
-  return !DTORCH_FUSED_KERNELS && found_inf.defined() && found_inf.item<float>() != 0;
+  return !DTORCH_FUSED_KERNELS && set_on_host(found_inf);
 }
 
 #if DTORCH_FUSED_KERNELS
@@ -177,6 +182,13 @@ void step_adam(torch::optim::Optimizer& opt, bool decoupled, const at::Tensor& f
   }
 }
 
+// Takes back the step counts that step_adam advanced.
+template <typename State>
+void take_back_steps(std::vector<State*>& stepped) {
+  for (State* s : std::exchange(stepped, {}))
+    s->step(s->step() - 1);
+}
+
 }  // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
@@ -188,8 +200,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
 }
 
 void FusedAdamW::undo_skipped_step() {
-  for (auto* s : std::exchange(stepped_, {}))
-    s->step(s->step() - 1);
+  take_back_steps(stepped_);
 }
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
@@ -201,8 +212,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
 }
 
 void FusedAdam::undo_skipped_step() {
-  for (auto* s : std::exchange(stepped_, {}))
-    s->step(s->step() - 1);
+  take_back_steps(stepped_);
 }
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
@@ -273,7 +283,7 @@ void FusedSGD::undo_skipped_step() {
 void step_unless(torch::optim::Optimizer& opt, const at::Tensor& found_inf) {
   if (auto* skippable = dynamic_cast<SkippableStep*>(&opt)) {
     skippable->skip_where(found_inf);
-  } else if (found_inf.defined() && found_inf.item<float>() != 0) {
+  } else if (set_on_host(found_inf)) {
     return;
   }
   opt.step();
