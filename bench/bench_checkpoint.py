@@ -7,10 +7,10 @@ Python) in the same run, and writes the checkpoint section of BENCHMARKS.md.
 Layouts: gpt-small under DDP (PyTorch: DDP) and gpt-large under ZeRO-3 (PyTorch: FSDP2), 2
 ranks each, fp32 AdamW, batch 1 x --seq-len tokens per rank, 1 thread per rank, --steps
 optimizer steps with one save after step --save-at, each model's runs repeated (--repeats: a
-disk's speed varies from run to run, gpt-large's stall by 20%). Per run: the median step without a save,
-the stall (how long the save call held the training thread), the time until every rank's part
-was written, the steps that ran while a background save was in flight, and the checkpoint's
-size. Runs that cannot fit this machine's memory are listed with the reason.
+disk's speed varies from run to run, gpt-large's stall by 20%). Per run: the median step
+without a save, the stall (how long the save call held the training thread), the time until
+every rank's part was written, the steps that ran while a background save was in flight, and
+the checkpoint's size. Runs that cannot fit this machine's memory are listed with the reason.
 Usage: bench/bench_checkpoint.py [--dtorch build-pip/dtorch] [--steps 4] [--save-at 2]
        [--repeats gpt-small:3 gpt-large:3]
 """

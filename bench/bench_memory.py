@@ -154,8 +154,8 @@ def main():
                     continue
                 rows, err = run_peer([a.python2, os.path.abspath(a.peer), "--strategy", s,
                                       "--model", a.model, "--nproc", str(n), "--steps",
-                                      str(a.steps), "--warmup", str(a.warmup), "--batch", str(a.batch), "--seq-len",
-                                      str(a.seq_len)])
+                                      str(a.steps), "--warmup", str(a.warmup), "--batch",
+                                      str(a.batch), "--seq-len", str(a.seq_len)])
                 if err:
                     failed[(s, n)] = err
                 else:

@@ -575,7 +575,8 @@ def run_rank(rank, a):
                samples_per_s=a.steps * a.batch * batches / seconds, peak_rss_bytes=rss,
                rss_before_model_bytes=base_rss, final_loss=float(loss.detach()),
                step_seconds=seconds / a.steps,
-               page_faults_per_step=(usage.ru_minflt - faults0) / a.steps, activation_checkpointing=a.activation_checkpointing,
+               page_faults_per_step=(usage.ru_minflt - faults0) / a.steps,
+               activation_checkpointing=a.activation_checkpointing,
                torch=torch.__version__)
     if a.strategy.startswith("deepspeed"):
         import deepspeed
