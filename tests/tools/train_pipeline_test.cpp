@@ -2,16 +2,18 @@
 // schedule (interleaved: two stages per rank), and 3-D pp 2 x tp 2 (x dp 2 on 8 ranks), give
 // the loss curve and final weights of the same job without a pipeline (one process, or 2
 // data-parallel ranks); the final model file and `checkpoint consolidate` are whole. A DDP
-// checkpoint written at pp 2 x dp 2 resumes at pp 1, at pp 4 and interleaved with identical
-// parameters, an interleaved one at pp 1 (Note [Pipeline checkpoints]); ZeRO's stage shards
-// at pp 2 x dp 2 resume at pp 1 (as another ZeRO stage), at pp 4 and interleaved (Note
-// [Resharding by name]).
+// checkpoint written at pp 2 x dp 2, as one file per stage or shared by the dp ranks, resumes
+// at pp 1, at pp 4 and interleaved with identical parameters, an interleaved one at pp 1 (Note
+// [Pipeline checkpoints]); ZeRO's stage shards at pp 2 x dp 2 resume at pp 1 (as another ZeRO
+// stage, and as DDP), at pp 4 and interleaved (Note [Resharding by name]).
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
 #include "support/command.h"
@@ -98,15 +100,16 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
                          {1, "zero2", {}},
                          {1, "ddp", with(interleaved, {"--sequence-parallel"})},
                          {1, "zero1", interleaved},
-                         {2, "ddp", {}}}) {
+                         {2, "ddp", {"--checkpoint-layout", "sharded"}}}) {
     const std::string ref = base + "/ref" + std::to_string(dp);
     if (!paths::exists(ref + "/model.pt")) {
       auto r =
           testing::run_command("pp3d_ref", unclipped(pipeline_train_args(ref, "ddp", dp)), 300);
       ASSERT_EQ(r.exit_code(), 0) << r.err;
     }
-    const std::string out =
-        base + "/pp2tp2dp" + std::to_string(dp) + strategy + (flags.empty() ? "" : "_interleaved");
+    const bool shared = strategy == "ddp" && dp == 2;  // dp rank 0's tp ranks share saves
+    const std::string out = base + "/pp2tp2dp" + std::to_string(dp) + strategy +
+                            (flags.empty() || shared ? "" : "_interleaved");
     auto r = testing::run_command("pp3d",
                                   with(with(unclipped(pipeline_train_args(out, strategy, 4 * dp)),
                                             {"--pp", "2", "--tp", "2"}),
@@ -118,14 +121,18 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
         << r.err;
     expect_same_run(out, ref,
                     "pp 2 x tp 2 x dp " + std::to_string(dp) + " " + strategy +
-                        (flags.empty() ? "" : " interleaved"));
-    const std::string last_folder = flags.empty() ? "/pp1-of-2" : "/pp1-of-4";
+                        (flags.empty() || shared ? "" : " interleaved"));
+    const std::string last_folder = flags.empty() || shared ? "/pp1-of-2" : "/pp1-of-4";
     if (strategy != "ddp") {
       EXPECT_TRUE(paths::exists(out + last_folder + "/tp1-of-2")) << out;
       EXPECT_TRUE(paths::exists(out + last_folder + "/tensor_parallel.json")) << out;
     }
-    // DDP's stage checkpoints hold whole (unsplit) stages, ZeRO's their shards per tp index:
-    // consolidate gives the final model from either.
+    if (shared) {
+      EXPECT_TRUE(checkpoint::list_checkpoints(out + last_folder).empty()) << out;
+      EXPECT_TRUE(checkpoint::latest_complete(out + last_folder)) << out;
+    }
+    // DDP's stage checkpoints hold whole (unsplit) stages, as one file or shared, ZeRO's their
+    // shards per tp index: consolidate gives the final model from each.
     auto k = testing::run_command(
         "pp3d_consolidate", {DTORCH_CLI, "checkpoint", "consolidate", out, out + "/full.pt"}, 60);
     ASSERT_EQ(k.exit_code(), 0) << k.err;
@@ -142,8 +149,9 @@ TEST(TrainPipeline, PipelineTimesTensorTimesDataMatchesDataParallelOnly) {
 // nothing left to train, which must write the loaded weights back unchanged. Returns those
 // weights; leaves a copy of the saved run in base/same.
 std::map<std::string, torch::Tensor> expect_resumes_at_other_layouts(
-    const std::string& base, const std::string& saved_as, const std::string& resumed_as) {
-  const std::vector<std::string> pp2 = {"--pp", "2"};
+    const std::string& base, const std::string& saved_as, const std::string& resumed_as,
+    const std::vector<std::string>& save_flags = {}) {
+  const std::vector<std::string> pp2 = with({"--pp", "2"}, save_flags);
   auto r = testing::run_command("pp_whole",
                                 with(pipeline_train_args(base + "/whole", saved_as, 4), pp2), 300);
   EXPECT_EQ(r.exit_code(), 0) << r.err;
@@ -196,6 +204,25 @@ TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
     EXPECT_TRUE(t.equal(after_one[k])) << k;
 }
 
+// DDP's stage checkpoints that the dp ranks share (Note [Saving replicated state]) are shards in
+// ZeRO's layout: each of a stage's two dp ranks wrote some of its tensors, and they resume at
+// pp 1, pp 4 and interleaved as the one-file stage checkpoints do.
+TEST(TrainPipeline, DdpSharedStageCheckpointsResumeAtPp1Pp4AndInterleaved) {
+  const std::string base = testing::scratch_dir("pp_shared_any_layout");
+  expect_resumes_at_other_layouts(base, "ddp", "ddp", {"--checkpoint-layout", "sharded"});
+  const std::string stage = base + "/whole/pp1-of-2";
+  EXPECT_TRUE(checkpoint::list_checkpoints(stage).empty()) << stage;
+  const auto shards = checkpoint::latest_complete(stage);
+  ASSERT_TRUE(shards) << stage;
+  checkpoint::ShardedCheckpointReader reader(*shards);
+  std::vector<int> tensors(2, 0);
+  for (const auto& [key, info] : reader.flat_tensors())
+    for (int r = 0; r < 2; ++r)
+      tensors[r] += info.ranges.at(r).second > info.ranges.at(r).first;
+  EXPECT_GT(tensors[0], 0);
+  EXPECT_GT(tensors[1], 0);
+}
+
 // ZeRO-1's stage shards resume as ZeRO-2 (other units, other stages): read by parameter name
 // with Adam's moments (Note [Resharding by name]).
 TEST(TrainPipeline, ZeroCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
@@ -219,13 +246,13 @@ TEST(TrainPipeline, BadPipelineFlagsAndOtherLayoutsAreNamed) {
   auto zero = with(pipeline_train_args(base + "/z", "zero1", 4, 1), {"--pp", "2"});
   auto r = testing::run_command("pp_zero1", zero, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
-  // DDP cannot read ZeRO's stage shards: named, not a silent fresh start.
+  // DDP reads ZeRO's stage shards by name, as it reads its own shared ones.
   r = testing::run_command(
       "pp_zero1_as_ddp",
       with(pipeline_train_args(base + "/z", "ddp", 4, 2), {"--pp", "2", "--resume"}), 120);
-  EXPECT_NE(r.exit_code(), 0);
-  EXPECT_TRUE(testing::contains(r.err, "ZeRO's shards")) << r.err;
-  // Nor ZeRO DDP's whole stage checkpoints.
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+  // ZeRO cannot read DDP's whole stage checkpoints: named, not a silent fresh start.
   r = testing::run_command("pp_ddp",
                            with(pipeline_train_args(base + "/d", "ddp", 4, 1), {"--pp", "2"}), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;

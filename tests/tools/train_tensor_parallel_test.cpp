@@ -1,13 +1,16 @@
 // `dtorch train --tp 2` on 4 ranks (dp 2 x tp 2) under ddp, zero1 and zero2 over the dp group,
 // and with sequence parallelism: the loss curve and the final weights are those of the same
 // job run data-parallel only on 2 ranks, and the final model file is whole. A DDP checkpoint
-// written at tp 2 resumes at tp 2, at tp 1 and at dp 4 with identical parameters (Note
-// [Tensor-parallel checkpoints]); ZeRO's per-tp checkpoints refuse another --tp by name.
+// written at tp 2, as one file or shared by the tp ranks, resumes at tp 2, at tp 1 and at dp 4
+// with identical parameters (Note [Tensor-parallel checkpoints]); ZeRO's per-tp checkpoints
+// refuse another --tp by name.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
@@ -94,31 +97,79 @@ TEST(TrainTensorParallel, DataTimesTensorMatchesDataParallelOnly) {
   }
 }
 
-TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
-  const std::string base = testing::scratch_dir("tp_any_layout");
-  auto with_tp = [](std::vector<std::string> a) {
+// Trains at dp 1 x tp 2 (with `save_flags`) for one epoch of two, then resumes at tp 1 for
+// the second, which must be the uninterrupted run's, and at dp 4 and at tp 2 with nothing left
+// to train, which must write the loaded weights back unchanged. Returns the weights after one
+// epoch; consolidate, applied to the checkpoint, must give them.
+std::map<std::string, torch::Tensor> expect_tp2_checkpoint_resumes(
+    const std::string& base, const std::vector<std::string>& save_flags) {
+  auto with_tp = [&save_flags](std::vector<std::string> a) {
     a.insert(a.end(), {"--tp", "2"});
+    a.insert(a.end(), save_flags.begin(), save_flags.end());
     return a;
   };
   // Uninterrupted: dp 1 x tp 2 for two epochs.
   auto r = testing::run_command("tp_whole", with_tp(tp_train_args(base + "/whole", "ddp", 2)), 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
   // One epoch at tp 2, then on at tp 1 (one process: dp stays 1, so the data are the same).
   auto first = with_tp(tp_train_args(base + "/split", "ddp", 2));
   first[std::find(first.begin(), first.end(), "--epochs") - first.begin() + 1] = "1";
   r = testing::run_command("tp_first", first, 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
   paths::copy_tree(base + "/split", base + "/dp4");
   paths::copy_tree(base + "/split", base + "/tp2");
   auto after_one = model_file(base + "/split/model.pt");
   // The checkpoint is the whole model: consolidate gives the weights model.pt was written from.
+  const auto files = checkpoint::list_checkpoints(base + "/split");
   r = testing::run_command("tp_consolidate",
                            {DTORCH_CLI, "checkpoint", "consolidate",
-                            base + "/split/checkpoint-000001.dtc", base + "/full.pt"},
+                            files.empty() ? base + "/split" : files.front(), base + "/full.pt"},
                            60);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
   for (const auto& [k, t] : model_file(base + "/full.pt"))
     EXPECT_TRUE(t.equal(after_one[k])) << k;
+
+  auto resume = tp_train_args(base + "/split", "ddp", 1);
+  resume.push_back("--resume");
+  r = testing::run_command("tp_resume_tp1", resume, 300);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+  auto whole = epochs_of(base + "/whole"), split = epochs_of(base + "/split");
+  EXPECT_EQ(split.size(), 2u);
+  for (const char* key : {"train_loss", "test_loss"})
+    if (split.size() == 2u && whole.size() == 2u)
+      EXPECT_NEAR(split[1][key].get<double>(), whole[1][key].get<double>(), 1e-4) << key;
+  auto want = model_file(base + "/whole/model.pt");
+  for (const auto& [k, t] : model_file(base + "/split/model.pt")) {
+    if (k.find("c_attn.bias") != std::string::npos) continue;  // see the test above
+    EXPECT_LE((t - want[k]).abs().max().item<double>(), 1e-4) << k;
+  }
+
+  // At dp 4 (no tensor parallelism), with nothing left to train: the loaded weights are
+  // written back unchanged.
+  auto dp4 = tp_train_args(base + "/dp4", "ddp", 4);
+  dp4[std::find(dp4.begin(), dp4.end(), "--epochs") - dp4.begin() + 1] = "1";
+  dp4.push_back("--resume");
+  r = testing::run_command("tp_resume_dp4", dp4, 300);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  for (const auto& [k, t] : model_file(base + "/dp4/model.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
+
+  // And at the tp it was saved with.
+  auto tp2 = with_tp(tp_train_args(base + "/tp2", "ddp", 2));
+  tp2[std::find(tp2.begin(), tp2.end(), "--epochs") - tp2.begin() + 1] = "1";
+  tp2.push_back("--resume");
+  r = testing::run_command("tp_resume_tp2", tp2, 300);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+  for (const auto& [k, t] : model_file(base + "/tp2/model.pt"))
+    EXPECT_TRUE(t.equal(after_one[k])) << k;
+  return after_one;
+}
+
+TEST(TrainTensorParallel, DdpCheckpointAtTp2ResumesAtTp1AndAtDp4) {
+  const std::string base = testing::scratch_dir("tp_any_layout");
+  expect_tp2_checkpoint_resumes(base, {});
   // Python's nanoGPT loads it strictly, as written (lm_head.weight aliases the embedding, Note
   // [Tied embedding]), and computes dtorch's logits.
   if (testing::python_unavailable_reason(false).empty()) {
@@ -138,41 +189,25 @@ with torch.no_grad():
     ASSERT_FALSE(py.is_null());
     EXPECT_LE(py["max_abs_diff"].get<double>(), 1e-5) << py.dump();
   }
+}
 
-  auto resume = tp_train_args(base + "/split", "ddp", 1);
-  resume.push_back("--resume");
-  r = testing::run_command("tp_resume_tp1", resume, 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
-  auto whole = epochs_of(base + "/whole"), split = epochs_of(base + "/split");
-  ASSERT_EQ(split.size(), 2u);
-  for (const char* key : {"train_loss", "test_loss"})
-    EXPECT_NEAR(split[1][key].get<double>(), whole[1][key].get<double>(), 1e-4) << key;
-  auto want = model_file(base + "/whole/model.pt");
-  for (const auto& [k, t] : model_file(base + "/split/model.pt")) {
-    if (k.find("c_attn.bias") != std::string::npos) continue;  // see the test above
-    EXPECT_LE((t - want[k]).abs().max().item<double>(), 1e-4) << k;
-  }
-
-  // At dp 4 (no tensor parallelism), with nothing left to train: the loaded weights are
-  // written back unchanged.
-  auto dp4 = tp_train_args(base + "/dp4", "ddp", 4);
-  dp4[std::find(dp4.begin(), dp4.end(), "--epochs") - dp4.begin() + 1] = "1";
-  dp4.push_back("--resume");
-  r = testing::run_command("tp_resume_dp4", dp4, 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  for (const auto& [k, t] : model_file(base + "/dp4/model.pt"))
-    EXPECT_TRUE(t.equal(after_one[k])) << k;
-
-  // And at the tp it was saved with.
-  auto tp2 = with_tp(tp_train_args(base + "/tp2", "ddp", 2));
-  tp2[std::find(tp2.begin(), tp2.end(), "--epochs") - tp2.begin() + 1] = "1";
-  tp2.push_back("--resume");
-  r = testing::run_command("tp_resume_tp2", tp2, 300);
-  ASSERT_EQ(r.exit_code(), 0) << r.err;
-  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
-  for (const auto& [k, t] : model_file(base + "/tp2/model.pt"))
-    EXPECT_TRUE(t.equal(after_one[k])) << k;
+// Note [Tensor-parallel checkpoints] with the saves shared (Note [Saving replicated state]):
+// the two tp ranks, which gathered the unsplit model, each wrote some of its tensors, as
+// shards that resume as the one file does.
+TEST(TrainTensorParallel, DdpSharedCheckpointAtTp2ResumesAtTp1AndAtDp4) {
+  const std::string base = testing::scratch_dir("tp_shared_any_layout");
+  expect_tp2_checkpoint_resumes(base, {"--checkpoint-layout", "sharded"});
+  const std::string saved = base + "/whole";
+  EXPECT_TRUE(checkpoint::list_checkpoints(saved).empty()) << saved;
+  const auto shards = checkpoint::latest_complete(saved);
+  ASSERT_TRUE(shards) << saved;
+  checkpoint::ShardedCheckpointReader reader(*shards);
+  std::vector<int> tensors(2, 0);
+  for (const auto& [key, info] : reader.flat_tensors())
+    for (int r = 0; r < 2; ++r)
+      tensors[r] += info.ranges.at(r).second > info.ranges.at(r).first;
+  EXPECT_GT(tensors[0], 0);
+  EXPECT_GT(tensors[1], 0);
 }
 
 TEST(TrainTensorParallel, ZeroCheckpointsRefuseAnotherTpByName) {

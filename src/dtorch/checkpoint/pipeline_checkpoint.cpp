@@ -5,6 +5,7 @@
 #include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <set>
 
 #include "dtorch/checkpoint/sharded_checkpoint.h"
@@ -19,6 +20,13 @@ namespace dtorch::checkpoint {
 
 std::string pipeline_folder(int stage, int stages) {
   return str("/pp", stage, "-of-", stages);
+}
+
+std::vector<std::string> folders_by_rank(int stages, int ranks) {
+  std::vector<std::string> folders;
+  for (int s = 0; s < stages; ++s)
+    folders.push_back(pipeline_folder(s % ranks, stages));
+  return folders;
 }
 
 void write_pipeline_layout(const std::string& out, const std::string& model,
@@ -66,6 +74,17 @@ std::vector<SavedStage> read_pipeline_layout(const std::string& out) {
                 "): restore it from the run that wrote the stage folders, or start a new --out");
   }
   return stages;
+}
+
+std::vector<std::string> folders_holding(const std::string& out, models::UnitRange units) {
+  std::vector<std::string> folders;
+  for (const SavedStage& s : read_pipeline_layout(out)) {
+    if (s.units.end <= units.begin || s.units.begin >= units.end) continue;
+    if (std::find(folders.begin(), folders.end(), s.folder) == folders.end())
+      folders.push_back(s.folder);
+  }
+  if (folders.empty()) folders.push_back(out);
+  return folders;
 }
 
 std::optional<LoadedCheckpoint> load_from_stages(

@@ -27,7 +27,11 @@ namespace dtorch::checkpoint {
 /// each of its stages to that stage's folder, so its checkpoints are the same. ZeRO's sharded
 /// checkpoints hold all of a rank's stages in the folder of its first (pipeline.json's
 /// "folders" then names the folder of every stage); they too resume at any pp, schedule and
-/// dp, read by parameter name (Note [Resharding by name]), at the same --tp.
+/// dp, read by parameter name (Note [Resharding by name]), at the same --tp. DDP's saves that
+/// its ranks share (Note [Saving replicated state]) take ZeRO's layout: the stage's dp ranks
+/// (under --tp, dp rank 0's tp group, which holds the unsplit stage) each write a share of
+/// the stage into the folder of the rank's first stage. DDP reads either, and ZeRO's shards
+/// too, by name, and ZeRO reads DDP's shards.
 
 /// "/pp<s>-of-<n>".
 std::string pipeline_folder(int stage, int stages);
@@ -42,6 +46,11 @@ void write_pipeline_layout(const std::string& out, const std::string& model,
 /// its checkpoints are newer than the stage folders', which resuming would otherwise read.
 void forget_pipeline_layout(const std::string& out);
 
+/// The folder (relative to the run folder) that holds each of `stages` stages when each of
+/// `ranks` pipeline ranks writes all of its stages as one sharded checkpoint into the folder
+/// of its first: stage s is rank s % ranks's.
+std::vector<std::string> folders_by_rank(int stages, int ranks);
+
 /// A stage folder of a saved run and the units it holds.
 struct SavedStage {
   std::string folder;
@@ -49,6 +58,10 @@ struct SavedStage {
 };
 /// The stages recorded in <out>/pipeline.json; empty when there is none.
 std::vector<SavedStage> read_pipeline_layout(const std::string& out);
+
+/// The folders of `out` whose saved stages overlap `units`, each once, in stage order: `out`
+/// itself when it holds no pipeline.json (a run saved without a pipeline).
+std::vector<std::string> folders_holding(const std::string& out, models::UnitRange units);
 
 /// Fills `model` (any range of units) and `opt` from the newest checkpoints of `saved`:
 /// builds each overlapping saved stage of `model_name` with an optimizer from

@@ -109,7 +109,12 @@ LoadedCheckpoint load_replicated(ShardedJoin& saved, torch::nn::Module& model,
   }
   for (auto& b : model.named_buffers())
     b.value().copy_(saved.read_full("buffer/" + b.key()));
-  if (saved.has_full("rng_state")) models::set_cpu_generator_state(saved.read_full("rng_state"));
+  if (saved.has_full("rng_state")) {
+    // The generator of the stage that held this model's first parameter.
+    const auto params = model.named_parameters();
+    models::set_cpu_generator_state(
+        saved.read_full("rng_state", params.is_empty() ? "" : params.keys().front()));
+  }
   return {checkpoint_data(saved.data()), saved.dir()};
 }
 

@@ -86,7 +86,10 @@ struct ShardedCheckpointData {
 /// to the lowest rank), so no rank writes more than the average plus one tensor. Every rank
 /// computes the same choice from the same sizes, without a collective. A tensor's pieces are
 /// not cut across ranks, so a checkpoint names each tensor as one unit of its own and reads
-/// back at any world size and under any strategy (Note [Resharding by name]).
+/// back at any world size and under any strategy (Note [Resharding by name]). Under a
+/// pipeline each stage's dp ranks share their stage (Note [Pipeline checkpoints]); under
+/// tensor parallelism the tp ranks that gather the unsplit model share it (Note
+/// [Tensor-parallel checkpoints]).
 
 /// The rank among `world` that writes each tensor of `bytes` (Note [Saving replicated
 /// state]). Throws ConfigError when world < 1 or a size is negative.

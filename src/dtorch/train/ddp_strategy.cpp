@@ -1,9 +1,12 @@
-// DDP as a strategy: replicated weights and a plain optimizer; checkpoints in one file (whole
-// models under tensor parallelism, Note [Tensor-parallel checkpoints]) or shared by every rank
-// (Note [Saving replicated state]).
+// DDP as a strategy: replicated weights and a plain optimizer; checkpoints in one file or shared
+// by the ranks (Note [Saving replicated state]), whole models under tensor parallelism (Note
+// [Tensor-parallel checkpoints]).
 #include "dtorch/train/strategy_parts.h"
 
 #include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <numeric>
 
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
 #include "dtorch/checkpoint/replicated_checkpoint.h"
@@ -31,7 +34,9 @@ namespace {
 // rank's shards. (ZeRO-1/2 over the dp group write their sharded checkpoints per tp index, in
 // <dir>/tp<i>-of-<n>, or <dir>/pp<s>-of-<n>/tp<i>-of-<n> under a pipeline, with
 // tensor_parallel.json beside them, and resume at the same tp.) Both briefly hold one unsplit
-// copy of the model and optimizer state per rank involved.
+// copy of the model and optimizer state per rank involved. When DDP's ranks share the saves
+// (Note [Saving replicated state]), the gathering ranks each write a share of the unsplit
+// model in the sharded format, so it resumes as a run without tp would, under any strategy.
 
 // The unsplit model, built without disturbing the random stream training continues with.
 std::shared_ptr<models::Model> build_full_model(const TensorParallelism& tp) {
@@ -58,12 +63,6 @@ class DdpStrategy : public Strategy {
     ddp_ = ddp::wrap(model_, comm_, o);
     opt_ = make_optimizer(c.optimizer, model_->parameters());
     scaling_.set_optimizer(opt_.get());
-    DTORCH_CHECK_T(
-        ConfigError,
-        c.checkpoint_layout != CheckpointLayout::Sharded || (!tp_.handle && !pp_.pipeline),
-        "--checkpoint-layout sharded: ddp under --tp or --pp writes one file per ",
-        "stage or tp group; use --checkpoint-layout auto, or --strategy zero1 to shard ",
-        "the state");
   }
 
   void backward(const torch::Tensor& loss, bool sync) override {
@@ -96,30 +95,42 @@ class DdpStrategy : public Strategy {
 
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
 
-  // Whether every rank writes its share (Note [Saving replicated state]) rather than rank 0 all.
-  bool sharded_saves() const {
-    if (tp_.handle || pp_.pipeline) return false;
+  // Note [Saving replicated state] under tensor and pipeline parallelism: the ranks that share
+  // the writing of what one file would hold. Without tp, this stage's dp group (the job's
+  // group). Under tp only dp rank 0 of each tp index holds the unsplit model or stage (Note
+  // [Tensor-parallel checkpoints]), so those, its tp group, share it: a group of their own for
+  // the jobs, made by every tp group alike. Null on the ranks that write nothing.
+  comm::Communicator* share_writers() {
+    if (!tp_.handle) return comm_.get();
+    if (!tp_writers_) {
+      std::vector<int> all(tp_.handle->group()->size());
+      std::iota(all.begin(), all.end(), 0);
+      tp_writers_ = tp_.handle->group()->split(all, "checkpoint");
+    }
+    return comm_->rank() == 0 ? tp_writers_.get() : nullptr;
+  }
+
+  // Whether the ranks share the writing (Note [Saving replicated state]) rather than one
+  // writing it all. Collective under tp and pp: `auto` weighs the whole model, every rank's
+  // part summed, so that every stage and tp index decides alike.
+  bool sharded_saves() {
+    const int writers = tp_.handle ? tp_.handle->group()->size() : comm_->size();
     if (c_.checkpoint_layout != CheckpointLayout::Auto)
       return c_.checkpoint_layout == CheckpointLayout::Sharded;
     int64_t bytes = parallel::state_bytes(*opt_);
     for (const auto& p : model_->parameters())
       bytes += static_cast<int64_t>(p.nbytes());
-    return comm_->size() > 1 && bytes >= kAutoShardedBytes;
+    at::Tensor whole = torch::tensor({bytes}, torch::kLong);
+    if (tp_.handle) tp_.handle->group()->allreduce(whole, comm::ReduceOp::Sum, "checkpoint size");
+    if (pp_.pipeline)
+      pp_.pipeline->group().allreduce(whole, comm::ReduceOp::Sum, "checkpoint size");
+    return writers > 1 && whole.item<int64_t>() >= kAutoShardedBytes;
   }
 
   SaveJob stage(const std::string& dir, const checkpoint::CheckpointData& data, int keep,
                 bool background) override {
     scaling_.settle();  // the last step's outcome, before its optimizer state is read
-    if (sharded_saves()) {
-      checkpoint::CheckpointData with_scaler = data;
-      with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
-      auto share = checkpoint::replicated_share(with_scaler, *model_, opt_.get(), comm_->rank(),
-                                                comm_->size(), background);
-      return [dir, keep, share = std::move(share)](comm::Communicator& group) {
-        checkpoint::save_sharded_checkpoint(dir, share.data, share.mine, share.full, group, keep);
-      };
-    }
-    const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
+    const bool shared = sharded_saves();
     models::Model* model = model_.get();
     torch::optim::Optimizer* opt = opt_.get();
     // What the job reads and training does not change: the gathered unsplit model under tp,
@@ -142,6 +153,8 @@ class DdpStrategy : public Strategy {
     const bool copy = background && kept.empty();
     checkpoint::CheckpointData with_scaler = data;
     with_scaler.metadata_json = scaling_.with_state(data.metadata_json);
+    if (shared) return shared_job(dir, with_scaler, *model, opt, copy, keep, std::move(kept));
+    const bool writer = comm_->rank() == 0 && (!tp_.handle || tp_.handle->group()->rank() == 0);
     std::vector<std::pair<std::string, checkpoint::CheckpointState>> states;  // folder, state
     if (writer && !pp_.pipeline)
       states.emplace_back(dir, checkpoint::checkpoint_state(with_scaler, *model, opt, copy));
@@ -155,6 +168,42 @@ class DdpStrategy : public Strategy {
         for (const auto& [folder, state] : states)
           checkpoint::write_checkpoint_file(folder, checkpoint::checkpoint_file(state), keep);
         if (layout) checkpoint::write_pipeline_layout(dir, model_name, plan);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+      problem = group.broadcast_string(problem, 0, "checkpoint written");
+      DTORCH_CHECK_T(CheckpointError, problem.empty(), problem);
+    };
+  }
+
+  // The job of a save the ranks share (Note [Saving replicated state]): each writer its share
+  // of `model` (this rank's, or under tp the unsplit one) into the run folder or, under a
+  // pipeline, into its first stage's folder as ZeRO does (Note [Pipeline checkpoints]).
+  SaveJob shared_job(const std::string& dir, const checkpoint::CheckpointData& data,
+                     const models::Model& model, const torch::optim::Optimizer* opt, bool copy,
+                     int keep, std::vector<std::shared_ptr<void>> kept) {
+    comm::Communicator* writers = share_writers();
+    checkpoint::ReplicatedShare share;
+    if (writers)
+      share =
+          checkpoint::replicated_share(data, model, opt, writers->rank(), writers->size(), copy);
+    const int stages = static_cast<int>(pp_.plan.stages.size());
+    const std::string folder =
+        pp_.pipeline ? dir + checkpoint::pipeline_folder(pp_.stage(), stages) : dir;
+    std::vector<std::string> layout;  // pipeline.json's folders, written by one rank
+    if (pp_.pipeline && pp_.stage() == 0 && writers && writers->rank() == 0)
+      layout = checkpoint::folders_by_rank(stages, pp_.pipeline->group().size());
+    auto write = [share = std::move(share), folder, dir, keep, layout, model_name = c_.model,
+                  plan = pp_.plan](comm::Communicator& group) {
+      checkpoint::save_sharded_checkpoint(folder, share.data, share.mine, share.full, group, keep);
+      if (!layout.empty()) checkpoint::write_pipeline_layout(dir, model_name, plan, layout);
+    };
+    if (!tp_.handle) return write;
+    // Under tp the writers are dp rank 0's tp group; each dp group hears how it went.
+    return [write = std::move(write), writers, kept = std::move(kept)](comm::Communicator& group) {
+      std::string problem;
+      try {
+        if (writers) write(*writers);
       } catch (const std::exception& e) {
         problem = e.what();
       }
@@ -195,23 +244,22 @@ class DdpStrategy : public Strategy {
   }
 
   std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& dir) override {
-    if (!tp_.handle && !pp_.pipeline) {
-      if (auto saved = newer_shards(dir)) {
-        auto loaded = checkpoint::load_replicated(*saved, *model_, opt_.get());
-        scaling_.restore(c_.precision, loaded.data.metadata_json);
-        return loaded;
-      }
-    }
-    // Note [Pipeline checkpoints]: stage folders, or a whole checkpoint a stage reads from.
-    std::vector<checkpoint::SavedStage> saved = checkpoint::read_pipeline_layout(dir);
-    if (saved.empty() && pp_.pipeline) saved.push_back({dir, {0, model_->num_units()}});
+    // Note [Pipeline checkpoints]: shards read by name (Note [Resharding by name]), else stage
+    // folders, or a whole checkpoint a stage reads from.
     auto load = [&](models::Model& m, torch::optim::Optimizer& o) {
-      auto loaded = saved.empty() ? checkpoint::load_latest_checkpoint(dir, m, &o)
-                                  : checkpoint::load_from_stages(
-                                        saved, c_.model, c_.input, m, o,
-                                        [this](std::vector<torch::Tensor> p) {
-                                          return make_optimizer(c_.optimizer, std::move(p));
-                                        });
+      std::optional<checkpoint::LoadedCheckpoint> loaded;
+      if (auto saved = newer_shards(checkpoint::folders_holding(dir, m.units()))) {
+        loaded = checkpoint::load_replicated(*saved, m, &o);
+      } else {
+        std::vector<checkpoint::SavedStage> stages = checkpoint::read_pipeline_layout(dir);
+        if (stages.empty() && pp_.pipeline) stages.push_back({dir, {0, model_->num_units()}});
+        loaded = stages.empty()
+                     ? checkpoint::load_latest_checkpoint(dir, m, &o)
+                     : checkpoint::load_from_stages(
+                           stages, c_.model, c_.input, m, o, [this](std::vector<torch::Tensor> p) {
+                             return make_optimizer(c_.optimizer, std::move(p));
+                           });
+      }
       if (loaded) scaling_.restore(c_.precision, loaded->data.metadata_json);
       return loaded;
     };
@@ -227,15 +275,22 @@ class DdpStrategy : public Strategy {
     return loaded;
   }
 
-  // The sharded checkpoint in `dir` when it is newer than its newest .dtc (a run that changed
-  // --checkpoint-layout or its world size may hold both): any strategy's, read by name.
-  static std::optional<checkpoint::ShardedJoin> newer_shards(const std::string& dir) {
-    if (checkpoint::list_sharded_checkpoints(dir).empty()) return std::nullopt;
-    auto saved = checkpoint::ShardedJoin::open({dir});
-    const std::vector<std::string> files = checkpoint::list_checkpoints(dir);
-    if (saved && !files.empty() &&
-        checkpoint::checkpoint_epoch(files.front()) > saved->data().epoch)
+  // The sharded checkpoint `folders` hold together when it is newer than the newest .dtc in
+  // any of them (a run that changed --checkpoint-layout or its world size may hold both): any
+  // strategy's, read by name. Nullopt when they hold no shards.
+  static std::optional<checkpoint::ShardedJoin> newer_shards(
+      const std::vector<std::string>& folders) {
+    if (std::all_of(folders.begin(), folders.end(), [](const std::string& f) {
+          return checkpoint::list_sharded_checkpoints(f).empty();
+        }))
       return std::nullopt;
+    auto saved = checkpoint::ShardedJoin::open(folders);
+    for (const std::string& f : folders) {
+      const std::vector<std::string> files = checkpoint::list_checkpoints(f);
+      if (saved && !files.empty() &&
+          checkpoint::checkpoint_epoch(files.front()) > saved->data().epoch)
+        return std::nullopt;
+    }
     return saved;
   }
 
@@ -274,6 +329,7 @@ class DdpStrategy : public Strategy {
   LossScaling scaling_;
   std::shared_ptr<ddp::DistributedDataParallel> ddp_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
+  std::shared_ptr<comm::Communicator> tp_writers_;  // share_writers()'s group under tp
 };
 
 }  // namespace

@@ -4,8 +4,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/checkpoint/sharded_join.h"
@@ -116,7 +114,9 @@ class ZeroStrategy : public Strategy {
     // split across the tp folders (for `dtorch checkpoint consolidate`).
     const bool layout = pp_.pipeline && pp_.stage() == 0 && comm_->rank() == 0;
     std::vector<std::string> folders;
-    if (layout) folders = zero_stage_folders();
+    if (layout)
+      folders = checkpoint::folders_by_rank(static_cast<int>(pp_.plan.stages.size()),
+                                            pp_.pipeline->group().size());
     std::string split_json;
     if (tp_ && tp_->group()->rank() == 0 && comm_->rank() == 0) {
       nlohmann::json spec = {{"tp", tp_->group()->size()}, {"sharded", nlohmann::json::object()}};
@@ -137,29 +137,13 @@ class ZeroStrategy : public Strategy {
 
   comm::Communicator& save_group() override { return *comm_; }
 
-  // Note [Pipeline checkpoints]: a rank's shards hold all of its stages, in the folder of
-  // the first; pipeline.json names, for every stage, the folder that holds it.
-  std::vector<std::string> zero_stage_folders() const {
-    const int n = static_cast<int>(pp_.plan.stages.size());
-    const int ranks = pp_.pipeline->group().size();
-    std::vector<std::string> folders;
-    for (int s = 0; s < n; ++s)
-      folders.push_back(checkpoint::pipeline_folder(s % ranks, n));
-    return folders;
-  }
-
   // Note [Resharding by name]: whatever units and stages wrote the shards, each of this
   // rank's slices is read by parameter name, so ZeRO resumes at any --pp, schedule, dp size
   // and wrap policy (the same --tp: Note [Tensor-parallel checkpoints]).
   std::optional<checkpoint::LoadedCheckpoint> load_latest(const std::string& run_dir) override {
-    std::vector<std::string> stages;  // the saved stages that overlap this rank's units
-    const models::UnitRange mine = model_->units();
-    for (const checkpoint::SavedStage& s : checkpoint::read_pipeline_layout(run_dir)) {
-      if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
-      if (std::find(stages.begin(), stages.end(), s.folder) == stages.end())
-        stages.push_back(s.folder);
-    }
-    if (stages.empty()) stages.push_back(run_dir);
+    // Note [Pipeline checkpoints]: a rank's shards hold all of its stages, in the folder of
+    // the first; pipeline.json names, for every stage, the folder that holds it.
+    const std::vector<std::string> stages = checkpoint::folders_holding(run_dir, model_->units());
     std::vector<std::string> folders;
     for (const auto& s : stages)
       folders.push_back(s + tp_folder_);
