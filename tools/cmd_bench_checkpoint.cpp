@@ -189,6 +189,9 @@ void add_bench_checkpoint_command(CLI::App& bench, int& exit_code) {
                    "bench checkpoint: --nproc-per-node, --threads, --batch-size, --seq-len and "
                    "--save-at must be >= 1, and --steps more than --save-at (got --steps ",
                    f->steps, ", --save-at ", f->save_at, ")");
+    DTORCH_CHECK_T(ConfigError, f->parallelism.pp == 1,
+                   "bench checkpoint measures a save without a pipeline; got --pp ",
+                   f->parallelism.pp, ": leave --pp out");
     train::validate(f->parallelism);
     train::validate(f->strategy);
     auto launched = self_launch_bench(f->nproc_per_node, true);

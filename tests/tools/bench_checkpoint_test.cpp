@@ -63,5 +63,15 @@ TEST(BenchCheckpoint, AFolderThatHoldsFilesIsRefused) {
   EXPECT_TRUE(paths::exists(dir + "/mine.txt"));
 }
 
+// A pipeline is named before any rank starts, not by four ranks failing in parallelize.
+TEST(BenchCheckpoint, APipelineIsRefusedAtOnce) {
+  auto r = testing::run_command(
+      "bench_checkpoint_pp",
+      {DTORCH_CLI, "bench", "checkpoint", "--pp", "2", "--nproc-per-node", "2"}, 60);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(testing::contains(r.err, "without a pipeline; got --pp 2")) << r.err;
+  EXPECT_FALSE(testing::contains(r.err, "[n0 r")) << r.err;
+}
+
 }  // namespace
 }  // namespace dtorch
