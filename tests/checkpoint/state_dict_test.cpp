@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "dtorch/checkpoint/crc32.h"
 #include "dtorch/checkpoint/safetensors.h"
@@ -159,6 +160,41 @@ TEST(StateDict, FailedWriteKeepsThePreviousFile) {
   EXPECT_THROW(write_file_atomically(dir + "/f", {'n', 'e', 'w'}), CheckpointError);
   EXPECT_EQ(read_file(dir + "/f"), (std::vector<char>{'o', 'l', 'd'}));
   EXPECT_THROW(write_file_atomically(dir + "/no/such/dir/f", {'x'}), CheckpointError);
+}
+
+// CRC-32 a bit at a time, from its definition (reflected, polynomial 0xEDB88320), as zlib's
+// crc32 and Python's zlib.crc32 continue `start`.
+uint32_t bitwise_crc32(uint32_t start, const uint8_t* p, size_t n) {
+  uint32_t c = ~start;
+  for (size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int bit = 0; bit < 8; ++bit)
+      c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return ~c;
+}
+
+// Note [Folded CRC-32]: every length (the folds of 64 and 16 bytes and each tail), alignment
+// and running value gives the checksum the definition does; a known value pins it to zlib's.
+TEST(Crc32, EveryLengthOffsetAndStartIsTheDefinitions) {
+  std::mt19937 gen(3);
+  std::vector<uint8_t> bytes(4096 + 16);
+  for (auto& b : bytes)
+    b = static_cast<uint8_t>(gen());
+  for (size_t offset : {0, 1, 7, 8, 15})
+    for (size_t n = 0; n <= 300; ++n)
+      for (uint32_t start : {0u, 0xFFFFFFFFu, 0x9E3779B9u})
+        ASSERT_EQ(crc32_update(start, bytes.data() + offset, n),
+                  bitwise_crc32(start, bytes.data() + offset, n))
+            << "offset " << offset << ", " << n << " bytes, start " << start;
+  EXPECT_EQ(crc32_of(bytes.data(), 4096), bitwise_crc32(0, bytes.data(), 4096));
+  // Split anywhere, continued: the whole's.
+  for (size_t cut : {0, 1, 63, 64, 65, 1000, 4096})
+    EXPECT_EQ(crc32_update(crc32_of(bytes.data(), cut), bytes.data() + cut, 4096 - cut),
+              crc32_of(bytes.data(), 4096))
+        << cut;
+  const char* text = "123456789";  // the CRC-32 check value
+  EXPECT_EQ(crc32_of(text, 9), 0xCBF43926u);
 }
 
 // A shard file is streamed to disk: the same bytes as pickled whole, the CRC continued over the

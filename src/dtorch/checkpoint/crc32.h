@@ -7,7 +7,8 @@
 
 namespace dtorch::checkpoint {
 
-/// zlib's crc32 of `n` bytes at `data` (any length; zlib itself takes at most 4 GiB a call).
+/// zlib's crc32 of `n` bytes at `data` (any length), by folding where the CPU can (Note
+/// [Folded CRC-32] in crc32.cpp).
 uint32_t crc32_of(const void* data, size_t n);
 /// The crc32 of bytes whose earlier part had `crc`, continued over `n` more bytes at `data`:
 /// crc32_of(a + b) == crc32_update(crc32_of(a), b).
