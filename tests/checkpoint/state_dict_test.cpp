@@ -2,17 +2,21 @@
 // mismatches, atomic writes, and files that PyTorch's torch.load + load_state_dict accept.
 #include "dtorch/checkpoint/state_dict.h"
 
+#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "dtorch/checkpoint/crc32.h"
 #include "dtorch/checkpoint/safetensors.h"
+#include "dtorch/checkpoint/torch_save.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
@@ -160,6 +164,67 @@ TEST(StateDict, FailedWriteKeepsThePreviousFile) {
   EXPECT_THROW(write_file_atomically(dir + "/f", {'n', 'e', 'w'}), CheckpointError);
   EXPECT_EQ(read_file(dir + "/f"), (std::vector<char>{'o', 'l', 'd'}));
   EXPECT_THROW(write_file_atomically(dir + "/no/such/dir/f", {'x'}), CheckpointError);
+}
+
+// An SGD optimizer's state as a checkpoint holds it (torch::serialize's module archive), with
+// `edit` applied to the text of each of its code records.
+std::string optimizer_archive(const std::function<void(std::string&)>& edit) {
+  torch::nn::Linear model(3, 2);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  model(torch::ones({1, 3})).sum().backward();
+  opt.step();
+  torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  std::ostringstream saved;
+  archive.save_to(saved);
+  const std::string bytes = saved.str();
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+    out.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  for (const std::string& name : reader.getAllRecords()) {
+    // The writer adds its own of these.
+    if (name == "version" || name == ".data/version" || name == "byteorder" ||
+        name == ".data/serialization_id")
+      continue;
+    auto [data, size] = reader.getRecord(name);
+    std::string record(static_cast<const char*>(data.get()), size);
+    if (name.find("code/") != std::string::npos && name.size() > 3 &&
+        name.compare(name.size() - 3, 3, ".py") == 0)
+      edit(record);
+    writer.writeRecord(name, record.data(), record.size());
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+
+// Note [Reading untrusted archives]: an optimizer archive as torch::serialize writes it passes
+// and loads; one whose module code was damaged (a mutation that crashed TorchScript's compiler
+// in LibTorch 1.13) is refused before TorchScript sees it.
+TEST(StateDict, OptimizerArchivesHoldOnlyModulesOfAttributes) {
+  const std::string plain = optimizer_archive([](std::string&) {});
+  EXPECT_NO_THROW(check_serialize_archive(plain));
+  torch::serialize::InputArchive archive;
+  std::istringstream in(plain);
+  EXPECT_NO_THROW(archive.load_from(in));
+  int edited = 0;
+  const std::string damaged = optimizer_archive([&](std::string& code) {
+    const size_t at = code.find("__parameters__");
+    if (at == std::string::npos || edited++) return;
+    code[at + 9] = '9';  // "__paramet9rs__ = []"
+  });
+  ASSERT_GE(edited, 1);
+  try {
+    check_serialize_archive(damaged);
+    ADD_FAILURE() << "a damaged module archive was accepted";
+  } catch (const UnreadableArchive& e) {
+    EXPECT_NE(std::string(e.what()).find("not a module of attributes"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(check_serialize_archive(plain.substr(0, plain.size() / 2)), UnreadableArchive);
 }
 
 // CRC-32 a bit at a time, from its definition (reflected, polynomial 0xEDB88320), as zlib's

@@ -147,6 +147,11 @@ Parsed parse(const std::string& path) {
     if (opt.isTensor()) {
       out.optimizer = tensor_to_bytes(opt.toTensor());
       out.optimizer_type = field("optimizer_type").toStringRef();
+      try {
+        check_serialize_archive(*out.optimizer);
+      } catch (const UnreadableArchive& e) {
+        throw Unusable(std::string("its optimizer state ") + e.what());
+      }
     }
     for (const auto& e : field("model").toGenericDict())
       out.model.emplace_back(e.key().toStringRef(), e.value().toTensor());

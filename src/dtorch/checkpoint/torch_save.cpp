@@ -10,8 +10,11 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <set>
+#include <sstream>
 
 #include "dtorch/core/error.h"
 
@@ -182,19 +185,77 @@ c10::StrongTypePtr resolve_type_tag(const c10::QualifiedName& name) {
   return c10::StrongTypePtr(unit, torch::jit::ScriptTypeParser().parseType(tag));
 }
 
+// A type as a module's code names it: Tensor, int, a submodule's mangled name, List[Tensor].
+bool type_text(const std::string& s) {
+  if (s.empty() || s.size() > kMaxTypeTag ||
+      !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_'))
+    return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_.[], ", c) != nullptr;
+  });
+}
+
+// A double-quoted name without escapes at `at`; moves `at` past it.
+bool quoted_name(const std::string& s, size_t& at) {
+  if (at >= s.size() || s[at] != '"') return false;
+  const size_t end = s.find_first_of("\"\\", at + 1);
+  if (end == std::string::npos || s[end] != '"') return false;
+  at = end + 1;
+  return true;
+}
+
+bool starts(const std::string& s, const char* prefix, size_t& at) {
+  const size_t n = std::strlen(prefix);
+  if (s.compare(0, n, prefix) != 0) return false;
+  at = n;
+  return true;
+}
+
+// One line of a module's code as OutputArchive writes it: the class line; its parameter and
+// buffer names (`__parameters__ = ["params/size", ]`); its attributes and their types, as
+// `name : Type` or `__annotations__["name"] = Type` (with `__annotations__ = []` before); or
+// nothing.
+bool attribute_module_line(const std::string& line) {
+  if (line.empty() || line == "class Module(Module):" || line == "  __annotations__ = []")
+    return true;
+  size_t at = 0;
+  if (starts(line, "  __parameters__ = [", at) || starts(line, "  __buffers__ = [", at)) {
+    while (at < line.size() && line[at] == '"') {
+      if (!quoted_name(line, at) || line.compare(at, 2, ", ") != 0) return false;
+      at += 2;
+    }
+    return at + 1 == line.size() && line[at] == ']';
+  }
+  if (starts(line, "  __annotations__[", at))
+    return quoted_name(line, at) && line.compare(at, 4, "] = ") == 0 &&
+           type_text(line.substr(at + 4));
+  const size_t colon = line.find(" : ");
+  if (line.compare(0, 2, "  ") != 0 || colon == std::string::npos || colon == 2) return false;
+  const std::string name = line.substr(2, colon - 2);
+  return std::all_of(
+             name.begin(), name.end(),
+             [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }) &&
+         type_text(line.substr(colon + 3));
+}
+
 }  // namespace
 
 // Note [Reading untrusted archives]
-// A file given to dtorch may be damaged or hostile, and two things in it crash LibTorch's reader
-// instead of making it throw, so both are checked before it sees them. A zip archive that is not
-// whole: LibTorch 1.13's reader reads outside the buffer (AddressSanitizer: heap-buffer-overflow
-// in mz_zip_reader_init). A container's type tag (torch.jit._pickle.restore_type_tag(value,
-// "Dict[str, Tensor]"), which torch::pickle_save writes): the unpickler hands the string to
-// TorchScript's parser, whose recursive descent has no depth limit and which crashed on a
-// damaged tag (SIGSEGV in LibTorch 1.13's ScriptTypeParser). torch::pickle_load takes no type
-// parser, so this is pickle_load with a type resolver of our own that lets through only plain
-// types (builtin names, generics over them, 16 deep) before TorchScript parses them. It also
-// receives the names of classes an archive asks for, which it refuses as pickle_load does.
+// A file given to dtorch may be damaged or hostile, and three things in it crash LibTorch's
+// reader instead of making it throw, so all are checked before it sees them. A zip archive that is
+// not whole: LibTorch 1.13's reader reads outside the buffer (AddressSanitizer:
+// heap-buffer-overflow in mz_zip_reader_init). A container's type tag
+// (torch.jit._pickle.restore_type_tag(value, "Dict[str, Tensor]"), which torch::pickle_save
+// writes): the unpickler hands the string to TorchScript's parser, whose recursive descent has no
+// depth limit and which crashed on a damaged tag (SIGSEGV in LibTorch 1.13's ScriptTypeParser).
+// torch::pickle_load takes no type parser, so this is pickle_load with a type resolver of our own
+// that lets through only plain types (builtin names, generics over them, 16 deep) before
+// TorchScript parses them. It also receives the names of classes an archive asks for, which it
+// refuses as pickle_load does. And the code of a TorchScript module (a checkpoint's optimizer
+// state, which torch::serialize::InputArchive reads as one): TorchScript compiles each class in it,
+// and a damaged class line crashed its compiler (SIGSEGV in ScriptTypeParser::parseClassConstant,
+// LibTorch 1.13). What torch::serialize writes is modules of typed attributes and nothing
+// else, so check_serialize_archive lets through only those lines.
 c10::IValue load_torch_save(const std::vector<char>& bytes) {
   const std::string problem = zip_archive_problem(bytes);
   if (!problem.empty()) throw UnreadableArchive(problem);
@@ -203,6 +264,26 @@ c10::IValue load_torch_save(const std::vector<char>& bytes) {
   return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                            resolve_type_tag, /*obj_loader=*/c10::nullopt,
                                            /*device=*/c10::nullopt, reader);
+}
+
+void check_serialize_archive(const std::string& bytes) {
+  const std::vector<char> whole(bytes.begin(), bytes.end());
+  const std::string problem = zip_archive_problem(whole);
+  if (!problem.empty()) throw UnreadableArchive(problem);
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(whole.data(), whole.size()));
+  for (const std::string& name : reader.getAllRecords()) {
+    const size_t code = name.find("code/");
+    if (code == std::string::npos || name.size() < 3 ||
+        name.compare(name.size() - 3, 3, ".py") != 0)
+      continue;
+    auto [data, size] = reader.getRecord(name);
+    std::istringstream text(std::string(static_cast<const char*>(data.get()), size));
+    for (std::string line; std::getline(text, line);)
+      if (!attribute_module_line(line))
+        throw UnreadableArchive(str("holds code (", name.substr(code), ") that is not a module of ",
+                                    "attributes, as torch::serialize writes"));
+  }
 }
 
 }  // namespace dtorch::checkpoint

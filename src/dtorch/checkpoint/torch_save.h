@@ -41,4 +41,10 @@ struct UnreadableArchive : std::runtime_error {
 /// archives]. Anything else wrong is LibTorch's own exception.
 c10::IValue load_torch_save(const std::vector<char>& bytes);
 
+/// Refuses with an UnreadableArchive what torch::serialize::InputArchive must not be given: a
+/// zip archive that is not whole, or a module whose code is anything but what
+/// torch::serialize::OutputArchive writes (modules of typed attributes). Note [Reading
+/// untrusted archives].
+void check_serialize_archive(const std::string& bytes);
+
 }  // namespace dtorch::checkpoint
