@@ -73,8 +73,8 @@ build: deps-build $(BUILD)/build.ninja
 demo: deps-build $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS) --target dtorch_cli
 	$(BUILD)/dtorch train --model mnist-cnn --data fashion-mnist --epochs 2 --batch-size 64 \
-	  --lr 0.01 --optimizer sgd --seed 1 --nproc-per-node 2 --out runs/demo --print-every 50 \
-	  --phase-times
+	  --lr 0.01 --optimizer sgd --seed 1 --nproc-per-node 2 --out runs/demo --overwrite \
+	  --print-every 50 --phase-times
 	$(BUILD)/dtorch plot runs/demo --out runs/demo/curves.png --title "make demo: mnist-cnn on Fashion-MNIST, DDP on 2 ranks"
 
 # Configures again (seconds): a build folder that `make demo` configured before GoogleTest was

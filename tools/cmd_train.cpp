@@ -9,6 +9,7 @@
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/report/profiler.h"
+#include "dtorch/train/run_folder.h"
 #include "dtorch/train/trainer.h"
 #include "tools/commands.h"
 
@@ -69,6 +70,8 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
       log::info(n);
   }
   if (!c.reporting.profile.empty()) report::require_profiler();  // before any rank starts
+  // Note [One run per folder]: said once, before the workers start (they check again).
+  if (launches_workers(how)) train::check_run_folder(c, c.checkpointing.resume);
   if (auto code = self_launch(how)) return *code;
   auto comm = comm::Communicator::from_env();
   train::train(c, comm);
@@ -106,6 +109,11 @@ void add_train_command(CLI::App& app, int& exit_code) {
   const char* launch = "Launch";
   cmd->add_flag("--resume", f->config.checkpointing.resume,
                 "continue from the newest good checkpoint in --out")
+      ->group(launch);
+  cmd->add_flag("--overwrite", f->config.checkpointing.overwrite,
+                "replace the run --out holds (its files are removed once this run's first "
+                "checkpoint is written); without it or --resume, a folder holding another "
+                "run's checkpoints or model is refused")
       ->group(launch);
   cmd->add_option("--nproc-per-node,--nproc_per_node", f->nproc_per_node,
                   "launch this many local ranks (like `dtorch launch --standalone`)")

@@ -65,6 +65,8 @@ struct SelfLaunch {
 /// launcher and returns its exit code; nullopt when this process should run as one rank
 /// itself (one process asked for, or already a rank of a job).
 std::optional<int> self_launch(const SelfLaunch& how);
+/// Whether self_launch will start workers rather than this process running as a rank.
+bool launches_workers(const SelfLaunch& how);
 /// The job's rank count as this process can tell before any rank starts: `nproc_per_node`
 /// when self_launch will start the workers, else the launch environment's WORLD_SIZE.
 int job_world_size(const SelfLaunch& how);

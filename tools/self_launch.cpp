@@ -19,12 +19,11 @@ bool started_by_a_launcher() {
   return env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
 }
 
-// Whether self_launch starts workers rather than running as a rank itself.
+}  // namespace
+
 bool launches_workers(const SelfLaunch& how) {
   return how.nproc_per_node > 1 && !started_by_a_launcher();
 }
-
-}  // namespace
 
 int job_world_size(const SelfLaunch& how) {
   if (launches_workers(how)) return how.nproc_per_node;

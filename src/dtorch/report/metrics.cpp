@@ -5,8 +5,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "dtorch/core/atomic_file.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 
@@ -52,6 +54,30 @@ std::string record_json(const std::string& kind, const std::map<std::string, dou
     j[key] = count_or_number(value);
   }
   return j.dump();
+}
+
+void keep_records_through(const std::string& path, int64_t step) {
+  if (!paths::is_regular_file(path)) return;
+  std::ifstream in(path, std::ios::binary);
+  DTORCH_CHECK_T(ConfigError, in.good(), "cannot read metrics file ", path, ": ",
+                 std::strerror(errno));
+  std::string kept;
+  bool dropped = false;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool later = j.is_object() && j.contains("step") && j["step"].is_number() &&
+                       j["step"].get<double>() > static_cast<double>(step);
+    if (!j.is_object() || later) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  DTORCH_CHECK_T(ConfigError, in.eof(), "cannot read metrics file ", path, ": ",
+                 std::strerror(errno));
+  if (!dropped) return;
+  if (auto failed = write_file_atomically(path, kept.data(), kept.size()))
+    DTORCH_FAIL(ConfigError, *failed);
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {

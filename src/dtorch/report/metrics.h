@@ -43,6 +43,14 @@ std::string epoch_record_json(const EpochRecord& r);
 /// is written as an integer.
 std::string record_json(const std::string& kind, const std::map<std::string, double>& numbers);
 
+/// Keeps the records of the JSONL file at `path` whose "step" is at most `step`, and those
+/// without one; drops the rest, and any line that is not a JSON object (one a crash cut
+/// short). A resumed run calls it with its checkpoint's step, so the epochs and steps it trains
+/// again are recorded once (Note [One run per folder] in train/run_folder.h). The file is
+/// replaced atomically, and only when a record goes; no file is nothing to do. Throws
+/// ConfigError naming the file when it cannot be read or written.
+void keep_records_through(const std::string& path, int64_t step);
+
 /// Appends records to a JSONL file (written by rank 0 only).
 class MetricsWriter {
  public:

@@ -71,15 +71,20 @@ std::string config_json(const TrainConfig& c, int world, const Schedule& schedul
   return j.dump();
 }
 
-StartPoint resume_run(const TrainConfig& c, Strategy& strategy, comm::Communicator& comm,
-                      const Schedule& schedule, bool lead) {
-  StartPoint start{0, 0, schedule, false};
+bool continues_run(const TrainConfig& c, const launch::RankInfo& job) {
   // A group the launcher restarted (--max-restarts), or started again in a later round of an
   // elastic job (a node came or went, Note [Elastic rendezvous]), resumes by itself, as
   // torchrun scripts reload their snapshot: the checkpoints in `out` are this job's own.
+  return c.checkpointing.resume || job.restart_count > 0 ||
+         env::get_int("DTORCH_ELASTIC_ROUND").value_or(0) > 0;
+}
+
+StartPoint resume_run(const TrainConfig& c, Strategy& strategy, comm::Communicator& comm,
+                      const Schedule& schedule, bool lead) {
+  StartPoint start{0, 0, schedule, false};
   const int restart = comm.info().restart_count;
   const int64_t round = env::get_int("DTORCH_ELASTIC_ROUND").value_or(0);
-  start.resumed = c.checkpointing.resume || restart > 0 || round > 0;
+  start.resumed = continues_run(c, comm.info());
   if (lead && restart > 0) {
     log::info("restart ", restart, " of the group: resuming from ", c.checkpointing.out);
   } else if (lead && round > 0) {

@@ -45,6 +45,10 @@ std::optional<Schedule> schedule_of(const std::string& metadata_json, const std:
 std::string config_json(const TrainConfig& c, int world, const Schedule& schedule,
                         const models::ImageInput& input);
 
+/// Whether the run continues the one in c.out: --resume, a restart of the group, a later
+/// elastic round.
+bool continues_run(const TrainConfig& c, const launch::RankInfo& job);
+
 /// Where the epochs start.
 struct StartPoint {
   int64_t epoch = 0;

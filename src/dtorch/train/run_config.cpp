@@ -198,6 +198,7 @@ TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_conf
   }
   TrainConfig c = from_json(j, "the command line", defaults);
   c.checkpointing.resume = flags_config.checkpointing.resume;
+  c.checkpointing.overwrite = flags_config.checkpointing.overwrite;
   c.reporting.progress = flags_config.reporting.progress;
   if (!flags.count("--progress")) c.reporting.progress.mode = file.reporting.progress.mode;
   return c;

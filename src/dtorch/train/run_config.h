@@ -71,6 +71,8 @@ struct CheckpointingConfig {
   /// background] in train/background_save.h).
   bool async_save = false;
   bool resume = false;  ///< continue from the newest good checkpoint in `out`
+  /// Replace the run `out` holds (Note [One run per folder] in train/run_folder.h).
+  bool overwrite = false;
 };
 
 /// What the run tells as it goes (section "reporting").
@@ -115,9 +117,9 @@ void validate(const TrainConfig& c);
 // the section the option group), to_json and from_json write and read <out>/config.json with
 // it, and `--config` merges a file with the flags given through it. A new setting is one line
 // here and appears in all of them; no other place spells a setting's name.
-// `resume` is not a setting of the run but of the invocation (a flag of its own), and the
-// sources that resolve() reads (--global-batch-size, --deepspeed-config, --config, the job's
-// size) are not settings either: config.json holds what they resolved to.
+// `resume` and `overwrite` are not settings of the run but of the invocation (flags of their
+// own), and the sources that resolve() reads (--global-batch-size, --deepspeed-config,
+// --config, the job's size) are not settings either: config.json holds what they resolved to.
 
 /// One field: its section of the JSON form (and the CLI's option group), its flag without the
 /// dashes (also its JSON key), its help, and the value the flag takes when given alone

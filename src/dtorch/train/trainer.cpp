@@ -37,6 +37,7 @@
 #include "dtorch/train/model_file.h"
 #include "dtorch/train/parallelize.h"
 #include "dtorch/train/resume.h"
+#include "dtorch/train/run_folder.h"
 #include "dtorch/train/step_stats.h"
 #include "dtorch/train/strategy.h"
 #include "dtorch/train/train_data.h"
@@ -417,8 +418,10 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   memory.device = device;
   if (lead) log::info(describe_device(device, c.strategy.device));
   if (!c.reporting.profile.empty()) report::require_profiler();  // before any work
-  // What this run is, before it starts: `dtorch train --config` reruns it.
-  if (lead) write_config_file(c, paths::join(c.checkpointing.out, "config.json"));
+  // Note [One run per folder]: before anything is written or read there.
+  const bool continues = continues_run(c, comm->info());
+  check_run_folder(c, continues);
+  if (lead) prepare_run_folder(c, continues);
   // Image data first: the model is built for its channels, size and classes.
   TrainData data = open_data(c.data.source, c.data.dir, c.data.loader, c.training.seed);
   torch::manual_seed(c.training.seed);
@@ -466,8 +469,11 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
     log::info("optimizer ", name_of(c.strategy.optimizer.kind), ", learning rate ",
               describe(e.schedule.config, e.schedule.lr, e.schedule.total_steps), ", ",
               steps_per_epoch, " step(s) per epoch");
-    e.metrics = std::make_unique<report::MetricsWriter>(c.checkpointing.out + "/metrics.jsonl",
-                                                        start.resumed);
+    // What this run is, once its checkpoint is loaded: `dtorch train --config` reruns it.
+    write_config_file(c, paths::join(c.checkpointing.out, "config.json"));
+    const std::string metrics = c.checkpointing.out + "/metrics.jsonl";
+    if (start.resumed) report::keep_records_through(metrics, start.global_step);
+    e.metrics = std::make_unique<report::MetricsWriter>(metrics, start.resumed);
     if (!c.reporting.tensorboard.empty()) {
       e.board = std::make_unique<report::TensorBoardWriter>(c.reporting.tensorboard);
       log::info("TensorBoard events: ", e.board->path());
@@ -502,8 +508,10 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
       run.strategy->save(c.checkpointing.out, saved, c.checkpointing.keep);
     if (lead && !run.layout.pp.pipeline)
       checkpoint::forget_pipeline_layout(c.checkpointing.out);  // the stage folders are older now
+    if (lead && !e.saver) forget_overwritten_run(c.checkpointing.out);
   }
   if (e.saver) e.saver->finish();
+  if (lead) forget_overwritten_run(c.checkpointing.out);
   write_model_file(c, run, *comm);
   return records;
 }
