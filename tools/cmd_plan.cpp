@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -829,7 +831,16 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--seq-len", f->seq_len,
                   "a gpt-* model's tokens per sequence (default: its block size)");
   cmd->add_option("--memory-per-rank", f->memory_per_rank_gib,
-                  "GiB per rank (default: the machine file's)");
+                  "GiB per rank (default: the machine file's)")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            const double gib = std::strtod(s.c_str(), nullptr);
+            return std::isfinite(gib) && gib > 0
+                       ? ""
+                       : "GiB per rank must be a finite number above 0 (got " + s +
+                             "); leave it out for the machine file's";
+          },
+          "GIB>0"));
   cmd->add_option("--format", f->format)
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();

@@ -33,6 +33,10 @@ TEST(JsonConfig, SyntaxErrorsAndDuplicatesNameLineAndColumn) {
             std::string::npos);
   EXPECT_EQ(parse("{\"a\": {\"b\": 1}, \"c\": {\"b\": 2}}", "f.json")["c"]["b"], 2)
       << "the same key in two objects is fine";
+  // A NUL byte would end the text for the parser, dropping what follows: an error.
+  const std::string with_nul("{\"a\": 1}\n\0{\"b\": 2}", 18);
+  const std::string e = testing::error_of([&] { parse(with_nul, "f.json"); });
+  EXPECT_NE(e.find("f.json:2:1: a NUL byte at offset 9"), std::string::npos) << e;
 }
 
 TEST(JsonConfig, GettersCheckTypesAndRangesAndAutoIsAbsent) {

@@ -367,6 +367,17 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   EXPECT_NE(e.find("matmul_by_rows.fp32[0].flops"), std::string::npos) << e;
   e = testing::error_of<ConfigError>([&] { read_machine(dir + "/none.json"); });
   EXPECT_NE(e.find("no such file"), std::string::npos) << e;
+  // Rates outside what a machine can have: named with the value, not inf predictions.
+  e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flops": {"fp32": 1e-300}, )"
+                R"("intra_node": {}})");
+  EXPECT_NE(e.find("matmul_flops.fp32"), std::string::npos) << e;
+  EXPECT_NE(e.find("1e-300"), std::string::npos) << e;
+  e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flops": {"fp32": 1e9}, "intra_node": )"
+                R"({"allreduce": [{"ranks": 2, "bus_bytes_per_s": 1e14}]}})");
+  EXPECT_NE(e.find("bus_bytes_per_s"), std::string::npos) << e;
+  e = error_for(R"({"memory_per_rank_bytes": 0.5, "matmul_flops": {"fp32": 1e9}, )"
+                R"("intra_node": {}})");
+  EXPECT_NE(e.find("memory_per_rank_bytes"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -99,6 +99,13 @@ nlohmann::json parse(const std::string& text, const std::string& name) {
     }
     return true;
   };
+  // nlohmann's parser takes a NUL byte for the end of the input: what follows would be lost.
+  const size_t nul = text.find('\0');
+  if (nul != std::string::npos) {
+    auto [line, column] = line_column(text, nul);
+    DTORCH_FAIL(ConfigError, name, ":", line, ":", column, ": a NUL byte at offset ", nul,
+                ": a JSON file is text; restore the file, or write it again");
+  }
   try {
     json j = json::parse(text, check);
     DTORCH_CHECK_T(ConfigError, !duplicate, name, ": the key '", duplicate.value_or(""),

@@ -41,6 +41,10 @@ bool for_each_entry(const json_config::Section& s, const std::string& key,
   return true;
 }
 
+// Rates a machine can have: from 1000 a second (below it a prediction is days a step, and a
+// rate of 1e-300 would make it inf) to 1e18 FLOP/s and 10 TB/s.
+constexpr double kMinRate = 1e3, kMaxFlops = 1e18, kMaxBytesPerSecond = 1e13;
+
 std::map<Collective, std::vector<LinkCost>> read_links(const json_config::Section& s,
                                                        std::vector<std::string>* warnings) {
   json_config::Keys names;
@@ -58,7 +62,7 @@ std::map<Collective, std::vector<LinkCost>> read_links(const json_config::Sectio
                          e.name("ranks"), " and ", e.name("bus_bytes_per_s"),
                          " are needed: give the group size and its measured bus bandwidth");
           l.latency_s = e.number("latency_s", 0, 10).value_or(0);
-          l.bus_bytes_per_s = *e.number("bus_bytes_per_s", 0, 1e15, /*open_low=*/true);
+          l.bus_bytes_per_s = *e.number("bus_bytes_per_s", kMinRate, kMaxBytesPerSecond);
           out[c].push_back(l);
         });
     if (!listed) continue;
@@ -180,13 +184,13 @@ Machine read_machine(const std::string& path) {
                    " is missing: dtorch plan calibrate writes it, or add it by hand");
   };
   needed("memory_per_rank_bytes");
-  m.memory_per_rank_bytes = *s.number("memory_per_rank_bytes", 0, 1e16, /*open_low=*/true);
+  m.memory_per_rank_bytes = *s.number("memory_per_rank_bytes", 1 << 20, 1e16);
   m.base_bytes_per_rank = s.number("base_bytes_per_rank", 0, 1e16).value_or(0);
   // A rate per dtype (fp32, bf16) of `rates`.
   auto read_rates = [&](const json_config::Section& rates, std::map<std::string, double>& into) {
     rates.keys({"fp32", "bf16"}, {});
     for (const char* dtype : {"fp32", "bf16"})
-      if (auto r = rates.number(dtype, 0, 1e18, /*open_low=*/true)) into[dtype] = *r;
+      if (auto r = rates.number(dtype, kMinRate, kMaxFlops)) into[dtype] = *r;
   };
   needed("matmul_flops");
   read_rates(*s.section("matmul_flops"), m.matmul_flops);
@@ -200,7 +204,7 @@ Machine read_machine(const std::string& path) {
                            " and ", e.name("flops"),
                            " are needed: give the rows measured and the rate at them");
             m.matmul_by_rows[dtype].push_back(
-                {*e.integer("rows", 1, int64_t(1) << 40), *e.number("flops", 0, 1e18, true)});
+                {*e.integer("rows", 1, int64_t(1) << 40), *e.number("flops", kMinRate, kMaxFlops)});
           });
       if (!listed) continue;
       std::sort(m.matmul_by_rows[dtype].begin(), m.matmul_by_rows[dtype].end(),

@@ -215,6 +215,12 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, t.epochs >= 1, "--epochs must be >= 1 (got ", t.epochs, ")");
   DTORCH_CHECK_T(ConfigError, t.batch_size >= 1, "--batch-size must be >= 1 (got ", t.batch_size,
                  ")");
+  DTORCH_CHECK_T(ConfigError, c.data.train_samples >= 0,
+                 "--train-samples must be >= 1, or 0 for the whole training split (got ",
+                 c.data.train_samples, ")");
+  DTORCH_CHECK_T(ConfigError, c.data.test_samples >= 0,
+                 "--test-samples must be >= 1, or 0 for the whole test split (got ",
+                 c.data.test_samples, ")");
   DTORCH_CHECK_T(ConfigError, c.model.seq_len >= 0,
                  "--seq-len must be >= 1, or 0 for the model's longest sequence (got ",
                  c.model.seq_len, ")");
