@@ -33,7 +33,27 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.rfind(prefix, 0) == 0;
 }
 
+// A one-file checkpoint (Note [Checkpoint format]): read whole, so its length and CRC-32 are
+// verified before anything is printed.
+int inspect_file(const std::string& path) {
+  auto [model, d] = checkpoint::read_checkpoint_model(path);
+  std::ostream& o = std::cout;
+  o << "checkpoint   " << path << "\n"
+    << "format       one file (checkpoint-NNNNNN.dtc)\n"
+    << "epoch        " << d.epoch << "\n"
+    << "global step  " << d.global_step << "\n"
+    << "metadata     " << d.metadata_json << "\n"
+    << "model\n";
+  for (const auto& [name, t] : model)
+    o << "    " << std::left << std::setw(36) << name << " " << std::setw(18)
+      << shape_text(t.sizes().vec()) << " " << t.numel() << "\n";
+  o << "file " << paths::file_name(path) << ": " << paths::file_size(path)
+    << " bytes, length and CRC-32 ok\n";
+  return 0;
+}
+
 int run_inspect(const CheckpointFlags& f) {
+  if (paths::is_regular_file(f.dir)) return inspect_file(f.dir);
   checkpoint::ShardedCheckpointReader reader(f.dir);
   const auto& d = reader.data();
   std::ostream& o = std::cout;
@@ -155,7 +175,7 @@ void add_checkpoint_command(CLI::App& app, int& exit_code) {
   cmd->require_subcommand(1);
   const std::string dir_help =
       "a run's checkpoint directory (its newest intact checkpoint), a step-NNNNNN directory, or "
-      "(consolidate) a checkpoint-NNNNNN.dtc file";
+      "a checkpoint-NNNNNN.dtc file";
 
   auto* inspect = cmd->add_subcommand(
       "inspect", "Print what a checkpoint holds and verify each file's size and checksum");

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint/sharded_fixture.h"
+#include "dtorch/checkpoint/checkpoint.h"
 #include "dtorch/checkpoint/safetensors.h"
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
@@ -133,6 +134,26 @@ TEST(CheckpointCli, InspectShowsContentsAndVerifiesFiles) {
   EXPECT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(contains(r.out, "global step  10")) << r.out;
   EXPECT_TRUE(contains(r.err, "shard-00002-of-00004.pt")) << r.err;
+}
+
+// A one-file checkpoint is inspected as one: its data and model, its length and CRC-32
+// verified; a truncated one is named.
+TEST(CheckpointCli, InspectReadsAOneFileCheckpoint) {
+  const std::string dir = testing::scratch_dir("ckpt-cli-inspect-dtc");
+  torch::nn::Linear model(3, 2);
+  checkpoint::save_checkpoint(dir, {4, 40, R"({"model":"linear"})"}, *model, nullptr);
+  const std::string file = dir + "/checkpoint-000004.dtc";
+  auto r = run_command("ckpt-cli-inspect-dtc-cmd", {DTORCH_CLI, "checkpoint", "inspect", file});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  for (const char* want : {"format       one file", "epoch        4", "global step  40",
+                           R"(metadata     {"model":"linear"})", "weight", "[2, 3]",
+                           "length and CRC-32 ok"})
+    EXPECT_TRUE(contains(r.out, want)) << want << "\n" << r.out;
+  paths::resize_file(file, 100);
+  r = run_command("ckpt-cli-inspect-dtc-bad", {DTORCH_CLI, "checkpoint", "inspect", file});
+  EXPECT_EQ(r.exit_code(), 1);
+  EXPECT_TRUE(contains(r.err, "checkpoint-000004.dtc")) << r.err;
+  EXPECT_FALSE(contains(r.err, "not a directory")) << r.err;
 }
 
 TEST(CheckpointCli, NotACheckpointIsAClearError) {
