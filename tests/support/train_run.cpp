@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "dtorch/checkpoint/checkpoint.h"
+#include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/checkpoint/state_dict.h"
 #include "support/command.h"
 
@@ -85,6 +87,19 @@ void expect_same_run(const std::string& got, const std::string& want, const std:
     const double tolerance = named("c_attn.weight", "in_proj_weight") ? 5e-4 : 1e-4;
     EXPECT_LE((t - wm[key]).abs().max().item<double>(), tolerance) << name << " " << key;
   }
+}
+
+void expect_every_rank_wrote_shards(const std::string& folder, int ranks) {
+  EXPECT_TRUE(checkpoint::list_checkpoints(folder).empty()) << folder;
+  const auto shards = checkpoint::latest_complete(folder);
+  ASSERT_TRUE(shards) << folder;
+  checkpoint::ShardedCheckpointReader reader(*shards);
+  std::vector<int> tensors(ranks, 0);
+  for (const auto& [key, info] : reader.flat_tensors())
+    for (int r = 0; r < ranks; ++r)
+      tensors[r] += info.ranges.at(r).second > info.ranges.at(r).first;
+  for (int r = 0; r < ranks; ++r)
+    EXPECT_GT(tensors[r], 0) << folder << ": rank " << r << " wrote nothing";
 }
 
 }  // namespace dtorch::testing

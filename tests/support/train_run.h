@@ -36,4 +36,8 @@ std::map<std::string, torch::Tensor> model_file(const std::string& path);
 /// names).
 void expect_same_run(const std::string& got, const std::string& want, const std::string& name);
 
+/// Expects `folder`'s newest checkpoint to be shards, no .dtc beside them, of which each of the
+/// `ranks` ranks that saved them wrote some tensors (Note [Saving replicated state]).
+void expect_every_rank_wrote_shards(const std::string& folder, int ranks);
+
 }  // namespace dtorch::testing
