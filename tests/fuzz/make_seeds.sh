@@ -98,6 +98,35 @@ cp -r "$RUNS"/gpt-pp/pp*-of-* "$RUNS"/gpt-pp-zero/pp*-of-* "$SEEDS/fixtures/pipe
 for f in "$RUNS"/*/config.json; do
   seed run_config "$f" "$(echo "${f#"$RUNS"/}" | tr / _)"
 done
+# Machine files as `dtorch plan calibrate` writes them: a CPU node, and GPU nodes with the
+# optional sections (rates by rows, convolutions, ring attention, overlap, inter-node links).
+mkdir -p "$SEEDS/machine_file"
+cat >"$SEEDS/machine_file/cpu.json" <<'JSON'
+{"name": "cpu", "device": "cpu", "ranks_per_node": 2, "memory_per_rank_bytes": 12e9,
+ "base_bytes_per_rank": 3e8, "matmul_flops": {"fp32": 6e10},
+ "first_touch_seconds_per_byte": 2e-10, "adamw_seconds_per_parameter": 1e-9,
+ "intra_node": {"allreduce": [{"ranks": 2, "latency_s": 2e-5, "bus_bytes_per_s": 5e9}],
+                "reduce_scatter": [{"ranks": 2, "latency_s": 2e-5, "bus_bytes_per_s": 4e9}],
+                "allgather": [{"ranks": 2, "latency_s": 2e-5, "bus_bytes_per_s": 4e9}],
+                "p2p": [{"ranks": 2, "latency_s": 1e-5, "bus_bytes_per_s": 6e9}]}}
+JSON
+cat >"$SEEDS/machine_file/gpu.json" <<'JSON'
+{"name": "gpu", "device": "cuda", "ranks_per_node": 4, "memory_per_rank_bytes": 8e10,
+ "matmul_flops": {"fp32": 5e13, "bf16": 7e14},
+ "matmul_by_rows": {"bf16": [{"rows": 64, "flops": 1e14}, {"rows": 4096, "flops": 6e14}]},
+ "conv_flops": {"fp32": 3e13}, "lockstep_fraction": 0.05,
+ "ring_attention": {"step_seconds": 1e-4, "seconds_per_score": 1e-12, "forward_share": 0.3},
+ "overlap": {"zero2": 0.7, "zero3": 0.5},
+ "intra_node": {"allreduce": [{"ranks": 2, "latency_s": 1e-5, "bus_bytes_per_s": 3e11},
+                              {"ranks": 4, "latency_s": 2e-5, "bus_bytes_per_s": 2.5e11}],
+                "reduce_scatter": [{"ranks": 4, "latency_s": 2e-5, "bus_bytes_per_s": 2e11}],
+                "allgather": [{"ranks": 4, "latency_s": 2e-5, "bus_bytes_per_s": 2e11}],
+                "p2p": [{"ranks": 2, "latency_s": 5e-6, "bus_bytes_per_s": 2e11}]},
+ "inter_node": {"allreduce": [{"ranks": 4, "latency_s": 5e-5, "bus_bytes_per_s": 2e10}],
+                "reduce_scatter": [{"ranks": 4, "latency_s": 5e-5, "bus_bytes_per_s": 2e10}],
+                "allgather": [{"ranks": 4, "latency_s": 5e-5, "bus_bytes_per_s": 2e10}],
+                "p2p": [{"ranks": 2, "latency_s": 3e-5, "bus_bytes_per_s": 2e10}]}}
+JSON
 for f in "$RUNS"/*/metrics.jsonl; do
   seed run_curves "$f" "$(echo "${f#"$RUNS"/}" | tr / _)"
 done
