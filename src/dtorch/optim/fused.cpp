@@ -71,10 +71,12 @@ struct AdamHyper {
   bool amsgrad, decoupled;  // decoupled: AdamW's weight decay
 };
 
+#if DTORCH_FUSED_KERNELS
 // The flag as the fused kernels take it (Note [Steps the device skips]).
 c10::optional<at::Tensor> flag_of(const at::Tensor& found_inf) {
   return found_inf.defined() ? c10::optional<at::Tensor>(found_inf) : c10::nullopt;
 }
+#endif
 
 // The flag read on the host (a sync on a GPU): for what cannot read it on the device.
 bool set_on_host(const at::Tensor& found_inf) {
