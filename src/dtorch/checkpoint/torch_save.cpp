@@ -109,11 +109,10 @@ uint64_t little_endian(const unsigned char* p, int n) {
   return v;
 }
 
-// Why `bytes` cannot be a whole zip archive, or "": its end-of-central-directory record (zip64's
-// too) must be there and its central directory inside the bytes.
-std::string zip_archive_problem(const std::vector<char>& bytes) {
-  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
-  const uint64_t n = bytes.size();
+// Why the `n` bytes at `bytes` cannot be a whole zip archive, or "": its end-of-central-directory
+// record (zip64's too) must be there and its central directory inside the bytes.
+std::string zip_archive_problem(const char* bytes, uint64_t n) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes);
   constexpr uint64_t kRecord = 22;  // the end-of-central-directory record without its comment
   if (n < kRecord) return str("holds ", n, " bytes, too few for a zip archive");
   // The record ends the archive, followed only by its comment (at most 65535 bytes).
@@ -257,7 +256,7 @@ bool attribute_module_line(const std::string& line) {
 // LibTorch 1.13). What torch::serialize writes is modules of typed attributes and nothing
 // else, so check_serialize_archive lets through only those lines.
 c10::IValue load_torch_save(const std::vector<char>& bytes) {
-  const std::string problem = zip_archive_problem(bytes);
+  const std::string problem = zip_archive_problem(bytes.data(), bytes.size());
   if (!problem.empty()) throw UnreadableArchive(problem);
   caffe2::serialize::PyTorchStreamReader reader(
       std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
@@ -267,11 +266,10 @@ c10::IValue load_torch_save(const std::vector<char>& bytes) {
 }
 
 void check_serialize_archive(const std::string& bytes) {
-  const std::vector<char> whole(bytes.begin(), bytes.end());
-  const std::string problem = zip_archive_problem(whole);
+  const std::string problem = zip_archive_problem(bytes.data(), bytes.size());
   if (!problem.empty()) throw UnreadableArchive(problem);
   caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(whole.data(), whole.size()));
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
   for (const std::string& name : reader.getAllRecords()) {
     const size_t code = name.find("code/");
     if (code == std::string::npos || name.size() < 3 ||
