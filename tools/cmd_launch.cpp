@@ -94,6 +94,11 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("--master-port,--master_port", opts->master_port,
                   "port of the rendezvous store on the master")
       ->capture_default_str();
+  sub->add_option("--rdzv-listen,--rdzv_listen", opts->rdzv_listen,
+                  "where a store this launcher serves listens: auto (the address --master-addr "
+                  "or --rdzv-endpoint resolves to here; 127.0.0.1 for one node), all (every "
+                  "interface) or an address of this host")
+      ->capture_default_str();
   sub->add_flag("--standalone", opts->standalone,
                 "single node on 127.0.0.1 and a free port (ignores --master-addr/--master-port)");
   sub->add_option("--max-restarts,--max_restarts", opts->max_restarts,

@@ -1,6 +1,7 @@
 // Faults a job meets and how `dtorch launch` answers them, each bounded in time: a node that
 // never arrives, a master port in use, a master address that leads nowhere, a worker stopped
-// with SIGSTOP, one node's launcher killed; and --log-dir keeping each rank's output.
+// with SIGSTOP, one node's launcher killed, a stranger on the store's port; and --log-dir
+// keeping each rank's output.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -8,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -17,7 +21,9 @@
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/paths.h"
+#include "dtorch/core/torch_compat.h"
 #include "dtorch/launch/node_rendezvous.h"
+#include "dtorch/launch/store.h"
 #include "support/command.h"
 #include "support/workers.h"
 
@@ -61,6 +67,16 @@ DTORCH_TEST_WORKER(fault_allreduce_loop) {
       paths::rename(tmp, args.at(0) + "/pid." + std::to_string(comm->rank()));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// A short job's work: the store at start-up, then 30 allreduces 50 ms apart (about 2 s).
+DTORCH_TEST_WORKER(fault_short_job) {
+  auto comm = comm::Communicator::from_env();
+  auto t = at::ones({1024});
+  for (int i = 0; i < 30; ++i) {
+    comm->allreduce(t, comm::ReduceOp::Avg, "test step");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
@@ -226,6 +242,106 @@ TEST(LaunchFaults, KilledNodeLauncherTakesItsWorkersAndFailsTheOtherNode) {
   EXPECT_TRUE(contains(r.err, "dtorch launch: rank ")) << r.err;
   EXPECT_FALSE(alive(pids[0]));
   EXPECT_FALSE(alive(pids[1]));
+}
+
+// A connection to 127.0.0.1:port once something listens there (-1 after `limit` seconds).
+int connect_when_listening(int port, double limit) {
+  int fd = -1;
+  wait_until(
+      [&] {
+        fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return true;
+        ::close(fd);
+        fd = -1;
+        return false;
+      },
+      limit);
+  return fd;
+}
+
+// Resident memory of process `pid` in MiB (0 once it is gone).
+double rss_mib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024;
+  return 0;
+}
+
+// Note [Where the store listens], Note [TCPStore backend]: a stranger on the store's port sends
+// one byte and holds the connection, another a SET announcing a 2 GiB key. The libuv server
+// (LibTorch 2.4 on) serves the job around them: it ends as it does alone, and the launcher's
+// memory stays flat. LibTorch's classic server (1.13; USE_LIBUV=0) reads one request at a time,
+// so the held byte stalls it (README says so): the workers name the store after DTORCH_TIMEOUT,
+// and the launcher, whose store cannot close, still ends at once after them.
+TEST(LaunchFaults, StrangerOnTheStorePortCannotHoldTheJob) {
+  const bool libuv = served_by_libuv(serve_store(0, 1, std::chrono::seconds(5)));
+  const std::string dir = testing::scratch_dir("faults-stranger");
+  auto launch = [&](int port) {
+    return testing::start_launch(
+        dir,
+        {"--nproc-per-node", "2", "--master-port", std::to_string(port), "--timeout", "60", "--",
+         self_exe(), "--dtorch-worker", "fault_short_job"},
+        {"DTORCH_TIMEOUT=5"});
+  };
+  auto t0 = Clock::now();
+  const auto alone = testing::finish_command(launch(free_port()), 60);
+  const double alone_s = seconds_since(t0);
+  ASSERT_EQ(alone.exit_code(), 0) << alone.err;
+
+  const int port = free_port();
+  t0 = Clock::now();
+  auto cli = launch(port);
+  // In once the launcher has claimed its store (a classic server it cannot reach stalls the
+  // launcher itself until --rdzv-timeout), as a stranger would be most of a job's life.
+  ASSERT_TRUE(wait_until([&] { return testing::listening(port); }, 20))
+      << read_file(dir + "/stderr");
+  auto job = connect_store("127.0.0.1", port, std::chrono::seconds(10));
+  ASSERT_TRUE(wait_until([&] { return job->check({"dtorch/job"}); }, 20));
+  const int held = connect_when_listening(port, 20);
+  const int big = connect_when_listening(port, 20);
+  ASSERT_GE(held, 0) << "the store never listened: " << read_file(dir + "/stderr");
+  ASSERT_GE(big, 0);
+  ASSERT_EQ(::send(held, "", 1, MSG_NOSIGNAL), 1);  // one NUL byte
+  // A SET (2.x: after VALIDATE and its magic number) whose key is 2 GiB long.
+  std::vector<uint8_t> set;
+  if (compat::kTorch2)
+    set = {0x00, 0xce, 0xf7, 0x85, 0x3c, 0x01};
+  else
+    set = {0x00};
+  const uint64_t length = uint64_t{1} << 31;
+  for (int i = 0; i < 8; ++i)
+    set.push_back(static_cast<uint8_t>(length >> (8 * i)));
+  ::send(big, set.data(), set.size(), MSG_NOSIGNAL);
+  std::atomic<double> peak{0};
+  std::atomic<bool> done{false};
+  std::thread watch([&] {
+    while (!done) {
+      peak = std::max(peak.load(), rss_mib(cli.pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  const auto r = testing::finish_command(cli, 60);
+  const double took = seconds_since(t0);
+  done = true;
+  watch.join();
+  ::close(held);
+  ::close(big);
+  if (libuv) {
+    EXPECT_EQ(r.exit_code(), 0) << r.err;
+    EXPECT_LT(took, alone_s + 5) << r.err;
+    EXPECT_LT(peak.load(), 512.0) << "the launcher's memory grew with the stranger's SET";
+  } else {
+    EXPECT_NE(r.exit_code(), 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "has not answered")) << r.err;
+    EXPECT_TRUE(contains(r.err, "did not close within 2 s")) << r.err;
+    // The workers' dialect probes (no answer: at most 4 s), DTORCH_TIMEOUT, the watchdog's
+    // grace (10 s for 2.x's handshake, where they wait), closing the store, and slack.
+    EXPECT_LT(took, 4 + 5 + 10 + 2 + 5.0) << r.err;
+  }
 }
 
 TEST(LaunchFaults, LogDirKeepsEachRanksOutputAcrossRestarts) {

@@ -1,12 +1,17 @@
 // Tests for the rendezvous store: served and joined on 127.0.0.1 with libuv where the LibTorch
 // has it and the classic server otherwise or on request (Note [TCPStore backend]).
 #include "dtorch/launch/store.h"
+#include "dtorch/launch/store_listen.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include "dtorch/core/error.h"
 #include "launch/scoped_env.h"
@@ -100,6 +105,95 @@ TEST(Store, AWorkerWhoseStoreNeverAnswersEndsWithinItsTimeout) {
   EXPECT_TRUE(testing::contains(r.err, where)) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "DTORCH_TIMEOUT")) << r.err;
   EXPECT_FALSE(testing::contains(r.err, "frame #")) << r.err;
+}
+
+// Note [Where the store listens]
+TEST(PlanListen, AOneNodeStoreListensWhereItsClientsAreSent) {
+  EXPECT_EQ(plan_listen("auto", "127.0.0.1", {"127.0.0.1"}, false).address, "127.0.0.1");
+  EXPECT_EQ(plan_listen("auto", "localhost", {"127.0.0.1", "::1"}, false).address, "127.0.0.1");
+  // Debian's host name, on the loopback: the workers resolve it alike.
+  EXPECT_EQ(plan_listen("auto", "node0", {"127.0.1.1"}, false).address, "127.0.1.1");
+  EXPECT_EQ(plan_listen("auto", "node0", {"10.0.0.5"}, false).address, "10.0.0.5");
+  EXPECT_TRUE(plan_listen("auto", "node0", {"10.0.0.5"}, false).note.empty());
+}
+
+TEST(PlanListen, ANodeOfSeveralListensWhereTheOtherNodesReachIt) {
+  const ListenPlan reachable = plan_listen("auto", "node0", {"127.0.1.1", "10.0.0.5"}, true);
+  EXPECT_EQ(reachable.address, "10.0.0.5");
+  EXPECT_TRUE(reachable.note.empty());
+  // A name that resolves here to the loopback only: every interface, and why.
+  const ListenPlan loopback = plan_listen("auto", "node0", {"127.0.1.1"}, true);
+  EXPECT_EQ(loopback.address, "");
+  EXPECT_TRUE(testing::contains(loopback.note, "node0 resolves on this host to 127.0.1.1"))
+      << loopback.note;
+  EXPECT_TRUE(testing::contains(loopback.note, "--rdzv-listen all")) << loopback.note;
+  // A loopback address given as such: every node runs on this host.
+  EXPECT_EQ(plan_listen("auto", "127.0.0.1", {"127.0.0.1"}, true).address, "127.0.0.1");
+  EXPECT_EQ(plan_listen("auto", "localhost", {"127.0.0.1"}, true).address, "127.0.0.1");
+  // Another host's name (connecting through it then fails by name).
+  EXPECT_EQ(plan_listen("auto", "192.0.2.1", {}, true).address, "");
+}
+
+TEST(PlanListen, AllAndAnAddressAreTakenAsGiven) {
+  EXPECT_EQ(plan_listen("all", "127.0.0.1", {"127.0.0.1"}, false).address, "");
+  EXPECT_TRUE(plan_listen("all", "node0", {"127.0.1.1"}, true).note.empty());
+  EXPECT_EQ(plan_listen("10.0.0.5", "node0", {"10.0.0.5"}, true).address, "10.0.0.5");
+  try {
+    plan_listen("192.0.2.1", "127.0.0.1", {}, false);
+    ADD_FAILURE() << "listened on an address of another host";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(testing::contains(e.what(),
+                                  "--rdzv-listen 192.0.2.1 is not an address or name "
+                                  "of this host"))
+        << e.what();
+  }
+  EXPECT_TRUE(is_loopback_address("127.0.1.1"));
+  EXPECT_TRUE(is_loopback_address("::1"));
+  EXPECT_FALSE(is_loopback_address("10.127.0.1"));
+  EXPECT_EQ(local_addresses("127.0.0.1"), std::vector<std::string>{"127.0.0.1"});
+  EXPECT_TRUE(local_addresses("192.0.2.1").empty());  // TEST-NET-1: never this host's
+}
+
+// The local addresses that listen on `port` (/proc/net/tcp and tcp6), "0.0.0.0" or "::" for
+// every interface.
+std::set<std::string> listening_on(int port) {
+  std::set<std::string> found;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      if (state != "0A") continue;  // LISTEN
+      const auto colon = local.rfind(':');
+      if (std::stoi(local.substr(colon + 1), nullptr, 16) != port) continue;
+      const std::string hex = local.substr(0, colon);
+      if (hex == "0100007F") {
+        found.insert("127.0.0.1");
+      } else if (hex.find_first_not_of('0') == std::string::npos) {
+        found.insert(hex.size() == 8 ? "0.0.0.0" : "::");
+      } else {
+        found.insert(hex);
+      }
+    }
+  }
+  return found;
+}
+
+TEST(Store, ListensOnTheAddressItIsGiven) {
+  auto loopback = serve_store(0, 2, seconds(10), "127.0.0.1");
+  const int port = served_port(loopback);
+  if (kStoreListensWhereAsked)
+    EXPECT_EQ(listening_on(port), std::set<std::string>{"127.0.0.1"});
+  else  // LibTorch 1.13 binds every interface (README says so)
+    EXPECT_FALSE(listening_on(port).empty());
+  expect_round_trip(loopback);
+  auto everywhere = serve_store(0, 2, seconds(10), "");
+  const auto all = listening_on(served_port(everywhere));
+  EXPECT_TRUE(all.count("0.0.0.0") || all.count("::")) << served_port(everywhere);
+  expect_round_trip(everywhere);
 }
 
 }  // namespace

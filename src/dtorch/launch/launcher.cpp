@@ -37,6 +37,7 @@
 #include "dtorch/launch/process.h"
 #include "dtorch/launch/signals.h"
 #include "dtorch/launch/store.h"
+#include "dtorch/launch/store_listen.h"
 
 extern char** environ;
 
@@ -658,6 +659,14 @@ c10::intrusive_ptr<c10d::Store> connect_to_node_zero(const Plan& plan) {
   }
 }
 
+// Where a store this launcher serves for clients that reach it through `host` listens (Note
+// [Where the store listens]), saying so when that is every interface though not asked.
+std::string listen_address(const LaunchOptions& o, const std::string& host, Console& console) {
+  const ListenPlan plan = plan_listen(o.rdzv_listen, host, o.nnodes > 1);
+  if (!plan.note.empty()) console.message("dtorch launch: " + plan.note);
+  return plan.address;
+}
+
 // The exit code of a group the launcher itself stopped (a signal it got, or --timeout).
 int stopped_by_launcher(const AttemptEnd& end, const LaunchOptions& o, Console& console) {
   if (end.how == End::Signalled) {
@@ -713,19 +722,20 @@ int run_plan(const Plan& plan, Console& console) {
 // A c10d round's store for its workers: node 0 serves it on a free port (or, for LibTorch
 // 1.13's workers, leaves the port to rank 0) and publishes where; the other nodes read it.
 c10::intrusive_ptr<c10d::Store> round_store(Plan& plan, const Round& round, ElasticRendezvous& rdzv,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout, Console& console) {
   plan.round = round.number;
   plan.agent_store = compat::kTorch2;  // Note [Torchrun's environment by version]
   c10::intrusive_ptr<c10d::Store> store;
   if (round.node_rank == 0) {
+    plan.master_addr = fqdn();
     if (plan.agent_store) {
-      store = serve_store(0, plan.world_size, timeout);
+      store = serve_store(0, plan.world_size, timeout,
+                          listen_address(plan.opts, plan.master_addr, console));
       plan.master_port = served_port(store);
       claim_store_for_job(*store, plan.run_id, str("port ", plan.master_port));
     } else {
       plan.master_port = free_port();
     }
-    plan.master_addr = fqdn();
     rdzv.publish("master", plan.master_addr + " " + std::to_string(plan.master_port));
   } else {
     std::string m = rdzv.read("master");
@@ -758,7 +768,7 @@ int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Stor
   // The endpoint's host serves the store; with several launchers on that host, the first does.
   if (!fixed && is_local_host(at.host)) {
     try {
-      served = serve_store(at.port, 1, join_ms);
+      served = serve_store(at.port, 1, join_ms, listen_address(o, at.host, console));
     } catch (const CommError&) {
       log::debug("launch: the rendezvous store on port ", at.port,
                  " is served already (another launcher on this host)");
@@ -826,7 +836,7 @@ int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Stor
       if (first && o.node_rank == 0)
         console.message(str("dtorch launch: all ", o.nnodes, " nodes arrived (", who, ")"));
     } else {
-      workers_store = round_store(plan, *round, rdzv, join_ms);
+      workers_store = round_store(plan, *round, rdzv, join_ms, console);
       const int first_rank = round->node_rank * o.nproc_per_node;
       console.message(str("dtorch launch: round ", round->number, ": ", round->nnodes, " node(s) (",
                           who, "); this node is n", round->node_rank, ", ranks ", first_rank, "..",
@@ -934,7 +944,8 @@ int run(const LaunchOptions& opts) {
   if (!c10d && opts.node_rank == 0) {
     store = serve_store(
         opts.standalone ? 0 : opts.master_port, plan.world_size,
-        std::chrono::milliseconds(static_cast<long long>(opts.rdzv_timeout_seconds * 1000)));
+        std::chrono::milliseconds(static_cast<long long>(opts.rdzv_timeout_seconds * 1000)),
+        listen_address(opts, plan.master_addr, console));
     plan.master_port = served_port(store);
     claim_store_for_job(*store, plan.run_id, str("port ", plan.master_port));
   }

@@ -23,8 +23,11 @@ struct LaunchOptions {
   RdzvConf rdzv_conf;      ///< c10d: timeouts and heartbeats (--rdzv-conf)
   std::string master_addr = "127.0.0.1";  ///< host of node 0, where the store is served
   int master_port = 29500;                ///< store port on master_addr
-  bool standalone = false;                ///< single node on a free port (ignores master_addr/port)
-  int max_restarts = 0;                   ///< restarts of the whole group after a worker failure
+  /// Where a store this launcher serves listens: auto, all or an address (Note [Where the
+  /// store listens]).
+  std::string rdzv_listen = "auto";
+  bool standalone = false;  ///< single node on a free port (ignores master_addr/port)
+  int max_restarts = 0;     ///< restarts of the whole group after a worker failure
   /// Global ranks whose output is shown; empty shows every rank.
   std::vector<int> show_ranks;
   /// Prefix the workers' stdout lines with [n<node> r<rank>] as their stderr's; off for

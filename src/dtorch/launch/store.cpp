@@ -15,6 +15,7 @@
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/launch/store_listen.h"
 #include "dtorch/launch/store_probe.h"
 #include "dtorch/launch/watched_store.h"
 
@@ -71,15 +72,28 @@ c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host,
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout,
+                                            const std::string& listen) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<std::uint16_t>(port);
   o.isServer = true;
   o.numWorkers = c10::nullopt;  // clients are counted by dtorch's own rendezvous keys
   o.waitWorkers = false;
   o.timeout = timeout;
+  // Note [Where the store listens]: the server's own client reaches it where it listens.
+  std::string self = "127.0.0.1";
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  if (!listen.empty()) {
+    const int fd = listen_on(listen, port);  // LibTorch's server owns it from here
+    o.masterListenFd = fd;
+    o.port = static_cast<std::uint16_t>(bound_port(fd));
+    self = listen;
+  }
+#else
+  (void)listen;  // LibTorch listens on every interface
+#endif
   try {
-    auto store = make_tcp_store("0.0.0.0", o);
+    auto store = make_tcp_store(self, o);
     const int served = store->getPort();
     return watched_store(std::move(store),
                          str("port ", served, " of this host"));  // Note [Store watchdog]

@@ -20,10 +20,12 @@ namespace dtorch::launch {
 constexpr bool kStoreHasLibuv = TORCH_VERSION_MAJOR > 2 ||
                                 (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4);
 
-/// Serves a store on addr:port (port 0 picks a free one; see served_port) for `world_size`
-/// clients. Throws CommError naming the port when it is already in use.
+/// Serves a store on `listen`:port for `world_size` clients: port 0 picks a free one (see
+/// served_port), `listen` "" means every interface (Note [Where the store listens]). Throws
+/// CommError naming the port when it is already in use.
 c10::intrusive_ptr<c10d::Store> serve_store(int port, int world_size,
-                                            std::chrono::milliseconds timeout);
+                                            std::chrono::milliseconds timeout,
+                                            const std::string& listen = "127.0.0.1");
 
 /// The port a store made by serve_store listens on.
 int served_port(const c10::intrusive_ptr<c10d::Store>& store);

@@ -5,9 +5,11 @@
 #include <unistd.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -27,6 +29,8 @@ constexpr auto kNoticeEvery = std::chrono::seconds(10);
 // backoff that can take it one delay (seconds, growing) past its own.
 constexpr milliseconds kCallGrace{3000};
 constexpr milliseconds kHandshakeGrace{10000};
+// How long closing a store may take (close_within).
+constexpr milliseconds kCloseWithin{2000};
 
 long long whole_seconds(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::seconds>(d).count();
@@ -90,8 +94,9 @@ class Watchdog {
           log::error(
               "the rendezvous store at ", c.where, " has not answered ", c.what, " for ", seconds,
               " s, past its timeout of ", c.timeout.count() / 1000.0,
-              " s: the process serving it is stopped or stuck, or what listens on that "
-              "port is not a store; ending this process",
+              " s: the process serving it is stopped or stuck, a stranger holds it with a "
+              "request it never finished (LibTorch's classic server, as 1.13's), or what "
+              "listens on that port is not a store; ending this process",
               "\n---> HINT: check that the launcher (or rank 0) serving the store runs and "
               "is not stopped, and that the job's --master-port/--rdzv-endpoint is its "
               "own; DTORCH_TIMEOUT (workers) or --rdzv-timeout (launchers) sets the timeout");
@@ -143,10 +148,38 @@ std::string keys_text(const std::vector<std::string>& keys) {
   return s;
 }
 
+// Closes `store` (the last reference, as a rule), waiting for it at most kCloseWithin. A served
+// store's destructor joins its server thread, and LibTorch's classic server can sit in a
+// client's half-sent request for good (Note [TCPStore backend]): then the store is left to the
+// process's exit, which does not wait for it, and the launcher still ends.
+void close_within(c10::intrusive_ptr<c10d::Store> store, const std::string& where) {
+  // A mutex and a condition variable, not std::future: its wait imports a libstdc++ symbol
+  // that PyPI's LibTorch exports too (Note [No std::filesystem]).
+  struct Closing {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto closing = std::make_shared<Closing>();
+  std::thread([store = std::move(store), closing]() mutable {
+    store.reset();
+    std::lock_guard<std::mutex> lock(closing->mu);
+    closing->done = true;
+    closing->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(closing->mu);
+  if (closing->cv.wait_for(lock, kCloseWithin, [&] { return closing->done; })) return;
+  log::warn("the rendezvous store at ", where, " did not close within ",
+            whole_seconds(kCloseWithin),
+            " s: a client holds its server with a request it never finished (LibTorch's classic "
+            "server answers one at a time); leaving it to this process's exit");
+}
+
 class WatchedStore : public c10d::Store {
  public:
   WatchedStore(c10::intrusive_ptr<c10d::Store> inner, std::string where)
       : c10d::Store(inner->getTimeout()), inner_(std::move(inner)), where_(std::move(where)) {}
+  ~WatchedStore() override { close_within(std::move(inner_), where_); }
 
   c10d::Store& inner() { return *inner_; }
   const std::string& where() const { return where_; }

@@ -25,7 +25,9 @@ namespace dtorch::launch {
 /// that outlives its timeout by 3 s (a connection's handshake, which retries with a backoff, by
 /// 10 s), which the client's own timeout did not end, is named as an error and the process exits
 /// with status 1. Nothing else can end it: the call sits in a receive inside LibTorch. The
-/// launcher then names the rank that ended, as for any failure.
+/// launcher then names the rank that ended, as for any failure. Closing a store is bounded as
+/// well: a served store whose server does not stop within 2 s (LibTorch's classic server held
+/// by a client's unfinished request) is left to the process's exit.
 
 /// `inner` with every call watched; `where` ("host:port") names it in messages.
 c10::intrusive_ptr<c10d::Store> watched_store(c10::intrusive_ptr<c10d::Store> inner,
