@@ -64,6 +64,16 @@ struct OptionDeclarer {
                ->capture_default_str(),
            f);
   }
+  void operator()(const train::Field& f, train::AllOr n) {
+    const std::string flag = std::string("--") + f.flag;
+    finish(cmd->add_option_function<std::string>(
+                  flag,
+                  [v = &n.value, flag](const std::string& s) { *v = train::parse_all_or(s, flag); },
+                  f.doc)
+               ->type_name("N|all")
+               ->default_str(n.value == 0 ? "all" : std::to_string(n.value)),
+           f);
+  }
   template <class E>
   void operator()(const train::Field& f, train::Named<E> n) {
     add_choice_option(cmd, std::string("--") + f.flag, n.value, f.doc)->group(title(f.section));

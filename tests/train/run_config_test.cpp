@@ -42,6 +42,10 @@ struct Changer {
     flags.push_back(f.flag);
     v = {0.8, 0.95};
   }
+  void operator()(const Field& f, AllOr v) {
+    flags.push_back(f.flag);
+    v.value = 7;
+  }
   template <class E>
   void operator()(const Field& f, Named<E> v) {
     flags.push_back(f.flag);
@@ -105,6 +109,35 @@ TEST(RunConfig, AFilesMistakesAreNamed) {
   const TrainConfig c = from_json(json::parse(R"({"training": {"epochs": 5}})"), "run.json");
   EXPECT_EQ(c.training.epochs, 5);
   EXPECT_EQ(c.training.batch_size, TrainConfig{}.training.batch_size);
+}
+
+// Counts whose 0 means all spell it out; anything else below 0 or not a number is refused.
+TEST(RunConfig, SampleCountsAreAllOrAWholeNumber) {
+  TrainConfig some;
+  some.data.train_samples = 640;
+  const json j = to_json(TrainConfig{});
+  EXPECT_EQ(j["data"]["train-samples"], "all");
+  EXPECT_EQ(to_json(some)["data"]["train-samples"], 640);
+  EXPECT_EQ(from_json(j, "run.json").data.train_samples, 0);
+  EXPECT_EQ(
+      from_json(json::parse(R"({"data": {"test-samples": 0}})"), "run.json").data.test_samples, 0);
+  const std::string word = run_json_error_of(R"({"data": {"train-samples": "many"}})");
+  EXPECT_NE(word.find("must be \"all\" or a whole number >= 0 (got \"many\")"), std::string::npos)
+      << word;
+  const std::string negative = run_json_error_of(R"({"data": {"test-samples": -1}})");
+  EXPECT_NE(negative.find("test-samples"), std::string::npos) << negative;
+  EXPECT_EQ(parse_all_or("all", "--train-samples"), 0);
+  EXPECT_EQ(parse_all_or("640", "--train-samples"), 640);
+  for (const char* bad : {"-1", "", "12x", "1e3", "99999999999999999999"}) {
+    try {
+      parse_all_or(bad, "--train-samples");
+      ADD_FAILURE() << "took " << bad;
+    } catch (const ConfigError& e) {
+      const std::string expected =
+          std::string("--train-samples takes a whole number >= 0 or all (got ") + bad + ")";
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(RunConfig, FlagsGivenWinOverTheFile) {

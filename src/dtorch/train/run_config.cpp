@@ -41,6 +41,9 @@ struct Writer {
   void operator()(const Field& f, const Named<E>& v) {
     j[f.section][f.flag] = v.name();
   }
+  void operator()(const Field& f, const AllOr& v) {
+    j[f.section][f.flag] = v.value == 0 ? json("all") : json(v.value);
+  }
 };
 
 // The flags of each section.
@@ -99,6 +102,18 @@ struct Reader {
   void operator()(const Field& f, Named<E> v) {
     if (auto* s = of(f)) v.set(*s->choice(f.flag, v.choices()));
   }
+  void operator()(const Field& f, AllOr v) {
+    auto* s = of(f);
+    if (!s) return;
+    const json& x = *s->get(f.flag);
+    if (!x.is_string()) {
+      v.value = *s->integer(f.flag, 0, std::numeric_limits<int64_t>::max());
+      return;
+    }
+    DTORCH_CHECK_T(ConfigError, x == "all", s->file(), ": ", s->name(f.flag),
+                   " must be \"all\" or a whole number >= 0 (got ", x.dump(), ")");
+    v.value = 0;
+  }
 };
 
 // The JSON-only part of a field: a DeepSpeed schedule's parameters (they come from a
@@ -106,6 +121,20 @@ struct Reader {
 constexpr const char* kDeepSpeedSchedule = "deepspeed-schedule";
 
 }  // namespace
+
+int64_t parse_all_or(const std::string& text, const std::string& flag) {
+  if (text == "all") return 0;
+  std::size_t used = 0;
+  int64_t n = -1;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DTORCH_CHECK_T(ConfigError, used == text.size() && used > 0 && n >= 0, flag,
+                 " takes a whole number >= 0 or all (got ", text, ")");
+  return n;
+}
 
 const std::vector<std::string>& config_sections() {
   // In the order the fields first name them.
@@ -216,10 +245,10 @@ void validate(const TrainConfig& c) {
   DTORCH_CHECK_T(ConfigError, t.batch_size >= 1, "--batch-size must be >= 1 (got ", t.batch_size,
                  ")");
   DTORCH_CHECK_T(ConfigError, c.data.train_samples >= 0,
-                 "--train-samples must be >= 1, or 0 for the whole training split (got ",
+                 "--train-samples must be >= 1, or all for the whole training split (got ",
                  c.data.train_samples, ")");
   DTORCH_CHECK_T(ConfigError, c.data.test_samples >= 0,
-                 "--test-samples must be >= 1, or 0 for the whole test split (got ",
+                 "--test-samples must be >= 1, or all for the whole test split (got ",
                  c.data.test_samples, ")");
   DTORCH_CHECK_T(ConfigError, c.model.seq_len >= 0,
                  "--seq-len must be >= 1, or 0 for the model's longest sequence (got ",

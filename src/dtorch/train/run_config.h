@@ -45,8 +45,8 @@ struct DataConfig {
   /// fortunes) for language models (gpt-*).
   std::string source = "fashion-mnist";
   std::string dir;            ///< empty: Debian's dataset-fashion-mnist folder
-  int64_t train_samples = 0;  ///< use the first N training samples (0: all)
-  int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all)
+  int64_t train_samples = 0;  ///< use the first N training samples (0: all; "all" as a flag)
+  int64_t test_samples = 0;   ///< evaluate on the first N test samples (0: all; "all" as a flag)
   LoaderConfig loader;        ///< loader threads, image size, augmentation, unreadable images
 };
 
@@ -146,6 +146,19 @@ template <class E>
 Named<E> named(E& value) {
   return Named<E>{value};
 }
+
+/// A count whose 0 means "all", read and written as all or a whole number: `--train-samples all`,
+/// "train-samples": "all".
+struct AllOr {
+  int64_t& value;
+};
+inline AllOr all_or(int64_t& value) {
+  return AllOr{value};
+}
+
+/// `text` as an AllOr count: "all" is 0, else a whole number >= 0; ConfigError naming `flag`,
+/// the text and the fix otherwise.
+int64_t parse_all_or(const std::string& text, const std::string& flag);
 
 /// The sections of the JSON form, in the order the fields below first name them.
 const std::vector<std::string>& config_sections();
@@ -307,10 +320,10 @@ void visit_fields(TrainConfig& c, V&& v) {
   v(Field{"data", "data-dir",
           "folder with the IDX files (default: where Debian's dataset-fashion-mnist puts them)"},
     c.data.dir);
-  v(Field{"data", "train-samples", "use only the first N training samples (0: all)"},
-    c.data.train_samples);
-  v(Field{"data", "test-samples", "evaluate on the first N test samples (0: all)"},
-    c.data.test_samples);
+  v(Field{"data", "train-samples", "use only the first N training samples, or all"},
+    all_or(c.data.train_samples));
+  v(Field{"data", "test-samples", "evaluate on the first N test samples, or all"},
+    all_or(c.data.test_samples));
   visit_fields(c.data.loader, v);
   v(Field{"training", "epochs", "passes over the training data"}, c.training.epochs);
   v(Field{"training", "batch-size",
