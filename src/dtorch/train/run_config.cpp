@@ -16,6 +16,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/input_file.h"
 #include "dtorch/core/json_config.h"
+#include "dtorch/core/parse_whole_number.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/report/profiler.h"
@@ -124,16 +125,10 @@ constexpr const char* kDeepSpeedSchedule = "deepspeed-schedule";
 
 int64_t parse_all_or(const std::string& text, const std::string& flag) {
   if (text == "all") return 0;
-  std::size_t used = 0;
-  int64_t n = -1;
-  try {
-    n = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DTORCH_CHECK_T(ConfigError, used == text.size() && used > 0 && n >= 0, flag,
-                 " takes a whole number >= 0 or all (got ", text, ")");
-  return n;
+  const std::optional<int64_t> n = parse_whole_number(text);
+  DTORCH_CHECK_T(ConfigError, n && *n >= 0, flag, " takes a whole number >= 0 or all (got ", text,
+                 ")");
+  return *n;
 }
 
 const std::vector<std::string>& config_sections() {
