@@ -126,6 +126,13 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", opts->run_id,
                   "job id given to workers as TORCHELASTIC_RUN_ID (default: none, or random "
                   "with --standalone)");
+  add_choice_option(sub, "--checkpoint-signal", opts->checkpoint_signal,
+                    "the signal that asks the workers to checkpoint and stop (dtorch train "
+                    "finishes its step, saves, and exits 75), passed on to them; Slurm sends it "
+                    "with #SBATCH --signal=USR1@90");
+  sub->add_flag("--requeue-on-signal", opts->requeue_on_signal,
+                "after the workers checkpointed on the checkpoint signal, `scontrol requeue "
+                "$SLURM_JOB_ID` (node 0), so that the job runs again and resumes");
   sub->add_option("--timeout", opts->timeout_seconds,
                   "stop the job and fail after this many seconds (0: no limit)")
       ->capture_default_str();
@@ -154,7 +161,8 @@ void add_launch_command(CLI::App& app, int& exit_code) {
   sub->footer(
       "Example: dtorch launch --standalone --nproc-per-node 2 -- ./train --epochs 1\n"
       "Exit code: 0 when every worker exits 0; else the failed worker's code (128+signal if it "
-      "was killed), 124 after --timeout, 130/143 after SIGINT/SIGTERM.");
+      "was killed), 124 after --timeout, 130/143 after SIGINT/SIGTERM, 75 when the workers "
+      "checkpointed on --checkpoint-signal and stopped.");
 
   sub->callback([sub, opts, flags, &exit_code] {
     launch::LaunchOptions o = *opts;

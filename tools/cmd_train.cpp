@@ -9,6 +9,7 @@
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/report/profiler.h"
+#include "dtorch/train/preemption.h"
 #include "dtorch/train/run_folder.h"
 #include "dtorch/train/trainer.h"
 #include "tools/commands.h"
@@ -72,9 +73,14 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
   if (!c.reporting.profile.empty()) report::require_profiler();  // before any rank starts
   // Note [One run per folder]: said once, before the workers start (they check again).
   if (launches_workers(how)) train::check_run_folder(c, c.checkpointing.resume);
+  how.checkpoint_signal = c.checkpointing.checkpoint_signal;
   if (auto code = self_launch(how)) return *code;
   auto comm = comm::Communicator::from_env();
-  train::train(c, comm);
+  try {
+    train::train(c, comm);
+  } catch (const train::CheckpointedOnSignal&) {
+    return launch::kCheckpointedExitCode;  // Note [Checkpoint on a signal]
+  }
   return 0;
 }
 

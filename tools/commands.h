@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dtorch/core/enum_names.h"
+#include "dtorch/launch/signals.h"
 
 namespace dtorch::train {
 struct StrategyConfig;
@@ -60,6 +61,9 @@ struct SelfLaunch {
   bool data_stdout = false;  ///< stdout is data (JSON lines): not prefixed with [n<node> r<rank>]
   int max_restarts = 0;
   std::string log_dir;
+  /// Passed on to the workers (Note [Checkpoint on a signal]); off for commands that do not
+  /// checkpoint.
+  launch::CheckpointSignal checkpoint_signal = launch::CheckpointSignal::Off;
 };
 /// Note [Self-launch]: runs this command line on `nproc_per_node` local workers through the
 /// launcher and returns its exit code; nullopt when this process should run as one rank

@@ -46,6 +46,7 @@ std::optional<int> self_launch(const SelfLaunch& how) {
   lo.standalone = true;
   lo.max_restarts = how.max_restarts;
   lo.log_dir = how.log_dir;
+  lo.checkpoint_signal = how.checkpoint_signal;
   if (!how.every_rank) lo.show_ranks = {0};
   lo.prefix_stdout = !how.data_stdout;
   // The same command line without --nproc-per-node: each worker runs as one rank.

@@ -91,6 +91,8 @@ SlurmCluster::SlurmCluster(int cpus) {
                         << "SlurmdPort=" << free_port() << "\n"
                         << "SlurmUser=" << user << "\nSlurmdUser=" << user << "\n"
                         << "AuthType=auth/none\nCredType=cred/none\n"
+                        // A requeued job waits this long to run again (120 s by default).
+                        << "AuthInfo=cred_expire=5\n"
                         << "StateSaveLocation=" << dir_ << "/state\n"
                         << "SlurmdSpoolDir=" << dir_ << "/spool\n"
                         << "SlurmctldPidFile=" << dir_ << "/slurmctld.pid\n"

@@ -130,6 +130,64 @@ TEST_F(SlurmJobs, SbatchOneLauncherPerNode) {
   EXPECT_EQ(metric_lines(out + "/run"), 1u) << log;
 }
 
+// Note [Checkpoint on a signal]: train_launch.sbatch signalled inside an epoch, as Slurm's
+// `#SBATCH --signal=USR1@90` does before the time limit (here by scancel). Every rank
+// checkpoints and stops, the launcher requeues the job, and its second run resumes from the
+// checkpoint by itself (SLURM_RESTART_COUNT) and ends with an uninterrupted run's weights, byte
+// for byte.
+TEST_F(SlurmJobs, SignalledJobCheckpointsRequeuesAndResumesBitForBit) {
+  const std::string out = testing::scratch_dir("slurm_signalled");
+  const std::vector<std::string> train = {
+      "--epochs",       "2",   "--seed",     "3",   "--train-samples", "4096", "--batch-size", "16",
+      "--test-samples", "256", "--progress", "off", "--print-every",   "5"};
+  std::vector<std::string> whole = {
+      DTORCH_CLI, "launch",  "--nproc-per-node", "2",     "--",          DTORCH_CLI,
+      "train",    "--model", "mnist-cnn",        "--out", out + "/whole"};
+  whole.insert(whole.end(), train.begin(), train.end());
+  ASSERT_EQ(testing::run_command("slurm_signalled_whole", whole, 120).exit_code(), 0);
+
+  std::vector<std::string> argv = {
+      "sbatch",
+      "--parsable",
+      "--nodes=1",
+      "--time=5",
+      "--mem=100M",
+      "--ntasks-per-node=1",
+      "--cpus-per-task=2",
+      "--output=" + out + "/job.out",
+      std::string(DTORCH_SOURCE_DIR) + "/examples/slurm/train_launch.sbatch"};
+  argv.insert(argv.end(), train.begin(), train.end());
+  auto r = cluster_->run(
+      "sbatch", argv, 30,
+      {std::string("DTORCH=") + DTORCH_CLI, "OUT=" + out + "/run", "NPROC_PER_NODE=2"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  const std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
+  const std::string log = out + "/job.out";
+  ASSERT_TRUE(
+      testing::wait_until([&] { return contains(testing::read_file(log), "step 10/256"); }, 60))
+      << testing::read_file(log) << cluster_->logs();
+  ASSERT_EQ(cluster_->run("scancel", {"scancel", "--signal=USR1", id}, 10).exit_code(), 0);
+  std::string job;
+  const bool ended = testing::wait_until(
+      [&] {
+        job = cluster_->run("scontrol", {"scontrol", "show", "job", "-o", id}, 10).out;
+        return contains(job, "Restarts=1") && contains(job, "JobState=COMPLETED");
+      },
+      90);
+  const std::string text = testing::read_file(log);
+  ASSERT_TRUE(ended) << job << "\n" << text << cluster_->logs();
+  EXPECT_TRUE(contains(job, "ExitCode=0:0")) << job;
+  EXPECT_TRUE(contains(text, "got SIGUSR1; asking every worker to checkpoint and stop")) << text;
+  EXPECT_TRUE(contains(text, "the workers checkpointed on SIGUSR1 and stopped (exit 75)")) << text;
+  EXPECT_TRUE(contains(text, "`scontrol requeue " + id + "`: the job goes back to the queue"))
+      << text;
+  EXPECT_TRUE(contains(text, "Slurm requeued the job (SLURM_RESTART_COUNT=1): resuming")) << text;
+  EXPECT_TRUE(contains(text, "inside epoch ")) << text;
+  EXPECT_EQ(testing::read_file(out + "/run/model.pt"), testing::read_file(out + "/whole/model.pt"))
+      << "the requeued job's weights differ from the uninterrupted run's";
+  EXPECT_EQ(metric_lines(out + "/run"), 2u) << text;
+}
+
 // The tutorial's multi-node line, `srun torchrun --nnodes N --nproc_per_node 1 --rdzv_id
 // $RANDOM --rdzv_backend c10d --rdzv_endpoint $head_node_ip:29500 train.py`, with `dtorch
 // launch` for torchrun: two launchers (two tasks on the test's one node) meet at the endpoint,

@@ -47,8 +47,9 @@ TEST(CliFlags, EveryFlagAMessageNamesExists) {
   std::set<std::string> flags;
   collect_flags({}, flags);
   ASSERT_TRUE(flags.count("--nproc-per-node") && flags.count("--pp-split")) << flags.size();
-  // Flags of other programs, named where the launcher explains how to start it under them.
-  const std::set<std::string> foreign = {"--ntasks-per-node", "--npernode", "--ppn"};
+  // Flags of other programs, named where the launcher explains how to start it under them
+  // (srun, mpirun, mpiexec) or how Slurm requeues a job (sbatch).
+  const std::set<std::string> foreign = {"--ntasks-per-node", "--npernode", "--ppn", "--requeue"};
   const std::regex literal("\"((?:[^\"\\\\\\n]|\\\\.)*)\"");
   std::map<std::string, std::string> unknown;  // flag -> where
   int named = 0;

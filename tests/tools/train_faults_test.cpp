@@ -98,6 +98,58 @@ TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRu
   EXPECT_TRUE(contains(log1, "restart 1 of 1")) << log1;
 }
 
+// Note [Checkpoint on a signal]: SIGUSR1 to `dtorch train --nproc-per-node 2` (its launcher)
+// inside an epoch. Every rank finishes the agreed step, one checkpoint is written inside the
+// epoch, and the job exits 75; `--resume` then ends with an uninterrupted run's model, byte for
+// byte, and the same epoch records.
+TEST(TrainFaults, SignalledRunCheckpointsInsideAnEpochAndResumesBitForBit) {
+  const std::string dir = testing::scratch_dir("train-signalled");
+  auto run = [&](const std::string& out) {
+    return std::vector<std::string>{
+        DTORCH_CLI,         "train", "--model",         "mnist-cnn", "--epochs",      "2",
+        "--seed",           "3",     "--train-samples", "4096",      "--batch-size",  "16",
+        "--test-samples",   "256",   "--progress",      "off",       "--print-every", "5",
+        "--nproc-per-node", "2",     "--out",           out};
+  };
+  auto whole = testing::run_command("train-signalled-whole", run(dir + "/whole"), 120);
+  ASSERT_EQ(whole.exit_code(), 0) << whole.err;
+
+  auto cli =
+      testing::start_command(testing::scratch_dir("train-signalled-cmd"), run(dir + "/signalled"));
+  // Inside epoch 1 (128 steps of 16 x 2 samples): after its step 10 was reported.
+  const bool stepping = testing::wait_until(
+      [&] { return contains(read_file(cli.dir + "/stderr"), "step 10/256"); }, 60);
+  if (!stepping) ::kill(cli.pid, SIGKILL);
+  ASSERT_TRUE(stepping) << read_file(cli.dir + "/stderr");
+  ASSERT_EQ(::kill(cli.pid, SIGUSR1), 0);
+  auto r = testing::finish_command(cli, 60);
+  EXPECT_EQ(r.exit_code(), 75) << r.err;
+  EXPECT_TRUE(contains(r.err, "dtorch launch: got SIGUSR1; asking every worker to checkpoint"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "every rank checkpoints after step ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "the workers checkpointed on SIGUSR1 and stopped (exit 75)"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "epoch 1/2:")) << "stopped after epoch 1: " << r.err;
+  EXPECT_TRUE(paths::exists(dir + "/signalled/checkpoint-000001.dtc")) << r.err;
+  EXPECT_FALSE(paths::exists(dir + "/signalled/model.pt"));
+
+  auto args = run(dir + "/signalled");
+  args.push_back("--resume");
+  auto resumed = testing::run_command("train-signalled-resumed", args, 120);
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, "inside epoch 1, after ")) << resumed.err;
+  EXPECT_EQ(read_file(dir + "/signalled/model.pt"), read_file(dir + "/whole/model.pt"))
+      << "the resumed run's weights differ from the uninterrupted run's";
+  auto a = epochs_of(dir + "/whole"), b = epochs_of(dir + "/signalled");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u) << "an epoch record was lost or written twice";
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]);
+    EXPECT_NEAR(a[i]["train_loss"].get<double>(), b[i]["train_loss"].get<double>(), 1e-12);
+    EXPECT_EQ(a[i]["test_loss"], b[i]["test_loss"]);
+  }
+}
+
 // A later round of an elastic job (`dtorch launch --rdzv-backend c10d` after a node joined)
 // restarts the workers with no failure counted: DTORCH_ELASTIC_ROUND makes them resume anyway.
 TEST(TrainFaults, ALaterElasticRoundResumesWithoutBeingAsked) {

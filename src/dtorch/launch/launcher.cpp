@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,11 +23,13 @@
 #include <optional>
 #include <random>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
@@ -59,6 +62,14 @@ void validate(const LaunchOptions& o) {
   DTORCH_CHECK_T(ConfigError, !o.command.empty() && !o.command[0].empty(),
                  "no program to run; put it after the flags, e.g. "
                  "`dtorch launch --nproc-per-node 2 -- ./train --epochs 1`");
+  if (o.requeue_on_signal) {
+    DTORCH_CHECK_T(ConfigError, o.checkpoint_signal != CheckpointSignal::Off,
+                   "--requeue-on-signal requeues the job once its workers checkpointed on the "
+                   "checkpoint signal, but --checkpoint-signal is off; give USR1 or USR2");
+    DTORCH_CHECK_T(ConfigError, env::get("SLURM_JOB_ID").has_value(),
+                   "--requeue-on-signal puts a Slurm job back in the queue, but SLURM_JOB_ID is "
+                   "not set: use it in an sbatch script, or leave it out");
+  }
   DTORCH_CHECK_T(ConfigError, o.nproc_per_node >= 1, "--nproc-per-node=", o.nproc_per_node,
                  " must be at least 1 (workers to start on this node)");
   DTORCH_CHECK_T(ConfigError, o.nnodes >= 1, "--nnodes=", o.nnodes, " must be at least 1");
@@ -345,8 +356,10 @@ struct Failure {
   std::string error_file;
 };
 
-// RoundEnded: the watch (an elastic job's rendezvous) asked the workers to stop.
-enum class End { Success, WorkerFailed, Signalled, TimedOut, RoundEnded };
+// RoundEnded: the watch (an elastic job's rendezvous) asked the workers to stop. Checkpointed:
+// every worker ended well, some after checkpointing on the checkpoint signal (Note [Checkpoint
+// on a signal]).
+enum class End { Success, WorkerFailed, Signalled, TimedOut, RoundEnded, Checkpointed };
 
 struct AttemptEnd {
   End how = End::Success;
@@ -381,6 +394,7 @@ class Attempt {
     start_all();
     while (std::any_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }))
       step();
+    if (end_.how == End::Success && checkpointed_) end_.how = End::Checkpointed;
     return end_;
   }
 
@@ -429,6 +443,7 @@ class Attempt {
       if (fds[i].revents) read_some(*owners[i].first, owners[i].second);
     }
     if (int sig = signals_.take_signal()) on_launcher_signal(sig);
+    if (signals_.take_checkpoint_request() && !tearing_down()) on_checkpoint_signal();
     reap();
     auto now = Clock::now();
     if (deadline_ && now >= *deadline_ && !tearing_down()) {
@@ -500,6 +515,15 @@ class Attempt {
     }
     end_ = AttemptEnd{End::Signalled, {}, sig};
     tear_down(sig);  // forward what the launcher got, like torchrun
+  }
+
+  // Note [Checkpoint on a signal]: the workers agree on a step, checkpoint after it and exit
+  // with kCheckpointedExitCode; the launcher passes the signal on and waits for them.
+  void on_checkpoint_signal() {
+    const int sig = signal_number(plan_.opts.checkpoint_signal);
+    console_.message(str("dtorch launch: got ", signal_name(sig),
+                         "; asking every worker to checkpoint and stop"));
+    kill_running(sig);
   }
 
   // Reads what one pipe has now; returns false at end of file.
@@ -582,7 +606,9 @@ class Attempt {
     w.running = false;
     w.status = status;
     drain_and_close(w);
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    const bool checkpointed = WIFEXITED(status) && WEXITSTATUS(status) == kCheckpointedExitCode;
+    checkpointed_ = checkpointed_ || checkpointed;
+    bool ok = (WIFEXITED(status) && WEXITSTATUS(status) == 0) || checkpointed;
     if (ok || tearing_down()) return;  // deaths from our own teardown are not the cause
     end_.how = End::WorkerFailed;
     end_.failure = Failure{w.rank, w.local_rank,      w.child.pid,
@@ -597,6 +623,7 @@ class Attempt {
   std::optional<Clock::time_point> deadline_;
   std::function<bool()> watch_;
   static constexpr std::chrono::milliseconds kWatchEvery{500};
+  bool checkpointed_ = false;  // a worker exited with kCheckpointedExitCode
   Clock::time_point next_watch_ = Clock::now() + kWatchEvery;
   std::optional<Clock::time_point> kill_at_;
   std::vector<Worker> workers_;
@@ -678,9 +705,59 @@ int stopped_by_launcher(const AttemptEnd& end, const LaunchOptions& o, Console& 
   return 124;
 }
 
+// `scontrol requeue $SLURM_JOB_ID`: the job goes back to the queue, and its next run resumes
+// from the checkpoint. scontrol gets 30 s; what fails is said, and the job just ends.
+void requeue_slurm_job(Console& console) {
+  const std::string job = env::get("SLURM_JOB_ID").value_or("");
+  const std::string command = "scontrol requeue " + job;
+  std::vector<std::string> words{"scontrol", "requeue", job};
+  std::vector<char*> argv;
+  for (std::string& w : words)
+    argv.push_back(w.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawnp(&pid, "scontrol", nullptr, nullptr, argv.data(), environ);
+  if (spawned != 0) {
+    console.message(str("dtorch launch: cannot run `", command, "` (", std::strerror(spawned),
+                        "); resubmit the job: it resumes from its checkpoint"));
+    return;
+  }
+  int status = 0;
+  const auto give_up = Clock::now() + std::chrono::seconds(30);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    console.message(str("dtorch launch: `", command,
+                        "` did not answer within 30 s; resubmit the job: it resumes from its "
+                        "checkpoint"));
+    return;
+  }
+  if (done > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    console.message(str("dtorch launch: `", command,
+                        "`: the job goes back to the queue and resumes from its checkpoint"));
+  } else {
+    console.message(str("dtorch launch: `", command, "` failed (", describe_status(status),
+                        "); resubmit the job: it resumes from its checkpoint (is it "
+                        "requeueable? #SBATCH --requeue)"));
+  }
+}
+
+// The exit code of a group whose workers checkpointed on the checkpoint signal (Note
+// [Checkpoint on a signal]); node 0 first puts a Slurm job back in the queue when asked.
+int checkpointed(const Plan& plan, Console& console) {
+  console.message(str("dtorch launch: the workers checkpointed on ",
+                      signal_name(signal_number(plan.opts.checkpoint_signal)),
+                      " and stopped (exit ", kCheckpointedExitCode, ")"));
+  if (plan.opts.requeue_on_signal && plan.opts.node_rank == 0) requeue_slurm_job(console);
+  return kCheckpointedExitCode;
+}
+
 int run_plan(const Plan& plan, Console& console) {
   const LaunchOptions& o = plan.opts;
-  SignalWatch signals;
+  SignalWatch signals(signal_number(o.checkpoint_signal));
   std::optional<Clock::time_point> deadline;
   if (o.timeout_seconds > 0) {
     deadline =
@@ -697,6 +774,8 @@ int run_plan(const Plan& plan, Console& console) {
     switch (end.how) {
       case End::Success:
         return 0;
+      case End::Checkpointed:
+        return checkpointed(plan, console);
       case End::Signalled:
       case End::TimedOut:
         return stopped_by_launcher(end, o, console);
@@ -845,7 +924,7 @@ int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Stor
     RankLogs logs(plan.opts, !first);
     // Per round: between rounds a signal ends the launcher at once (its heartbeat stops, and the
     // others count it lost).
-    SignalWatch signals;
+    SignalWatch signals(signal_number(o.checkpoint_signal));
     plan.logs = &logs;
     std::optional<RoundEnd> ended;
     bool store_lost = false;
@@ -875,6 +954,9 @@ int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Stor
       case End::Success:
         rdzv.finish();
         return leave(served || round->node_rank == 0, 0);
+      case End::Checkpointed:
+        rdzv.finish();
+        return leave(served || round->node_rank == 0, checkpointed(plan, console));
       case End::Signalled:
       case End::TimedOut:
         return stopped_by_launcher(end, o, console);

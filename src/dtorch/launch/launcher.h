@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtorch/launch/rdzv_options.h"
+#include "dtorch/launch/signals.h"
 
 namespace dtorch::launch {
 
@@ -33,6 +34,11 @@ struct LaunchOptions {
   /// Prefix the workers' stdout lines with [n<node> r<rank>] as their stderr's; off for
   /// programs whose stdout is data (dtorch bench's JSON lines, for jq).
   bool prefix_stdout = true;
+  /// The signal that asks the workers to checkpoint and stop (Note [Checkpoint on a signal]):
+  /// passed on to them, and a group that then exits kCheckpointedExitCode exits with it.
+  CheckpointSignal checkpoint_signal = CheckpointSignal::Usr1;
+  /// Then `scontrol requeue $SLURM_JOB_ID` (node 0), so that the job runs again and resumes.
+  bool requeue_on_signal = false;
   /// Seconds between SIGTERM and SIGKILL when the group is torn down.
   double grace_seconds = 3.0;
   /// Seconds the rendezvous store waits for all nodes' workers to connect.

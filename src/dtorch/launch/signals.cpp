@@ -19,7 +19,9 @@ std::atomic<bool> g_active{false};
 std::atomic<int> g_write_fd{-1};
 std::atomic<int> g_last_signal{0};
 std::atomic<int> g_signal_count{0};
-struct sigaction g_old_int, g_old_term, g_old_chld, g_old_pipe;
+std::atomic<int> g_checkpoint_signal{0};
+std::atomic<bool> g_checkpoint_asked{false};
+struct sigaction g_old_int, g_old_term, g_old_chld, g_old_pipe, g_old_checkpoint;
 
 void on_signal(int sig, siginfo_t* info, void* ctx) {
   int saved_errno = errno;
@@ -27,6 +29,7 @@ void on_signal(int sig, siginfo_t* info, void* ctx) {
     g_last_signal.store(sig);
     g_signal_count.fetch_add(1);
   }
+  if (sig == g_checkpoint_signal.load()) g_checkpoint_asked.store(true);
   int fd = g_write_fd.load();
   if (fd >= 0) {
     char byte = 0;
@@ -45,7 +48,26 @@ void on_signal(int sig, siginfo_t* info, void* ctx) {
 
 }  // namespace
 
-SignalWatch::SignalWatch() {
+const NameTable<CheckpointSignal>& names(CheckpointSignal) {
+  static const NameTable<CheckpointSignal> n{{CheckpointSignal::Usr1, "USR1"},
+                                             {CheckpointSignal::Usr2, "USR2"},
+                                             {CheckpointSignal::Off, "off"}};
+  return n;
+}
+
+int signal_number(CheckpointSignal s) {
+  switch (s) {
+    case CheckpointSignal::Usr1:
+      return SIGUSR1;
+    case CheckpointSignal::Usr2:
+      return SIGUSR2;
+    case CheckpointSignal::Off:
+      break;
+  }
+  return 0;
+}
+
+SignalWatch::SignalWatch(int checkpoint_signal) : checkpoint_signal_(checkpoint_signal) {
   bool expected = false;
   DTORCH_CHECK(g_active.compare_exchange_strong(expected, true),
                "launch::run is already running in this process; run one "
@@ -61,6 +83,8 @@ SignalWatch::SignalWatch() {
   g_write_fd = write_fd_;
   g_last_signal = 0;
   g_signal_count = 0;
+  g_checkpoint_asked = false;
+  g_checkpoint_signal = checkpoint_signal;
 
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
@@ -70,6 +94,7 @@ SignalWatch::SignalWatch() {
   ::sigaction(SIGINT, &sa, &g_old_int);
   ::sigaction(SIGTERM, &sa, &g_old_term);
   ::sigaction(SIGCHLD, &sa, &g_old_chld);
+  if (checkpoint_signal_) ::sigaction(checkpoint_signal_, &sa, &g_old_checkpoint);
   struct sigaction ignore;
   std::memset(&ignore, 0, sizeof ignore);
   ignore.sa_handler = SIG_IGN;
@@ -81,6 +106,8 @@ SignalWatch::~SignalWatch() {
   ::sigaction(SIGTERM, &g_old_term, nullptr);
   ::sigaction(SIGCHLD, &g_old_chld, nullptr);
   ::sigaction(SIGPIPE, &g_old_pipe, nullptr);
+  if (checkpoint_signal_) ::sigaction(checkpoint_signal_, &g_old_checkpoint, nullptr);
+  g_checkpoint_signal = 0;
   g_write_fd = -1;
   ::close(read_fd_);
   ::close(write_fd_);
@@ -96,6 +123,10 @@ int SignalWatch::take_signal() {
 
 int SignalWatch::signal_count() const {
   return g_signal_count.load();
+}
+
+bool SignalWatch::take_checkpoint_request() {
+  return g_checkpoint_asked.exchange(false);
 }
 
 }  // namespace dtorch::launch

@@ -71,17 +71,46 @@ std::string config_json(const TrainConfig& c, int world, const Schedule& schedul
   return j.dump();
 }
 
+std::string with_epoch_progress(const std::string& metadata_json, const EpochProgress& p) {
+  nlohmann::json j = nlohmann::json::parse(metadata_json);
+  j["epoch_progress"] = {{"batches", p.batches},
+                         {"loss_sum", p.tally.sum()},
+                         {"loss_batches", p.tally.batches},
+                         {"samples", p.tally.samples}};
+  return j.dump();
+}
+
+EpochProgress epoch_progress_of(const std::string& metadata_json, const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(metadata_json, nullptr, false);
+  if (!j.is_object() || !j.contains("epoch_progress")) return {};
+  const nlohmann::json& p = j["epoch_progress"];
+  const bool ok = p.is_object() && p.value("batches", nlohmann::json()).is_number_unsigned() &&
+                  p.value("loss_sum", nlohmann::json()).is_number() &&
+                  p.value("loss_batches", nlohmann::json()).is_number_unsigned() &&
+                  p.value("samples", nlohmann::json()).is_number_unsigned() &&
+                  p["batches"].get<int64_t>() > 0;
+  DTORCH_CHECK_T(CheckpointError, ok, path, ": its record of the epoch it stopped in (",
+                 p.dump().substr(0, 200),
+                 ") is not what dtorch writes; resume from an earlier checkpoint (move this one "
+                 "away)");
+  return {p["batches"].get<int64_t>(),
+          LossTally::resumed(p["loss_sum"].get<double>(), p["loss_batches"].get<int64_t>(),
+                             p["samples"].get<int64_t>())};
+}
+
 bool continues_run(const TrainConfig& c, const launch::RankInfo& job) {
   // A group the launcher restarted (--max-restarts), or started again in a later round of an
-  // elastic job (a node came or went, Note [Elastic rendezvous]), resumes by itself, as
-  // torchrun scripts reload their snapshot: the checkpoints in `out` are this job's own.
+  // elastic job (a node came or went, Note [Elastic rendezvous]), or a Slurm job requeued after
+  // it checkpointed (Note [Checkpoint on a signal]) resumes by itself, as torchrun scripts
+  // reload their snapshot: the checkpoints in `out` are this job's own.
   return c.checkpointing.resume || job.restart_count > 0 ||
-         env::get_int("DTORCH_ELASTIC_ROUND").value_or(0) > 0;
+         env::get_int("DTORCH_ELASTIC_ROUND").value_or(0) > 0 ||
+         env::get_int("SLURM_RESTART_COUNT").value_or(0) > 0;
 }
 
 StartPoint resume_run(const TrainConfig& c, Strategy& strategy, comm::Communicator& comm,
                       const Schedule& schedule, bool lead) {
-  StartPoint start{0, 0, schedule, false};
+  StartPoint start{0, 0, schedule, false, {}};
   const int restart = comm.info().restart_count;
   const int64_t round = env::get_int("DTORCH_ELASTIC_ROUND").value_or(0);
   start.resumed = continues_run(c, comm.info());
@@ -89,13 +118,26 @@ StartPoint resume_run(const TrainConfig& c, Strategy& strategy, comm::Communicat
     log::info("restart ", restart, " of the group: resuming from ", c.checkpointing.out);
   } else if (lead && round > 0) {
     log::info("elastic round ", round, ": resuming from ", c.checkpointing.out);
+  } else if (const int64_t requeued = env::get_int("SLURM_RESTART_COUNT").value_or(0);
+             lead && requeued > 0 && !c.checkpointing.resume) {
+    log::info("Slurm requeued the job (SLURM_RESTART_COUNT=", requeued, "): resuming from ",
+              c.checkpointing.out);
   }
   if (!start.resumed) return start;
   check_tensor_parallel_layout(c);
   if (auto ck = strategy.load_latest(c.checkpointing.out)) {
     start.epoch = ck->data.epoch;
     start.global_step = ck->data.global_step;
-    if (lead) log::info("resuming from ", ck->path, " (", start.epoch, " epoch(s) done)");
+    start.within = epoch_progress_of(ck->data.metadata_json, ck->path);
+    if (start.within.batches > 0) {
+      --start.epoch;  // Note [Checkpoint on a signal]: named after the epoch it stopped in
+      if (lead) {
+        log::info("resuming from ", ck->path, " inside epoch ", start.epoch + 1, ", after ",
+                  start.within.batches, " of its batches (step ", start.global_step, ")");
+      }
+    } else if (lead) {
+      log::info("resuming from ", ck->path, " (", start.epoch, " epoch(s) done)");
+    }
     // The saved schedule goes on where it stopped, whatever the flags say now.
     if (auto saved = schedule_of(ck->data.metadata_json, ck->path)) {
       if (lead && !(*saved == schedule)) {

@@ -13,6 +13,7 @@
 #include "dtorch/models/model.h"
 #include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/run_config.h"
+#include "dtorch/train/step_stats.h"
 #include "dtorch/train/strategy.h"
 
 namespace dtorch::train {
@@ -46,8 +47,23 @@ std::string config_json(const TrainConfig& c, int world, const Schedule& schedul
                         const models::ImageInput& input);
 
 /// Whether the run continues the one in c.out: --resume, a restart of the group, a later
-/// elastic round.
+/// elastic round, a requeued Slurm job (SLURM_RESTART_COUNT, Note [Checkpoint on a signal]).
 bool continues_run(const TrainConfig& c, const launch::RankInfo& job);
+
+/// How far a run got inside an epoch when it checkpointed on the checkpoint signal (Note
+/// [Checkpoint on a signal]): the batches done, and their losses.
+struct EpochProgress {
+  int64_t batches = 0;  ///< 0: at the epoch's start
+  LossTally tally;
+};
+
+/// `metadata_json` (config_json's) with `progress` recorded, for a checkpoint taken inside an
+/// epoch.
+std::string with_epoch_progress(const std::string& metadata_json, const EpochProgress& progress);
+
+/// The progress a checkpoint's metadata recorded; batches 0 for one taken at an epoch's end.
+/// CheckpointError naming `path` when the record is malformed.
+EpochProgress epoch_progress_of(const std::string& metadata_json, const std::string& path);
 
 /// Where the epochs start.
 struct StartPoint {
@@ -55,6 +71,7 @@ struct StartPoint {
   int64_t global_step = 0;
   Schedule schedule;     ///< the checkpoint's, or the one this run's settings give
   bool resumed = false;  ///< a checkpoint was looked for (metrics.jsonl is appended to)
+  EpochProgress within;  ///< where inside `epoch` it starts
 };
 
 /// Loads the newest checkpoint in c.out into `strategy` when the run resumes (--resume, a

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/launch/signals.h"
 #include "dtorch/parallel/pp/schedule.h"
 #include "dtorch/report/progress.h"
 #include "dtorch/train/lr_schedule.h"
@@ -73,6 +74,9 @@ struct CheckpointingConfig {
   bool resume = false;  ///< continue from the newest good checkpoint in `out`
   /// Replace the run `out` holds (Note [One run per folder] in train/run_folder.h).
   bool overwrite = false;
+  /// The signal that makes every rank checkpoint after an agreed step and exit 75 (Note
+  /// [Checkpoint on a signal] in train/preemption.h).
+  launch::CheckpointSignal checkpoint_signal = launch::CheckpointSignal::Usr1;
 };
 
 /// What the run tells as it goes (section "reporting").
@@ -361,6 +365,10 @@ void visit_fields(TrainConfig& c, V&& v) {
           "write each checkpoint in the background while training goes on (its state copied "
           "to host memory first; the run waits for the last one before it exits)"},
     c.checkpointing.async_save);
+  v(Field{"checkpointing", "checkpoint-signal",
+          "USR1 | USR2 | off: on this signal (Slurm's #SBATCH --signal=USR1@90) every rank "
+          "finishes an agreed step, checkpoints and exits 75; the run resumes from it"},
+    named(c.checkpointing.checkpoint_signal));
   v(Field{"reporting", "progress", "auto | bar | lines | off"}, named(c.reporting.progress.mode));
   v(Field{"reporting", "print-every",
           "a log line and a \"step\" record in metrics.jsonl every N optimizer steps (loss, lr, "

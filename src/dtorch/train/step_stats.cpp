@@ -20,9 +20,20 @@ void LossTally::add(const at::Tensor& batch_loss, int64_t batch_samples) {
   samples += batch_samples;
 }
 
+double LossTally::sum() const {
+  return on_host_ + (on_device_.defined() ? on_device_.item<double>() : 0.0);
+}
+
 double LossTally::mean() const {
-  const double sum = on_host_ + (on_device_.defined() ? on_device_.item<double>() : 0.0);
-  return sum / static_cast<double>(std::max<int64_t>(1, batches));
+  return sum() / static_cast<double>(std::max<int64_t>(1, batches));
+}
+
+LossTally LossTally::resumed(double sum, int64_t batches, int64_t samples) {
+  LossTally t;
+  t.on_host_ = sum;
+  t.batches = batches;
+  t.samples = samples;
+  return t;
 }
 
 double seconds_since(Clock::time_point t) {

@@ -38,6 +38,11 @@ struct LossTally {
   int64_t samples = 0;
   void add(const at::Tensor& batch_loss, int64_t batch_samples);
   double mean() const;
+  /// The losses added, summed (read from the GPU where they are there).
+  double sum() const;
+  /// A tally that goes on from `sum` over `batches` and `samples` (a checkpoint's record of an
+  /// epoch's first batches, Note [Checkpoint on a signal]).
+  static LossTally resumed(double sum, int64_t batches, int64_t samples);
 
  private:
   double on_host_ = 0;

@@ -36,6 +36,7 @@
 #include "dtorch/train/loss.h"
 #include "dtorch/train/model_file.h"
 #include "dtorch/train/parallelize.h"
+#include "dtorch/train/preemption.h"
 #include "dtorch/train/resume.h"
 #include "dtorch/train/run_folder.h"
 #include "dtorch/train/step_stats.h"
@@ -183,6 +184,9 @@ struct Epochs {
   std::unique_ptr<DeviceCopier> copier{};            // Note [Batches to the GPU]
   std::unique_ptr<BackgroundSaver> saver{};          // --async-checkpoint
   std::unique_ptr<report::StepProfiler> profiler{};  // --profile
+  std::unique_ptr<Preemption> preemption{};          // Note [Checkpoint on a signal]
+  // Where the job stops after the signal: the epoch's batches done then, and their losses.
+  std::optional<EpochProgress> stop{};
 
   // The rate of the last optimizer step taken.
   double last_lr() const {
@@ -242,8 +246,10 @@ void report_window(Epochs& e, int64_t epoch, const LossTally& window, int64_t st
 }
 
 // One epoch's steps: every rank takes the same number (the sampler pads). Returns the loss of
-// its batches over all ranks' samples.
-LossTally train_epoch(Epochs& e, int64_t epoch) {
+// its batches over all ranks' samples. `from`: a checkpoint's progress inside the epoch, whose
+// batches are skipped. Stops early, setting e.stop, after the step every rank agreed to stop
+// after (Note [Checkpoint on a signal]).
+LossTally train_epoch(Epochs& e, int64_t epoch, const EpochProgress& from) {
   const TrainConfig& c = e.c;
   models::Model& model = *e.run.model;
   Strategy& strategy = *e.run.strategy;
@@ -253,28 +259,30 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
   const int64_t dp_size = layout.data_ranks();
   e.sampler.set_epoch(epoch);
   auto batches = data::make_batches(e.sampler.indices(), c.training.batch_size);
+  const size_t first =
+      static_cast<size_t>(std::min<int64_t>(from.batches, static_cast<int64_t>(batches.size())));
   const bool to_gpu = e.device.is_cuda();
-  data::Prefetcher loader(static_cast<int64_t>(batches.size()), c.data.loader.workers,
-                          [&, epoch, to_gpu](int64_t k) {
-                            auto [x, y] = e.data.train.batch(batches[k], epoch);
+  data::Prefetcher loader(static_cast<int64_t>(batches.size() - first), c.data.loader.workers,
+                          [&, epoch, to_gpu, first](int64_t k) {
+                            auto [x, y] = e.data.train.batch(batches[first + k], epoch);
                             if (!to_gpu) return std::make_pair(x, y);
                             auto both = pinned({x, y});
                             return std::make_pair(both[0], both[1]);
                           });
-  if (!batches.empty()) {
+  if (first < batches.size()) {
     auto [x, y] = loader.next();
     e.copier->start({x, y});
   }
   e.progress->start_epoch(epoch, c.training.epochs, static_cast<int64_t>(batches.size()));
   model.train();
-  LossTally epoch_tally;
+  LossTally epoch_tally = from.tally;
   // The window a --print-every line reports on: the steps since the last line this epoch.
   PhaseTimes window_phases(c.reporting.phase_times, e.device);
   LossTally window;
   int64_t window_steps = 0;
   LossTally step_tally;  // the batches of this optimizer step, for TensorBoard
   auto window_start = Clock::now();
-  for (size_t i = 0; i < batches.size(); ++i) {
+  for (size_t i = first; i < batches.size(); ++i) {
     e.epoch_phases->start();
     window_phases.start();
     const std::vector<torch::Tensor> batch = e.copier->ready();
@@ -354,14 +362,20 @@ LossTally train_epoch(Epochs& e, int64_t epoch) {
       window_steps = 0;
       window_start = Clock::now();
     }
+    if (stepped && e.preemption && e.preemption->stop_after(e.global_step)) {
+      e.stop = EpochProgress{static_cast<int64_t>(i) + 1, epoch_tally};
+      break;
+    }
   }
   return epoch_tally;
 }
 
 // The epoch's record, from its training (`tally`, `train_seconds`, the optimizer steps since
-// `first_step`) and the evaluation it runs now; logged and written on rank 0.
+// `first_step`, the samples the tally had before them, from a checkpoint inside the epoch) and
+// the evaluation it runs now; logged and written on rank 0.
 report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tally,
-                                 Clock::time_point t0, double train_seconds, int64_t first_step) {
+                                 Clock::time_point t0, double train_seconds, int64_t first_step,
+                                 int64_t samples_before) {
   const Layout& layout = e.run.layout;
   Strategy& strategy = *e.run.strategy;
   const double own_loss = tally.mean();
@@ -377,7 +391,7 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
   r.train_loss = mean_loss.item<double>();
   r.test_loss = test_loss;
   r.test_accuracy = test_acc;
-  r.samples_per_s = static_cast<double>(tally.samples) / train_seconds;
+  r.samples_per_s = static_cast<double>(tally.samples - samples_before) / train_seconds;
   r.seconds = seconds_since(t0);
   r.lr = e.last_lr();
   r.phase_ms = e.epoch_phases->take_mean_ms(e.global_step - first_step);
@@ -491,17 +505,15 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
     e.profiler = std::make_unique<report::StepProfiler>(
         profiled, report::trace_path(c.checkpointing.out, comm->rank()), device);
   }
-  std::vector<report::EpochRecord> records;
-  for (int64_t epoch = start.epoch; epoch < c.training.epochs; ++epoch) {
-    const auto t0 = Clock::now();
-    const int64_t first_step = e.global_step;
-    reset_peak_memory(device);
-    const LossTally tally = train_epoch(e, epoch);
-    const double train_seconds = seconds_since(t0);
-    e.progress->finish_epoch();
-    records.push_back(finish_epoch(e, epoch, tally, t0, train_seconds, first_step));
-    const checkpoint::CheckpointData saved{epoch + 1, e.global_step,
-                                           config_json(c, comm->size(), e.schedule, data.input)};
+  e.preemption =
+      std::make_unique<Preemption>(c.checkpointing.checkpoint_signal, comm->store(), comm->rank());
+  // A checkpoint after the epoch's `epochs_done` or inside the next (`within`, Note [Checkpoint
+  // on a signal]), named after the epoch either way.
+  const auto save = [&](int64_t epochs_done, const EpochProgress& within) {
+    std::string metadata = config_json(c, comm->size(), e.schedule, data.input);
+    if (within.batches > 0) metadata = with_epoch_progress(metadata, within);
+    const checkpoint::CheckpointData saved{epochs_done + (within.batches > 0 ? 1 : 0),
+                                           e.global_step, metadata};
     if (e.saver)
       e.saver->save(c.checkpointing.out, saved, c.checkpointing.keep);
     else
@@ -509,6 +521,37 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
     if (lead && !run.layout.pp.pipeline)
       checkpoint::forget_pipeline_layout(c.checkpointing.out);  // the stage folders are older now
     if (lead && !e.saver) forget_overwritten_run(c.checkpointing.out);
+  };
+  // After the checkpoint on the signal: the last save written, then out (`dtorch train` exits 75).
+  const auto stop = [&] {
+    if (e.saver) e.saver->finish();
+    if (lead)
+      log::info("checkpointed after step ", e.global_step, " in ", c.checkpointing.out,
+                "; stopping");
+    throw CheckpointedOnSignal{e.global_step};
+  };
+  std::vector<report::EpochRecord> records;
+  for (int64_t epoch = start.epoch; epoch < c.training.epochs; ++epoch) {
+    const auto t0 = Clock::now();
+    const int64_t first_step = e.global_step;
+    reset_peak_memory(device);
+    const EpochProgress from = epoch == start.epoch ? start.within : EpochProgress{};
+    const LossTally tally = train_epoch(e, epoch, from);
+    const double train_seconds = seconds_since(t0);
+    e.progress->finish_epoch();
+    if (e.stop && e.stop->batches < batches_per_epoch) {
+      // Every rank resumes with the ranks' mean loss so far, which finish_epoch's mean of the
+      // ranks' means then extends as if the run had not stopped.
+      auto so_far = torch::tensor({e.stop->tally.sum()}, torch::kDouble);
+      e.world.allreduce(so_far, comm::ReduceOp::Avg, "the epoch's loss so far");
+      save(epoch, {e.stop->batches, LossTally::resumed(so_far.item<double>(), e.stop->tally.batches,
+                                                       e.stop->tally.samples)});
+      stop();
+    }
+    records.push_back(
+        finish_epoch(e, epoch, tally, t0, train_seconds, first_step, from.tally.samples));
+    save(epoch + 1, {});
+    if (e.stop && epoch + 1 < c.training.epochs) stop();  // else the run is done anyway
   }
   if (e.saver) e.saver->finish();
   if (lead) forget_overwritten_run(c.checkpointing.out);
