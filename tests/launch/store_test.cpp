@@ -107,6 +107,23 @@ TEST(Store, AWorkerWhoseStoreNeverAnswersEndsWithinItsTimeout) {
   EXPECT_FALSE(testing::contains(r.err, "frame #")) << r.err;
 }
 
+// Numbers the job's processes exchange through the store are read as numbers only; what a
+// stranger wrote there is named, never a library's parse error.
+TEST(Store, ANumberThatIsNoneIsNamedWithItsKey) {
+  EXPECT_EQ(number_in_store("42", "round"), 42);
+  EXPECT_EQ(number_in_store("-1", "node/0"), -1);
+  for (const std::string& bad :
+       std::vector<std::string>{"", "x", "4 2", std::string(1000, '7') + "x"}) {
+    try {
+      number_in_store(bad, "rdzv/round");
+      ADD_FAILURE() << "read '" << bad << "'";
+    } catch (const CommError& e) {
+      EXPECT_TRUE(testing::contains(e.what(), "under rdzv/round, which is no number")) << e.what();
+      EXPECT_LT(std::string(e.what()).size(), 400u) << "the value is cut short";
+    }
+  }
+}
+
 // Note [Where the store listens]
 TEST(PlanListen, AOneNodeStoreListensWhereItsClientsAreSent) {
   EXPECT_EQ(plan_listen("auto", "127.0.0.1", {"127.0.0.1"}, false).address, "127.0.0.1");

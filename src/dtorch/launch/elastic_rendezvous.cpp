@@ -33,6 +33,12 @@ double secs(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
 
+// The launcher id a round's "node/<k>" key holds: "<id>", or "<id> <host>" where the node ranks
+// are given (arrive_at_rank).
+int announced_id(const std::string& value, const std::string& key) {
+  return static_cast<int>(number_in_store(value.substr(0, value.find(' ')), key));
+}
+
 // The host in what a static job's node announced: "<launcher id> <host>".
 std::string host_announced(const std::string& value) {
   const auto space = value.find(' ');
@@ -166,7 +172,7 @@ std::optional<Round> ElasticRendezvous::join(const Waiting& waiting) {
   if (current_) {
     r = current_->number + 1;
   } else if (auto hint = get_if(*store_, key("round"))) {
-    r = std::stoi(*hint);
+    r = static_cast<int>(number_in_store(*hint, key("round")));
   }
   auto since = Clock::now();
   for (;; ++r) {
@@ -202,14 +208,15 @@ std::optional<Round> ElasticRendezvous::arrive(int r, Clock::time_point since) {
   int leader = -1;
   for (;;) {
     if (auto closed = get_if(*store_, round_key(r, "closed"))) {
-      int n = std::stoi(*closed);
+      int n = static_cast<int>(number_in_store(*closed, round_key(r, "closed")));
       if (k < n) return roll(r, k, n);
       return std::nullopt;  // late: the next round
     }
     if (auto failed = get_if(*store_, round_key(r, "failed"))) throw CommError(*failed);
     if (job_ended()) return std::nullopt;
     if (leader < 0) {
-      if (auto l = get_if(*store_, round_key(r, "node/0"))) leader = std::stoi(*l);
+      if (auto l = get_if(*store_, round_key(r, "node/0")))
+        leader = announced_id(*l, round_key(r, "node/0"));
     }
     if (leader >= 0 && leader != id_ && is_lost(leader)) {
       fail_round(r, str("rendezvous round ", r, " failed: the launcher that opened it (on ",
@@ -346,7 +353,7 @@ std::vector<int> ElasticRendezvous::arrivals(int r, int count, bool wait) {
     } else {
       id = get_if(*store_, k);
     }
-    ids.push_back(id ? std::stoi(*id) : -1);
+    ids.push_back(id ? announced_id(*id, k) : -1);
   }
   return ids;
 }
@@ -377,7 +384,8 @@ std::optional<RoundEnd> ElasticRendezvous::poll() {
   if (auto v = verdict(round.number)) return v;
   if (round.nnodes < cfg_.max_nodes && store_->add(round_key(round.number + 1, "arrive"), 0) > 0) {
     auto first = get_if(*store_, round_key(round.number + 1, "node/0"));
-    std::string who = first ? host_of(std::stoi(*first)) : "?";
+    std::string who =
+        first ? host_of(announced_id(*first, round_key(round.number + 1, "node/0"))) : "?";
     return end_round(RoundCause::Join, str("a node (", who, ") asks to join the ", round.nnodes,
                                            " running, up to ", cfg_.max_nodes, " (--nnodes)"));
   }

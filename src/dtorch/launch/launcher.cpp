@@ -819,7 +819,7 @@ c10::intrusive_ptr<c10d::Store> round_store(Plan& plan, const Round& round, Elas
   } else {
     std::string m = rdzv.read("master");
     plan.master_addr = m.substr(0, m.find(' '));
-    plan.master_port = std::stoi(m.substr(m.find(' ') + 1));
+    plan.master_port = static_cast<int>(number_in_store(m.substr(m.find(' ') + 1), "master"));
   }
   return store;
 }

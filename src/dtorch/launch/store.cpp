@@ -15,6 +15,7 @@
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
+#include "dtorch/core/parse_whole_number.h"
 #include "dtorch/launch/store_listen.h"
 #include "dtorch/launch/store_probe.h"
 #include "dtorch/launch/watched_store.h"
@@ -175,6 +176,16 @@ void check_store_job(c10d::Store& store, const std::string& run_id, const std::s
                  std::string(held.begin(), held.end()),
                  "', but this worker's TORCHELASTIC_RUN_ID is '", run_id,
                  "': it was started for another job", kOneJob);
+}
+
+int64_t number_in_store(const std::string& value, const std::string& key) {
+  const std::optional<int64_t> n = parse_whole_number(value);
+  DTORCH_CHECK_T(CommError, n.has_value(), "the rendezvous store holds '", value.substr(0, 40),
+                 value.size() > 40 ? "...'" : "'", " under ", key,
+                 ", which is no number: something other than this job's processes wrote it",
+                 "\n---> HINT: only the job's own processes should reach its store; see "
+                 "--rdzv-listen");
+  return *n;
 }
 
 std::vector<int> Arrivals::missing() const {

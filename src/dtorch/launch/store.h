@@ -58,6 +58,11 @@ void claim_store_for_job(c10d::Store& store, const std::string& run_id, const st
 /// For a worker: CommError when `store` was claimed by a job other than `run_id`.
 void check_store_job(c10d::Store& store, const std::string& run_id, const std::string& where);
 
+/// The whole number a process of the job wrote into a store under `key`, from `value` as read.
+/// Throws CommError naming the key and the value (at most 40 bytes of it) when it is none:
+/// something other than the job's processes wrote it.
+int64_t number_in_store(const std::string& value, const std::string& key);
+
 /// Who had arrived when announce_and_wait returned: values[i] is what party i announced, ""
 /// for a party that had not.
 struct Arrivals {

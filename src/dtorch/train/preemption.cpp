@@ -13,7 +13,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/log.h"
-#include "dtorch/core/parse_whole_number.h"
+#include "dtorch/launch/store.h"
 
 namespace dtorch::train {
 namespace {
@@ -32,12 +32,10 @@ void on_signal(int) {
 }
 
 int64_t parse_step(const std::vector<uint8_t>& bytes) {
-  const std::string text(bytes.begin(), bytes.end());
-  const std::optional<int64_t> step = parse_whole_number(text);
-  DTORCH_CHECK_T(CommError, step && *step > 0, "the job's store holds '", text.substr(0, 40),
-                 "' under ", kStopKey,
-                 ", which is no step: something other than this job's ranks wrote it");
-  return *step;
+  const int64_t step = launch::number_in_store(std::string(bytes.begin(), bytes.end()), kStopKey);
+  DTORCH_CHECK_T(CommError, step > 0, "the rendezvous store holds step ", step, " under ", kStopKey,
+                 ": something other than this job's ranks wrote it");
+  return step;
 }
 
 }  // namespace
