@@ -73,6 +73,28 @@ bool Preemption::stop_after(int64_t step) {
     fastest_step_ = fastest_step_ > 0 ? std::min(fastest_step_, took) : took;
   }
   last_step_ = now;
+  try {
+    agree(step, now);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // LibTorch's client: its timeout, a closed connection
+    const std::string why = e.what();
+    DTORCH_FAIL(CommError, "rank ", rank_,
+                ": the rendezvous store did not answer a look for the checkpoint signal's step (",
+                why.substr(0, why.find('\n')),
+                ")\n---> HINT: the process serving it (the launcher, or rank 0) ended or is "
+                "stopped, or a stranger holds LibTorch 1.13's store server (README, `dtorch "
+                "launch`); DTORCH_TIMEOUT sets how long a store call waits");
+  }
+  if (!agreed_) return false;
+  // Ranks a step apart at most hear of it before their step passes it (see the Note).
+  DTORCH_CHECK_T(TrainingError, step <= *agreed_, "rank ", rank_, " heard at step ", step,
+                 " that the job checkpoints after step ", *agreed_,
+                 ", which it has passed; its ranks drifted further apart than a step");
+  return step == *agreed_;
+}
+
+void Preemption::agree(int64_t step, std::chrono::steady_clock::time_point now) {
   if (!agreed_ && g_signalled.load() && !proposed_ && fastest_step_ > 0) {
     proposed_ = true;
     const std::string mine = std::to_string(proposed_stop(step, fastest_step_, kLookEvery));
@@ -92,12 +114,6 @@ bool Preemption::stop_after(int64_t step) {
                   name_of(signal_), ") and stops");
     }
   }
-  if (!agreed_) return false;
-  // Ranks a step apart at most hear of it before their step passes it (see the Note).
-  DTORCH_CHECK_T(TrainingError, step <= *agreed_, "rank ", rank_, " heard at step ", step,
-                 " that the job checkpoints after step ", *agreed_,
-                 ", which it has passed; its ranks drifted further apart than a step");
-  return step == *agreed_;
 }
 
 }  // namespace dtorch::train

@@ -62,6 +62,9 @@ class Preemption {
   std::optional<int64_t> agreed() const { return agreed_; }
 
  private:
+  // Proposes a step once the signal came, else looks for the job's at most every 0.5 s.
+  void agree(int64_t step, std::chrono::steady_clock::time_point now);
+
   launch::CheckpointSignal signal_;
   c10d::Store& store_;
   int rank_;
