@@ -199,6 +199,43 @@ TEST(TrainPipeline, DdpCheckpointAtPp2Dp2ResumesAtPp1Pp4AndInterleaved) {
     EXPECT_TRUE(t.equal(after_one[k])) << k;
 }
 
+// A run stopped while its stages saved (`make faults` killed a rank inside a pp 2 save) leaves
+// one stage folder an epoch ahead of the other: every rank resumes from the newest epoch all
+// the stages hold, and the run ends as the uninterrupted one. Stopped during its first save, it
+// starts afresh.
+TEST(TrainPipeline, AStopWhileTheStagesSaveResumesFromTheEpochEveryStageHolds) {
+  const std::string base = testing::scratch_dir("pp_stopped_saving");
+  const std::vector<std::string> pp2 = {"--pp", "2", "--schedule", "1f1b"};
+  auto r = testing::run_command("pp_stopped_whole",
+                                with(pipeline_train_args(base + "/whole", "ddp", 2), pp2), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  paths::copy_tree(base + "/whole", base + "/ahead");
+  paths::remove(base + "/ahead/pp0-of-2/checkpoint-000002.dtc");
+  auto resume = with(with(pipeline_train_args(base + "/ahead", "ddp", 2), pp2), {"--resume"});
+  r = testing::run_command("pp_stopped_ahead", resume, 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "(1 epoch(s) done)")) << r.err;
+  auto whole = model_file(base + "/whole/model.pt");
+  for (const auto& [k, t] : model_file(base + "/ahead/model.pt"))
+    EXPECT_TRUE(t.equal(whole[k])) << k;
+
+  r = testing::run_command("pp_stopped_first",
+                           with(pipeline_train_args(base + "/first", "ddp", 2, 1), pp2), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  auto first = model_file(base + "/first/model.pt");
+  paths::remove(base + "/first/pp1-of-2/checkpoint-000001.dtc");
+  r = testing::run_command(
+      "pp_stopped_first_resume",
+      with(with(pipeline_train_args(base + "/first", "ddp", 2, 1), pp2), {"--resume"}), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err,
+                                "the run stopped during its first save; starting from "
+                                "scratch"))
+      << r.err;
+  for (const auto& [k, t] : model_file(base + "/first/model.pt"))
+    EXPECT_TRUE(t.equal(first[k])) << k;
+}
+
 // DDP's stage checkpoints that the dp ranks share (Note [Saving replicated state]) are shards in
 // ZeRO's layout: each of a stage's two dp ranks wrote some of its tensors, and they resume at
 // pp 1, pp 4 and interleaved as the one-file stage checkpoints do.

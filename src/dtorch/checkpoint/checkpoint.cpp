@@ -349,8 +349,15 @@ std::pair<StateDict, CheckpointData> read_checkpoint_model(const std::string& pa
 
 std::optional<LoadedCheckpoint> load_latest_checkpoint(const std::string& dir,
                                                        torch::nn::Module& model,
-                                                       torch::optim::Optimizer* optimizer) {
+                                                       torch::optim::Optimizer* optimizer,
+                                                       std::optional<int64_t> at_most) {
   std::vector<std::string> files = list_checkpoints(dir);
+  if (at_most) {
+    files.erase(
+        std::remove_if(files.begin(), files.end(),
+                       [&](const std::string& f) { return checkpoint_epoch(f) > *at_most; }),
+        files.end());
+  }
   if (files.empty()) return std::nullopt;
   std::string failures;
   for (size_t i = 0; i < files.size(); ++i) {

@@ -108,12 +108,13 @@ LoadedCheckpoint load_checkpoint(const std::string& path, torch::nn::Module& mod
 /// `path`, with its data; throws CheckpointError when it is unreadable or corrupt.
 std::pair<StateDict, CheckpointData> read_checkpoint_model(const std::string& path);
 
-/// Restores the newest good checkpoint in `dir`. A corrupt or truncated one is skipped with
-/// a warning naming it and why, falling back to the one before. Returns nullopt when there
-/// are no checkpoints; throws CheckpointError naming every file when none is readable, and
-/// when the newest readable one does not fit the model or optimizer.
-std::optional<LoadedCheckpoint> load_latest_checkpoint(const std::string& dir,
-                                                       torch::nn::Module& model,
-                                                       torch::optim::Optimizer* optimizer);
+/// Restores the newest good checkpoint in `dir` (of epoch `at_most` or before, when given). A
+/// corrupt or truncated one is skipped with a warning naming it and why, falling back to the
+/// one before. Returns nullopt when there are no checkpoints; throws CheckpointError naming
+/// every file when none is readable, and when the newest readable one does not fit the model
+/// or optimizer.
+std::optional<LoadedCheckpoint> load_latest_checkpoint(
+    const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+    std::optional<int64_t> at_most = std::nullopt);
 
 }  // namespace dtorch::checkpoint

@@ -6,12 +6,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/input_file.h"
 #include "dtorch/core/json_config.h"
+#include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/models/registry.h"
@@ -87,6 +89,33 @@ std::vector<std::string> folders_holding(const std::string& out, models::UnitRan
   return folders;
 }
 
+namespace {
+
+// The newest epoch of which every stage folder of `saved` holds a checkpoint file; nullopt when
+// they share none. A run stopped while its stages saved leaves some folders an epoch ahead: every
+// rank resumes from the epoch all of them hold (--keep-checkpoints 2, the default, keeps it), as
+// each rank reads only the folders its units overlap.
+std::optional<int64_t> epoch_of_every_stage(const std::vector<SavedStage>& saved) {
+  std::optional<std::set<int64_t>> common;
+  for (const SavedStage& s : saved) {
+    std::set<int64_t> epochs;
+    for (const std::string& f : list_checkpoints(s.folder))
+      epochs.insert(checkpoint_epoch(f));
+    if (!common) {
+      common = epochs;
+      continue;
+    }
+    std::set<int64_t> both;
+    std::set_intersection(common->begin(), common->end(), epochs.begin(), epochs.end(),
+                          std::inserter(both, both.begin()));
+    common = both;
+  }
+  if (!common || common->empty()) return std::nullopt;
+  return *common->rbegin();
+}
+
+}  // namespace
+
 std::optional<LoadedCheckpoint> load_from_stages(
     const std::vector<SavedStage>& saved, const std::string& model_name,
     const models::ImageInput& input, models::Model& model, torch::optim::Optimizer& opt,
@@ -98,6 +127,18 @@ std::optional<LoadedCheckpoint> load_from_stages(
   std::set<std::string> filled;
   std::optional<LoadedCheckpoint> result;
   torch::NoGradGuard no_grad;
+  const std::optional<int64_t> epoch = epoch_of_every_stage(saved);
+  const auto holds_nothing = [](const SavedStage& s) {
+    return list_checkpoints(s.folder).empty() && list_sharded_checkpoints(s.folder).empty();
+  };
+  if (!epoch && std::any_of(saved.begin(), saved.end(), holds_nothing) &&
+      !std::all_of(saved.begin(), saved.end(), holds_nothing)) {
+    // Stopped during its first save: some stages wrote theirs, others not. Every rank sees
+    // the same folders, so every rank starts afresh (and the next saves replace those files).
+    log::warn("the stage folders of ", paths::parent_path(saved.front().folder),
+              " share no epoch: the run stopped during its first save; starting from scratch");
+    return std::nullopt;
+  }
   for (const SavedStage& s : saved) {
     if (s.units.end <= mine.begin || s.units.begin >= mine.end) continue;
     if (list_checkpoints(s.folder).empty()) {
@@ -115,7 +156,9 @@ std::optional<LoadedCheckpoint> load_from_stages(
     }
     auto stage = models::make_model(model_name, s.units, input);
     auto stage_opt = make_optimizer(stage->parameters());
-    auto loaded = load_latest_checkpoint(s.folder, *stage, stage_opt.get());
+    auto loaded = load_latest_checkpoint(s.folder, *stage, stage_opt.get(), epoch);
+    DTORCH_CHECK_T(CheckpointError, loaded, s.folder, " holds no checkpoint of epoch ",
+                   epoch.value_or(0), " or before, which every other stage folder holds");
     DTORCH_CHECK_T(CheckpointError, !result || loaded->data.epoch == result->data.epoch,
                    loaded->path, " (epoch ", loaded->data.epoch, ") and ",
                    result ? result->path : "", " (epoch ", result ? result->data.epoch : 0,
