@@ -271,6 +271,33 @@ double rss_mib(pid_t pid) {
   return 0;
 }
 
+// Two strangers on the store at 127.0.0.1:port once the launcher has claimed it (a classic
+// server they reach first stalls the launcher itself until --rdzv-timeout), as they would be for
+// most of a job's life: one sends a NUL byte and holds the connection, the other a SET (2.x:
+// after VALIDATE and its magic number) announcing a 2 GiB key. Their sockets, to close; none
+// when the store never listened.
+std::vector<int> strangers_on(int port, const std::string& dir) {
+  if (!wait_until([&] { return testing::listening(port); }, 20)) {
+    ADD_FAILURE() << "the store never listened: " << read_file(dir + "/stderr");
+    return {};
+  }
+  auto job = connect_store("127.0.0.1", port, std::chrono::seconds(10));
+  EXPECT_TRUE(wait_until([&] { return job->check({"dtorch/job"}); }, 20));
+  const int held = connect_when_listening(port, 20);
+  const int big = connect_when_listening(port, 20);
+  EXPECT_EQ(::send(held, "", 1, MSG_NOSIGNAL), 1);
+  std::vector<uint8_t> set;
+  if (compat::kTorch2)
+    set = {0x00, 0xce, 0xf7, 0x85, 0x3c, 0x01};
+  else
+    set = {0x00};
+  const uint64_t length = uint64_t{1} << 31;
+  for (int i = 0; i < 8; ++i)
+    set.push_back(static_cast<uint8_t>(length >> (8 * i)));
+  EXPECT_EQ(::send(big, set.data(), set.size(), MSG_NOSIGNAL), static_cast<ssize_t>(set.size()));
+  return {held, big};
+}
+
 // Note [Where the store listens], Note [TCPStore backend]: a stranger on the store's port sends
 // one byte and holds the connection, another a SET announcing a 2 GiB key. The libuv server
 // (LibTorch 2.4 on) serves the job around them: it ends as it does alone, and the launcher's
@@ -295,27 +322,8 @@ TEST(LaunchFaults, StrangerOnTheStorePortCannotHoldTheJob) {
   const int port = free_port();
   t0 = Clock::now();
   auto cli = launch(port);
-  // In once the launcher has claimed its store (a classic server it cannot reach stalls the
-  // launcher itself until --rdzv-timeout), as a stranger would be most of a job's life.
-  ASSERT_TRUE(wait_until([&] { return testing::listening(port); }, 20))
-      << read_file(dir + "/stderr");
-  auto job = connect_store("127.0.0.1", port, std::chrono::seconds(10));
-  ASSERT_TRUE(wait_until([&] { return job->check({"dtorch/job"}); }, 20));
-  const int held = connect_when_listening(port, 20);
-  const int big = connect_when_listening(port, 20);
-  ASSERT_GE(held, 0) << "the store never listened: " << read_file(dir + "/stderr");
-  ASSERT_GE(big, 0);
-  ASSERT_EQ(::send(held, "", 1, MSG_NOSIGNAL), 1);  // one NUL byte
-  // A SET (2.x: after VALIDATE and its magic number) whose key is 2 GiB long.
-  std::vector<uint8_t> set;
-  if (compat::kTorch2)
-    set = {0x00, 0xce, 0xf7, 0x85, 0x3c, 0x01};
-  else
-    set = {0x00};
-  const uint64_t length = uint64_t{1} << 31;
-  for (int i = 0; i < 8; ++i)
-    set.push_back(static_cast<uint8_t>(length >> (8 * i)));
-  ::send(big, set.data(), set.size(), MSG_NOSIGNAL);
+  const std::vector<int> strangers = strangers_on(port, dir);
+  ASSERT_EQ(strangers.size(), 2u);
   std::atomic<double> peak{0};
   std::atomic<bool> done{false};
   std::thread watch([&] {
@@ -328,8 +336,8 @@ TEST(LaunchFaults, StrangerOnTheStorePortCannotHoldTheJob) {
   const double took = seconds_since(t0);
   done = true;
   watch.join();
-  ::close(held);
-  ::close(big);
+  for (int fd : strangers)
+    ::close(fd);
   if (libuv) {
     EXPECT_EQ(r.exit_code(), 0) << r.err;
     EXPECT_LT(took, alone_s + 5) << r.err;
@@ -342,6 +350,30 @@ TEST(LaunchFaults, StrangerOnTheStorePortCannotHoldTheJob) {
     // grace (10 s for 2.x's handshake, where they wait), closing the store, and slack.
     EXPECT_LT(took, 4 + 5 + 10 + 2 + 5.0) << r.err;
   }
+}
+
+// SIGTERM ends a launcher whose store strangers hold, whatever it and its workers wait on: it
+// stops the workers and exits 143 within the grace period and the 2 s its store gets to close.
+TEST(LaunchFaults, SigtermEndsALauncherWhoseStoreStrangersHold) {
+  const std::string dir = testing::scratch_dir("faults-stranger-sigterm");
+  const int port = free_port();
+  auto cli = testing::start_launch(
+      dir,
+      {"--nproc-per-node", "2", "--master-port", std::to_string(port), "--grace-period", "3", "--",
+       self_exe(), "--dtorch-worker", "fault_allreduce_loop", dir},
+      {"DTORCH_TIMEOUT=60"});
+  const std::vector<int> strangers = strangers_on(port, dir);
+  ASSERT_EQ(strangers.size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = Clock::now();
+  ASSERT_EQ(::kill(cli.pid, SIGTERM), 0);
+  const auto r = testing::finish_command(cli, 30);
+  const double took = seconds_since(t0);
+  for (int fd : strangers)
+    ::close(fd);
+  EXPECT_EQ(r.exit_code(), 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(contains(r.err, "dtorch launch: got SIGTERM; stopped all workers")) << r.err;
+  EXPECT_LT(took, 3 + 2 + 3.0) << r.err;  // grace period, closing the store, slack
 }
 
 TEST(LaunchFaults, LogDirKeepsEachRanksOutputAcrossRestarts) {
