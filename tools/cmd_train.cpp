@@ -75,6 +75,7 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
   if (launches_workers(how)) train::check_run_folder(c, c.checkpointing.resume);
   how.checkpoint_signal = c.checkpointing.checkpoint_signal;
   if (auto code = self_launch(how)) return *code;
+  train::catch_checkpoint_signal(c.checkpointing.checkpoint_signal);
   auto comm = comm::Communicator::from_env();
   try {
     train::train(c, comm);

@@ -26,9 +26,20 @@ const std::string kStopKey = "dtorch/checkpoint-signal/stop-after";
 
 std::atomic<bool> g_signalled{false};
 struct sigaction g_previous;
+// The signal catch_checkpoint_signal caught for the whole process (0: none).
+std::atomic<int> g_caught_for_process{0};
 
 void on_signal(int) {
   g_signalled.store(true);
+}
+
+void install(int sig, struct sigaction* previous) {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(sig, &sa, previous);
 }
 
 int64_t parse_step(const std::vector<uint8_t>& bytes) {
@@ -46,21 +57,24 @@ int64_t proposed_stop(int64_t step, double step_seconds, double look_every) {
   return step + 1 + static_cast<int64_t>(std::min(two_looks, 1e6)) + 1;
 }
 
+void catch_checkpoint_signal(launch::CheckpointSignal signal) {
+  const int sig = launch::signal_number(signal);
+  if (sig == 0) return;
+  install(sig, nullptr);
+  g_caught_for_process = sig;
+}
+
 Preemption::Preemption(launch::CheckpointSignal signal, c10d::Store& store, int rank)
     : signal_(signal), store_(store), rank_(rank), last_look_(Clock::now()) {
-  if (signal_ == launch::CheckpointSignal::Off) return;
+  const int sig = launch::signal_number(signal_);
+  if (sig == 0 || sig == g_caught_for_process) return;  // caught already: keep what came
   g_signalled = false;
-  struct sigaction sa;
-  std::memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sa.sa_flags = SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(launch::signal_number(signal_), &sa, &g_previous);
+  install(sig, &g_previous);
 }
 
 Preemption::~Preemption() {
-  if (signal_ != launch::CheckpointSignal::Off)
-    ::sigaction(launch::signal_number(signal_), &g_previous, nullptr);
+  const int sig = launch::signal_number(signal_);
+  if (sig != 0 && sig != g_caught_for_process) ::sigaction(sig, &g_previous, nullptr);
 }
 
 bool Preemption::stop_after(int64_t step) {

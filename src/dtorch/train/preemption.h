@@ -39,6 +39,13 @@ namespace dtorch::train {
 ///     A requeued job continues the run in its --out (SLURM_RESTART_COUNT), as --resume does.
 /// A proposal past the run's last step ends nothing: the run finishes and exits 0.
 
+/// Catches `signal` for the rest of the process (a program that trains and then ends: `dtorch
+/// train`), so that it neither kills the process while the run starts or after it ended (the
+/// launcher passes it on whenever it comes) nor is lost: one that came before the run's first
+/// step stops the run at its first agreed step. Without this, a Preemption catches the signal
+/// only while it lives and puts the previous handler back.
+void catch_checkpoint_signal(launch::CheckpointSignal signal);
+
 /// What train() throws after the checkpoint on the signal was written: not an error; `dtorch
 /// train` exits with kCheckpointedExitCode.
 struct CheckpointedOnSignal {
