@@ -119,9 +119,11 @@ bench: deps-bench
 	else echo "make bench: nvidia-smi finds no GPU here: bench/bench_gpu.py skipped"; fi
 
 # The fault matrix (not in CI; about 45 minutes on 2 cores): for ddp, zero3, tp 2, pp 2 (1f1b
-# and zb) and an elastic 2:3 job, kill -9 or SIGSTOP one random worker at a random moment, 20
-# trials each; every trial must end within DTORCH_TIMEOUT + 10 s naming the rank, leave no
-# process behind, and resume to the uninterrupted run's result (bench/faults.py says how).
+# and zb) and an elastic 2:3 job, at a random moment kill -9 or SIGSTOP one random worker,
+# SIGTERM or SIGUSR1 a launcher, kill a worker inside a checkpoint write, or hold the store's
+# port as a stranger, 20 trials each; every trial must end within DTORCH_TIMEOUT + 10 s naming
+# the cause, leave no process or /dev/shm segment behind, and resume to the uninterrupted
+# run's result (bench/faults.py says how).
 faults:
 	$(MAKE) build TORCH=debian
 	nice -n 10 bench/faults.py --dtorch build/dtorch --trials 20 --markdown docs/reliability.md

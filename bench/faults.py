@@ -1,29 +1,40 @@
 #!/usr/bin/python3
-"""Kills or stops one worker of a small training job at a random moment and checks what dtorch
-promises about it: the launcher fails within the timeout, names the rank, leaves nothing
-behind, and `--resume` ends with the uninterrupted run's final epoch record.
+"""Kills or stops one worker of a small training job at a random moment, or signals its
+launcher, or kills a worker while it writes a checkpoint, or puts a stranger on its store's port,
+and checks what dtorch promises about it: the job ends within the timeout, names the cause,
+leaves no process and no /dev/shm segment behind, and `--resume` ends with the uninterrupted
+run's final epoch record.
 
 Per layout (--configs): one uninterrupted reference run, then --trials counted trials (at most
-2 * --trials draws: a run that finished first is drawn again). A trial starts the
-same run in a fresh --out folder, waits a random 1 s .. 90% of the reference's duration, picks a
-random worker (a process whose parent is a launcher) and sends it SIGKILL or SIGSTOP (random).
-It records the rank (the worker's RANK), the seconds from the signal until the launcher exited
-(elastic: both launchers), the exit code, whether stderr names the rank ("rank R", or R in a
-"rank(s) ..." list, on a line other than the launcher's round, waiting and grace-period
-notices), the processes left whose command line holds the --out folder (then SIGKILLed), and
-reruns the command with --resume to compare the last "epoch" record of metrics.jsonl (epoch,
-train_loss, test_loss, test_accuracy) with the reference's. A trial passes when every launcher
-exited non-zero within DTORCH_TIMEOUT + 10 s, the rank was named, nothing was left, and the
-resumed run's record equals the reference's bit for bit (elastic included: it resumes at the
-same world size). A run that ended before the signal landed (no live worker, every launcher
-exited 0, or a worker stopped or killed after the last epoch while the others exited 0, which no
-launcher can tell from a slow one or one that failed as it exited) is "finished first" and not
-counted. A launcher still running 60 s after the signal is killed and the trial fails.
+twice --trials draws: a run that finished first is drawn again). A trial starts the same run in
+a fresh --out folder, waits a random 1 s .. 90% of the reference's duration, picks a random
+worker (a process whose parent is a launcher) and does one of --actions (drawn at random):
+SIGKILL or SIGSTOP to the worker; SIGTERM or SIGUSR1 (the checkpoint signal) to a launcher;
+SIGKILL to the worker at the first moment a checkpoint's temporary file (checkpoint-*.tmp, a
+sharded step's *.partial folder) is seen in --out ("kill-in-save"); or a stranger on the store's
+port (the worker's MASTER_PORT) that sends one byte and holds the connection, and another that
+announces a SET of a 2 GiB key. It records the rank (the worker's RANK), the seconds from the
+fault until the launcher exited (elastic: both launchers), the exit codes, whether stderr names
+the cause (the rank: "rank R", or R in a "rank(s) ..." list, on a line other than the launcher's
+round, waiting and grace-period notices; the launcher's signal; the store that stopped
+answering), the processes left whose command line holds the --out folder (then SIGKILLed) and
+the dtorch-* segments left in /dev/shm, and reruns the command with --resume to compare the last
+"epoch" record of metrics.jsonl (epoch, train_loss, test_loss, test_accuracy) with the
+reference's. A trial passes when every launcher exited within DTORCH_TIMEOUT + 10 s with what
+the fault calls for (non-zero; 75 after SIGUSR1, as every rank checkpoints and stops; 0 with a
+stranger where the store is LibTorch 2.4+'s libuv server, which serves the job around it, and
+then without a --resume), the cause was named, nothing was left, and the final record equals the
+reference's bit for bit (elastic included: it resumes at the same world size). A run that ended
+before the fault landed (no live worker, every launcher exited 0, no checkpoint write seen, or a
+worker stopped or killed after the last epoch while the others exited 0, which no launcher can
+tell from a slow one or one that failed as it exited) is "finished first" and not counted. A
+launcher still running 60 s after the fault is killed and the trial fails.
 
 The binary and the libdtorch it links from its folder are copied into the work folder first, so
 a rebuild during the trials does not change what is tested (--no-copy runs --dtorch itself).
 Usage: nice -n 10 bench/faults.py [--dtorch build/dtorch] [--trials 20]
            [--configs ddp,zero3,zero3-async,tp2,pp2-1f1b,pp2-zb,elastic] [--seed S]
+           [--actions SIGKILL,SIGSTOP,SIGTERM-launcher,SIGUSR1-launcher,kill-in-save,stranger]
            [--timeout 10]
            [--markdown docs/reliability.md] [--keep]
 """
@@ -45,7 +56,7 @@ import time
 
 from benchlib import ROOT, libtorch_version, machine, replace_block
 
-MLP = ["--model", "mnist-mlp", "--epochs", "2", "--train-samples", "512", "--test-samples",
+MLP = ["--model", "mnist-mlp", "--epochs", "6", "--train-samples", "16384", "--test-samples",
        "128", "--batch-size", "32"]
 GPT = ["--model", "gpt-debug", "--data", "text", "--epochs", "3", "--train-samples", "1024",
        "--test-samples", "128", "--batch-size", "32"]
@@ -60,6 +71,9 @@ CONFIGS = {  # train flags; elastic runs two c10d launchers of one worker each i
     "elastic": MLP + ["--strategy", "ddp"],
 }
 FIELDS = ("epoch", "train_loss", "test_loss", "test_accuracy")
+ACTIONS = ("SIGKILL", "SIGSTOP", "SIGTERM-launcher", "SIGUSR1-launcher", "kill-in-save",
+           "stranger")
+CHECKPOINTED = 75  # a job whose ranks checkpointed on the checkpoint signal and stopped
 HANG_S = 60
 # launcher lines that mention a rank without blaming it
 ROUTINE = re.compile(r"dtorch launch: (round \d|waiting for)|still running .* after SIGTERM")
@@ -196,14 +210,11 @@ def processes():
 
 
 def env_rank(pid):
+    value = env_of(pid, "RANK")
     try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"RANK="):
-                    return int(item[5:])
-    except (OSError, ValueError):
-        pass
-    return None
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def names_rank(texts, rank):
@@ -261,12 +272,74 @@ def reference(a, config, work):
     return (max(run.ended) - run.t0, recs[-1]), None
 
 
-def trial(a, rng, config, n, ref_s, ref_rec, work):
-    t = {"config": config, "n": n, "action": rng.choice(["SIGKILL", "SIGSTOP"]),
-         "delay": rng.uniform(1.0, max(1.0, 0.9 * ref_s)), "reasons": [], "stderr": []}
-    run = Run(a, config, os.path.join(work, "%s-%d" % (config, n))).start()
+def shm_segments():
+    return {f for f in os.listdir("/dev/shm") if f.startswith("dtorch-")}
+
+
+def in_save(out):
+    """Whether a checkpoint is being written in `out`: a checkpoint's temporary file (not
+    config.json's or metrics.jsonl's), or a sharded checkpoint's staging folder."""
+    for _, dirs, files in os.walk(out):
+        if any(n.endswith(".partial") for n in dirs) or \
+                any(n.startswith("checkpoint-") and n.endswith(".tmp") for n in files):
+            return True
+    return False
+
+
+def env_of(pid, name):
     try:
-        run.wait(t["delay"])
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(name.encode() + b"="):
+                    return item[len(name) + 1:].decode()
+    except OSError:
+        pass
+    return None
+
+
+def strangers(port):
+    """Two connections to the store at 127.0.0.1:port: one byte sent and held, and a SET (after
+    2.x's VALIDATE, which 1.13's server reads as a SET too) announcing a 2 GiB key."""
+    held, big = socket.create_connection(("127.0.0.1", port)), \
+        socket.create_connection(("127.0.0.1", port))
+    held.sendall(b"\0")
+    big.sendall(bytes([0x00, 0xce, 0xf7, 0x85, 0x3c, 0x01]) + (1 << 31).to_bytes(8, "little"))
+    return [held, big]
+
+
+def libuv_store(version):
+    """Whether a dtorch of LibTorch `version` serves its store with libuv (2.4+, USE_LIBUV not
+    0), which serves a job around a stranger."""
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 4) and os.environ.get("USE_LIBUV", "1") != "0"
+
+
+def wait_for_save(run, limit):
+    """Polls --out every 2 ms until a checkpoint is being written; whether one was seen."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not run.poll():
+        if in_save(run.out):
+            return True
+        time.sleep(0.002)
+    return False
+
+
+def trial(a, rng, config, n, ref_s, ref_rec, work):
+    t = {"config": config, "n": n, "action": rng.choice(a.actions),
+         "delay": rng.uniform(1.0, max(1.0, 0.9 * ref_s)), "reasons": [], "stderr": []}
+    shm_before = shm_segments()
+    run = Run(a, config, os.path.join(work, "%s-%d" % (config, n))).start()
+    held = []
+    try:
+        if t["action"] == "kill-in-save":
+            if not wait_for_save(run, 1.5 * ref_s + 10):
+                t["finished_first"] = "no checkpoint write seen"
+                return t
+        else:
+            run.wait(t["delay"])
         workers = [] if run.poll() else run.workers()
         while not workers and not run.poll() and time.monotonic() - run.t0 < t["delay"] + 10:
             time.sleep(0.1)  # an elastic job's workers start after the rendezvous
@@ -277,54 +350,94 @@ def trial(a, rng, config, n, ref_s, ref_rec, work):
         pid = rng.choice(sorted(workers))
         t["rank"], t["epochs_done"] = env_rank(pid), len(epochs(run.out))
         t["delay"] = time.monotonic() - run.t0
+        action = t["action"]
         try:
-            os.kill(pid, getattr(signal, t["action"]))
-        except ProcessLookupError:
+            if action in ("SIGKILL", "SIGSTOP", "kill-in-save"):
+                os.kill(pid, signal.SIGSTOP if action == "SIGSTOP" else signal.SIGKILL)
+                expected = "non-zero"
+            elif action in ("SIGTERM-launcher", "SIGUSR1-launcher"):
+                launcher = rng.choice([p for p in run.procs if p.poll() is None])
+                launcher.send_signal(signal.SIGTERM if action == "SIGTERM-launcher"
+                                     else signal.SIGUSR1)
+                expected = "non-zero" if action == "SIGTERM-launcher" else CHECKPOINTED
+            else:
+                held = strangers(int(env_of(pid, "MASTER_PORT")))
+                expected = 0 if libuv_store(a.version) else "non-zero"
+        except (ProcessLookupError, ConnectionError, TypeError, ValueError):
             t["finished_first"] = True
             return t
         sent = time.monotonic()
-        exited = run.wait(a.timeout + 10)
-        if not exited and t["epochs_done"] > ref_rec["epoch"] and run.workers() == [pid]:
+        limit = a.timeout + 10 + (ref_s if expected == 0 else 0)
+        exited = run.wait(limit)
+        if not exited and action != "stranger" and t["epochs_done"] > ref_rec["epoch"] and \
+                run.workers() == [pid]:
             t["finished_first"] = "stopped after the last epoch, the other workers had exited"
             return t
-        exited = exited or run.wait(HANG_S - a.timeout - 10)
+        exited = exited or run.wait(HANG_S - limit)
         t["codes"] = run.codes()
         t["stderr"] = run.stderr()
         if not exited:
-            t["reasons"].append("launcher still running %d s after the signal" % HANG_S)
-        elif all(c == 0 for c in t["codes"]):
+            t["reasons"].append("launcher still running %d s after the fault" % HANG_S)
+        elif all(c == 0 for c in t["codes"]) and expected != 0:
             t["finished_first"] = True
             return t
-        elif t["epochs_done"] > ref_rec["epoch"] and any(c == 0 for c in t["codes"]):
+        elif t["epochs_done"] > ref_rec["epoch"] and any(c == 0 for c in t["codes"]) and \
+                expected != 0:
             # The job's work was done: the killed worker was on its way out, the others gone.
             t["finished_first"] = "killed after the last epoch, the other workers had exited"
             return t
         else:
             t["exit_s"] = max(run.ended) - sent
-            if any(c == 0 for c in t["codes"]):
-                t["reasons"].append("a launcher exited 0 (%s)" % t["codes"])
-            if t["exit_s"] > a.timeout + 10:
-                t["reasons"].append("exited after %.1f s > %d s" % (t["exit_s"], a.timeout + 10))
-        t["named"] = names_rank(t["stderr"], t["rank"])
+            want = {"non-zero": lambda c: c != 0, 0: lambda c: c == 0,
+                    CHECKPOINTED: lambda c: c == CHECKPOINTED}[expected]
+            if not all(want(c) for c in t["codes"]):
+                t["reasons"].append("exit codes %s, not %s" % (t["codes"], expected))
+            if t["exit_s"] > limit:
+                t["reasons"].append("exited after %.1f s > %d s" % (t["exit_s"], limit))
+        t["named"] = names_cause(t, expected)
         if not t["named"]:
-            t["reasons"].append("rank %s not named" % t["rank"])
+            t["reasons"].append("cause not named")
         t["left"] = run.left()
         if t["left"]:
             t["reasons"].append("left behind: pids %s" % t["left"])
     finally:
+        for c in held:
+            c.close()
         run.kill()
-    again = Run(a, config, run.folder, resume=True).start()
-    if not again.wait(600):
-        again.kill()
-    recs = epochs(again.out)
-    t["resumed"] = compare(recs[-1] if recs else None, ref_rec)
-    if any(c != 0 for c in again.codes()):
-        t["resumed"] = "--resume failed (%s)" % again.codes()
-        t["stderr"] += again.stderr()
+    shm_left = sorted(shm_segments() - shm_before)
+    if shm_left:
+        t["reasons"].append("left in /dev/shm: %s" % ", ".join(shm_left))
+    t["shm_left"] = shm_left
+    if t["action"] == "stranger" and all(c == 0 for c in t["codes"]):
+        recs = epochs(run.out)  # served around the stranger: the run itself must be right
+        t["resumed"] = compare(recs[-1] if recs else None, ref_rec)
+    else:
+        again = Run(a, config, run.folder, resume=True).start()
+        if not again.wait(600):
+            again.kill()
+        recs = epochs(again.out)
+        t["resumed"] = compare(recs[-1] if recs else None, ref_rec)
+        if any(c != 0 for c in again.codes()):
+            t["resumed"] = "--resume failed (%s)" % again.codes()
+            t["stderr"] += again.stderr()
     if t["resumed"] != "bit for bit":
-        t["reasons"].append("resumed: " + t["resumed"])
+        t["reasons"].append("result: " + t["resumed"])
     t["passed"] = not t["reasons"]
     return t
+
+
+def names_cause(t, expected):
+    """Whether the job's messages name what happened: the rank a worker fault hit, the
+    launcher's signal, or the store that stopped answering (nothing to name where the job
+    was served around the stranger)."""
+    text = "\n".join(s for _, s in t["stderr"])
+    if t["action"] == "SIGTERM-launcher":
+        return "got SIGTERM" in text
+    if t["action"] == "SIGUSR1-launcher":
+        return "checkpointed on SIGUSR1" in text
+    if t["action"] == "stranger":
+        return expected == 0 or "has not answered" in text or "did not answer" in text
+    return names_rank(t["stderr"], t["rank"])
 
 
 def describe(t):
@@ -334,30 +447,41 @@ def describe(t):
         return head + ": finished first (%snot counted)" % (why + "; " if why is not True else "")
     exit_ = ("exit %s after %.2f s" % ("/".join(map(str, t["codes"])), t["exit_s"])
              if "exit_s" in t else "no exit")
-    return "%s -> rank %s (%d epoch(s) done): %s, %s, %s, resumed %s: %s" % (
-        head, t["rank"], t["epochs_done"], exit_, "rank named" if t["named"] else "NOT named",
-        "left %d" % len(t["left"]) if t["left"] else "nothing left", t["resumed"],
+    return "%s -> rank %s (%d epoch(s) done): %s, %s, %s, result %s: %s" % (
+        head, t["rank"], t["epochs_done"], exit_, "cause named" if t["named"] else "NOT named",
+        "left %d" % (len(t["left"]) + len(t["shm_left"])) if t["left"] or t["shm_left"]
+        else "nothing left", t["resumed"],
         "PASS" if t["passed"] else "FAIL (" + "; ".join(t["reasons"]) + ")")
 
 
+def row(name, ts):
+    """A table row over trials `ts`."""
+    counted = [t for t in ts if not t.get("finished_first")]
+    first = len(ts) - len(counted)
+    exits = [t["exit_s"] for t in counted if "exit_s" in t]
+    same = sum(t["resumed"] == "bit for bit" for t in counted)
+    return "| %s | %d%s | %d | %s | %s | %d/%d | %d | %d/%d%s |" % (
+        name, len(counted), " (+%d finished first)" % first if first else "",
+        sum(t["passed"] for t in counted),
+        "%.2f" % statistics.median(exits) if exits else "-",
+        "%.2f" % max(exits) if exits else "-", sum(t["named"] for t in counted),
+        len(counted), sum(bool(t["left"] or t["shm_left"]) for t in counted), same, len(counted),
+        " bit for bit" if counted else "")
+
+
 def table(a, results):
-    lines = ["| config | trials | passed | median s to exit | max s to exit | rank named | "
-             "left behind | resumed = reference |", "|---|---|---|---|---|---|---|---|"]
+    header = "| %s | trials | passed | median s to exit | max s to exit | cause named | " \
+             "left behind | result = reference |"
+    lines = [header % "config", "|---|---|---|---|---|---|---|---|"]
     for config, ts in results.items():
         if isinstance(ts, str):
             lines.append("| %s | 0 | - | - | - | - | - | %s |" % (config, ts.splitlines()[0]))
             continue
-        counted = [t for t in ts if not t.get("finished_first")]
-        first = len(ts) - len(counted)
-        exits = [t["exit_s"] for t in counted if "exit_s" in t]
-        same = sum(t["resumed"] == "bit for bit" for t in counted)
-        lines.append("| %s | %d%s | %d | %s | %s | %d/%d | %d | %d/%d%s |" % (
-            config, len(counted), " (+%d finished first)" % first if first else "",
-            sum(t["passed"] for t in counted),
-            "%.2f" % statistics.median(exits) if exits else "-",
-            "%.2f" % max(exits) if exits else "-", sum(t["named"] for t in counted),
-            len(counted), sum(bool(t["left"]) for t in counted), same, len(counted),
-            " bit for bit" if counted else ""))
+        lines.append(row(config, ts))
+    every = [t for ts in results.values() if not isinstance(ts, str) for t in ts]
+    lines += ["", header % "fault", "|---|---|---|---|---|---|---|---|"]
+    for action in a.actions:
+        lines.append(row(action, [t for t in every if t["action"] == action]))
     failed = [t for ts in results.values() if not isinstance(ts, str) for t in ts
               if not t.get("finished_first") and not t["passed"]]
     lines += ["", "Failed trials: %s" % ("none" if not failed else len(failed))]
@@ -376,6 +500,7 @@ def main():
     ap.add_argument("--dtorch", default=os.path.join(ROOT, "build", "dtorch"))
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--actions", default=",".join(ACTIONS), help="the faults drawn from")
     ap.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
     ap.add_argument("--timeout", type=int, default=10, help="DTORCH_TIMEOUT for every run")
     ap.add_argument("--markdown", help="put the table, command and machine into this file "
@@ -387,6 +512,10 @@ def main():
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         sys.exit("faults: unknown config(s) %s (known: %s)" % (unknown, ", ".join(CONFIGS)))
+    a.actions = a.actions.split(",")
+    unknown = [x for x in a.actions if x not in ACTIONS]
+    if unknown:
+        sys.exit("faults: unknown action(s) %s (known: %s)" % (unknown, ", ".join(ACTIONS)))
     a.seed = a.seed if a.seed is not None else int(time.time()) % 100000
     rng = random.Random(a.seed)
     a.dtorch = os.path.abspath(a.dtorch)
@@ -394,7 +523,7 @@ def main():
     a.exe = a.dtorch
     if not a.no_copy:
         a.exe, os.environ["LD_LIBRARY_PATH"] = snapshot(a.dtorch, os.path.join(work, "bin"))
-    version = libtorch_version(a.exe)
+    version = a.version = libtorch_version(a.exe)
     command = "bench/faults.py " + " ".join(sys.argv[1:])
     print("faults: seed %d, work folder %s, %s" % (a.seed, work, machine()), flush=True)
     started, results = time.monotonic(), {}
