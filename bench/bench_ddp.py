@@ -194,25 +194,6 @@ def main():
     with open(a.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
-    if os.path.abspath(a.out) == os.path.join(ROOT, "BENCHMARKS.md"):  # not for a scratch --out
-        update_readme(lines)
-
-
-def update_readme(lines):
-    """Copies the throughput and scaling tables into README.md between its bench markers."""
-    path = os.path.join(ROOT, "README.md")
-    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
-    with open(path) as f:
-        text = f.read()
-    if start not in text or end not in text:
-        return
-    first = lines.index("## DDP throughput (samples/s, all ranks together)")
-    last = next(i for i, l in enumerate(lines) if l.startswith("## Allreduce between"))
-    block = "\n".join(l.replace("## ", "#### ") for l in lines[first:last]).strip()
-    head, rest = text.split(start, 1)
-    tail = rest.split(end, 1)[1]
-    with open(path, "w") as f:
-        f.write(head + start + "\n" + block + "\n" + end + tail)
 
 
 if __name__ == "__main__":

@@ -147,10 +147,9 @@ std::string percent(double fraction) {
 int run_plan(const PlanFlags& f) {
   DTORCH_CHECK_T(ConfigError, !f.model.empty(),
                  "dtorch plan needs --model (a name from dtorch train --help)");
-  DTORCH_CHECK_T(
-      ConfigError, !f.machine.empty(),
-      "dtorch plan needs --machine FILE: `dtorch plan calibrate --out FILE` measures "
-      "this machine, or write one for another by hand (its fields: README.md, dtorch plan)");
+  DTORCH_CHECK_T(ConfigError, !f.machine.empty(),
+                 "dtorch plan needs --machine FILE: `dtorch plan calibrate --out FILE` measures "
+                 "this machine, or write one for another by hand (its fields: docs/plan.md)");
   DTORCH_CHECK_T(ConfigError, (f.gpus_per_node > 0) != (f.nproc_per_node > 0),
                  "give the ranks per node once: --gpus-per-node G or --nproc-per-node P");
   DTORCH_CHECK_T(ConfigError, f.nodes >= 1, "--nodes must be >= 1 (got ", f.nodes, ")");

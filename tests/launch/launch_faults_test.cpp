@@ -302,8 +302,8 @@ std::vector<int> strangers_on(int port, const std::string& dir) {
 // one byte and holds the connection, another a SET announcing a 2 GiB key. The libuv server
 // (LibTorch 2.4 on) serves the job around them: it ends as it does alone, and the launcher's
 // memory stays flat. LibTorch's classic server (1.13; USE_LIBUV=0) reads one request at a time,
-// so the held byte stalls it (README says so): the workers name the store after DTORCH_TIMEOUT,
-// and the launcher, whose store cannot close, still ends at once after them.
+// so the held byte stalls it (docs/launch.md says so): the workers name the store after
+// DTORCH_TIMEOUT, and the launcher, whose store cannot close, still ends at once after them.
 TEST(LaunchFaults, StrangerOnTheStorePortCannotHoldTheJob) {
   const bool libuv = served_by_libuv(serve_store(0, 1, std::chrono::seconds(5)));
   const std::string dir = testing::scratch_dir("faults-stranger");

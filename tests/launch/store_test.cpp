@@ -204,7 +204,7 @@ TEST(Store, ListensOnTheAddressItIsGiven) {
   const int port = served_port(loopback);
   if (kStoreListensWhereAsked)
     EXPECT_EQ(listening_on(port), std::set<std::string>{"127.0.0.1"});
-  else  // LibTorch 1.13 binds every interface (README says so)
+  else  // LibTorch 1.13 binds every interface (docs/launch.md says so)
     EXPECT_FALSE(listening_on(port).empty());
   expect_round_trip(loopback);
   auto everywhere = serve_store(0, 2, seconds(10), "");

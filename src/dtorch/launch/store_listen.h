@@ -24,7 +24,7 @@ namespace dtorch::launch {
 /// --rdzv-listen all listens on every interface (LibTorch's own choice); --rdzv-listen ADDRESS
 /// on that address. The launcher binds the socket itself and hands it to LibTorch
 /// (TCPStoreOptions::masterListenFd, from LibTorch 2.4); an older LibTorch (1.13) binds every
-/// interface whatever is asked, and README says so.
+/// interface whatever is asked, and docs/launch.md says so.
 
 /// Whether this LibTorch serves a store on a socket it is handed, so the address is honoured.
 constexpr bool kStoreListensWhereAsked = kStoreHasLibuv;

@@ -97,8 +97,8 @@ bool Preemption::stop_after(int64_t step) {
                 ": the rendezvous store did not answer a look for the checkpoint signal's step (",
                 why.substr(0, why.find('\n')),
                 ")\n---> HINT: the process serving it (the launcher, or rank 0) ended or is "
-                "stopped, or a stranger holds LibTorch 1.13's store server (README, `dtorch "
-                "launch`); DTORCH_TIMEOUT sets how long a store call waits");
+                "stopped, or a stranger holds LibTorch 1.13's store server (docs/launch.md); "
+                "DTORCH_TIMEOUT sets how long a store call waits");
   }
   if (!agreed_) return false;
   // Ranks a step apart at most hear of it before their step passes it (see the Note).
