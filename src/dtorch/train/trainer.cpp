@@ -185,8 +185,8 @@ struct Epochs {
   std::unique_ptr<BackgroundSaver> saver{};          // --async-checkpoint
   std::unique_ptr<report::StepProfiler> profiler{};  // --profile
   std::unique_ptr<Preemption> preemption{};          // Note [Checkpoint on a signal]
-  // Where the job stops after the signal: the epoch's batches done then, and their losses.
-  std::optional<EpochProgress> stop{};
+  // Where the job stops after the signal: the epoch's batches done then.
+  std::optional<int64_t> stopped_after_batches{};
 
   // The rate of the last optimizer step taken.
   double last_lr() const {
@@ -247,7 +247,8 @@ void report_window(Epochs& e, int64_t epoch, const LossTally& window, int64_t st
 
 // One epoch's steps: every rank takes the same number (the sampler pads). Returns the loss of
 // its batches over all ranks' samples. `from`: a checkpoint's progress inside the epoch, whose
-// batches are skipped. Stops early, setting e.stop, after the step every rank agreed to stop
+// batches are skipped. Stops early, setting e.stopped_after_batches, after the step every rank
+// agreed to stop
 // after (Note [Checkpoint on a signal]).
 LossTally train_epoch(Epochs& e, int64_t epoch, const EpochProgress& from) {
   const TrainConfig& c = e.c;
@@ -363,7 +364,7 @@ LossTally train_epoch(Epochs& e, int64_t epoch, const EpochProgress& from) {
       window_start = Clock::now();
     }
     if (stepped && e.preemption && e.preemption->stop_after(e.global_step)) {
-      e.stop = EpochProgress{static_cast<int64_t>(i) + 1, epoch_tally};
+      e.stopped_after_batches = static_cast<int64_t>(i) + 1;
       break;
     }
   }
@@ -539,19 +540,20 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
     const LossTally tally = train_epoch(e, epoch, from);
     const double train_seconds = seconds_since(t0);
     e.progress->finish_epoch();
-    if (e.stop && e.stop->batches < batches_per_epoch) {
+    if (e.stopped_after_batches && *e.stopped_after_batches < batches_per_epoch) {
       // Every rank resumes with the ranks' mean loss so far, which finish_epoch's mean of the
       // ranks' means then extends as if the run had not stopped.
-      auto so_far = torch::tensor({e.stop->tally.sum()}, torch::kDouble);
+      auto so_far = torch::tensor({tally.sum()}, torch::kDouble);
       e.world.allreduce(so_far, comm::ReduceOp::Avg, "the epoch's loss so far");
-      save(epoch, {e.stop->batches, LossTally::resumed(so_far.item<double>(), e.stop->tally.batches,
-                                                       e.stop->tally.samples)});
+      save(epoch, {*e.stopped_after_batches,
+                   LossTally::resumed(so_far.item<double>(), tally.batches, tally.samples)});
       stop();
     }
     records.push_back(
         finish_epoch(e, epoch, tally, t0, train_seconds, first_step, from.tally.samples));
     save(epoch + 1, {});
-    if (e.stop && epoch + 1 < c.training.epochs) stop();  // else the run is done anyway
+    if (e.stopped_after_batches && epoch + 1 < c.training.epochs)
+      stop();  // else the run is done anyway
   }
   if (e.saver) e.saver->finish();
   if (lead) forget_overwritten_run(c.checkpointing.out);
