@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Runs `dtorch bench ddp` and PyTorch's Python DDP peer side by side and writes BENCHMARKS.md.
 
-Same machine, same run, same protocol (../shared/peers/torch_ddp_mnist.py): uniformly random
+Same machine, same run, same protocol (bench/peer_ddp_mnist.py): uniformly random
 batches from Fashion-MNIST drawn by a per-rank generator, SGD lr 0.01 momentum 0.9,
 cross-entropy, warm-up steps not timed. The peer runs under two Pythons: Debian's (PyTorch
 1.13, what dtorch's Debian LibTorch is) and the virtual environment's (PyPI's PyTorch 2.x,
@@ -49,8 +49,7 @@ def main():
     ap.add_argument("--dtorch2", default=pip_dtorch if os.path.exists(pip_dtorch) else None,
                     help="dtorch built on the second peer's LibTorch (PyPI's 2.x; default "
                     "build-pip/dtorch when it exists, else the first dtorch faces both peers)")
-    ap.add_argument("--peer", default=os.path.join(ROOT, "..", "shared", "peers",
-                                                   "torch_ddp_mnist.py"))
+    ap.add_argument("--peer", default=os.path.join(ROOT, "bench", "peer_ddp_mnist.py"))
     ap.add_argument("--python", default="/usr/bin/python3",
                     help="first peer's Python (Debian's, PyTorch 1.13)")
     venv_python = os.path.join(ROOT, ".venv", "bin", "python")
@@ -68,7 +67,7 @@ def main():
     dtorches = [a.dtorch] + ([os.path.abspath(a.dtorch2)] if a.dtorch2 and a.python2 else [])
     a.peer = os.path.abspath(a.peer)
     if not os.path.exists(a.peer):
-        sys.exit(f"bench: the peer {a.peer} is missing (it ships in shared/peers beside the repo)")
+        sys.exit(f"bench: the peer {a.peer} is missing (bench/peer_ddp_mnist.py in the repository)")
     pythons = [os.path.abspath(p) for p in [a.python] + ([a.python2] if a.python2 else [])]
     for py in pythons:
         if not os.path.exists(py):
@@ -137,7 +136,7 @@ def main():
          " and ".join("%s (`%s`)" % (v, py) for v, py in zip(peer_torch, pythons)),
          " and ".join("%s (`%s`)" % (v, os.path.relpath(d, ROOT))
                       for v, d in zip(rows[("mnist-cnn", 1)]["dtorch_torch"], dtorches))),
-        "- Protocol: the peer's (`shared/peers/torch_ddp_mnist.py`): uniformly random batches "
+        "- Protocol: the peer's (`bench/peer_ddp_mnist.py`): uniformly random batches "
         "of %d per rank from Fashion-MNIST, SGD lr 0.01 momentum 0.9, cross-entropy, "
         "%d warm-up steps untimed, %d timed steps, 1 thread per rank. "
         "Median of %d runs, ours and the peers' alternating." % (a.batch, a.warmup, a.steps,

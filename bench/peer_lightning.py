@@ -22,7 +22,7 @@ import lightning as L  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch_ddp_mnist.py")
+PEER = os.path.join(ROOT, "bench", "peer_ddp_mnist.py")
 
 
 def load_peer(path):

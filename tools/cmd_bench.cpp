@@ -1,5 +1,5 @@
 // `dtorch bench ddp`: DDP training throughput under the Python peer's protocol
-// (../shared/peers/torch_ddp_mnist.py): uniformly random batches drawn by a per-rank
+// (bench/peer_ddp_mnist.py): uniformly random batches drawn by a per-rank
 // generator, SGD lr 0.01 momentum 0.9, cross-entropy, warm-up steps not timed. Rank 0 prints
 // one JSON line with the peer's fields plus where a step's time goes.
 #include <torch/version.h>

@@ -36,13 +36,7 @@ int run_shell(const std::string& cmd, std::string* output) {
 }  // namespace
 
 std::string peer_script() {
-  for (const char* rel :
-       {"/../shared/peers/torch_ddp_mnist.py", "/shared/peers/torch_ddp_mnist.py"}) {
-    const std::string p = std::string(DTORCH_SOURCE_DIR) + rel;
-    std::error_code ec;
-    if (paths::is_regular_file(p)) return paths::canonical(p, ec);
-  }
-  return "";
+  return std::string(DTORCH_SOURCE_DIR) + "/bench/peer_ddp_mnist.py";
 }
 
 std::string python() {
@@ -51,7 +45,7 @@ std::string python() {
 
 std::vector<std::string> torchrun_command() {
   if (compat::kTorch2) return {kPython, "-m", "torch.distributed.run"};
-  return {kPython, paths::join(paths::parent_path(peer_script()), "torchrun")};
+  return {kPython, std::string(DTORCH_SOURCE_DIR) + "/bench/torchrun_debian.py"};
 }
 
 std::string python_unavailable_reason(bool need_peer) {
@@ -65,8 +59,8 @@ std::string python_unavailable_reason(bool need_peer) {
            (compat::kTorch2 ? " (make test TORCH=pip makes that environment)"
                             : " (apt-get install python3-torch)");
   }
-  if (need_peer && peer_script().empty())
-    return "peer script shared/peers/torch_ddp_mnist.py not found beside the repository";
+  if (need_peer && !paths::is_regular_file(peer_script()))
+    return "the peer " + peer_script() + " is missing from the checkout";
   return "";
 }
 

@@ -1,6 +1,6 @@
 // Test helper: runs snippets on the Python whose torch matches the LibTorch under test (Debian's
 // /usr/bin/python3 for 1.13, the virtual environment's for PyPI's 2.x; DTORCH_PYTHON at
-// configure time) with the Python peer (shared/peers/torch_ddp_mnist.py) importable, so C++
+// configure time) with the Python peer (bench/peer_ddp_mnist.py) importable, so C++
 // results are checked against PyTorch.
 #pragma once
 
@@ -11,14 +11,14 @@
 
 namespace dtorch::testing {
 
-/// Path of the peer script, or "" when it is not beside the repository.
+/// Path of the peer script, bench/peer_ddp_mnist.py in the repository.
 std::string peer_script();
 
 /// The Python interpreter the tests compare with (its torch matches the LibTorch under test).
 std::string python();
 
 /// PyTorch's torchrun for that Python, as the start of a command line: Debian's 1.13 needs
-/// the patched shared/peers/torchrun (its own crashes on Python 3.11), 2.x has
+/// the patched bench/torchrun_debian.py (its own crashes on Python 3.11), 2.x has
 /// `python -m torch.distributed.run`.
 std::vector<std::string> torchrun_command();
 

@@ -1,4 +1,4 @@
-// The two MNIST models of the Python peer (peers/torch_ddp_mnist.py), layer for layer and
+// The two MNIST models of the Python peer (bench/peer_ddp_mnist.py), layer for layer and
 // name for name, so results and checkpoints compare across the two implementations.
 #pragma once
 
