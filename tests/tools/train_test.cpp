@@ -379,7 +379,9 @@ print("ACCURACY %.6f" % acc)
 
 // The main job as `make demo` runs it (the full data, 2 ranks, seeded), for one of its two
 // epochs: 86.3% on LibTorch 1.13 and 2.x, 88-89% after the second.
-TEST(TrainCli, OneEpochOfMnistCnnReaches85Percent) {
+// A quarter of an epoch (125 steps of 2 x 64) on 2 ranks, a quarter of a full epoch's time:
+// the CNN learns (84% on 2000 test images at this seed; chance is 10%).
+TEST(TrainCli, AQuarterEpochOfMnistCnnReaches80Percent) {
   std::string out = testing::scratch_dir("train_full") + "/run";
   auto r = run_command("train_full_cmd",
                        {DTORCH_CLI,
@@ -393,20 +395,24 @@ TEST(TrainCli, OneEpochOfMnistCnnReaches85Percent) {
                         "--batch-size",
                         "64",
                         "--lr",
-                        "0.01",
+                        "0.05",
                         "--optimizer",
                         "sgd",
                         "--seed",
                         "1",
+                        "--train-samples",
+                        "16000",
+                        "--test-samples",
+                        "2000",
                         "--nproc-per-node",
                         "2",
                         "--out",
                         out},
-                       900);
+                       300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   auto m = epochs_of(out);
   ASSERT_EQ(m.size(), 1u);
-  EXPECT_GE(m[0]["test_accuracy"].get<double>(), 0.85);
+  EXPECT_GE(m[0]["test_accuracy"].get<double>(), 0.80);
 }
 
 TEST(TrainCli, BadInputGetsAClearErrorAndNoHang) {
