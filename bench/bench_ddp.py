@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Runs `dtorch bench ddp` and PyTorch's Python DDP peer side by side and writes BENCHMARKS.md.
+"""Runs `dtorch bench ddp` and PyTorch's Python DDP peer side by side and writes the DDP section
+of BENCHMARKS.md (the block between its ddp:start and ddp:end markers).
 
 Same machine, same run, same protocol (bench/peer_ddp_mnist.py): uniformly random
 batches from Fashion-MNIST drawn by a per-rank generator, SGD lr 0.01 momentum 0.9,
@@ -20,17 +21,19 @@ import statistics
 import subprocess
 import sys
 
-from benchlib import machine, run_json
+from benchlib import machine, publish, run_json, shown_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+START, END = "<!-- ddp:start -->", "<!-- ddp:end -->"
 
 
 def active_blas():
+    """The BLAS alternative Debian's libblas.so.3 points at, by name ("openblas-openmp")."""
     try:
         out = subprocess.run(["update-alternatives", "--query", "libblas.so.3-x86_64-linux-gnu"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
         m = re.search(r"^Value: (.*)$", out, re.M)
-        return m.group(1) if m else "unknown"
+        return os.path.basename(os.path.dirname(m.group(1))) if m else "unknown"
     except FileNotFoundError:
         return "unknown"
 
@@ -122,19 +125,20 @@ def main():
         os.environ.pop("DTORCH_SHM", None)
         allreduce.append((nbytes, ms["shm"], ms["gloo"]))
 
-    cmd = "make bench   # = bench/bench_ddp.py --repeats %d --steps %d --warmup %d" % (
+    cmd = "bench/bench_ddp.py --repeats %d --steps %d --warmup %d" % (
         a.repeats, a.steps, a.warmup)
     lines = [
-        "# Benchmarks",
+        START,
+        "## DDP against PyTorch's DDP: mnist-mlp and mnist-cnn (same run)",
         "",
-        "Measured by `%s` on %s." % (cmd, datetime.date.today().isoformat()),
+        "Measured by `make bench` (`%s`) on %s." % (cmd, datetime.date.today().isoformat()),
         "",
-        "- Machine: %s; BLAS of Debian's LibTorch: `%s` (PyPI's wheels bring MKL); "
+        "- Machine: %s; BLAS of Debian's LibTorch: %s (PyPI's wheels bring MKL); "
         "PyTorch (peers) %s; LibTorch (dtorch) %s. Each peer faces dtorch built on the same "
         "LibTorch." %
         (machine(), active_blas(),
-         " and ".join("%s (`%s`)" % (v, py) for v, py in zip(peer_torch, pythons)),
-         " and ".join("%s (`%s`)" % (v, os.path.relpath(d, ROOT))
+         " and ".join("%s (`%s`)" % (v, shown_path(py)) for v, py in zip(peer_torch, pythons)),
+         " and ".join("%s (`%s`)" % (v, shown_path(d))
                       for v, d in zip(rows[("mnist-cnn", 1)]["dtorch_torch"], dtorches))),
         "- Protocol: the peer's (`bench/peer_ddp_mnist.py`): uniformly random batches "
         "of %d per rank from Fashion-MNIST, SGD lr 0.01 momentum 0.9, cross-entropy, "
@@ -145,7 +149,7 @@ def main():
         "ranks are all on one node here, through shared memory (Gloo for everything else, and "
         "for every collective across nodes).",
         "",
-        "## DDP throughput (samples/s, all ranks together)",
+        "### DDP throughput (samples/s, all ranks together)",
         "",
         "| model | ranks | " + " | ".join(
             "%s | %s | dtorch / peer" % (ours_names[versus[i]], m) for i, m in enumerate(names)) +
@@ -156,7 +160,7 @@ def main():
         lines.append("| %s | %d | " % (model, n) + " | ".join(
             "%.0f | %.0f | %.2fx" % (r["ours"][versus[i]], x, r["ours"][versus[i]] / x)
             for i, x in enumerate(r["peers"])) + " |")
-    lines += ["", "## Scaling efficiency (2-rank samples/s over twice the 1-rank figure)", "",
+    lines += ["", "### Scaling efficiency (2-rank samples/s over twice the 1-rank figure)", "",
               "| model | " + " | ".join(ours_names) + " | " + " | ".join(names) + " |",
               "|---|" + "---|" * (len(ours_names) + len(names))]
     for model in ("mnist-mlp", "mnist-cnn"):
@@ -164,12 +168,12 @@ def main():
         lines.append("| %s | " % model + " | ".join(
             "%.2f" % (b / (2 * a1))
             for a1, b in zip(one["ours"] + one["peers"], two["ours"] + two["peers"])) + " |")
-    lines += ["", "## Allreduce between 2 ranks (`dtorch bench allreduce`, ms per call)", "",
+    lines += ["", "### Allreduce between 2 ranks (`dtorch bench allreduce`, ms per call)", "",
               "| bytes | dtorch shared memory | Gloo (DTORCH_SHM=0) | speed-up |",
               "|---|---|---|---|"]
     for nbytes, shm, gloo in allreduce:
         lines.append("| %d | %.3f | %.3f | %.0fx |" % (nbytes, shm, gloo, gloo / shm))
-    lines += ["", "## Where a dtorch step's time goes (ms per step, rank 0, last run, %s)" %
+    lines += ["", "### Where a dtorch step's time goes (ms per step, rank 0, last run, %s)" %
               ours_names[0], "",
               "Backward includes the time blocked on gradient communication at its end "
               "(`comm wait`); the rest of the allreduce overlaps with backward.", "",
@@ -184,15 +188,8 @@ def main():
     if os.path.exists(notes_path):
         with open(notes_path) as f:
             lines += ["", f.read().strip()]
-    # The other benchmarks (bench/bench_collectives.py, bench_memory.py, ...) own the blocks
-    # between their markers, <!-- NAME:start --> and <!-- NAME:end -->: keep every one, in order.
-    if os.path.exists(a.out):
-        old = open(a.out).read()
-        for m in re.finditer(r"<!-- ([\w-]+):start -->.*?<!-- \1:end -->", old, re.S):
-            lines += ["", m.group(0)]
-    with open(a.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    # Only this block: the summary above it and the other benchmarks' blocks stay as they are.
+    publish(a.out, lines + [END])
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import ROOT, libtorch_version, publish, run_json  # noqa: E402
+from benchlib import ROOT, libtorch_version, publish, run_json, shown_args  # noqa: E402
 from peer_sharded import CONFIGS, GPT  # noqa: E402 - nanoGPT's model, one copy in the repo
 
 START, END = "<!-- gpu:start -->", "<!-- gpu:end -->"
@@ -363,7 +363,7 @@ def main():
     gpu_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (%d cores)" % (
         os.cpu_count() or 0)
     driver = nvidia_smi("driver_version") if dev.type == "cuda" else "—"
-    command = "bench/bench_gpu.py " + shlex.join(sys.argv[1:])
+    command = "bench/bench_gpu.py " + shlex.join(shown_args(sys.argv[1:]))
     eager = {r["model"]: r["rate"] for r in rows if r["impl"].startswith("PyTorch eager")}
 
     def cell(r):

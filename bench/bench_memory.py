@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from benchlib import machine, parse_with_peer, publish
+from benchlib import machine, parse_with_peer, publish, shown_path  # noqa: F401 (re-used)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- memory:start -->", "<!-- memory:end -->"
@@ -298,12 +298,6 @@ def faults(row):
     f = row["page_faults_per_step"]
     share = row.get("page_faults_per_grad_page")
     return "%.0f (%.1f%%)" % (f, 100 * share) if share is not None else "%.0f" % f
-
-
-def shown_path(path):
-    """A path as the reader's checkout would have it: relative to the repository when inside."""
-    rel = os.path.relpath(os.path.abspath(path), ROOT)
-    return path if rel.startswith("..") else rel
 
 
 def peer_sentence(a, peers, torch2, deepspeed, fsdp):

@@ -2,13 +2,15 @@
 """How good dtorch plan's predictions are: for each case calibrates this machine (`dtorch plan
 calibrate`) at the case's rank count, then runs `dtorch plan --validate K`, which runs the K
 layouts predicted fastest that fit through `dtorch bench memory`, and writes the predicted against
-measured step time and peak memory per rank into BENCHMARKS.md. No other system predicts a
-whole layout's step time and memory, so there is no peer to run beside it.
+measured step time and peak memory per rank into docs/plan-benchmarks.md (BENCHMARKS.md holds
+dtorch against its peers). No other system predicts a whole layout's step time and memory, so
+there is no peer to run beside it.
 
 Cases: MODEL:RANKS:GLOBAL_BATCH[:STRATEGY] at --seq-len tokens, fp32 AdamW, 1 thread per rank;
 a STRATEGY (`dtorch plan --strategy`) validates that strategy's best layouts, which the others'
 may crowd out of the top K (ZeRO-3's, at these sizes).
 Usage: bench/bench_plan.py [--dtorch build-pip/dtorch] [--validate 10] [--cases gpt-small:2:2 ...]
+                          [--out docs/plan-benchmarks.md]
 """
 import argparse
 import datetime
@@ -51,7 +53,7 @@ def main():
                     help="layouts run per case of one strategy")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--seq-len", type=int, default=64)
-    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "plan-benchmarks.md"))
     a = ap.parse_args()
     a.dtorch = os.path.abspath(a.dtorch)  # the runs start in /tmp
     tmp = tempfile.mkdtemp(prefix="dtorch-bench-plan-")
@@ -84,7 +86,8 @@ def main():
         "## Predicted against measured: `dtorch plan --validate`",
         "",
         "Measured by `make bench` (`%s`) on %s, %s, with %s (LibTorch %s): for each case `dtorch "
-        "plan calibrate` at its rank count (each rate the median of three rounds), then `dtorch plan --validate K` runs the K layouts "
+        "plan calibrate` at its rank count (each rate the median of three rounds), then `dtorch "
+        "plan --validate K` runs the K layouts "
         "predicted fastest that fit through `dtorch bench memory` (%d timed steps after two, "
         "fp32 AdamW, %d tokens, 1 thread per rank). Step: the median timed step, the slowest "
         "rank's; peak: the largest "

@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from benchlib import ROOT, libtorch_version, machine, publish, run_json
+from benchlib import ROOT, libtorch_version, machine, publish, run_json, shown_path
 
 START, END = "<!-- step:start -->", "<!-- step:end -->"
 EAGER = ("fused", "foreach", "loop")
@@ -114,12 +114,12 @@ def main():
         return statistics.median(r[key] for r in runs[impl])
 
     fused = "eager-fused"
-    lines = [START, "",
+    lines = [START, "## One rank's training step against PyTorch eager (same run)", "",
              f"One rank, {a.model}, {a.batch} x {a.seq_len} tokens, fp32 AdamW, 1 thread; "
              f"{machine()}, {datetime.date.today()}, LibTorch {libtorch_version(a.dtorch)}, "
              f"PyTorch {runs[fused][0]['torch']}; the median of {a.rounds} alternating rounds "
              f"of {a.steps} timed steps each, after {a.warmup} untimed.",
-             f"Command: `bench/bench_step.py --dtorch {os.path.relpath(a.dtorch, ROOT)} "
+             f"Command: `bench/bench_step.py --dtorch {shown_path(a.dtorch)} "
              f"--rounds {a.rounds} --warmup {a.warmup} --steps {a.steps}`", "",
              "| | forward + backward | optimizer | step | step vs fused | page faults / step |",
              "|---|---|---|---|---|---|"]

@@ -1,6 +1,6 @@
 """What the benchmark scripts share: the machine's name, running a dtorch or peer command for its
-JSON result, and rewriting one marked block of BENCHMARKS.md while leaving the others' blocks
-alone."""
+JSON result, paths as a reader's checkout has them, and rewriting one marked block of
+BENCHMARKS.md (or docs/plan-benchmarks.md) while leaving the others' blocks alone."""
 import json
 import os
 import platform
@@ -21,6 +21,21 @@ def machine():
                 name = line.split(":", 1)[1].strip()
                 break
     return "%s, %d cores" % (name, os.cpu_count())
+
+
+def shown_path(path):
+    """A path as the reader's checkout would have it: relative to the repository when inside,
+    else its last part ("python3"), as no other machine has this one's directories."""
+    rel = os.path.relpath(os.path.abspath(path), ROOT)
+    return os.path.basename(path) if rel.startswith("..") else rel
+
+
+def shown_args(args):
+    """A command line's arguments with each path made as shown_path makes it (flag=PATH too)."""
+    def one(v):
+        flag, eq, value = v.rpartition("=") if v.startswith("--") else ("", "", v)
+        return flag + eq + (shown_path(value) if os.path.isabs(value) else value)
+    return [one(v) for v in args]
 
 
 def parse_with_peer(ap):
@@ -59,8 +74,9 @@ def libtorch_version(dtorch):
 
 def publish(path, lines):
     """Puts the block `lines` (its first line the start marker, its last the end marker) into
-    the file at `path`, in place of the block between the same markers, and prints it."""
-    block = "\n".join(lines)
+    the file at `path`, in place of the block between the same markers, and prints it. Paths
+    into this checkout (a peer's error, say) lose their machine-specific prefix."""
+    block = "\n".join(lines).replace(ROOT + os.sep, "")
     replace_block(path, lines[0], lines[-1], block)
     print(block)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Two probes behind BENCHMARKS.md's "Where the model misses" for dtorch plan, in PyTorch
-(1 thread a process), printed, not published:
+"""Two probes behind docs/plan-benchmarks.md's "Where the model misses" for dtorch plan, in
+PyTorch (1 thread a process), printed, not published:
 
   rates     a linear layer's three products (forward, input and weight gradient) at gpt-small's
             and gpt-large's weight shapes (whole and split by tensor parallelism) and 64 to 1024
