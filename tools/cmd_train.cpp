@@ -28,6 +28,18 @@ struct TrainFlags {
   bool print_config = false;
 };
 
+// Note [The job's size in config.json] (train/run_config.h): started by hand without
+// --nproc-per-node, `--config FILE` trains at the size of the file's job.
+void rerun_at_the_files_size(const train::JobSize& job, const std::string& file, SelfLaunch& how) {
+  if (!job.known() || how.nproc_per_node > 0 || started_by_a_launcher()) return;
+  DTORCH_CHECK_T(ConfigError, job.nnodes == 1, "--config ", file,
+                 " is the configuration of a job of ", job.nnodes, " nodes x ", job.nproc_per_node,
+                 " ranks; start it on as many nodes (dtorch launch --nnodes ", job.nnodes,
+                 " --nproc-per-node ", job.nproc_per_node,
+                 " on each, or srun), or give --nproc-per-node to train on this node alone");
+  how.nproc_per_node = job.nproc_per_node;
+}
+
 int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
   SelfLaunch how;  // Note [Self-launch]
   how.nproc_per_node = f.nproc_per_node;
@@ -40,15 +52,25 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
   sources.command_line = command_line;
   train::TrainConfig file;
   if (!f.config_file.empty()) {
-    file = train::read_config_file(f.config_file, &sources.given);
+    file = train::read_config_file(f.config_file, &sources.given, &sources.config_file_job);
     c = train::overlay_flags(file, f.config, command_line);
+    sources.config_file = &file;
+    sources.config_file_name = f.config_file;
+    rerun_at_the_files_size(sources.config_file_job, f.config_file, how);
   }
   sources.global_batch_size = f.global_batch_size;
   sources.deepspeed_config = f.deepspeed_config;
-  sources.world_size = job_world_size(how);
+  const train::JobSize job = job_size(how);
+  sources.world_size = job.world_size;
   const train::Resolution resolved = train::resolve(c, sources);  // fail before launching
+  if (f.print_config || reports_for_the_job(how)) {
+    for (const auto& w : resolved.warnings)
+      log::warn(w);
+    for (const auto& n : resolved.notes)
+      log::info(n);
+  }
   if (f.print_config) {
-    std::cout << train::to_json(c).dump(2) << "\n";
+    std::cout << train::config_file_json(c, job).dump(2) << "\n";
     return 0;
   }
   if (!f.config_file.empty()) {
@@ -63,12 +85,6 @@ int run_train(const TrainFlags& f, const std::set<std::string>& command_line) {
                    c.checkpointing.out,
                    ", and the flags given change it; give another --out, or pass a copy "
                    "of the file");
-  }
-  if (reports_for_the_job(how)) {
-    for (const auto& w : resolved.warnings)
-      log::warn(w);
-    for (const auto& n : resolved.notes)
-      log::info(n);
   }
   if (!c.reporting.profile.empty()) report::require_profiler();  // before any rank starts
   // Note [One run per folder]: said once, before the workers start (they check again).

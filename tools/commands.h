@@ -10,6 +10,7 @@
 
 #include "dtorch/core/enum_names.h"
 #include "dtorch/launch/signals.h"
+#include "dtorch/train/job_size.h"
 
 namespace dtorch::train {
 struct StrategyConfig;
@@ -71,9 +72,11 @@ struct SelfLaunch {
 std::optional<int> self_launch(const SelfLaunch& how);
 /// Whether self_launch will start workers rather than this process running as a rank.
 bool launches_workers(const SelfLaunch& how);
-/// The job's rank count as this process can tell before any rank starts: `nproc_per_node`
-/// when self_launch will start the workers, else the launch environment's WORLD_SIZE.
-int job_world_size(const SelfLaunch& how);
+/// Whether a launcher (torchrun, dtorch launch, srun, mpirun, qsub) started this process.
+bool started_by_a_launcher();
+/// The job's size as this process can tell before any rank starts: one node of
+/// `nproc_per_node` when self_launch will start the workers, else the launch environment's.
+train::JobSize job_size(const SelfLaunch& how);
 /// Whether this process should print the job's one-time messages: rank 0 of the job, not the
 /// process that only starts the workers.
 bool reports_for_the_job(const SelfLaunch& how);

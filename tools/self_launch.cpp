@@ -13,21 +13,18 @@
 
 namespace dtorch::tools {
 
-namespace {
-
 bool started_by_a_launcher() {
   return env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
 }
-
-}  // namespace
 
 bool launches_workers(const SelfLaunch& how) {
   return how.nproc_per_node > 1 && !started_by_a_launcher();
 }
 
-int job_world_size(const SelfLaunch& how) {
-  if (launches_workers(how)) return how.nproc_per_node;
-  return launch::rank_info_from_env().world_size;
+train::JobSize job_size(const SelfLaunch& how) {
+  if (launches_workers(how)) return {1, how.nproc_per_node, how.nproc_per_node};
+  const launch::RankInfo me = launch::rank_info_from_env();
+  return {me.nnodes, me.local_world_size, me.world_size};
 }
 
 bool reports_for_the_job(const SelfLaunch& how) {

@@ -217,9 +217,10 @@ TEST(TrainCli, SaveFormatSafetensorsWritesModelSafetensors) {
   EXPECT_TRUE(contains(bad.err, "--save-format: pickle not in {pt,safetensors}")) << bad.err;
 }
 
-// Every run writes its resolved configuration to <out>/config.json; `--config` reruns it
-// (here with --out given, which wins): every record of metrics.jsonl is the same but for the
-// times, and so are the weights. --print-config prints the file a run would write.
+// Every run writes its resolved configuration and its job's size to <out>/config.json;
+// `--config` reruns it at that size (here with --out given, which wins): every record of
+// metrics.jsonl is the same but for the times, and so are the weights. --print-config prints
+// the file a run would write.
 TEST(TrainCli, ConfigJsonRerunsTheRunBitForBit) {
   const std::string dir = testing::scratch_dir("train_config_json");
   std::vector<std::string> first{DTORCH_CLI,
@@ -258,16 +259,19 @@ TEST(TrainCli, ConfigJsonRerunsTheRunBitForBit) {
   const auto written = nlohmann::json::parse(in);
   EXPECT_EQ(written["optimizer"]["weight-decay"], 0.01) << "the default resolved, written out";
   EXPECT_EQ(written["optimizer"]["lr"], 0.003);
-  // Checkpoints record the same configuration (and the model's name for readers of the file).
+  EXPECT_EQ(written["job"],
+            nlohmann::json({{"nnodes", 1}, {"nproc-per-node", 2}, {"world-size", 2}}));
+  // Checkpoints record the same settings (and the model's name for readers of the file).
   const auto meta = nlohmann::json::parse(
       checkpoint::read_checkpoint_model(dir + "/first/checkpoint-000002.dtc").second.metadata_json);
-  EXPECT_EQ(meta["config"], written);
+  auto settings = written;
+  settings.erase("job");
+  EXPECT_EQ(meta["config"], settings);
   EXPECT_EQ(meta["model"], "mnist-mlp");
+  EXPECT_EQ(meta["world_size"], 2);
 
-  r = run_command(
-      "train_config_again",
-      {DTORCH_CLI, "train", "--config", config, "--nproc-per-node", "2", "--out", dir + "/again"},
-      300);
+  r = run_command("train_config_again",
+                  {DTORCH_CLI, "train", "--config", config, "--out", dir + "/again"}, 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   auto lines = [](const std::string& out) {
     std::vector<nlohmann::json> v;
@@ -320,6 +324,83 @@ TEST(TrainCli, ConfigJsonRerunsTheRunBitForBit) {
   r = run_command("train_config_none", {DTORCH_CLI, "train", "--config", dir + "/none.json"}, 60);
   EXPECT_NE(r.exit_code(), 0);
   EXPECT_TRUE(contains(r.err, "--config " + dir + "/none.json: no such file")) << r.err;
+}
+
+// Note [The job's size in config.json]: a 2-rank run's file at another size keeps its global
+// batch (the batch per rank where it can) and says so; where the new size does not divide it,
+// the batch per rank stays and a warning says what changes; a job of several nodes is not
+// started on one without being asked.
+TEST(TrainCli, ConfigJsonAtAnotherSizeKeepsTheGlobalBatchOrSaysWhy) {
+  const std::string dir = testing::scratch_dir("train_config_size");
+  auto print = [&](const std::string& name, std::vector<std::string> flags) {
+    std::vector<std::string> args{DTORCH_CLI, "train", "--print-config"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    return run_command("train_config_size_" + name, args, 60);
+  };
+  auto r = print(
+      "two", {"--model", "mnist-mlp", "--epochs", "1", "--batch-size", "16", "--accum-steps", "2",
+              "--train-samples", "256", "--test-samples", "64", "--nproc-per-node", "2"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  std::ofstream(dir + "/two.json") << r.out;  // a global batch of 16 x 2 x 2 = 64
+  auto batch = [](const testing::CommandResult& r) {
+    const auto j = nlohmann::json::parse(r.out);
+    return std::make_pair(j["training"]["batch-size"].get<int>(),
+                          j["training"]["accum-steps"].get<int>());
+  };
+
+  r = print("one", {"--config", dir + "/two.json", "--nproc-per-node", "1"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(batch(r), std::make_pair(16, 4)) << "the batch per rank kept, the steps doubled";
+  EXPECT_TRUE(contains(r.err,
+                       "its run had 2 rank(s) (1 node(s) x 2), this job has 1; the "
+                       "global batch stays 64"))
+      << r.err;
+  r = print("four", {"--config", dir + "/two.json", "--nproc-per-node", "4"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(batch(r), std::make_pair(16, 1));
+  r = print("eight", {"--config", dir + "/two.json", "--nproc-per-node", "8"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(batch(r), std::make_pair(8, 1)) << "the batch per rank cannot stay; the global can";
+  r = print("three", {"--config", dir + "/two.json", "--nproc-per-node", "3"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(batch(r), std::make_pair(16, 2));
+  EXPECT_TRUE(contains(r.err,
+                       "the global batch changes from 64 to 96 samples per optimizer "
+                       "step, and the steps per epoch with it: 64 is not a multiple of "
+                       "this job's 3 data-parallel rank(s)"))
+      << r.err;
+  r = print("flags", {"--config", dir + "/two.json", "--nproc-per-node", "1", "--batch-size", "8"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(batch(r), std::make_pair(8, 2)) << "a batch flag given wins";
+  EXPECT_TRUE(contains(r.err, "changes from 64 to 16")) << r.err;
+
+  // A run at the new size: the message comes before the first step, the steps stay the run's.
+  r = run_command("train_config_size_run",
+                  {DTORCH_CLI, "train", "--config", dir + "/two.json", "--nproc-per-node", "1",
+                   "--out", dir + "/one"},
+                  120);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "the global batch stays 64")) << r.err;
+  const auto m = epochs_of(dir + "/one");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["step"], 4) << "256 samples in global batches of 64";
+
+  std::ofstream(dir + "/nodes.json")
+      << R"({"job": {"nnodes": 2, "nproc-per-node": 4, "world-size": 8}})";
+  r = print("nodes", {"--config", dir + "/nodes.json"});
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err,
+                       "is the configuration of a job of 2 nodes x 4 ranks; start it on "
+                       "as many nodes (dtorch launch --nnodes 2 --nproc-per-node 4"))
+      << r.err;
+  std::ofstream(dir + "/odd.json")
+      << R"({"job": {"nnodes": 2, "nproc-per-node": 4, "world-size": 6}})";
+  r = print("odd", {"--config", dir + "/odd.json"});
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_TRUE(contains(r.err,
+                       "job says nnodes 2 x nproc-per-node 4 = world-size 6, which is not "
+                       "a job's size"))
+      << r.err;
 }
 
 // torchrun's static rendezvous (--master_port: its agent serves the store) and --standalone

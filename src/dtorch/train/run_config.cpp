@@ -121,6 +121,31 @@ struct Reader {
 // --deepspeed-config file's scheduler, not from flags).
 constexpr const char* kDeepSpeedSchedule = "deepspeed-schedule";
 
+// Not settings either: the size of the job that wrote the file (Note [The job's size in
+// config.json]).
+constexpr const char* kJobSection = "job";
+
+JobSize read_job_size(const json& j, const std::string& file) {
+  std::vector<std::string> warnings;
+  json_config::Section top(j, "", file, &warnings, /*auto_is_absent=*/false);
+  const auto s = top.section(kJobSection);
+  if (!s) return {};
+  s->keys({"nnodes", "nproc-per-node", "world-size"}, {});
+  constexpr int64_t kMost = 1 << 24;
+  JobSize job;
+  job.nnodes = static_cast<int>(s->integer("nnodes", 1, kMost).value_or(0));
+  job.nproc_per_node = static_cast<int>(s->integer("nproc-per-node", 1, kMost).value_or(0));
+  job.world_size = static_cast<int>(s->integer("world-size", 1, kMost).value_or(0));
+  DTORCH_CHECK_T(ConfigError,
+                 job.nnodes > 0 && job.nproc_per_node > 0 &&
+                     int64_t{job.nnodes} * job.nproc_per_node == job.world_size,
+                 file, ": job says nnodes ", job.nnodes, " x nproc-per-node ", job.nproc_per_node,
+                 " = world-size ", job.world_size,
+                 ", which is not a job's size; give all three as a run wrote them, or leave the "
+                 "section out");
+  return job;
+}
+
 }  // namespace
 
 int64_t parse_all_or(const std::string& text, const std::string& flag) {
@@ -164,7 +189,7 @@ TrainConfig from_json(const json& j, const std::string& file, const TrainConfig&
   keys["optimizer"].push_back(kDeepSpeedSchedule);
   std::vector<std::string> warnings;
   json_config::Section top(j, "", file, &warnings, /*auto_is_absent=*/false);
-  top.keys(config_sections(), {});
+  top.keys(config_sections(), {kJobSection});
   std::map<std::string, json_config::Section> sections;
   for (const auto& name : config_sections()) {
     if (auto s = top.section(name)) {
@@ -188,20 +213,33 @@ TrainConfig from_json(const json& j, const std::string& file, const TrainConfig&
   return c;
 }
 
-TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys) {
+TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys, JobSize* job) {
   std::string text, problem;
   DTORCH_CHECK_T(ConfigError, read_input_file(path, kMaxTextFileBytes, &text, &problem),
                  "--config ", path, ": ", problem,
                  "; give the config.json of a run (dtorch train writes one into its --out), or "
                  "one --print-config printed");
   const TrainConfig defaults;  // named: GCC 12 warns of a temporary's vectors as uninitialized
-  return from_json(json_config::parse(text, path), path, defaults, keys);
+  const json j = json_config::parse(text, path);
+  TrainConfig c = from_json(j, path, defaults, keys);
+  if (job) *job = read_job_size(j, path);
+  return c;
 }
 
-void write_config_file(const TrainConfig& c, const std::string& path) {
+json config_file_json(const TrainConfig& c, const JobSize& job) {
+  json j = to_json(c);
+  if (job.known()) {
+    j[kJobSection] = {{"nnodes", job.nnodes},
+                      {"nproc-per-node", job.nproc_per_node},
+                      {"world-size", job.world_size}};
+  }
+  return j;
+}
+
+void write_config_file(const TrainConfig& c, const JobSize& job, const std::string& path) {
   std::error_code ec;
   paths::create_directories(paths::parent_path(path), ec);
-  const std::string text = to_json(c).dump(2) + "\n";
+  const std::string text = config_file_json(c, job).dump(2) + "\n";
   checkpoint::write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
 }
 
@@ -296,8 +334,55 @@ int default_microbatches(int pp, pp::ScheduleKind schedule, int64_t batch) {
               "); make --batch-size a multiple of ", pp);
 }
 
-Resolution resolve(TrainConfig& c, const ConfigSources& src) {
+namespace {
+
+int64_t global_batch(const TrainConfig& c, int world) {
+  const int64_t accum = c.parallelism.pp > 1 ? 1 : c.training.accum_steps;  // micro-batches cut
+  return c.training.batch_size * accum * data_parallel_size(c.parallelism, world);
+}
+
+// Note [The job's size in config.json]: a --config file's run at another size keeps its global
+// batch when no batch flag chooses one and this job's data-parallel ranks divide it; the batch
+// per rank stays the file's where it can, so a rank's memory stays what it was. What it did
+// goes into `r`'s notes; what it could not, into its warnings (after resolve()).
+struct SizeChange {
+  bool changes = false;
+  int64_t then = 0;  // the file's global batch
+  bool kept = false;
+};
+
+SizeChange keep_the_files_global_batch(ConfigSources& src, const TrainConfig& c) {
+  SizeChange s;
+  if (!src.config_file || !src.config_file_job.known() ||
+      src.config_file_job.world_size == src.world_size)
+    return s;
+  s.changes = true;
+  s.then = global_batch(*src.config_file, src.config_file_job.world_size);
+  for (const char* chooses :
+       {"--batch-size", "--accum-steps", "--microbatches", "--global-batch-size"})
+    if (src.command_line.count(chooses)) return s;
+  if (src.global_batch_size > 0 || !src.deepspeed_config.empty()) return s;
+  const int dp = data_parallel_size(c.parallelism, src.world_size);
+  if (s.then % dp != 0) return s;
+  src.global_batch_size = s.then;
+  src.given.erase("--accum-steps");
+  src.given.erase("--microbatches");
+  const bool batch_fits = c.parallelism.pp == 1 && s.then % (c.training.batch_size * dp) == 0;
+  if (!batch_fits) src.given.erase("--batch-size");
+  s.kept = true;
+  return s;
+}
+
+std::string ranks(const JobSize& j) {
+  return str(j.world_size, " rank(s) (", j.nnodes, " node(s) x ", j.nproc_per_node, ")");
+}
+
+}  // namespace
+
+Resolution resolve(TrainConfig& c, const ConfigSources& sources) {
   Resolution r;
+  ConfigSources src = sources;
+  const SizeChange size = keep_the_files_global_batch(src, c);
   auto given = [&](const char* flag) { return src.given.count(flag) > 0; };
   if (!src.deepspeed_config.empty()) {
     const auto ds = read_deepspeed_config(src.deepspeed_config);
@@ -340,9 +425,28 @@ Resolution resolve(TrainConfig& c, const ConfigSources& src) {
                             ") does not divide --batch-size ", t.batch_size));
     }
   }
+  if (size.changes) {
+    const std::string then = str("--config ", src.config_file_name, ": its run had ",
+                                 ranks(src.config_file_job), ", this job has ", src.world_size);
+    const int64_t now = global_batch(c, src.world_size);
+    if (size.kept) {
+      r.notes.push_back(str(then, "; the global batch stays ", now,
+                            ", so the steps per epoch and the schedule stay the run's"));
+    } else if (now != size.then) {
+      r.warnings.push_back(
+          str(then, "; the global batch changes from ", size.then, " to ", now,
+              " samples per optimizer step, and the steps per epoch with it: ",
+              src.global_batch_size > 0 || sources.command_line.count("--batch-size") ||
+                      sources.command_line.count("--accum-steps") ||
+                      sources.command_line.count("--microbatches") || !src.deepspeed_config.empty()
+                  ? std::string("the batch flags given choose it")
+                  : str(size.then, " is not a multiple of this job's ", dp,
+                        " data-parallel rank(s); give --global-batch-size to choose it")));
+    }
+  }
   if (src.global_batch_size > 0) {
-    r.notes.push_back(str("--global-batch-size ", src.global_batch_size, ": batch ", t.batch_size,
-                          " per rank",
+    r.notes.push_back(str(size.kept ? "global batch " : "--global-batch-size ",
+                          src.global_batch_size, ": batch ", t.batch_size, " per rank",
                           p.pp > 1 ? str(" in ", p.microbatches, " micro-batch(es)")
                                    : str(" x ", t.accum_steps, " accumulation step(s)"),
                           " x ", dp, " data-parallel rank(s)"));

@@ -16,6 +16,7 @@
 #include "dtorch/launch/signals.h"
 #include "dtorch/parallel/pp/schedule.h"
 #include "dtorch/report/progress.h"
+#include "dtorch/train/job_size.h"
 #include "dtorch/train/lr_schedule.h"
 #include "dtorch/train/parallelize.h"
 #include "dtorch/train/strategy.h"
@@ -400,12 +401,29 @@ nlohmann::json to_json(const TrainConfig& c);
 TrainConfig from_json(const nlohmann::json& j, const std::string& file,
                       const TrainConfig& base = {}, std::set<std::string>* given = nullptr);
 
-/// The file `--config` names, read by from_json; the flags it sets go into *keys (as --lr is).
-TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys = nullptr);
+// Note [The job's size in config.json]
+// A run's config.json holds, beside its settings, the size of the job that trained it (section
+// "job": nnodes, nproc-per-node, world-size). It is a source, as --global-batch-size is, not a
+// setting: the launch decides it. `dtorch train --config FILE` started by hand without
+// --nproc-per-node reruns at that size (one node: it starts that many ranks; several: it says
+// how to start them). At another size (--nproc-per-node given, or an outside launcher's job of
+// another size) the data-parallel ranks change, and with them the batch of an optimizer step:
+// the run keeps the file's global batch by the batch rule (train/batch_sizes.h) when no batch
+// flag is given, or, when the new size does not divide it, keeps the batch per rank, and says
+// before the first step which it did and why (tools/cmd_train.cpp).
 
-/// Writes to_json(c) to `path` (its folder made if need be; the file replaced whole, or not at
-/// all). CheckpointError when it cannot.
-void write_config_file(const TrainConfig& c, const std::string& path);
+/// The file `--config` names, read by from_json; the flags it sets go into *keys (as --lr is),
+/// the job's size (Note [The job's size in config.json]) into *job. ConfigError for a "job"
+/// section whose numbers are not whole, positive and nnodes x nproc-per-node = world-size.
+TrainConfig read_config_file(const std::string& path, std::set<std::string>* keys = nullptr,
+                             JobSize* job = nullptr);
+
+/// What config.json holds: to_json(c) and, when known, the job's size.
+nlohmann::json config_file_json(const TrainConfig& c, const JobSize& job);
+
+/// Writes config_file_json(c, job) to `path` (its folder made if need be; the file replaced
+/// whole, or not at all). CheckpointError when it cannot.
+void write_config_file(const TrainConfig& c, const JobSize& job, const std::string& path);
 
 /// `file` with the fields whose flags ("--lr") are in `flags` taken from `flags_config`
 /// instead: what `--config FILE` plus the flags given on the command line ask for.
@@ -431,6 +449,10 @@ struct ConfigSources {
   int64_t global_batch_size = 0;  ///< --global-batch-size (0: not given)
   std::string deepspeed_config;   ///< --deepspeed-config FILE (empty: none)
   int world_size = 1;             ///< ranks of the job
+  /// --config FILE's settings and the size of the job that wrote it (nullptr: no --config).
+  const TrainConfig* config_file = nullptr;
+  std::string config_file_name;
+  JobSize config_file_job;
 };
 
 /// What resolve() says: the DeepSpeed file's warnings, and how each source was applied.
@@ -442,7 +464,8 @@ struct Resolution {
 /// Derives every default that depends on another setting or on a source, in one place and
 /// after all of them are read: the DeepSpeed file's settings (flags given win), the batch per
 /// rank and accumulation steps or micro-batches from --global-batch-size (DeepSpeed's rule,
-/// Note [Micro-batches]), the micro-batch count under --pp, the optimizer's weight decay. Then
+/// Note [Micro-batches]) or from a --config file's run at another size (Note [The job's size
+/// in config.json]), the micro-batch count under --pp, the optimizer's weight decay. Then
 /// validates. Throws ConfigError for conflicts, naming both values and where they came from.
 Resolution resolve(TrainConfig& c, const ConfigSources& sources);
 

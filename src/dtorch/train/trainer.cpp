@@ -484,8 +484,13 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
     log::info("optimizer ", name_of(c.strategy.optimizer.kind), ", learning rate ",
               describe(e.schedule.config, e.schedule.lr, e.schedule.total_steps), ", ",
               steps_per_epoch, " step(s) per epoch");
-    // What this run is, once its checkpoint is loaded: `dtorch train --config` reruns it.
-    write_config_file(c, paths::join(c.checkpointing.out, "config.json"));
+    // What this run is, once its checkpoint is loaded, and the job's size: `dtorch train
+    // --config` reruns it (Note [The job's size in config.json]).
+    const int local = comm->info().local_world_size;
+    const int world = comm->size();
+    const JobSize job =  // a job whose nodes hold unequal ranks has no such size
+        local > 0 && world % local == 0 ? JobSize{world / local, local, world} : JobSize{};
+    write_config_file(c, job, paths::join(c.checkpointing.out, "config.json"));
     const std::string metrics = c.checkpointing.out + "/metrics.jsonl";
     if (start.resumed) report::keep_records_through(metrics, start.global_step);
     e.metrics = std::make_unique<report::MetricsWriter>(metrics, start.resumed);
@@ -566,7 +571,9 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
 std::vector<report::EpochRecord> train(const TrainConfig& config,
                                        std::shared_ptr<comm::Communicator> comm) {
   TrainConfig c = config;
-  resolve(c, {{}, {}, 0, {}, comm->size()});
+  ConfigSources sources;
+  sources.world_size = comm->size();
+  resolve(c, sources);
   report::MemoryContext memory;
   memory.rank = comm->rank();
   memory.ranks = comm->size();
