@@ -24,10 +24,10 @@ using Backend = c10d::ProcessGroup;
 // LibTorch 1.13's Gloo has no reduce-scatter, no flat allgather (_allgather_base) and no
 // bfloat16: dtorch casts bf16 to fp32 around a reduction, sends it as fp16 bit patterns
 // through an allgather, and builds reduce-scatter as a ring over send/recv (Note
-// [Reduce-scatter on Gloo] in communicator.cpp). 2.x's Gloo has all three natively. Measured
-// over Gloo on one machine at 2 and 4 ranks, 64 KiB to 32 MiB (BENCHMARKS.md, `make bench`):
-// Gloo's own reduce-scatter takes 2.1x the time of dtorch's ring (geometric mean; up to 3x at
-// 4 ranks and 32 MiB), its flat allgather 0.94x of dtorch's per-chunk one. DTORCH_GLOO_
+// [Reduce-scatter on Gloo] in communicator_collectives.cpp). 2.x's Gloo has all three natively.
+// Measured over Gloo on one machine at 2 and 4 ranks, 64 KiB to 32 MiB (BENCHMARKS.md, `make
+// bench`): Gloo's own reduce-scatter takes 2.1x the time of dtorch's ring (geometric mean; up to 3x
+// at 4 ranks and 32 MiB), its flat allgather 0.94x of dtorch's per-chunk one. DTORCH_GLOO_
 // COLLECTIVES=auto keeps dtorch's for both; Gloo's allgather is the one worth switching to.
 
 /// Whether Gloo can reduce bfloat16 tensors itself (LibTorch 2.x) or dtorch must cast to

@@ -2,7 +2,7 @@
 // or for a process group split from it (Note [Process groups]). Gloo carries CPU tensors,
 // NCCL (where compiled) CUDA tensors; rendezvous goes through a TCPStore. A failed or
 // timed-out collective throws CommError naming the operation and the ranks that did not take
-// part, never hangs silently. See Note [Failure diagnosis] in communicator.cpp.
+// part, never hangs silently. See Note [Failure diagnosis] in communicator_diagnosis.cpp.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -51,7 +51,7 @@ class Communicator;
 /// Bytes this rank sent in collectives, by kind, counted as a bandwidth-optimal ring sends
 /// them (allreduce 2(N-1)/N of the tensor, reduce-scatter (N-1)/N of the input, allgather
 /// (N-1)/N of the output, broadcast and send the tensor once): the volumes the ZeRO paper's
-/// accounting uses. See Note [Reduce-scatter on Gloo] in communicator.cpp.
+/// accounting uses. See Note [Reduce-scatter on Gloo] in communicator_collectives.cpp.
 struct Traffic {
   int64_t allreduce = 0;
   int64_t reduce_scatter = 0;
@@ -180,7 +180,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
              const std::function<c10::intrusive_ptr<c10d::Work>(at::Tensor&)>& launch,
              std::function<void()> finish, const char* path = "", int peer = -1);
   /// Whether `t` is a CUDA tensor that must travel through host memory (Note [CUDA tensors
-  /// over Gloo] in communicator.cpp).
+  /// over Gloo] in communicator_collectives.cpp).
   bool through_host(const at::Tensor& t) const;
   /// `w`, which also runs `finish` once it has completed.
   static Work then(Work w, std::function<void()> finish);

@@ -37,8 +37,9 @@ CudaAvailability cuda_availability();
 // torch.cuda.set_device(local_rank). More local ranks than visible GPUs would put two ranks on
 // one GPU, which NCCL refuses ("Duplicate GPU detected"): a ConfigError naming both numbers and
 // CUDA_VISIBLE_DEVICES, unless the job asked for Gloo (DTORCH_BACKEND=gloo), which carries CUDA
-// tensors through host memory (Note [CUDA tensors over Gloo] in comm/communicator.cpp); then rank
-// r shares GPU r mod the count. That is slow and meant for testing multi-rank GPU code on one GPU.
+// tensors through host memory (Note [CUDA tensors over Gloo] in comm/communicator_collectives.cpp);
+// then rank r shares GPU r mod the count. That is slow and meant for testing multi-rank GPU code on
+// one GPU.
 
 /// The device `spec` means for the rank `local_rank` of `local_world_size`
 /// on its node, under Note [One GPU per rank]; auto is CUDA when this LibTorch has it and a GPU
