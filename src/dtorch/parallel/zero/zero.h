@@ -207,7 +207,7 @@ class ShardedModel {
   /// Sets it on every shard's state (after init_optimizer_state, when loading).
   void set_optimizer_steps(int64_t steps);
 
-  struct Impl;  ///< opaque; public only so the autograd hooks in sharded_model.cpp can name it
+  struct Impl;  ///< opaque; public only for the autograd hooks of sharded_model_gather.cpp
 
  private:
   friend class NoSync;
