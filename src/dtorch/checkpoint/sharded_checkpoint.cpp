@@ -1,21 +1,20 @@
-// Sharded checkpoints (see Note [Sharded checkpoint format]): the collective save with its
-// all-or-nothing publication, and the reader that reassembles any range at any world size.
+// The sharded checkpoint save (see Note [Sharded checkpoint format]): the ranks agree on what is
+// saved, each writes its file, and rank 0 publishes the step all or nothing. The reader is in
+// sharded_checkpoint_reader.cpp, the step folders in sharded_files.cpp.
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "dtorch/checkpoint/crc32.h"
+#include "dtorch/checkpoint/sharded_files.h"
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
-#include "dtorch/core/json_config.h"
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
 
@@ -24,54 +23,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::string kFormat = "dtorch-sharded-checkpoint";
-const std::string kStepPrefix = "step-";
-const std::string kPartial = ".partial";
 const std::string kReplaced = ".replaced";
-const std::string kMetadata = "metadata.json";
-const std::string kFullFile = "full.pt";
-const std::string kDamaged =
-    "fall back to an older step directory (delete this one, or pass an older one) or re-run "
-    "the save";
-
-std::string shard_file(int rank, int world) {
-  char name[64];
-  std::snprintf(name, sizeof name, "shard-%05d-of-%05d.pt", rank, world);
-  return name;
-}
-
-// The step of a step directory name, or -1 for any other name (staging folders included).
-int64_t step_of(const std::string& name) {
-  if (name.size() <= kStepPrefix.size() || name.compare(0, kStepPrefix.size(), kStepPrefix) != 0)
-    return -1;
-  std::string digits = name.substr(kStepPrefix.size());
-  if (digits.size() > 18 ||
-      !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c); }))
-    return -1;
-  return std::stoll(digits);
-}
-
-// Python's names, so metadata.json reads the same as torch's dtype attributes.
-const std::vector<std::pair<torch::Dtype, std::string>>& python_dtype_names() {
-  static const std::vector<std::pair<torch::Dtype, std::string>> names = {
-      {torch::kFloat, "float32"},     {torch::kDouble, "float64"}, {torch::kHalf, "float16"},
-      {torch::kBFloat16, "bfloat16"}, {torch::kLong, "int64"},     {torch::kInt, "int32"},
-      {torch::kShort, "int16"},       {torch::kChar, "int8"},      {torch::kByte, "uint8"},
-      {torch::kBool, "bool"}};
-  return names;
-}
-
-std::string dtype_name(torch::Dtype d) {
-  for (const auto& [dtype, name] : python_dtype_names())
-    if (dtype == d) return name;
-  return str(d);
-}
-
-std::optional<torch::Dtype> dtype_from_name(const std::string& s) {
-  for (const auto& [dtype, name] : python_dtype_names())
-    if (name == s) return dtype;
-  return std::nullopt;
-}
 
 // A CPU tensor whose storage is exactly its elements: pickling a view would save the whole
 // storage behind it (a ZeRO engine's pieces are views into one padded flat buffer). A
@@ -94,8 +46,6 @@ void fsync_dir(const std::string& dir) {
     ::close(fd);
   }
 }
-
-// ---- saving ----------------------------------------------------------------------------------
 
 // What this rank will save, as JSON for the other ranks, or {"error": why} when its own
 // arguments are wrong; every rank then judges the whole save the same way.
@@ -331,54 +281,7 @@ std::string publish(const std::string& dir, const std::string& staging, const js
   return "";
 }
 
-// ---- reading ---------------------------------------------------------------------------------
-
-// What is wrong with `path` against its recorded size and CRC ("" when nothing); the bytes go
-// to *bytes when asked for.
-std::string file_problem(const std::string& path, int64_t expect_bytes, uint32_t expect_crc,
-                         int64_t* actual, std::vector<char>* bytes) {
-  *actual = -1;
-  if (!paths::is_regular_file(path)) return "missing";
-  std::vector<char> b;
-  try {
-    b = read_file(path);
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  *actual = static_cast<int64_t>(b.size());
-  if (*actual != expect_bytes)
-    return str(*actual < expect_bytes ? "truncated" : "too long", ": ", *actual,
-               " bytes, metadata.json records ", expect_bytes);
-  if (crc32_of(b.data(), b.size()) != expect_crc) return "CRC32 mismatch: the file is corrupt";
-  if (bytes) *bytes = std::move(b);
-  return "";
-}
-
-template <typename T>
-T field(const json& j, const char* key) {
-  if (!j.is_object() || !j.contains(key)) throw std::runtime_error(str("lacks \"", key, "\""));
-  if constexpr (std::is_integral_v<T>) {
-    return json_config::whole_number<T>(j.at(key), str("\"", key, "\""));
-  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-    const json& list = j.at(key);
-    if (!list.is_array()) throw std::runtime_error(str("\"", key, "\" is not a list"));
-    std::vector<int64_t> out;
-    for (const auto& v : list)
-      out.push_back(json_config::whole_number<int64_t>(v, str("an entry of \"", key, "\"")));
-    return out;
-  } else {
-    return j.at(key).get<T>();
-  }
-}
-
 }  // namespace
-
-std::string sharded_step_dir(const std::string& dir, int64_t global_step) {
-  char name[64];
-  std::snprintf(name, sizeof name, "%s%06lld", kStepPrefix.c_str(),
-                static_cast<long long>(global_step));
-  return paths::join(dir, name);
-}
 
 void save_sharded_checkpoint(
     const std::string& dir, const ShardedCheckpointData& data, const std::vector<ShardPiece>& mine,
@@ -491,323 +394,6 @@ std::vector<int> writers_by_bytes(const std::vector<int64_t>& bytes, int world) 
     load[r] += bytes[i];
   }
   return writer;
-}
-
-std::vector<std::string> list_sharded_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;  // no folder, or an unreadable one: no checkpoints
-  for (const std::string& name : paths::list_directory(dir, ec)) {
-    const std::string path = paths::join(dir, name);
-    int64_t step = step_of(name);
-    if (step >= 0 && paths::is_directory(path) && paths::exists(paths::join(path, kMetadata)))
-      found.emplace_back(step, path);
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
-  std::vector<std::string> out;
-  for (auto& f : found)
-    out.push_back(std::move(f.second));
-  return out;
-}
-
-std::optional<std::string> latest_complete(const std::string& dir) {
-  std::vector<std::string> dirs = list_sharded_checkpoints(dir);
-  if (dirs.empty()) return std::nullopt;
-  std::string failures;
-  for (size_t i = 0; i < dirs.size(); ++i) {
-    try {
-      ShardedCheckpointReader reader(dirs[i]);
-      reader.verify();
-      return dirs[i];
-    } catch (const CheckpointError& e) {
-      log::warn("checkpoint ", dirs[i], " is unusable (", e.what(), ")",
-                i + 1 < dirs.size() ? "; falling back to the previous one" : "");
-      failures += str("\n  ", dirs[i], ": ", e.what());
-    }
-  }
-  DTORCH_FAIL(CheckpointError, "no sharded checkpoint in ", dir, " is intact:", failures,
-              "\nDelete them (or pass another checkpoint directory) to start from scratch.");
-}
-
-// ---- reader ----------------------------------------------------------------------------------
-
-struct ShardedCheckpointReader::Impl {
-  std::string dir;
-  int version = 0;
-  int world = 0;
-  ShardedCheckpointData data;
-  std::map<std::string, FlatTensorInfo> flat;
-  std::map<std::string, FullTensorInfo> full;
-  std::map<std::string, std::pair<int64_t, uint32_t>> files;  // name -> bytes, crc32
-  std::map<std::string, std::map<std::string, torch::Tensor>> loaded;
-
-  std::string path_of(const std::string& file) const { return paths::join(dir, file); }
-
-  void parse_metadata();
-  const std::map<std::string, torch::Tensor>& load(const std::string& file);
-};
-
-void ShardedCheckpointReader::Impl::parse_metadata() {
-  const std::string path = path_of(kMetadata);
-  DTORCH_CHECK_T(CheckpointError, paths::exists(path), "checkpoint ", dir, " is incomplete: ", path,
-                 " is missing, so the save that wrote it did not finish; ", kDamaged);
-  std::vector<char> bytes = read_file(path);
-  json m;
-  std::string why;
-  DTORCH_CHECK_T(
-      CheckpointError,
-      json_config::try_parse(std::string(bytes.begin(), bytes.end()), &m, &why) && m.is_object(),
-      path, " is not valid JSON", why.empty() ? "" : " (" + why + ")",
-      " (interrupted write or damaged file); ", kDamaged);
-  try {
-    DTORCH_CHECK_T(CheckpointError, field<std::string>(m, "format") == kFormat, path,
-                   " is not the metadata of a dtorch sharded checkpoint");
-    version = field<int>(m, "version");
-    DTORCH_CHECK_T(CheckpointError, version == kShardedCheckpointVersion, path,
-                   " has format version ", version, ", this dtorch reads version ",
-                   kShardedCheckpointVersion, ": read it with the dtorch that wrote it");
-    world = field<int>(m, "world_size");
-    if (world < 1) throw std::runtime_error("world_size < 1");
-    data.epoch = field<int64_t>(m, "epoch");
-    data.global_step = field<int64_t>(m, "global_step");
-    data.metadata_json = m.at("metadata").dump();
-    for (const auto& [unit, entries] : m.at("layouts").items()) {
-      auto& layout = data.layouts[unit];
-      for (const auto& e : entries)
-        layout.push_back({field<std::string>(e, "name"), field<std::vector<int64_t>>(e, "shape"),
-                          field<int64_t>(e, "offset")});
-    }
-    // A flat tensor's elements are in the shard files, so no more than the bytes recorded for
-    // them hold: checked here, before read_range allocates a tensor of that many.
-    int64_t file_bytes = 0;
-    for (const auto& [name, f] : m.at("files").items())
-      file_bytes = std::min(
-          file_bytes + std::clamp<int64_t>(field<int64_t>(f, "bytes"), 0, int64_t{1} << 50),
-          int64_t{1} << 60);
-    for (const auto& [key, k] : m.at("flat").items()) {
-      FlatTensorInfo info;
-      info.numel = field<int64_t>(k, "numel");
-      if (info.numel < 0) throw std::runtime_error(str("\"", key, "\" has numel ", info.numel));
-      auto dtype = dtype_from_name(field<std::string>(k, "dtype"));
-      if (!dtype) throw std::runtime_error("unknown dtype for " + key);
-      info.dtype = *dtype;
-      const auto item = static_cast<int64_t>(c10::elementSize(info.dtype));
-      if (elements_within({info.numel}, file_bytes / item) < 0)
-        throw std::runtime_error(str("\"", key, "\" has numel ", info.numel, ", more than the ",
-                                     file_bytes, " bytes of its files hold"));
-      for (const auto& r : k.at("ranges"))
-        info.ranges.emplace_back(json_config::whole_number<int64_t>(r.at(0), "a range's begin"),
-                                 json_config::whole_number<int64_t>(r.at(1), "a range's end"));
-      if (static_cast<int>(info.ranges.size()) != world)
-        throw std::runtime_error(
-            str("\"", key, "\" has ", info.ranges.size(), " ranges for ", world, " ranks"));
-      for (const auto& [b, e] : info.ranges)
-        if (b < 0 || e < b || e > info.numel)
-          throw std::runtime_error(str("\"", key, "\" has range [", b, ", ", e, ")"));
-      flat.emplace(key, std::move(info));
-    }
-    for (const auto& [key, k] : m.at("full").items()) {
-      auto dtype = dtype_from_name(field<std::string>(k, "dtype"));
-      if (!dtype) throw std::runtime_error("unknown dtype for " + key);
-      full[key] = {field<std::vector<int64_t>>(k, "shape"), *dtype};
-      if (elements_within(full[key].shape, int64_t{1} << 50) < 0)
-        throw std::runtime_error(str("\"", key, "\" has an impossible shape"));
-    }
-    // The readers multiply shapes and index flat tensors with offsets: each parameter must lie
-    // inside its unit's flat tensor, checked without overflow before anything is allocated
-    // (Note [Input files] in core/input_file.h).
-    for (const auto& [unit, layout] : data.layouts) {
-      const auto it = flat.find("param/" + unit);
-      const int64_t numel = it == flat.end() ? int64_t{1} << 40 : it->second.numel;
-      for (const auto& e : layout) {
-        const int64_t n = elements_within(e.shape, numel);
-        if (n < 0)
-          throw std::runtime_error(str("parameter \"", e.name, "\" of unit \"", unit,
-                                       "\" has a shape beyond the unit's ", numel, " elements"));
-        if (e.offset < 0 || e.offset > numel - n)
-          throw std::runtime_error(str("parameter \"", e.name, "\" of unit \"", unit,
-                                       "\" has offset ", e.offset, " outside the unit's ", numel,
-                                       " elements"));
-      }
-    }
-    for (const auto& [name, f] : m.at("files").items())
-      files[name] = {field<int64_t>(f, "bytes"), field<uint32_t>(f, "crc32")};
-    for (int r = 0; r < world; ++r)
-      if (!files.count(shard_file(r, world)))
-        throw std::runtime_error("no entry for " + shard_file(r, world));
-    if (!files.count(kFullFile)) throw std::runtime_error("no entry for " + kFullFile);
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    DTORCH_FAIL(CheckpointError, path, " is malformed (", json_config::reason(e), "); ", kDamaged);
-  }
-}
-
-const std::map<std::string, torch::Tensor>& ShardedCheckpointReader::Impl::load(
-    const std::string& file) {
-  auto it = loaded.find(file);
-  if (it != loaded.end()) return it->second;
-  const std::string path = path_of(file);
-  const auto [bytes, crc] = files.at(file);
-  std::vector<char> content;
-  int64_t actual = -1;
-  std::string problem = file_problem(path, bytes, crc, &actual, &content);
-  DTORCH_CHECK_T(CheckpointError, problem.empty(), "checkpoint file ", path, " is unusable (",
-                 problem, "); ", kDamaged);
-  std::map<std::string, torch::Tensor> tensors;
-  for (auto& [key, t] : unpickle_state_dict(content, path))
-    tensors.emplace(key, t);
-  return loaded.emplace(file, std::move(tensors)).first->second;
-}
-
-ShardedCheckpointReader::ShardedCheckpointReader(const std::string& path)
-    : impl_(std::make_unique<Impl>()) {
-  const std::string name = paths::file_name(path);
-  std::string step_dir = path;
-  if (!paths::exists(paths::join(path, kMetadata)) && step_of(name) < 0 &&
-      name.find(kPartial) == std::string::npos) {
-    DTORCH_CHECK_T(CheckpointError, paths::is_directory(path), "checkpoint directory ", path,
-                   " does not exist or is not a directory");
-    std::optional<std::string> latest = latest_complete(path);
-    if (!latest) {
-      bool unfinished = false;
-      std::error_code ec;
-      for (const std::string& e : paths::list_directory(path, ec))
-        unfinished |= e.rfind(kStepPrefix, 0) == 0;
-      DTORCH_FAIL(CheckpointError, path,
-                  unfinished ? " holds only unfinished saves (step folders without metadata.json)"
-                             : " is not a sharded checkpoint: it has neither metadata.json nor "
-                               "step-NNNNNN folders",
-                  "; pass a run's checkpoint directory or one of its step-NNNNNN folders");
-    }
-    step_dir = *latest;
-  }
-  impl_->dir = step_dir;
-  impl_->parse_metadata();
-}
-
-ShardedCheckpointReader::~ShardedCheckpointReader() = default;
-ShardedCheckpointReader::ShardedCheckpointReader(ShardedCheckpointReader&&) noexcept = default;
-ShardedCheckpointReader& ShardedCheckpointReader::operator=(ShardedCheckpointReader&&) noexcept =
-    default;
-
-const std::string& ShardedCheckpointReader::dir() const {
-  return impl_->dir;
-}
-int ShardedCheckpointReader::version() const {
-  return impl_->version;
-}
-int ShardedCheckpointReader::world_size() const {
-  return impl_->world;
-}
-const ShardedCheckpointData& ShardedCheckpointReader::data() const {
-  return impl_->data;
-}
-const std::map<std::string, FlatTensorInfo>& ShardedCheckpointReader::flat_tensors() const {
-  return impl_->flat;
-}
-const std::map<std::string, FullTensorInfo>& ShardedCheckpointReader::full_tensors() const {
-  return impl_->full;
-}
-bool ShardedCheckpointReader::has_flat(const std::string& key) const {
-  return impl_->flat.count(key) > 0;
-}
-bool ShardedCheckpointReader::has_full(const std::string& key) const {
-  return impl_->full.count(key) > 0;
-}
-
-torch::Tensor ShardedCheckpointReader::read_range(const std::string& key, int64_t begin,
-                                                  int64_t end) {
-  auto it = impl_->flat.find(key);
-  DTORCH_CHECK_T(CheckpointError, it != impl_->flat.end(), "checkpoint ", impl_->dir,
-                 " holds no flat tensor \"", key, "\" (run `dtorch checkpoint inspect ", impl_->dir,
-                 "` to see what it holds)");
-  const FlatTensorInfo& info = it->second;
-  DTORCH_CHECK_T(CheckpointError, 0 <= begin && begin <= end && end <= info.numel, "range [", begin,
-                 ", ", end, ") of \"", key, "\" is outside its ", info.numel,
-                 " elements (checkpoint ", impl_->dir, ")");
-  torch::Tensor out = torch::empty({end - begin}, info.dtype);
-  for (int r = 0; r < impl_->world; ++r) {
-    const auto [rb, re] = info.ranges[r];
-    const int64_t lo = std::max(begin, rb), hi = std::min(end, re);
-    if (lo >= hi) continue;
-    const std::string file = shard_file(r, impl_->world);
-    const auto& tensors = impl_->load(file);
-    auto t = tensors.find(key);
-    DTORCH_CHECK_T(CheckpointError,
-                   t != tensors.end() && t->second.dim() == 1 && t->second.numel() == re - rb &&
-                       t->second.scalar_type() == info.dtype,
-                   "checkpoint file ", impl_->path_of(file), " lacks \"", key, "\" as ", re - rb,
-                   " ", dtype_name(info.dtype), " elements, as metadata.json records; ", kDamaged);
-    out.narrow(0, lo - begin, hi - lo).copy_(t->second.narrow(0, lo - rb, hi - lo));
-  }
-  return out;
-}
-
-torch::Tensor ShardedCheckpointReader::read_flat(const std::string& key) {
-  auto it = impl_->flat.find(key);
-  return read_range(key, 0, it == impl_->flat.end() ? 0 : it->second.numel);
-}
-
-torch::Tensor ShardedCheckpointReader::read_full(const std::string& key) {
-  auto it = impl_->full.find(key);
-  DTORCH_CHECK_T(CheckpointError, it != impl_->full.end(), "checkpoint ", impl_->dir,
-                 " holds no full tensor \"", key, "\" (run `dtorch checkpoint inspect ", impl_->dir,
-                 "` to see what it holds)");
-  const auto& tensors = impl_->load(kFullFile);
-  auto t = tensors.find(key);
-  DTORCH_CHECK_T(CheckpointError,
-                 t != tensors.end() && t->second.sizes().vec() == it->second.shape &&
-                     t->second.scalar_type() == it->second.dtype,
-                 "checkpoint file ", impl_->path_of(kFullFile), " lacks \"", key,
-                 "\" as metadata.json records it; ", kDamaged);
-  return t->second;
-}
-
-std::vector<ShardFileStatus> ShardedCheckpointReader::check_files() const {
-  std::vector<ShardFileStatus> out;
-  for (const auto& [name, expect] : impl_->files) {
-    ShardFileStatus s;
-    s.path = impl_->path_of(name);
-    s.expected_bytes = expect.first;
-    s.problem = file_problem(s.path, expect.first, expect.second, &s.actual_bytes, nullptr);
-    s.ok = s.problem.empty();
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-void ShardedCheckpointReader::verify() const {
-  std::string bad;
-  for (const auto& s : check_files())
-    if (!s.ok) bad += str("\n  ", s.path, ": ", s.problem);
-  DTORCH_CHECK_T(CheckpointError, bad.empty(), "checkpoint ", impl_->dir, " is damaged:", bad,
-                 "\nThe save did not complete or the files were damaged since; ", kDamaged);
-}
-
-StateDict cut_by_layout(const torch::Tensor& flat, const std::vector<FlatLayoutEntry>& layout) {
-  StateDict out;
-  for (const auto& e : layout) {
-    int64_t n = 1;
-    for (int64_t d : e.shape)
-      n *= d;
-    DTORCH_CHECK_T(CheckpointError, e.offset >= 0 && n >= 0 && e.offset + n <= flat.numel(),
-                   "parameter \"", e.name, "\" at offset ", e.offset, " with ", n,
-                   " elements runs past its unit's ", flat.numel(), " elements");
-    out.emplace_back(e.name, flat.narrow(0, e.offset, n).reshape(e.shape).clone());
-  }
-  return out;
-}
-
-StateDict consolidate_model(ShardedCheckpointReader& reader) {
-  StateDict out;
-  for (const auto& [unit, layout] : reader.data().layouts)
-    for (auto& named : cut_by_layout(reader.read_flat("param/" + unit), layout))
-      out.push_back(std::move(named));
-  const std::string prefix = "buffer/";
-  for (const auto& [key, info] : reader.full_tensors())
-    if (key.rfind(prefix, 0) == 0)
-      out.emplace_back(key.substr(prefix.size()), reader.read_full(key));
-  return out;
 }
 
 }  // namespace dtorch::checkpoint
