@@ -13,6 +13,14 @@
 namespace dtorch {
 namespace {
 
+// Every file under `root`, as "root/sub/name"; a folder that cannot be listed fails the test.
+std::vector<std::string> files_under(const std::string& root) {
+  std::error_code ec;
+  std::vector<std::string> files = paths::list_files_recursively(root, ec);
+  EXPECT_FALSE(ec) << "cannot list " << root << ": " << ec.message();
+  return files;
+}
+
 TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
   const std::map<std::string, std::set<std::string>> allowed = {
       {"core", {"core"}},
@@ -31,9 +39,7 @@ TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
   };
   const std::regex include(R"re(#include "dtorch/([a-z_]+)/)re");
   const std::string root = std::string(DTORCH_SOURCE_DIR) + "/src/dtorch/";
-  std::error_code ec;
-  const std::vector<std::string> sources = paths::list_files_recursively(root, ec);
-  ASSERT_FALSE(ec) << "cannot list " << root << ": " << ec.message();
+  const std::vector<std::string> sources = files_under(root);
   int files = 0;
   for (const std::string& path : sources) {
     const std::string rel = path.substr(root.size());
@@ -62,9 +68,7 @@ TEST(Layering, ParallelIncludesTheModelInterfaceOnly) {
                                            "unit_seeds.h", "stage_union.h", "attention.h"};
   const std::regex include(R"re(#include "dtorch/models/([a-z_]+\.h)")re");
   const std::string root = std::string(DTORCH_SOURCE_DIR) + "/src/dtorch/parallel/";
-  std::error_code ec;
-  const std::vector<std::string> sources = paths::list_files_recursively(root, ec);
-  ASSERT_FALSE(ec) << "cannot list " << root << ": " << ec.message();
+  const std::vector<std::string> sources = files_under(root);
   int includes = 0;
   for (const std::string& path : sources) {
     std::ifstream in(path);
@@ -77,6 +81,26 @@ TEST(Layering, ParallelIncludesTheModelInterfaceOnly) {
     }
   }
   EXPECT_GT(includes, 5);
+}
+
+// A file tells one story (STYLE.md: sources under ~700 lines); one that outgrows it is split by
+// concern, what the parts share in a header of its own (comm/communicator_internal.h).
+TEST(Layering, NoSourceFileIsOver700Lines) {
+  constexpr int kMaxLines = 700;
+  const std::string root = std::string(DTORCH_SOURCE_DIR) + "/src/dtorch/";
+  const std::vector<std::string> sources = files_under(root);
+  int files = 0;
+  for (const std::string& path : sources) {
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << "cannot read " << path;
+    int lines = 0;
+    for (std::string line; std::getline(in, line);)
+      ++lines;
+    EXPECT_LE(lines, kMaxLines) << "src/dtorch/" << path.substr(root.size()) << " has " << lines
+                                << " lines; split it by concern, each file telling one story";
+    ++files;
+  }
+  EXPECT_GT(files, 50);
 }
 
 }  // namespace
