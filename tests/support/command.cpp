@@ -95,7 +95,7 @@ bool listening(int port) {
 }
 
 Command start_command(const std::string& dir, const std::vector<std::string>& args,
-                      const std::vector<std::string>& env) {
+                      const std::vector<std::string>& env, const std::string& cwd) {
   std::vector<std::string> a = args;
   std::vector<char*> argv;
   for (auto& s : a)
@@ -112,6 +112,7 @@ Command start_command(const std::string& dir, const std::vector<std::string>& ar
     if (o < 0 || f < 0 || in < 0 || ::dup2(o, 1) < 0 || ::dup2(f, 2) < 0 || ::dup2(in, 0) < 0) {
       ::_exit(126);
     }
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
     for (auto& kv : e)
       ::putenv(kv.data());
     ::execv(argv[0], argv.data());

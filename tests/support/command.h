@@ -25,9 +25,10 @@ struct CommandResult {
   int exit_code() const;
 };
 
-/// Starts argv[0] with argv (environment inherited, plus `env` entries "NAME=value").
+/// Starts argv[0] with argv (environment inherited, plus `env` entries "NAME=value"), in the
+/// working directory `cwd` (empty: this process's).
 Command start_command(const std::string& dir, const std::vector<std::string>& argv,
-                      const std::vector<std::string>& env = {});
+                      const std::vector<std::string>& env = {}, const std::string& cwd = "");
 /// Waits at most `limit` seconds (then kills it and records a test failure).
 CommandResult finish_command(const Command& c, double limit = 20);
 /// start_command + finish_command in a fresh scratch directory named `name`.
