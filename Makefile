@@ -37,13 +37,20 @@ endif
 
 ifeq ($(TORCH),debian)
 BUILD ?= build$(ASAN_SUFFIX)
+# The tests compare with Debian's PyTorch 1.13 through a Python that also has what Debian does
+# not package (safetensors, tensorboard, DeepSpeed): scripts/install-venv --debian.
+DEBIAN_VENV ?= .venv-debian
 TORCH_FLAGS =
+TEST_FLAGS = -DDTORCH_PYTHON=$(abspath $(DEBIAN_VENV))/bin/python
 VENV_DEPS = true
+TEST_VENV_DEPS = scripts/install-deps venv && scripts/install-venv --debian $(DEBIAN_VENV) test
 else ifeq ($(TORCH),pip)
 BUILD ?= build$(ASAN_SUFFIX)-pip
 TORCH_FLAGS = -DCMAKE_PREFIX_PATH="$$($(VENV_PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
   -DDTORCH_PYTHON=$(VENV_PYTHON)
 VENV_DEPS = scripts/install-deps venv && scripts/install-venv $(VENV)
+TEST_FLAGS =
+TEST_VENV_DEPS = $(VENV_DEPS) test
 else
 $(error TORCH=$(TORCH) is not one of debian, pip)
 endif
@@ -57,7 +64,7 @@ deps-build:
 	@$(VENV_DEPS) build
 deps-test:
 	@scripts/install-deps build data test
-	@$(VENV_DEPS) test
+	@$(TEST_VENV_DEPS)
 # The benchmarks compare with PyTorch 1.13 (Debian) and 2.x (PyPI) whichever LibTorch is built.
 deps-bench:
 	@scripts/install-deps build data bench venv
@@ -83,7 +90,8 @@ demo: deps-build $(BUILD)/build.ninja
 # scripts/skipped-tests then says why each skipped test was skipped.
 test: deps-test
 	@$(SANITIZE_DEPS)
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) $(TORCH_FLAGS) -DDTORCH_BUILD_TESTS=ON
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) $(TORCH_FLAGS) $(TEST_FLAGS) \
+	  -DDTORCH_BUILD_TESTS=ON
 	cmake --build $(BUILD) -j $(JOBS)
 ifeq ($(SANITIZE),1)
 	rm -rf $(SANITIZER_REPORTS) && mkdir -p $(SANITIZER_REPORTS)

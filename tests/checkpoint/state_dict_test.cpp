@@ -468,7 +468,7 @@ TEST(StateDict, PythonSafetensorsReadsAndWritesIt) {
 try:
     from safetensors.torch import load_file, save_file
 except ImportError:
-    print("SKIP no safetensors package for " + sys.executable + " (make test TORCH=pip has it)")
+    print("SKIP no safetensors package for " + sys.executable + " (make test installs it)")
     sys.exit(0)
 sd = load_file("cnn.safetensors")
 net = peer.Net()

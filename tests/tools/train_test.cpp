@@ -626,7 +626,7 @@ print("RESULT " + json.dumps({tag: [[s.step, s.value] for s in acc.Scalars(tag)]
   ASSERT_EQ(rc, 0) << out;
   if (contains(out, "NO_TENSORBOARD")) {
     GTEST_SKIP() << "the tensorboard package is not installed for " << testing::python()
-                 << " (make test TORCH=pip installs it): " << out;
+                 << " (make test installs it): " << out;
   }
   auto tb = testing::printed_result(out);
   ASSERT_FALSE(tb.is_discarded()) << out;

@@ -392,7 +392,7 @@ print("RESULT " + json.dumps(result))
   ASSERT_EQ(rc, 0) << out;
   if (out.find("NO_DEEPSPEED") != std::string::npos) {
     GTEST_SKIP() << "DeepSpeed is not installed for " << testing::python()
-                 << " (make test TORCH=pip installs it): " << out;
+                 << " (make test installs it): " << out;
   }
   const auto want = testing::printed_result(out);
   ASSERT_FALSE(want.is_discarded()) << out;
