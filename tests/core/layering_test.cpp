@@ -1,6 +1,7 @@
 // The source tree's layers: core <- launch <- comm <- parallel <- checkpoint <- train, with models,
-// data, optim and report on core only beside them, and plan (the cost model) on parallel and
-// report: each folder includes only from the folders below it.
+// data, optim and report on core only beside them, and plan (the cost model, and calibration,
+// which measures over the job's ranks) on parallel and report: each folder includes only from the
+// folders below it.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -32,7 +33,7 @@ TEST(Layering, EachFolderIncludesOnlyFromTheLayersBelowIt) {
       {"parallel", {"core", "launch", "comm", "models", "optim", "parallel"}},
       {"checkpoint", {"core", "comm", "models", "optim", "parallel", "checkpoint"}},
       {"report", {"core", "report"}},
-      {"plan", {"core", "models", "parallel", "report", "plan"}},
+      {"plan", {"core", "launch", "comm", "models", "parallel", "report", "plan"}},
       {"train",
        {"core", "launch", "comm", "models", "data", "optim", "parallel", "checkpoint", "report",
         "train"}},

@@ -1,0 +1,111 @@
+// Calibration: this machine's rates measured by the ranks of a job (matmuls by rows,
+// convolutions, fresh memory, an AdamW step, each collective within and across nodes, ring
+// attention, ranks in lockstep) into the machine file the cost model reads (plan/machine.h).
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/TensorOptions.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtorch/plan/machine.h"
+
+namespace dtorch::comm {
+class Communicator;
+}
+
+namespace dtorch::plan {
+
+/// Where calibration runs: each rank's device (its GPU, or the CPU), and the sizes it measures
+/// there (a GPU needs larger products and buffers to reach its rates).
+struct Bench {
+  at::Device device = at::kCPU;
+  int64_t square = 512;  ///< the matmul_flops product's side
+  int64_t width = 1024;  ///< the linear layer's weight side
+  /// The rows the linear layer's rate is measured at, fewest first.
+  std::vector<int64_t> rows = {16, 64, 256, 1024, 4096};
+  /// The convolution rate's layer: a 3x3 convolution of conv_channels to as many, padding 1,
+  /// over conv_batch images of conv_side (a ResNet stage's).
+  int64_t conv_batch = 4, conv_channels = 64, conv_side = 28;
+  int64_t large_floats = int64_t(4) << 20;  ///< a collective's large buffer per rank
+  /// Ring attention's layer: heads of head_dim, at two sizes of the rank's tokens.
+  int64_t ring_heads = 12, ring_head_dim = 64;
+  std::vector<int64_t> ring_tokens = {32, 128};
+  int64_t lockstep_rows = 64;  ///< a segment's rows: a layer's work at a small micro-batch
+  c10::TensorOptions options() const { return c10::TensorOptions().device(device); }
+};
+
+/// The bench for `device`: a CPU's, or a GPU's larger sizes.
+Bench bench_for(at::Device device);
+
+/// Measures this machine over `world` (2 ranks or more; every node must run as many) on
+/// bench.device, and returns what the machine file holds on rank 0 (nullopt on the others).
+/// `base_bytes_per_rank`: a rank's resident bytes before it met the others, the file's base on
+/// a CPU. Collectives are measured within rank 0's node over its first 2, 4, ... ranks and all
+/// of them, and across nodes over the same counts taking one rank of each node in turn; ring
+/// attention and the lockstep over pairs of a node's ranks. Rank 0 logs each step, and warns
+/// when other processes took a noticeable share of its node's CPU meanwhile (Note [Others on
+/// the machine]). Every rate is measured three times over, and the file keeps each one's median.
+std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& world,
+                                 const Bench& bench, double base_bytes_per_rank);
+
+// --- its parts, each measured by every rank of its group at once -----------------------
+
+/// The rates every rank measures alone, at once (they share the node, as in training).
+struct ComputeRates {
+  std::map<std::string, double> flops, conv;  ///< by dtype ("fp32", "bf16")
+  std::map<std::string, std::vector<RowsRate>> by_rows;
+  double first_touch = 0;  ///< seconds per byte
+  double adamw = 0;        ///< seconds per parameter
+};
+
+/// One round of the rates. The first (`first` null) measures fp32 and bf16, the matmul by rows
+/// while a call takes under a quarter second (bf16 on a CPU is slow), and the convolution;
+/// fp32 alone where this LibTorch has no bf16 matmul or convolution on the device. The later
+/// ones measure what the first did.
+ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
+                           const ComputeRates* first);
+
+/// One collective's latency and bus bandwidth over `group`, from its time at 1 KiB and at the
+/// bench's large buffer per rank (a P2P message goes from the group's rank 0 to its rank 1).
+LinkCost link_cost(comm::Communicator& group, const Bench& bench, Collective op);
+
+/// A causal ring attention layer's seconds over a group of 2, every pair of the node's ranks
+/// running at once: forward and backward at each of the bench's sizes (`both`, in ring_tokens'
+/// order), and forward alone at the first (the forward's share).
+struct RingSeconds {
+  std::vector<double> both;
+  double forward = 0;
+};
+RingSeconds ring_attention_seconds(const std::shared_ptr<comm::Communicator>& pair,
+                                   const Bench& bench);
+
+/// Ring attention's own work (RingAttentionCost): what a layer took beyond the cost model's
+/// charge for its FLOPs and messages (m's rates); the time per score from the two sizes'
+/// difference, the time per step from the rest at the smaller size.
+RingAttentionCost ring_attention_cost(const RingSeconds& measured, const Bench& bench,
+                                      const Machine& m);
+
+/// How much longer compute takes when ranks meet after every segment of it than when they run
+/// apart (Machine::lockstep_fraction), every rank of `world` in the same mode at once; a rank
+/// of no `pair` (null) computes alongside, never meeting.
+double lockstep_fraction(comm::Communicator& world, comm::Communicator* pair, const Bench& bench);
+
+/// The job's ranks by node, given each rank's node (the launcher's node_rank): each node's in
+/// rank order, rank 0's node first. ConfigError when the nodes run different numbers of ranks
+/// (a machine file has one ranks_per_node).
+std::vector<std::vector<int>> ranks_by_node(const std::vector<int>& node_of_rank);
+
+/// The middle value of `v` (the upper of the two middle ones for an even count); `v` not empty.
+inline double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace dtorch::plan
