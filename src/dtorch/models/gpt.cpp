@@ -14,15 +14,23 @@
 namespace dtorch::models {
 namespace nn = torch::nn;
 
+namespace {
+
+int64_t block_parameters(const GPTConfig& c) {
+  const int64_t d = c.n_embd;
+  return 2 * d                // ln_1
+         + d * 3 * d + 3 * d  // attn.c_attn
+         + d * d + d          // attn.c_proj
+         + 2 * d              // ln_2
+         + d * 4 * d + 4 * d  // mlp.c_fc
+         + 4 * d * d + d;     // mlp.c_proj
+}
+
+}  // namespace
+
 int64_t gpt_num_parameters(const GPTConfig& c) {
   const int64_t d = c.n_embd;
-  const int64_t per_block = 2 * d                // ln_1
-                            + d * 3 * d + 3 * d  // attn.c_attn
-                            + d * d + d          // attn.c_proj
-                            + 2 * d              // ln_2
-                            + d * 4 * d + 4 * d  // mlp.c_fc
-                            + 4 * d * d + d;     // mlp.c_proj
-  return c.vocab_size * d + c.block_size * d + c.n_layer * per_block + 2 * d;
+  return c.vocab_size * d + c.block_size * d + c.n_layer * block_parameters(c) + 2 * d;
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(int64_t dim, int64_t num_heads,
@@ -157,6 +165,26 @@ std::vector<std::string> GPT::unit_names() const {
     names.push_back("transformer.h." + std::to_string(i));
   names.push_back("head");
   return names;
+}
+
+Workload GPT::workload() const {
+  const GPTConfig& c = config_;
+  Workload w;
+  w.layers = c.n_layer;
+  w.hidden = c.n_embd;
+  w.heads = c.n_head;
+  w.mlp = 4 * c.n_embd;
+  w.tokens = c.block_size;
+  w.vocab = c.vocab_size;
+  // A block's tensors: 4 C whole and 16 C split per token (gpt-small and gpt-large at 2 and 4
+  // ranks, BENCHMARKS.md's plan table).
+  w.whole_activations = 4;
+  w.split_activations = 16;
+  // The embeddings (wte, wpe), the blocks, the head (ln_f and its copy of the tied wte).
+  w.unit_parameters.push_back((c.vocab_size + c.block_size) * c.n_embd);
+  w.unit_parameters.insert(w.unit_parameters.end(), c.n_layer, block_parameters(c));
+  w.unit_parameters.push_back(2 * c.n_embd + c.vocab_size * c.n_embd);
+  return w;
 }
 
 TensorPlan GPT::tensor_parallel_plan(int tp) const {

@@ -116,6 +116,8 @@ class GPT : public Model {
   ContextPlan context_parallel_plan() const override {
     return {config_.n_head, "transformer.wpe", "", "", 0};
   }
+  /// Its shape at block_size tokens, its blocks' kept tensors, its units' sizes.
+  Workload workload() const override;
   /// What python_aliases() answers, for every GPT whatever its size.
   static std::vector<PythonAlias> tied_aliases() {
     return {{"lm_head.weight", "transformer.wte.weight"}};

@@ -12,6 +12,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/models/tensor_plan.h"
+#include "dtorch/models/workload.h"
 
 namespace dtorch::models {
 
@@ -126,6 +127,10 @@ class Model : public torch::nn::Module {
     DTORCH_FAIL(ConfigError, "context parallelism has plans for the transformers (gpt-*, vit-*); ",
                 "this model has none: train it without --cp");
   }
+
+  /// The whole model's Workload (its shape, what its blocks keep, its units' sizes), whichever
+  /// units this instance holds; a model that is not a transformer reports none.
+  virtual Workload workload() const { return {}; }
 
   /// How a model built under models::DeferredStorage (its parameters hold no memory) gets
   /// its values (Note [Deferred initialisation]); models::make_deferred_model sets it.

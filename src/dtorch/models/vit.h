@@ -94,6 +94,9 @@ class VisionTransformer : public Model {
   /// The class token and the patches are split at the first encoder layer and gathered whole at
   /// encoder.ln (Note [Padded sequences]).
   ContextPlan context_parallel_plan() const override;
+  /// Its shape with its patches and class token as tokens, its patch embedding's FLOPs, its
+  /// blocks' kept tensors, its units' sizes.
+  Workload workload() const override;
 
  private:
   ViTConfig config_;

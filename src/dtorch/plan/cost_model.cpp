@@ -10,10 +10,8 @@
 
 #include "dtorch/core/allocation_meter.h"
 #include "dtorch/core/error.h"
-#include "dtorch/models/gpt.h"
 #include "dtorch/models/module_hooks.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/models/vit.h"
 #include "dtorch/parallel/cp/context_parallel.h"
 #include "dtorch/parallel/pp/stage_plan.h"
 #include "dtorch/parallel/zero/zero.h"
@@ -74,67 +72,22 @@ bool spans_nodes(int group_span, const Machine& m) {
   return group_span > m.ranks_per_node;
 }
 
-// A ViT's workload: its images give its tokens (patches and the class token).
-Workload vit_workload(const std::string& name, int64_t seq_len) {
-  DTORCH_CHECK_T(ConfigError, seq_len == 0, "--seq-len ", seq_len, " is for a gpt-* model; ", name,
-                 " takes its tokens from its images: drop --seq-len");
-  auto one_block = models::make_model(name, {1, 2});
-  const auto* vit = dynamic_cast<const models::VisionTransformer*>(one_block.get());
-  DTORCH_CHECK(vit, name, " is not a ViT");
-  const models::ViTConfig& c = vit->config();
-  const int64_t patches = (c.image_size / c.patch_size) * (c.image_size / c.patch_size);
+// A transformer's workload, as the model reports it: a GPT's at `seq_len` tokens (0: its block
+// size), a ViT's from its images.
+Workload transformer_workload(const std::string& name, const models::Workload& reported,
+                              int64_t seq_len) {
   Workload w;
-  w.layers = c.num_layers;
-  w.hidden = c.hidden_dim;
-  w.heads = c.num_heads;
-  w.mlp = c.mlp_dim;
-  w.classes = c.num_classes;
-  w.seq_len = patches + 1;
-  w.patch_flops =
-      2.0 * double(patches * c.hidden_dim * c.in_channels * c.patch_size * c.patch_size);
-  // A block keeps its input, ln_1's and ln_2's outputs and the residual sum whole (4 C), and
-  // in_proj's q | k | v, the attention's output, fc1's and GELU's outputs split (3 C + C + 2 M,
-  // 12 C at M = 4 C): vit-tiny kept 239 MB in forward at 32 images a rank where these are 236 MB
-  // (50 tokens, 12 blocks), and the attention matrices 23 MB more, which LibTorch 2.x's fused
-  // attention does not keep.
-  w.whole_activations = 4;
-  w.split_activations = 4 + 2.0 * double(c.mlp_dim) / double(c.hidden_dim);
-  w.largest_block_parameter = c.mlp_dim * c.hidden_dim;
-  for (const models::UnitSize& u : models::model_units(name))
-    w.unit_parameters.push_back(u.parameters);
-  return w;
-}
-
-// A GPT's workload at `seq_len` tokens (0: its block size).
-Workload gpt_workload(const std::string& name, int64_t seq_len) {
-  // One block built alone (cheap even for gpt-large) gives the shape and a block's size.
-  auto one_block = models::make_model(name, {1, 2});
-  const auto* gpt = dynamic_cast<const models::GPT*>(one_block.get());
-  DTORCH_CHECK(gpt, name, " is not a GPT");
-  const models::GPTConfig& c = gpt->config();
-  Workload w;
-  w.layers = c.n_layer;
-  w.hidden = c.n_embd;
-  w.heads = c.n_head;
-  w.mlp = 4 * c.n_embd;
-  w.vocab = c.vocab_size;
-  w.seq_len = seq_len == 0 ? c.block_size : seq_len;
-  DTORCH_CHECK_T(ConfigError, w.seq_len >= 1 && w.seq_len <= c.block_size, "--seq-len ", seq_len,
-                 " is outside ", name, "'s 1 to ", c.block_size, " tokens");
-  // A GPT block's tensors: 4 C whole and 16 C split per token (gpt-small and gpt-large at 2 and 4
-  // ranks, BENCHMARKS.md's plan table).
-  w.whole_activations = 4;
-  w.split_activations = 16;
+  static_cast<models::Workload&>(w) = reported;
+  if (w.language()) {
+    w.seq_len = seq_len == 0 ? w.tokens : seq_len;
+    DTORCH_CHECK_T(ConfigError, w.seq_len >= 1 && w.seq_len <= w.tokens, "--seq-len ", seq_len,
+                   " is outside ", name, "'s 1 to ", w.tokens, " tokens");
+  } else {
+    DTORCH_CHECK_T(ConfigError, seq_len == 0, "--seq-len ", seq_len, " is for a gpt-* model; ",
+                   name, " takes its tokens from its images: drop --seq-len");
+    w.seq_len = w.tokens;
+  }
   w.largest_block_parameter = w.mlp * w.hidden;
-  int64_t block = 0;
-  for (const auto& p : one_block->parameters())
-    block += p.numel();
-  // Units as models::model_units counts them: the embeddings, the blocks, the head (its final
-  // norm and its copy of the tied embedding).
-  w.unit_parameters.push_back((c.vocab_size + c.block_size) * c.n_embd);
-  for (int64_t i = 0; i < c.n_layer; ++i)
-    w.unit_parameters.push_back(block);
-  w.unit_parameters.push_back(2 * c.n_embd + c.vocab_size * c.n_embd);
   return w;
 }
 
@@ -205,12 +158,12 @@ Workload measured_workload(const std::string& name, int64_t seq_len) {
 }  // namespace
 
 Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_batch) {
-  const bool gpt = name.rfind("gpt-", 0) == 0, vit = name.rfind("vit-", 0) == 0;
   DTORCH_CHECK_T(ConfigError, global_batch >= 1, "--global-batch-size must be >= 1 (got ",
                  global_batch, ")");
-  Workload w = gpt   ? gpt_workload(name, seq_len)
-               : vit ? vit_workload(name, seq_len)
-                     : measured_workload(name, seq_len);
+  // Its first unit built alone reports the whole model's workload.
+  const models::Workload reported = models::make_model(name, {0, 1})->workload();
+  Workload w = reported.transformer() ? transformer_workload(name, reported, seq_len)
+                                      : measured_workload(name, seq_len);
   w.model = name;
   w.global_batch = global_batch;
   return w;

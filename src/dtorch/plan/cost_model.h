@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/models/workload.h"
 #include "dtorch/parallel/pp/schedule.h"
 #include "dtorch/plan/machine.h"
 
@@ -115,29 +116,14 @@ struct UnitWork {
   bool block = false;
 };
 
-/// The model as the cost model sees it: a transformer's shape, a GPT's (gpt-*) or a ViT's
-/// (vit-*), or another image model's units as measured (resnet*, mnist-*).
-struct Workload {
+/// The model as the cost model sees it: a transformer as it reports itself (models::Workload: a
+/// GPT's, gpt-*, or a ViT's, vit-*), or another image model's units as measured (resnet*,
+/// mnist-*: its blocks in `layers`, its units' sizes), and what the job runs it at.
+struct Workload : models::Workload {
   std::string model;
-  int64_t layers = 0, hidden = 0, heads = 0;
-  /// The width of each block's MLP (4 C in GPT-2 and ViT-Ti).
-  int64_t mlp = 0;
-  /// Tokens per sample: a GPT's sequence, a ViT's patches and class token.
+  /// Tokens per sample: a GPT's sequence (at most its `tokens`), a ViT's patches and class token.
   int64_t seq_len = 0;
   int64_t global_batch = 0;
-  /// A GPT's vocabulary: its tied embedding, and the head's outputs for every token (split by
-  /// tensor parallelism). 0 for a ViT.
-  int64_t vocab = 0;
-  /// A ViT's classes: its head's outputs, for the class token alone (whole on every rank).
-  int64_t classes = 0;
-  /// A ViT's patch embedding (a convolution): its forward's floating-point operations per
-  /// sample, at the machine's convolution rate. 0 for a GPT.
-  double patch_flops = 0;
-  /// The floats a block keeps for backward per token, in units of C: split by tensor
-  /// parallelism and whole (Note [Cost model]); its attention matrices come on top.
-  double split_activations = 0, whole_activations = 0;
-  /// Parameters of each pipeline unit (embedding, blocks, head), as models::model_units.
-  std::vector<int64_t> unit_parameters;
   /// The elements of a block's largest parameter (a transformer's MLP weight, M x C; the
   /// model's largest where it has no blocks): a ZeRO-2 gradient bucket holds at least it.
   int64_t largest_block_parameter = 0;
@@ -146,8 +132,6 @@ struct Workload {
   std::vector<UnitWork> unit_work;
   /// 4 (fp32) or 2 (bf16/fp16 compute).
   int64_t element_bytes = 4;
-  /// Whether it is a GPT: a language model whose embedding is tied to its head.
-  bool language() const { return vocab > 0; }
   /// Whether its units were measured (an image model other than a ViT): no tensor or context
   /// parallelism, whose terms are a transformer block's.
   bool measured() const { return !unit_work.empty(); }

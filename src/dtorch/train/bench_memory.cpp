@@ -24,7 +24,7 @@
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/trace_range.h"
-#include "dtorch/models/gpt.h"
+#include "dtorch/models/model.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/report/out_of_memory.h"
@@ -60,7 +60,10 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
   const std::shared_ptr<models::Model>& model = run.model;
   const Layout& layout = run.layout;
   const std::unique_ptr<Strategy>& strategy = run.strategy;
-  DTORCH_CHECK_T(ConfigError, !layout.cp || dynamic_cast<const models::GPT*>(model.get()),
+  // The attention's shape, as the model reports it (Model::workload): a GPT's is a language
+  // model's.
+  const models::Workload shape = model->workload();
+  DTORCH_CHECK_T(ConfigError, !layout.cp || (shape.language() && shape.transformer()),
                  "bench memory --cp counts the bytes of a GPT's attention, and ", c.model,
                  " is not a GPT: use a gpt-* model, or measure ", c.model,
                  " with dtorch train --cp");
@@ -265,21 +268,19 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
   if (layout.cp) {
     // Note [Ring attention], Note [Ulysses]: every block's attention, forward and backward
     // (and forward again for each block that recomputes it).
-    const auto* gpt = dynamic_cast<const models::GPT*>(model.get());
-    DTORCH_CHECK(gpt, "bench memory --cp: ", c.model, " is not a GPT");
-    const models::GPTConfig& g = gpt->config();
     const int n_cp = c.parallelism.cp;
     const int every = c.parallelism.activation_checkpointing;
-    const int64_t recomputed = every > 0 ? (g.n_layer + every - 1) / every : 0;
+    const int64_t recomputed = every > 0 ? (shape.layers + every - 1) / every : 0;
     const int64_t element = strategy->autocast().enabled ? 2 : 4;
-    const int64_t heads = g.n_head / c.parallelism.tp, local = T / n_cp;
-    const cp::LayerBytes layer = cp::bytes_sent_per_layer(
-        c.parallelism.cp_kind, n_cp, c.batch_size, heads, local, g.n_embd / g.n_head, element);
+    const int64_t heads = shape.heads / c.parallelism.tp, local = T / n_cp;
+    const cp::LayerBytes layer =
+        cp::bytes_sent_per_layer(c.parallelism.cp_kind, n_cp, c.batch_size, heads, local,
+                                 shape.hidden / shape.heads, element);
     j["cp_kind"] = name_of(c.parallelism.cp_kind);
     j["tokens_per_rank"] = local;
     j["cp_bytes_sent_per_step"] = cp_traffic.send / c.steps;
     j["cp_formula_bytes_per_step"] =
-        g.n_layer * (layer.forward + layer.backward) + recomputed * layer.forward;
+        shape.layers * (layer.forward + layer.backward) + recomputed * layer.forward;
   }
   if (!pipeline) {
     j["forward_kept_bytes"] = meter ? nlohmann::json(forward_bytes) : nlohmann::json();
