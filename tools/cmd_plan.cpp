@@ -317,6 +317,7 @@ struct CalibrateFlags {
   std::string out;
   int nproc_per_node = 2;
   DeviceKind device = DeviceKind::Auto;
+  bool quick = false;  ///< plan::bench_for's tiny sizes, one round, a tenth of the time
 };
 
 // A machine file is never written over: checked where the workers start and by every rank
@@ -334,7 +335,8 @@ int calibrate_worker(const CalibrateFlags& f) {
   set_freed_memory(FreedMemory::Reuse);
   auto world = comm::Communicator::from_env();
   const auto t0 = Clock::now();
-  const plan::Bench bench = plan::bench_for(train::resolve_run_device(f.device, world->info()));
+  const plan::Bench bench =
+      plan::bench_for(train::resolve_run_device(f.device, world->info()), f.quick);
   if (const std::optional<plan::Machine> m = plan::calibrate(world, bench, base)) {
     const std::string json = plan::machine_json(*m);
     if (auto failed = write_file_atomically(f.out, json.data(), json.size())) {
@@ -398,6 +400,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cal->add_option("--nproc-per-node,--nproc_per_node", c->nproc_per_node)->capture_default_str();
   add_choice_option(cal, "--device", c->device,
                     "cpu | cuda (one GPU per rank) | auto (the GPUs where there are)");
+  cal->add_flag("--quick", c->quick,
+                "tiny sizes, one round, a tenth of the time: a rough file in seconds, to try the "
+                "command or test with, not to plan a job from");
   cal->callback([c, &exit_code] {
     DTORCH_CHECK_T(ConfigError, c->nproc_per_node >= 2, "plan calibrate: --nproc-per-node ",
                    c->nproc_per_node, " must be 2 or more (it measures collectives)");

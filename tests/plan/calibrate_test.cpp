@@ -1,12 +1,16 @@
-// Calibration's pure parts without processes: the job's ranks by node, the median, and ring
-// attention's own work recovered from timings made up from known terms.
+// Calibration's pure parts without processes: the job's ranks by node, the median, ring
+// attention's own work recovered from timings made up from known terms, the benches; and its
+// measurements on 2 real ranks over Gloo, on the quick bench: each part, and whole calibrations
+// of several rounds whose medians make the machine (the CLI's tests run one round).
 #include "dtorch/plan/calibrate.h"
 
 #include <gtest/gtest.h>
 
+#include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
 #include "dtorch/plan/cost_model.h"
 #include "support/error_of.h"
+#include "support/workers.h"
 
 namespace dtorch::plan {
 namespace {
@@ -76,6 +80,70 @@ TEST(Calibrate, BenchForAGpuIsLarger) {
       EXPECT_LT(b.rows[i - 1], b.rows[i]);
     EXPECT_LT(b.ring_tokens[0], b.ring_tokens[1]);
   }
+}
+
+// A tenth of the time, tiny sizes and one round, but every field the CPU's bench measures, rows
+// fewest first.
+TEST(Calibrate, QuickBenchIsSmallerAndMeasuresAsMuch) {
+  const Bench full = bench_for(at::kCPU), quick = bench_for(at::kCPU, true);
+  EXPECT_LT(quick.seconds, full.seconds);
+  EXPECT_EQ(quick.rounds, 1);
+  EXPECT_LT(quick.lockstep_trials, full.lockstep_trials);
+  EXPECT_LE(quick.square, full.square);
+  EXPECT_LE(quick.width, full.width);
+  // A collective's time at 1 MiB per rank was mostly noise: bandwidths of 10^15 bytes/s.
+  EXPECT_EQ(quick.large_floats, full.large_floats);
+  EXPECT_LT(quick.first_touch_floats, full.first_touch_floats);
+  ASSERT_GE(quick.rows.size(), 3u);
+  for (size_t i = 1; i < quick.rows.size(); ++i)
+    EXPECT_LT(quick.rows[i - 1], quick.rows[i]);
+  EXPECT_EQ(quick.ring_tokens, full.ring_tokens);
+  EXPECT_TRUE(bench_for(at::Device(at::kCUDA, 0), true).device.is_cuda());
+}
+
+// Each part on both ranks at once (they must call the same collectives), then whole calibrations.
+DTORCH_TEST_WORKER(calibrate_parts) {
+  auto world = comm::Communicator::from_env();
+  const Bench bench = bench_for(at::kCPU, true);
+  const ComputeRates first = compute_rates(*world, bench, nullptr);
+  DTORCH_CHECK(first.flops.at("fp32") > 0 && first.conv.at("fp32") > 0, "no fp32 rates");
+  DTORCH_CHECK(first.adamw > 0 && first.first_touch >= 0, "no AdamW or first-touch time");
+  const std::vector<RowsRate>& rows = first.by_rows.at("fp32");
+  DTORCH_CHECK(!rows.empty() && rows.front().rows == bench.rows.front(), "no rate by rows");
+  for (size_t i = 0; i < rows.size(); ++i)
+    DTORCH_CHECK(rows[i].rows == bench.rows[i] && rows[i].flops > 0, "rows ", i);
+  // A later round measures what the first did, no more.
+  const ComputeRates again = compute_rates(*world, bench, &first);
+  for (const auto& [dtype, rates] : first.by_rows)
+    DTORCH_CHECK(again.by_rows.at(dtype).size() == rates.size(), dtype, " rows measured again");
+  DTORCH_CHECK(again.flops.size() == first.flops.size(), "other dtypes the second round");
+  for (Collective op :
+       {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather, Collective::P2P}) {
+    const LinkCost l = link_cost(*world, bench, op);
+    DTORCH_CHECK(l.ranks == 2 && l.latency_s > 0 && l.bus_bytes_per_s > 0, collective_name(op));
+  }
+  const RingSeconds ring = ring_attention_seconds(world, bench);
+  DTORCH_CHECK(ring.both.size() == 2 && ring.forward > 0 && ring.forward < ring.both[0],
+               "ring attention ", ring.forward, " of ", ring.both.at(0));
+  DTORCH_CHECK(lockstep_fraction(*world, world.get(), bench) >= 0, "a negative lockstep");
+  // A rank of no pair never meets: its timings each way are the same work.
+  DTORCH_CHECK(lockstep_fraction(*world, nullptr, bench) >= 0, "a negative lockstep alone");
+  // Whole, over three rounds: rank 0 gets the machine, with each rate the rounds' median.
+  Bench rounds = bench;
+  rounds.rounds = 3;
+  const std::optional<Machine> m = calibrate(world, rounds, 1e6);
+  DTORCH_CHECK(m.has_value() == (world->rank() == 0), "the machine on rank ", world->rank());
+  if (!m) return;
+  DTORCH_CHECK(m->ranks_per_node == 2 && m->device == "cpu" && m->base_bytes_per_rank == 1e6,
+               m->name);
+  DTORCH_CHECK(m->flops("fp32", 64) > 0 && m->convolution_flops("fp32") > 0, m->name);
+  DTORCH_CHECK(m->intra_node.at(Collective::AllReduce).size() == 1 && m->inter_node.empty(),
+               "collectives within the node alone");
+  DTORCH_CHECK(m->ring_attention.forward_share > 0 && m->lockstep_fraction >= 0, m->name);
+}
+
+TEST(PlanCalibrate, MeasuresEachPartAndTheMediansOfRoundsOnTwoRanks) {
+  EXPECT_EQ(testing::run_ranks(2, "calibrate_parts", {}, 120), 0);
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // `dtorch plan` from a machine file: one JSON line per layout, ranked fitting first and then by
 // predicted step time, each with its flags; bad flags and files named. `dtorch plan calibrate`
 // on 2 ranks writes a machine file that plan reads (a GPT and a CNN) and validates a layout with,
-// and never overwrites one.
+// and never overwrites one. Calibrations here are --quick ones (tiny sizes, one round): the same
+// measurements and the same file, in seconds.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -159,8 +160,8 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   const std::string dir = testing::scratch_dir("plan_calibrate");
   const std::string out = dir + "/machine.json";
   auto r = testing::run_command(
-      "plan_calibrate", {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2"},
-      300);
+      "plan_calibrate",
+      {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2", "--quick"}, 120);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   const plan::Machine m = plan::read_machine(out);
   EXPECT_EQ(m.ranks_per_node, 2);
@@ -250,9 +251,9 @@ TEST(PlanCalibrate, MeasuresWithinAndAcrossNodesOnTwoNodes) {
         testing::scratch_dir("plan_calibrate_node" + std::to_string(node)),
         {"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", std::to_string(port), "--", DTORCH_CLI,
-         "plan", "calibrate", "--out", out}));
+         "plan", "calibrate", "--out", out, "--quick"}));
   for (const auto& node : nodes) {
-    auto r = testing::finish_command(node, 360);
+    auto r = testing::finish_command(node, 120);
     ASSERT_EQ(r.exit_code(), 0) << r.out << r.err;
   }
   const plan::Machine m = plan::read_machine(out);

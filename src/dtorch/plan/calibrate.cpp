@@ -24,9 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Calibrate measures every rate this many times and keeps each one's median.
-constexpr int kRounds = 3;
-
 // The slowest rank's seconds for `calls` calls of f, every rank starting together; a GPU's
 // queued work counts (synchronized before the clock is read).
 double time_calls(comm::Communicator& group, const Bench& b, int calls,
@@ -43,13 +40,14 @@ double time_calls(comm::Communicator& group, const Bench& b, int calls,
   return t.item<double>();
 }
 
-// How many calls of f take about `budget` seconds (`least` at least), from one timed call after
-// a warm-up: the same count on every rank, so every rank runs as many (f may be a collective).
+// How many calls of f take about `budget` seconds (times the bench's length; `least` at least),
+// from one timed call after a warm-up: the same count on every rank, so every rank runs as many
+// (f may be a collective).
 int calls_for(comm::Communicator& group, const Bench& b, double budget, int least,
               const std::function<void()>& f) {
   f();  // warm-up
   const double one = time_calls(group, b, 1, f);
-  return static_cast<int>(std::clamp(budget / std::max(one, 1e-7), double(least), 1e5));
+  return static_cast<int>(std::clamp(budget * b.seconds / std::max(one, 1e-7), double(least), 1e5));
 }
 
 // Seconds per call of f over about `budget` seconds (`least` calls at least).
@@ -107,11 +105,11 @@ double conv_flops(comm::Communicator& world, const Bench& b, torch::ScalarType d
   return 3 * 2.0 * double(n * side * side * c * c * 9) / time_per_call(world, b, 0.3, layer, 1);
 }
 
-// Seconds per byte that a fresh allocation costs beyond writing it: 64 MiB allocated and filled
-// each call, against the same bytes filled in place (about 0 on a GPU, whose caching allocator
-// keeps its blocks).
+// Seconds per byte that a fresh allocation costs beyond writing it: the bench's first-touch
+// buffer allocated and filled each call, against the same bytes filled in place (about 0 on a
+// GPU, whose caching allocator keeps its blocks).
 double first_touch_seconds_per_byte(comm::Communicator& world, const Bench& b) {
-  const int64_t floats = int64_t(16) << 20;
+  const int64_t floats = b.first_touch_floats;
   torch::Tensor kept = torch::empty({floats}, b.options());
   const double reused = time_per_call(world, b, 0.5, [&] { kept.fill_(1); });
   const double fresh =
@@ -187,7 +185,7 @@ Groups groups_over(const std::shared_ptr<comm::Communicator>& world, const std::
 
 }  // namespace
 
-Bench bench_for(at::Device d) {
+Bench bench_for(at::Device d, bool quick) {
   Bench b;
   b.device = d;
   if (d.is_cuda()) {
@@ -199,6 +197,16 @@ Bench bench_for(at::Device d) {
     b.ring_heads = 16, b.ring_head_dim = 128;
     b.ring_tokens = {1024, 4096};
     b.lockstep_rows = 4096;
+  }
+  if (quick) {  // the collectives keep their large buffer: a smaller one's time is mostly noise
+    b.square = std::min<int64_t>(b.square, 256);
+    b.width = std::min<int64_t>(b.width, 256);
+    b.rows = {16, 64, 256};
+    b.conv_batch = 2, b.conv_channels = 16, b.conv_side = 14;
+    b.first_touch_floats = int64_t(1) << 20;
+    b.seconds = 0.1;
+    b.rounds = 1;
+    b.lockstep_trials = 3;
   }
   return b;
 }
@@ -272,10 +280,9 @@ RingAttentionCost ring_attention_cost(const RingSeconds& measured, const Bench& 
 // rank of the job runs the same mode at once, as a job's tensor-parallel groups do (timed by pairs,
 // one pair's meetings overlapped another's work apart). The wait comes and goes with how the ranks
 // happen to share the cores: at 4 ranks on 2 cores one timing each way read from -0.14 to +0.43,
-// and one of each a round gave 0 to 0.29 over six rounds, so the fraction is the median of
-// kLockstepTrials timings each way, taken in turn. The all-reduces' own time (microseconds each,
-// against milliseconds a segment) counts in the wait.
-constexpr int kLockstepTrials = 7;
+// and one of each a round gave 0 to 0.29 over six rounds, so the fraction is the median of the
+// bench's lockstep_trials (7) timings each way, taken in turn. The all-reduces' own time
+// (microseconds each, against milliseconds a segment) counts in the wait.
 double lockstep_fraction(comm::Communicator& world, comm::Communicator* pair, const Bench& b) {
   constexpr int kSegments = 40;
   const int64_t n = b.width;
@@ -293,7 +300,7 @@ double lockstep_fraction(comm::Communicator& world, comm::Communicator* pair, co
   // Each timing 0.15 s or one call, whichever is longer.
   const int calls = calls_for(world, b, 0.15, 1, [&] { segments(false); });
   std::vector<double> fractions;
-  for (int i = 0; i < kLockstepTrials; ++i) {
+  for (int i = 0; i < b.lockstep_trials; ++i) {
     const double apart = time_calls(world, b, calls, [&] { segments(false); });
     const double together = time_calls(world, b, calls, [&] { segments(true); });
     fractions.push_back(together / apart - 1);
@@ -406,13 +413,13 @@ std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& worl
   const MachineLoad load;
   const bool first_node = std::count(nodes.front().begin(), nodes.front().end(), world->rank());
   const double cpu0 = own_cpu_seconds();
-  // Every rate, kRounds times over, one round after the other: a spell of the machine that
+  // Every rate, bench.rounds times over, one round after the other: a spell of the machine that
   // slows one round moves no median.
-  std::vector<Round> rounds(kRounds);
-  for (int i = 0; i < kRounds; ++i) {
+  std::vector<Round> rounds(bench.rounds);
+  for (int i = 0; i < bench.rounds; ++i) {
     Round& r = rounds[i];
     const std::string round =
-        "(round " + std::to_string(i + 1) + " of " + std::to_string(kRounds) + ")";
+        "(round " + std::to_string(i + 1) + " of " + std::to_string(bench.rounds) + ")";
     if (world->rank() == 0)
       log::info("calibrating on ", bench.device.str(), " ", round,
                 ": matmul and convolution rates (fp32, bf16), freshly allocated memory and an "

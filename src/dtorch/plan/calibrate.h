@@ -22,8 +22,9 @@ class Communicator;
 
 namespace dtorch::plan {
 
-/// Where calibration runs: each rank's device (its GPU, or the CPU), and the sizes it measures
-/// there (a GPU needs larger products and buffers to reach its rates).
+/// Where calibration runs and how much it measures: each rank's device (its GPU, or the CPU),
+/// the sizes measured there (a GPU needs larger products and buffers to reach its rates), and
+/// how long and how often each rate is timed.
 struct Bench {
   at::Device device = at::kCPU;
   int64_t square = 512;  ///< the matmul_flops product's side
@@ -33,16 +34,25 @@ struct Bench {
   /// The convolution rate's layer: a 3x3 convolution of conv_channels to as many, padding 1,
   /// over conv_batch images of conv_side (a ResNet stage's).
   int64_t conv_batch = 4, conv_channels = 64, conv_side = 28;
-  int64_t large_floats = int64_t(4) << 20;  ///< a collective's large buffer per rank
+  int64_t large_floats = int64_t(4) << 20;         ///< a collective's large buffer per rank
+  int64_t first_touch_floats = int64_t(16) << 20;  ///< a fresh allocation's (64 MiB)
   /// Ring attention's layer: heads of head_dim, at two sizes of the rank's tokens.
   int64_t ring_heads = 12, ring_head_dim = 64;
   std::vector<int64_t> ring_tokens = {32, 128};
   int64_t lockstep_rows = 64;  ///< a segment's rows: a layer's work at a small micro-batch
+  /// Each timing's length, as a multiple of the lengths calibrate.cpp gives each rate.
+  double seconds = 1;
+  /// Every rate is measured this many times over, and the file keeps each one's median.
+  int rounds = 3;
+  /// Timings each way of lockstep_fraction, whose median it keeps.
+  int lockstep_trials = 7;
   c10::TensorOptions options() const { return c10::TensorOptions().device(device); }
 };
 
-/// The bench for `device`: a CPU's, or a GPU's larger sizes.
-Bench bench_for(at::Device device);
+/// The bench for `device`: a CPU's, or a GPU's larger sizes. `quick`: tiny products, one round
+/// and a tenth of the time (a file in seconds, with every field, for tests and for trying the
+/// command; its rates are rough).
+Bench bench_for(at::Device device, bool quick = false);
 
 /// Measures this machine over `world` (2 ranks or more; every node must run as many) on
 /// bench.device, and returns what the machine file holds on rank 0 (nullopt on the others).
@@ -51,7 +61,7 @@ Bench bench_for(at::Device device);
 /// of them, and across nodes over the same counts taking one rank of each node in turn; ring
 /// attention and the lockstep over pairs of a node's ranks. Rank 0 logs each step, and warns
 /// when other processes took a noticeable share of its node's CPU meanwhile (Note [Others on
-/// the machine]). Every rate is measured three times over, and the file keeps each one's median.
+/// the machine]).
 std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& world,
                                  const Bench& bench, double base_bytes_per_rank);
 
