@@ -242,6 +242,19 @@ TEST(ResolveConfig, SetsTheDefaultsThatFollowOtherSettings) {
       << r.notes[0];
 }
 
+// A --config file's run at another size, of batch size 0 (a fuzzer's "batch-size": -0), once
+// divided by it in keeping the file's global batch; it is a ConfigError like any batch below 1.
+TEST(ResolveConfig, AFilesBatchOfZeroAtAnotherSizeIsAConfigError) {
+  TrainConfig c;
+  c.training.batch_size = 0;
+  ConfigSources s;
+  s.world_size = 1;
+  s.config_file = &c;
+  s.config_file_name = "config.json";
+  s.config_file_job = JobSize{1, 2, 2};
+  EXPECT_THROW(resolve(c, s), ConfigError);
+}
+
 std::string parallelism_error_of(const ParallelismConfig& p) {
   try {
     validate(p);

@@ -367,7 +367,9 @@ SizeChange keep_the_files_global_batch(ConfigSources& src, const TrainConfig& c)
   src.global_batch_size = s.then;
   src.given.erase("--accum-steps");
   src.given.erase("--microbatches");
-  const bool batch_fits = c.parallelism.pp == 1 && s.then % (c.training.batch_size * dp) == 0;
+  // A batch size below 1 fails validate() later, naming the flag; it divides nothing here.
+  const bool batch_fits = c.parallelism.pp == 1 && c.training.batch_size > 0 &&
+                          s.then % (c.training.batch_size * dp) == 0;
   if (!batch_fits) src.given.erase("--batch-size");
   s.kept = true;
   return s;
