@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/checkpoint/save_format.h"
 #include "dtorch/checkpoint/torch_save.h"
 #include "dtorch/core/atomic_file.h"
 #include "dtorch/core/enum_names.h"
@@ -62,12 +63,6 @@ void check_state_dict(const torch::nn::Module& module, const StateDict& state,
 /// check_state_dict, then copies every tensor into the module (converting dtype if needed).
 void load_state_dict(torch::nn::Module& module, const StateDict& state, const std::string& source);
 
-/// The two file formats a state dict is written in: torch.save's (`.pt`) and safetensors
-/// (named pt and safetensors).
-enum class SaveFormat { Torch, Safetensors };
-const NameTable<SaveFormat>& names(SaveFormat);
-/// The usual file suffix: ".pt" or ".safetensors".
-std::string file_suffix(SaveFormat format);
 /// A state dict's bytes in `format`.
 std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtorch/core/error.h"
+#include "dtorch/models/image_input.h"
 #include "dtorch/models/tensor_plan.h"
 #include "dtorch/models/workload.h"
 
@@ -20,20 +21,6 @@ namespace dtorch::models {
 struct UnitRange {
   int begin = 0;
   int end = -1;
-};
-
-/// What an image model is built for: its input's channels and square side, and the number
-/// of classes it tells apart. The default is Fashion-MNIST's; image data of other shapes
-/// (--data cifar10:DIR, imagefolder:DIR) builds the model for its own. Language models
-/// ignore it. Checkpoints record it (train/resume.cpp, config_json), so tools rebuild the same
-/// model.
-struct ImageInput {
-  int64_t channels = 1;
-  int64_t size = 28;
-  int64_t classes = 10;
-  bool operator==(const ImageInput& o) const {
-    return channels == o.channels && size == o.size && classes == o.classes;
-  }
 };
 
 /// A second name Python's module of the same model gives one of its parameters. PyTorch ties

@@ -19,17 +19,9 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/enum_names.h"
 #include "dtorch/models/model.h"
+#include "dtorch/parallel/cp/kind.h"
 
 namespace dtorch::cp {
-
-enum class Kind {
-  /// Keys and values passed around the group (Note [Ring attention]).
-  Ring,
-  /// Two all-to-alls between a sequence split and a head split (Note [Ulysses]).
-  Ulysses,
-};
-/// "ring", "ulysses" (Note [Closed sets]).
-const NameTable<Kind>& names(Kind);
 
 struct Options {
   Kind kind = Kind::Ring;
