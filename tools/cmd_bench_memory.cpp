@@ -10,7 +10,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/report/profiler.h"
 #include "dtorch/train/bench_memory.h"
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 #include "dtorch/train/strategy.h"
 #include "tools/commands.h"
 

@@ -1,6 +1,6 @@
 // `dtorch train`: the training job from the command line. Runs alone, under `dtorch launch`
 // or torchrun, or (with --nproc-per-node N) launches N copies of itself. Its settings are the
-// run configuration's fields (train/run_config.h); the other flags here say where settings
+// run configuration's fields (train/config/run_config.h); the other flags here say where settings
 // come from (--config, --deepspeed-config, --global-batch-size) and how to launch.
 
 #include <iostream>
@@ -28,7 +28,7 @@ struct TrainFlags {
   bool print_config = false;
 };
 
-// Note [The job's size in config.json] (train/run_config.h): started by hand without
+// Note [The job's size in config.json] (train/config/run_config.h): started by hand without
 // --nproc-per-node, `--config FILE` trains at the size of the file's job.
 void rerun_at_the_files_size(const train::JobSize& job, const std::string& file, SelfLaunch& how) {
   if (!job.known() || how.nproc_per_node > 0 || started_by_a_launcher()) return;

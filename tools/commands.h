@@ -10,13 +10,15 @@
 
 #include "dtorch/core/enum_names.h"
 #include "dtorch/launch/signals.h"
-#include "dtorch/train/job_size.h"
+#include "dtorch/train/config/job_size.h"
 
 namespace dtorch::train {
+inline namespace config {
 struct StrategyConfig;
 struct LoaderConfig;
 struct ParallelismConfig;
 struct TrainConfig;
+}  // namespace config
 }  // namespace dtorch::train
 
 namespace dtorch::tools {
@@ -27,7 +29,7 @@ void set_command_line(int argc, char** argv);
 
 /// `dtorch launch [flags] -- PROGRAM [ARGS...]` (cmd_launch.cpp)
 void add_launch_command(CLI::App& app, int& exit_code);
-/// The flags of the run configuration's fields (train/run_config.h) as options of `cmd`
+/// The flags of the run configuration's fields (train/config/run_config.h) as options of `cmd`
 /// writing into the struct given, grouped by section, its values when called the defaults
 /// shown (config_options.cpp): the strategy's, the data loader's, or every setting of a run.
 void add_strategy_options(CLI::App* cmd, train::StrategyConfig& s);

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {

@@ -1,5 +1,6 @@
 // Tests for JSON configuration files read key by key (core/json_config.h). The DeepSpeed
-// reader's tests (tests/train/deepspeed_config_test.cpp) cover the messages as users see them.
+// reader's tests (tests/train/config/deepspeed_config_test.cpp) cover the messages as users see
+// them.
 #include "dtorch/core/json_config.h"
 
 #include <gtest/gtest.h>

@@ -3,7 +3,7 @@
 // as `dtorch train` does before it launches, for a job of 4 ranks.
 #include <cstdint>
 
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 #include "fuzz_support.h"
 
 DTORCH_FUZZ_TARGET(deepspeed_config) {

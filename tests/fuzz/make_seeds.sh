@@ -132,7 +132,7 @@ for f in "$RUNS"/*/metrics.jsonl; do
 done
 # DeepSpeed files: the JSON texts of its tests, and ds_config.json files as the tutorials write
 # them.
-python3 - tests/train/deepspeed_config_test.cpp "$SEEDS/deepspeed_config" <<'PY'
+python3 - tests/train/config/deepspeed_config_test.cpp "$SEEDS/deepspeed_config" <<'PY'
 import json, os, re, sys
 os.makedirs(sys.argv[2], exist_ok=True)
 texts = re.findall(r'R"\((.*?)\)"', open(sys.argv[1]).read(), re.S)

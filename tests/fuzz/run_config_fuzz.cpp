@@ -2,11 +2,13 @@
 // input is the file, read by read_config_file, resolved as `dtorch train` does before it
 // launches (a job of 4 ranks, so a file of another job's size changes the batch), and written
 // back as --print-config prints it.
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <set>
 #include <string>
 
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 #include "fuzz_support.h"
 
 DTORCH_FUZZ_TARGET(run_config) {

@@ -11,7 +11,7 @@
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/lr_schedule.h"
+#include "dtorch/train/config/lr_schedule.h"
 #include "models/python_peer.h"
 #include "support/command.h"
 #include "support/train_run.h"

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 
 namespace dtorch::comm {
 class Communicator;

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "dtorch/train/config/loss_scale_config.h"
+
 namespace dtorch::train {
 
 // Note [Loss scaling]
@@ -65,28 +67,6 @@ namespace dtorch::train {
 // checkpoints, metrics and the learning-rate schedule read, the one that raises the error at the
 // floor, and a check of the device's arithmetic (both states must agree). The schedule reads the
 // count of skipped steps just before the next optimizer step, so it stays exact.
-
-/// The "fp16" block of a DeepSpeed configuration (its keys and defaults) as flags.
-struct LossScaleConfig {
-  /// --loss-scale: 0 scales dynamically; a value > 0 is a static scale, used throughout.
-  double loss_scale = 0;
-  /// --initial-scale-power: the dynamic scale starts at 2^this.
-  int initial_scale_power = 16;
-  /// --loss-scale-window: the scale doubles after this many steps without overflow (plus one,
-  /// Note [Loss scaling]).
-  int loss_scale_window = 1000;
-  /// --hysteresis: overflows absorbed before the scale halves (DeepSpeed's delayed_shift).
-  int hysteresis = 2;
-  /// Whether every step without overflow refills the hysteresis (else only a doubling does).
-  bool consecutive_hysteresis = false;
-  /// --min-loss-scale: the dynamic scale never halves below this.
-  double min_loss_scale = 1;
-
-  bool dynamic() const { return loss_scale == 0; }
-};
-
-/// Throws ConfigError naming the flag, the value and the fix.
-void validate(const LossScaleConfig& c);
 
 /// The scale of one run: dynamic (Note [Loss scaling]) or static. The same sequence of
 /// update() calls on every rank keeps every rank's scale the same.

@@ -6,8 +6,8 @@
 
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/comm/communicator.h"
+#include "dtorch/train/config/run_config.h"
 #include "dtorch/train/parallelize.h"
-#include "dtorch/train/run_config.h"
 
 namespace dtorch::train {
 

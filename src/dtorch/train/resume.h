@@ -11,8 +11,8 @@
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
-#include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/lr_schedule.h"
+#include "dtorch/train/config/run_config.h"
 #include "dtorch/train/step_stats.h"
 #include "dtorch/train/strategy.h"
 

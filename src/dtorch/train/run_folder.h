@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 
 namespace dtorch::train {
 

@@ -11,64 +11,10 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/optim/fused.h"
-#include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss_scaler.h"
 #include "dtorch/train/strategy_parts.h"
 
 namespace dtorch::train {
-
-const NameTable<StrategyKind>& names(StrategyKind) {
-  static const NameTable<StrategyKind> n = [] {
-    NameTable<StrategyKind> t;
-    for (StrategyKind k :
-         {StrategyKind::DDP, StrategyKind::Zero1, StrategyKind::Zero2, StrategyKind::Zero3})
-      t.emplace_back(k, zero::stage_names().at(zero_stage(k)));
-    return t;
-  }();
-  return n;
-}
-
-const NameTable<Precision>& names(Precision) {
-  static const NameTable<Precision> n{
-      {Precision::FP32, "fp32"}, {Precision::BF16, "bf16"}, {Precision::FP16, "fp16"}};
-  return n;
-}
-
-const NameTable<ReduceDtype>& names(ReduceDtype) {
-  static const NameTable<ReduceDtype> n{{ReduceDtype::FP32, "fp32"}, {ReduceDtype::BF16, "bf16"}};
-  return n;
-}
-
-const NameTable<OptimizerKind>& names(OptimizerKind) {
-  static const NameTable<OptimizerKind> n{
-      {OptimizerKind::SGD, "sgd"}, {OptimizerKind::Adam, "adam"}, {OptimizerKind::AdamW, "adamw"}};
-  return n;
-}
-
-const NameTable<CheckpointLayout>& names(CheckpointLayout) {
-  static const NameTable<CheckpointLayout> n{{CheckpointLayout::Auto, "auto"},
-                                             {CheckpointLayout::File, "file"},
-                                             {CheckpointLayout::Sharded, "sharded"}};
-  return n;
-}
-
-int zero_stage(StrategyKind k) {
-  switch (k) {
-    case StrategyKind::DDP:
-      return 0;
-    case StrategyKind::Zero1:
-      return 1;
-    case StrategyKind::Zero2:
-      return 2;
-    case StrategyKind::Zero3:
-      return 3;
-  }
-  return 0;
-}
-
-double weight_decay_of(const OptimizerConfig& c) {
-  return c.weight_decay.value_or(c.kind == OptimizerKind::AdamW ? 0.01 : 0.0);
-}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
                                                         std::vector<torch::Tensor> params) {
@@ -186,41 +132,6 @@ void LossScaling::restore(const PrecisionConfig& c, const std::string& metadata_
   if (!j.is_object() || !j.contains("loss_scaler")) return;
   scaler_ = LossScaler::from_json(c.loss_scale, j.at("loss_scaler"));
   state_.copy_(scaler_->state_tensor(state_.device()));
-}
-
-void validate(const OptimizerConfig& c) {
-  DTORCH_CHECK_T(ConfigError, c.lr > 0, "--lr must be positive (got ", c.lr, ")");
-  DTORCH_CHECK_T(ConfigError, weight_decay_of(c) >= 0, "--weight-decay must be >= 0 (got ",
-                 weight_decay_of(c), ")");
-  DTORCH_CHECK_T(ConfigError, c.betas.size() == 2, "--betas takes two numbers, as 0.9,0.999 (got ",
-                 c.betas.size(), ")");
-  DTORCH_CHECK_T(ConfigError,
-                 c.betas[0] >= 0 && c.betas[0] < 1 && c.betas[1] >= 0 && c.betas[1] < 1, "--betas ",
-                 c.betas[0], ",", c.betas[1], ": each must lie in [0, 1), as 0.9,0.999");
-  DTORCH_CHECK_T(ConfigError,
-                 c.kind != OptimizerKind::SGD || (c.betas == std::vector<double>{0.9, 0.999}),
-                 "--betas apply to adam and adamw; with --optimizer sgd set --momentum instead");
-  DTORCH_CHECK_T(ConfigError, c.eps > 0 && c.eps < 1, "--eps ", c.eps,
-                 " must lie between 0 and 1 (PyTorch's default: 1e-8)");
-}
-
-void validate(const StrategyConfig& c) {
-  validate(c.optimizer);
-  // Checked before it becomes a byte count: 1e30 MiB would overflow it.
-  DTORCH_CHECK_T(ConfigError, c.ddp.bucket_cap_mb > 0 && c.ddp.bucket_cap_mb <= 1 << 20,
-                 "--bucket-cap-mb must lie above 0 and at most 1048576 (1 TiB) (got ",
-                 c.ddp.bucket_cap_mb, "); PyTorch's default is 25");
-  DTORCH_CHECK_T(ConfigError, c.min_unit_params >= 0, "--min-unit-params must be >= 0");
-  DTORCH_CHECK_T(ConfigError, !c.reshard_root_after_forward || c.kind == StrategyKind::Zero3,
-                 "--reshard-root-after-forward releases ZeRO-3's root unit; it needs --strategy "
-                 "zero3 (got ",
-                 name_of(c.kind), ")");
-  DTORCH_CHECK_T(ConfigError,
-                 c.checkpoint_layout != CheckpointLayout::File || c.kind == StrategyKind::DDP,
-                 "--checkpoint-layout file is ddp's; ", name_of(c.kind),
-                 " writes each rank's shards (sharded); make one file of them with `dtorch "
-                 "checkpoint consolidate`");
-  validate(c.precision.loss_scale);
 }
 
 at::Device resolve_run_device(DeviceKind spec, const launch::RankInfo& job) {

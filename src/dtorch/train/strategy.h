@@ -23,80 +23,10 @@
 #include "dtorch/parallel/pp/stage_plan.h"
 #include "dtorch/parallel/tp/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
+#include "dtorch/train/config/strategy_config.h"
 #include "dtorch/train/loss_scaler.h"
 
 namespace dtorch::train {
-
-// The closed sets of a strategy (Note [Closed sets] in core/enum_names.h).
-enum class StrategyKind { DDP, Zero1, Zero2, Zero3 };  ///< ddp | zero1 | zero2 | zero3
-enum class Precision { FP32, BF16, FP16 };             ///< fp32 | bf16 | fp16
-enum class ReduceDtype { FP32, BF16 };                 ///< fp32 | bf16
-enum class OptimizerKind { SGD, Adam, AdamW };         ///< sgd | adam | adamw
-/// How DDP writes a checkpoint: auto | file (rank 0 writes one .dtc) | sharded (every rank
-/// writes its share, Note [Saving replicated state]). ZeRO always writes sharded.
-enum class CheckpointLayout { Auto, File, Sharded };
-const NameTable<StrategyKind>& names(StrategyKind);
-const NameTable<Precision>& names(Precision);
-const NameTable<ReduceDtype>& names(ReduceDtype);
-const NameTable<OptimizerKind>& names(OptimizerKind);
-const NameTable<CheckpointLayout>& names(CheckpointLayout);
-/// The ZeRO stage of a strategy (0 for ddp).
-int zero_stage(StrategyKind k);
-
-/// The optimizer a strategy steps.
-struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::SGD;  ///< sgd (with momentum) | adam | adamw
-  double lr = 0.01;                         ///< a schedule's peak (train/lr_schedule.h)
-  double momentum = 0.9;                    ///< sgd
-  /// Every optimizer (adamw decoupled, sgd and adam as L2); unset: 0.01 for adamw
-  /// (PyTorch's default), 0 for sgd and adam.
-  std::optional<double> weight_decay;
-  std::vector<double> betas{0.9, 0.999};  ///< adam, adamw
-  double eps = 1e-8;                      ///< adam, adamw: added to the denominator
-};
-
-/// What a step computes and reduces in. Master weights stay fp32 whatever `compute` is.
-struct PrecisionConfig {
-  /// The compute precision; fp16 scales the loss (Note [Loss scaling] in train/loss_scaler.h).
-  Precision compute = Precision::FP32;
-  ReduceDtype reduce_dtype = ReduceDtype::FP32;  ///< gradient reduction
-  /// fp16's loss scaling (Note [Loss scaling]); the flags of DeepSpeed's "fp16" block
-  LossScaleConfig loss_scale;
-};
-
-/// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch
-/// train`, `dtorch bench memory` and C++ programs (train/parallelize.h).
-struct StrategyConfig {
-  StrategyKind kind = StrategyKind::DDP;
-  /// Where each rank computes (Note [One GPU per rank] in core/device.h; resolved by
-  /// resolve_run_device).
-  DeviceKind device = DeviceKind::CPU;
-  OptimizerConfig optimizer;
-  PrecisionConfig precision;
-  int64_t min_unit_params = 0;  ///< zero3 wrap policy (0: one unit per block)
-  /// zero3: release the root unit after forward too (zero::Options::reshard_root_after_forward)
-  bool reshard_root_after_forward = false;
-  /// zero3 under --pp: release units between micro-batches (zero::Options::
-  /// reshard_after_microbatch; Note [ZeRO-3 under a pipeline])
-  bool reshard_after_microbatch = false;
-  std::string model;         ///< the model's registry name (to rebuild saved stages)
-  models::ImageInput input;  ///< what an image model was built for (the same)
-  ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units
-  /// ddp's checkpoints; auto: sharded when the ranks replicate kAutoShardedBytes or more of
-  /// parameters and optimizer state, one file below
-  CheckpointLayout checkpoint_layout = CheckpointLayout::Auto;
-};
-
-/// auto's threshold for sharded ddp checkpoints: below it one file is as fast, and fewer files.
-inline constexpr int64_t kAutoShardedBytes = int64_t{64} << 20;
-
-/// Throw ConfigError naming the bad field and the fix.
-void validate(const OptimizerConfig& c);
-void validate(const StrategyConfig& c);
-
-/// The weight decay `c` trains with: the one given, else 0.01 for adamw (PyTorch's default)
-/// and 0 for sgd and adam.
-double weight_decay_of(const OptimizerConfig& c);
 
 /// The device this process trains on: `spec` (--device) for the job's rank
 /// `job` (its LOCAL_RANK and LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA

@@ -10,8 +10,8 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/report/metrics.h"
 #include "dtorch/report/progress.h"
-#include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/lr_schedule.h"
+#include "dtorch/train/config/run_config.h"
 #include "dtorch/train/strategy.h"
 #include "dtorch/train/train_data.h"
 

@@ -21,15 +21,9 @@
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/parallel/zero/shard_plan.h"
+#include "dtorch/parallel/zero/stage_names.h"
 
 namespace dtorch::zero {
-
-/// Data parallelism's name at each ZeRO stage (0: none, DDP) as flags, plans and machine files
-/// spell it: ddp, zero1, zero2, zero3.
-inline const std::vector<std::string>& stage_names() {
-  static const std::vector<std::string> names{"ddp", "zero1", "zero2", "zero3"};
-  return names;
-}
 
 struct Options {
   /// 1: optimizer state sharded; 2: gradients too; 3: parameters too (FSDP).

@@ -1,5 +1,5 @@
 // The learning-rate schedules of Note [Learning-rate schedules] (lr_schedule.h).
-#include "dtorch/train/lr_schedule.h"
+#include "dtorch/train/config/lr_schedule.h"
 
 #include <nlohmann/json.hpp>
 
@@ -9,6 +9,7 @@
 #include "dtorch/core/error.h"
 
 namespace dtorch::train {
+inline namespace config {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
@@ -249,4 +250,5 @@ void from_json(const nlohmann::json& j, LrScheduleConfig& c) {
   j.at("deepspeed").get_to(c.deepspeed);
 }
 
+}  // namespace config
 }  // namespace dtorch::train

@@ -1,6 +1,6 @@
 // DeepSpeed configuration files (Note [DeepSpeed configuration] in deepspeed_config.h): the
 // JSON is checked key by key against what DeepSpeed knows, then mapped onto TrainConfig.
-#include "dtorch/train/deepspeed_config.h"
+#include "dtorch/train/config/deepspeed_config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,11 +12,11 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/input_file.h"
 #include "dtorch/core/json_config.h"
-#include "dtorch/train/batch_sizes.h"
-#include "dtorch/train/loss_scaler.h"
-#include "dtorch/train/trainer.h"
+#include "dtorch/train/config/batch_sizes.h"
+#include "dtorch/train/config/run_config.h"
 
 namespace dtorch::train {
+inline namespace config {
 namespace {
 
 using json = nlohmann::json;
@@ -456,4 +456,5 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
   return notes;
 }
 
+}  // namespace config
 }  // namespace dtorch::train

@@ -1,12 +1,13 @@
 // DeepSpeed's batch rule (batch_sizes.h).
-#include "dtorch/train/batch_sizes.h"
+#include "dtorch/train/config/batch_sizes.h"
 
 #include <string>
 
 #include "dtorch/core/error.h"
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 
 namespace dtorch::train {
+inline namespace config {
 
 BatchSizes resolve_batch_sizes(std::optional<int64_t> train, std::optional<int64_t> micro,
                                std::optional<int64_t> accum, int dp, const BatchNames& n) {
@@ -86,4 +87,5 @@ void set_pipeline_batch_sizes(const PipelineBatch& b, TrainConfig& c) {
   c.training.accum_steps = 1;
 }
 
+}  // namespace config
 }  // namespace dtorch::train

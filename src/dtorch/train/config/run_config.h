@@ -13,16 +13,30 @@
 #include <utility>
 #include <vector>
 
+#include "dtorch/checkpoint/save_format.h"
 #include "dtorch/launch/signals.h"
 #include "dtorch/parallel/pp/schedule.h"
 #include "dtorch/report/progress.h"
-#include "dtorch/train/job_size.h"
-#include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/parallelize.h"
-#include "dtorch/train/strategy.h"
-#include "dtorch/train/train_data.h"
+#include "dtorch/train/config/job_size.h"
+#include "dtorch/train/config/loader_config.h"
+#include "dtorch/train/config/lr_schedule.h"
+#include "dtorch/train/config/parallelism_config.h"
+#include "dtorch/train/config/strategy_config.h"
 
 namespace dtorch::train {
+inline namespace config {
+
+// Note [train's rooms]
+// train/ has three rooms, each on those below it only: config/, the run's settings as plain
+// structs with the DeepSpeed reader and the batch rule, so that reading and checking settings
+// needs no communicator, mesh or strategy; strategy/, DDP and ZeRO behind one interface; and the
+// loop at the top (parallelize(), the trainer, resuming, evaluating).
+// Layering.TrainsRoomsIncludeNothingAboveThem checks it.
+// Each room's namespace is an inline namespace of dtorch::train, as std::literals is of std: a
+// name is declared in its room (dtorch::train::config::TrainConfig), and dtorch's API keeps one
+// spelling for it, dtorch::train::TrainConfig, in programs and the loop alike. A forward
+// declaration names the room (`namespace dtorch::train { inline namespace config { struct
+// TrainConfig; } }`); without it, it declares another TrainConfig.
 
 // Note [The run configuration's tree]
 // A run's settings are a tree of plain structs, one per part of the run, each the one home of
@@ -408,8 +422,8 @@ TrainConfig from_json(const nlohmann::json& j, const std::string& file,
 // --nproc-per-node reruns at that size (one node: it starts that many ranks; several: it says
 // how to start them). At another size (--nproc-per-node given, or an outside launcher's job of
 // another size) the data-parallel ranks change, and with them the batch of an optimizer step:
-// the run keeps the file's global batch by the batch rule (train/batch_sizes.h) when no batch
-// flag is given, or, when the new size does not divide it, keeps the batch per rank, and says
+// the run keeps the file's global batch by the batch rule (train/config/batch_sizes.h) when no
+// batch flag is given, or, when the new size does not divide it, keeps the batch per rank, and says
 // before the first step which it did and why (tools/cmd_train.cpp).
 
 /// The file `--config` names, read by from_json; the flags it sets go into *keys (as --lr is),
@@ -473,4 +487,5 @@ Resolution resolve(TrainConfig& c, const ConfigSources& sources);
 /// stages and pipeline schedule `schedule` when none is given.
 int default_microbatches(int pp, pp::ScheduleKind schedule, int64_t batch);
 
+}  // namespace config
 }  // namespace dtorch::train

@@ -1,6 +1,6 @@
 // Tests for the learning-rate schedules (Note [Learning-rate schedules]): their shape, their
 // errors, and every step's rate against torch.optim.lr_scheduler in Python.
-#include "dtorch/train/lr_schedule.h"
+#include "dtorch/train/config/lr_schedule.h"
 
 #include <gtest/gtest.h>
 

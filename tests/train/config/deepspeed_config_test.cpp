@@ -1,6 +1,6 @@
 // Tests for DeepSpeed configuration files (Note [DeepSpeed configuration]): every key read,
 // DeepSpeed's batch rule, flags winning over the file, and an error for each kind of bad input.
-#include "dtorch/train/deepspeed_config.h"
+#include "dtorch/train/config/deepspeed_config.h"
 
 #include <gtest/gtest.h>
 

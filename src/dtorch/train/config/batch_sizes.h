@@ -7,6 +7,7 @@
 #include <optional>
 
 namespace dtorch::train {
+inline namespace config {
 
 struct TrainConfig;
 
@@ -51,4 +52,5 @@ PipelineBatch resolve_pipeline_batch(std::optional<int64_t> total, std::optional
                                      const PipelineBatchNames& names = {});
 void set_pipeline_batch_sizes(const PipelineBatch& b, TrainConfig& c);
 
+}  // namespace config
 }  // namespace dtorch::train

@@ -3,6 +3,7 @@
 #pragma once
 
 namespace dtorch::train {
+inline namespace config {
 
 /// The size of the job a run trained in; 0s when not known (a config.json written before the
 /// section, or by hand; a job whose nodes hold unequal ranks).
@@ -13,4 +14,5 @@ struct JobSize {
   bool known() const { return world_size > 0; }
 };
 
+}  // namespace config
 }  // namespace dtorch::train

@@ -10,10 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "dtorch/train/lr_schedule.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/config/lr_schedule.h"
+#include "dtorch/train/config/strategy_config.h"
 
 namespace dtorch::train {
+inline namespace config {
 
 struct TrainConfig;
 
@@ -43,7 +44,8 @@ struct TrainConfig;
 //       engine's rule); unset params take DeepSpeed's defaults (lr 1e-3, weight decay 0,
 //       momentum 0), not dtorch's.
 //   scheduler {type, params}         WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle as
-//       kinds of train/lr_schedule.h with DeepSpeed's curves; --lr-schedule, --warmup-steps or
+//       kinds of train/config/lr_schedule.h with DeepSpeed's curves; --lr-schedule, --warmup-steps
+//       or
 //       --min-lr replace it; --lr replaces its peak (warmup_max_lr, cycle_max_lr).
 //   steps_per_print                  --print-every
 //   wall_clock_breakdown             --phase-times
@@ -101,4 +103,5 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
                                                 const std::set<std::string>& flags_given,
                                                 int world_size, TrainConfig& c);
 
+}  // namespace config
 }  // namespace dtorch::train

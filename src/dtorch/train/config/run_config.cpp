@@ -1,7 +1,7 @@
 // The run configuration (run_config.h): its JSON form through the one list of fields, the
 // merge of a --config file with the flags given, validation, and resolve(), where every
 // derived default is set.
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,7 +12,7 @@
 #include <sstream>
 #include <type_traits>
 
-#include "dtorch/checkpoint/state_dict.h"
+#include "dtorch/core/atomic_file.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/input_file.h"
 #include "dtorch/core/json_config.h"
@@ -20,10 +20,11 @@
 #include "dtorch/core/paths.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/report/profiler.h"
-#include "dtorch/train/batch_sizes.h"
-#include "dtorch/train/deepspeed_config.h"
+#include "dtorch/train/config/batch_sizes.h"
+#include "dtorch/train/config/deepspeed_config.h"
 
 namespace dtorch::train {
+inline namespace config {
 namespace {
 
 using nlohmann::json;
@@ -240,7 +241,8 @@ void write_config_file(const TrainConfig& c, const JobSize& job, const std::stri
   std::error_code ec;
   paths::create_directories(paths::parent_path(path), ec);
   const std::string text = config_file_json(c, job).dump(2) + "\n";
-  checkpoint::write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
+  if (auto why = write_file_atomically(path, text.data(), text.size()))
+    DTORCH_FAIL(CheckpointError, *why);
 }
 
 TrainConfig overlay_flags(const TrainConfig& file, const TrainConfig& flags_config,
@@ -458,4 +460,5 @@ Resolution resolve(TrainConfig& c, const ConfigSources& sources) {
   return r;
 }
 
+}  // namespace config
 }  // namespace dtorch::train

@@ -11,6 +11,7 @@
 #include "dtorch/core/enum_names.h"
 
 namespace dtorch::train {
+inline namespace config {
 
 // Note [Learning-rate schedules]
 // Step s (0-based, counting optimizer steps over the whole run) of T steps, peak rate lr,
@@ -93,4 +94,5 @@ std::string describe(const LrScheduleConfig& c, double lr, int64_t total_steps);
 void to_json(nlohmann::json& j, const LrScheduleConfig& c);
 void from_json(const nlohmann::json& j, LrScheduleConfig& c);
 
+}  // namespace config
 }  // namespace dtorch::train

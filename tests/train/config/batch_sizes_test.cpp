@@ -1,6 +1,6 @@
 // DeepSpeed's batch rule against the numbers DeepSpeed's engine computes and refuses, and under
 // the names `dtorch train --global-batch-size` gives it.
-#include "dtorch/train/batch_sizes.h"
+#include "dtorch/train/config/batch_sizes.h"
 
 #include <gtest/gtest.h>
 

@@ -1,12 +1,12 @@
-// The run configuration (train/run_config.h): every field goes through its JSON form and back,
-// a file's mistakes are named, flags given win over a --config file, and resolve() derives the
-// defaults once (Note [Micro-batches]) without replacing a value given.
+// The run configuration (train/config/run_config.h): every field goes through its JSON form and
+// back, a file's mistakes are named, flags given win over a --config file, and resolve() derives
+// the defaults once (Note [Micro-batches]) without replacing a value given.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "dtorch/core/error.h"
-#include "dtorch/train/run_config.h"
+#include "dtorch/train/config/run_config.h"
 
 namespace dtorch::train {
 namespace {
