@@ -15,8 +15,8 @@
 #include "dtorch/launch/launcher.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/ddp/ddp.h"
-#include "dtorch/train/strategy.h"
-#include "dtorch/train/zero_grad.h"
+#include "dtorch/train/strategy/strategy.h"
+#include "dtorch/train/strategy/zero_grad.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {

@@ -21,7 +21,7 @@
 #include "dtorch/train/background_save.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/parallelize.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {

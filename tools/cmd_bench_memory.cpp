@@ -11,7 +11,7 @@
 #include "dtorch/report/profiler.h"
 #include "dtorch/train/bench_memory.h"
 #include "dtorch/train/config/run_config.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {

@@ -31,7 +31,7 @@
 #include "dtorch/plan/cost_model.h"
 #include "dtorch/plan/plan_picture.h"
 #include "dtorch/report/out_of_memory.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 
 namespace dtorch::tools {
 namespace {

@@ -23,4 +23,4 @@
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/parallelize.h"
-#include "dtorch/train/zero_grad.h"
+#include "dtorch/train/strategy/zero_grad.h"

@@ -8,7 +8,7 @@
 
 #include "dtorch/checkpoint/checkpoint.h"
 #include "dtorch/models/registry.h"
-#include "dtorch/train/strategy_parts.h"
+#include "dtorch/train/strategy/strategy_parts.h"
 
 namespace dtorch::fuzz {
 

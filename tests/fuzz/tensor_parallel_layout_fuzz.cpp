@@ -1,5 +1,5 @@
 // Tensor-parallel layouts, <out>/tensor_parallel.json (Note [Tensor-parallel checkpoints] in
-// train/ddp_strategy.cpp): the input is the file, beside the tp0-of-2 and tp1-of-2 sharded
+// train/strategy/ddp_strategy.cpp): the input is the file, beside the tp0-of-2 and tp1-of-2 sharded
 // checkpoints of a gpt-debug ZeRO-1 run under --tp 2 (the fixture), joined by `dtorch checkpoint
 // consolidate` (checkpoint/consolidate.cpp).
 #include <cstdint>

@@ -9,7 +9,7 @@
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 #include "support/workers.h"
 
 namespace dtorch::train {

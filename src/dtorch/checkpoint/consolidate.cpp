@@ -18,8 +18,8 @@ namespace dtorch::checkpoint {
 namespace {
 
 // A ZeRO run with --tp N keeps one sharded checkpoint per tp index (Note [Tensor-parallel
-// checkpoints] in train/ddp_strategy.cpp) and the split of each parameter in tensor_parallel.json:
-// consolidate each, then join the tp slices.
+// checkpoints] in train/strategy/ddp_strategy.cpp) and the split of each parameter in
+// tensor_parallel.json: consolidate each, then join the tp slices.
 StateDict consolidate_tensor_parallel(const std::string& dir, CheckpointData* data,
                                       std::string* source) {
   const std::string path = dir + "/tensor_parallel.json";

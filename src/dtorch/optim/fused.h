@@ -31,8 +31,8 @@ namespace dtorch::optim {
 
 // Note [Steps the device skips]
 // Under fp16 the device decides whether a step is taken (Note [Loss scaling] in
-// train/loss_scaler.h): step_unless() hands the flag to the step, and the fused kernels read it
-// where they run, leaving parameters and moments untouched when it is set. The host, which
+// train/strategy/loss_scaler.h): step_unless() hands the flag to the step, and the fused kernels
+// read it where they run, leaving parameters and moments untouched when it is set. The host, which
 // advanced its step counts and made first momentum buffers without knowing, learns the outcome
 // a step later and calls undo_skipped_step(), which takes back exactly what the skipped step
 // recorded, before the next step reads any of it. The _foreach_ path cannot read a flag on the

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "dtorch/train/step_stats.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 
 namespace dtorch::train {
 

@@ -32,7 +32,7 @@
 #include "dtorch/train/loss.h"
 #include "dtorch/train/parallelize.h"
 #include "dtorch/train/step_stats.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 
 namespace dtorch::train {
 

@@ -8,7 +8,7 @@
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/pp/pipeline.h"
 #include "dtorch/parallel/tp/tensor_parallel.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 #include "dtorch/train/train_data.h"
 
 namespace dtorch::train {

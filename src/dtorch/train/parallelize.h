@@ -11,7 +11,7 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
 #include "dtorch/train/config/parallelism_config.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 
 namespace dtorch::train {
 

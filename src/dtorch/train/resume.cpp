@@ -13,9 +13,9 @@ namespace dtorch::train {
 namespace {
 
 // ZeRO-1/2 under --tp N write their shards per tp index (Note [Tensor-parallel checkpoints]
-// in ddp_strategy.cpp) and resume only as ZeRO at the same N: checked here, so that another layout
-// never starts silently from scratch. DDP's tensor-parallel checkpoints are whole and fit any
-// --tp.
+// in strategy/ddp_strategy.cpp) and resume only as ZeRO at the same N: checked here, so that
+// another layout never starts silently from scratch. DDP's tensor-parallel checkpoints are whole
+// and fit any --tp.
 void check_tensor_parallel_layout(const TrainConfig& c) {
   int saved_tp = 1;
   std::error_code ec;

@@ -14,7 +14,7 @@
 #include "dtorch/train/config/lr_schedule.h"
 #include "dtorch/train/config/run_config.h"
 #include "dtorch/train/step_stats.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 
 namespace dtorch::train {
 

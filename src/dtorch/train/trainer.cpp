@@ -40,7 +40,7 @@
 #include "dtorch/train/resume.h"
 #include "dtorch/train/run_folder.h"
 #include "dtorch/train/step_stats.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 #include "dtorch/train/train_data.h"
 
 namespace dtorch::train {

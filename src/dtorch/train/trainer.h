@@ -12,7 +12,7 @@
 #include "dtorch/report/progress.h"
 #include "dtorch/train/config/lr_schedule.h"
 #include "dtorch/train/config/run_config.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 #include "dtorch/train/train_data.h"
 
 namespace dtorch::train {

@@ -11,7 +11,7 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
 #include "dtorch/parallel/ddp/ddp.h"
-#include "dtorch/train/zero_grad.h"
+#include "dtorch/train/strategy/zero_grad.h"
 #include "support/workers.h"
 
 namespace dtorch {

@@ -1,6 +1,6 @@
 // Moving a tensor-parallel model's optimizer state to and from the unsplit model's layout, so
 // that a checkpoint written at one tp degree resumes at any other (Note [Tensor-parallel
-// checkpoints] in train/ddp_strategy.cpp).
+// checkpoints] in train/strategy/ddp_strategy.cpp).
 #pragma once
 
 #include <torch/nn/module.h>

@@ -1,5 +1,5 @@
 // fp16's loss scaling as DeepSpeed's "fp16" block sets it: a plain struct that the precision's
-// settings hold and the scaler (train/loss_scaler.h, Note [Loss scaling]) follows.
+// settings hold and the scaler (train/strategy/loss_scaler.h, Note [Loss scaling]) follows.
 #pragma once
 
 namespace dtorch::train {

@@ -1,6 +1,6 @@
 // A strategy's settings: DDP or a ZeRO stage, its optimizer, its precision and loss scaling,
 // DDP's buckets and how checkpoints are laid out. Plain structs that a run's configuration
-// holds and make_strategy (train/strategy.h) takes.
+// holds and make_strategy (train/strategy/strategy.h) takes.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,8 @@ struct OptimizerConfig {
 
 /// What a step computes and reduces in. Master weights stay fp32 whatever `compute` is.
 struct PrecisionConfig {
-  /// The compute precision; fp16 scales the loss (Note [Loss scaling] in train/loss_scaler.h).
+  /// The compute precision; fp16 scales the loss (Note [Loss scaling] in
+  /// train/strategy/loss_scaler.h).
   Precision compute = Precision::FP32;
   ReduceDtype reduce_dtype = ReduceDtype::FP32;  ///< gradient reduction
   /// fp16's loss scaling (Note [Loss scaling]); the flags of DeepSpeed's "fp16" block

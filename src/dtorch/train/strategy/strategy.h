@@ -1,6 +1,7 @@
 // How the trainer spreads a model over ranks: DDP, or a ZeRO stage (1-3, stage 3 being FSDP),
 // each with its optimizer, mixed precision, gradient clipping and checkpoints behind one small
-// interface, so the training loop reads the same whatever `--strategy` says.
+// interface, so the training loop reads the same whatever `--strategy` says. strategy/ is a room
+// of train/ (Note [train's rooms] in train/config/run_config.h): it includes config/, not the loop.
 #pragma once
 
 #include <functional>
@@ -24,9 +25,10 @@
 #include "dtorch/parallel/tp/tensor_parallel.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/config/strategy_config.h"
-#include "dtorch/train/loss_scaler.h"
+#include "dtorch/train/strategy/loss_scaler.h"
 
 namespace dtorch::train {
+inline namespace strategy {
 
 /// The device this process trains on: `spec` (--device) for the job's rank
 /// `job` (its LOCAL_RANK and LOCAL_WORLD_SIZE; Note [One GPU per rank]), made the current CUDA
@@ -141,4 +143,5 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<comm::Communicator> comm,
                                         TensorParallelism tp = {}, PipelineParallelism pp = {});
 
+}  // namespace strategy
 }  // namespace dtorch::train

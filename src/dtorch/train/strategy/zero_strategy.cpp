@@ -1,6 +1,6 @@
 // The ZeRO stages as a strategy: sharded optimizer state, gradients and parameters over the dp
 // group, and sharded checkpoints that reload at any world size.
-#include "dtorch/train/strategy_parts.h"
+#include "dtorch/train/strategy/strategy_parts.h"
 
 #include <nlohmann/json.hpp>
 
@@ -13,9 +13,10 @@
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/optim/fused.h"
 #include "dtorch/parallel/optimizer_state.h"
-#include "dtorch/train/zero_grad.h"
+#include "dtorch/train/strategy/zero_grad.h"
 
 namespace dtorch::train {
+inline namespace strategy {
 namespace {
 
 // ZeRO-1/2/3: sharded optimizer state (and gradients, and parameters), sharded checkpoints
@@ -251,4 +252,5 @@ std::unique_ptr<Strategy> make_zero_strategy(const StrategyConfig& c,
   return std::make_unique<ZeroStrategy>(c, std::move(model), std::move(comm), tp, std::move(pp));
 }
 
+}  // namespace strategy
 }  // namespace dtorch::train

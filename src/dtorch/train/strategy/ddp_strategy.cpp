@@ -1,7 +1,7 @@
 // DDP as a strategy: replicated weights and a plain optimizer; checkpoints in one file or shared
 // by the ranks (Note [Saving replicated state]), whole models under tensor parallelism (Note
 // [Tensor-parallel checkpoints]).
-#include "dtorch/train/strategy_parts.h"
+#include "dtorch/train/strategy/strategy_parts.h"
 
 #include <nlohmann/json.hpp>
 
@@ -20,9 +20,10 @@
 #include "dtorch/parallel/grad_clip.h"
 #include "dtorch/parallel/optimizer_state.h"
 #include "dtorch/parallel/tp/optimizer_state.h"
-#include "dtorch/train/zero_grad.h"
+#include "dtorch/train/strategy/zero_grad.h"
 
 namespace dtorch::train {
+inline namespace strategy {
 namespace {
 
 // Note [Tensor-parallel checkpoints]
@@ -342,4 +343,5 @@ std::unique_ptr<Strategy> make_ddp_strategy(const StrategyConfig& c,
                                        std::move(pp));
 }
 
+}  // namespace strategy
 }  // namespace dtorch::train

@@ -4,7 +4,7 @@
 // what one file holds (Note [Saving replicated state]); checkpoints written in the background
 // hold what blocking ones hold, and a kill during one leaves a checkpoint to resume from; and
 // bf16 mixed precision follows the fp32 loss curve.
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 
 #include <gtest/gtest.h>
 

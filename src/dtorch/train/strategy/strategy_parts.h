@@ -9,10 +9,11 @@
 #include <vector>
 
 #include "dtorch/core/device.h"
-#include "dtorch/train/loss_scaler.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/loss_scaler.h"
+#include "dtorch/train/strategy/strategy.h"
 
 namespace dtorch::train {
+inline namespace strategy {
 
 /// The optimizer `c` names over `params`, at c.lr with its weight decay, stepped by
 /// multi-tensor kernels (Note [Fused optimizers] in optim/fused.h).
@@ -33,8 +34,8 @@ std::vector<comm::Communicator*> step_groups(comm::Communicator& dp,
 /// The gradients an optimizer step reads (undefined ones left out).
 std::vector<at::Tensor> gradients_of(const torch::nn::Module& model);
 
-// Note [Loss scaling] (train/loss_scaler.h): under --precision fp16 backward runs on the loss
-// times the scale, and before each optimizer step every rank checks its gradients (whole, or
+// Note [Loss scaling] (train/strategy/loss_scaler.h): under --precision fp16 backward runs on the
+// loss times the scale, and before each optimizer step every rank checks its gradients (whole, or
 // its shards) for inf and nan; the flag is reduced with MAX over each group the strategy spans
 // (dp, then tp, then pp: every rank of the job), so an overflow anywhere skips the step
 // everywhere. The gradients are divided by the scale that produced them, then clipped, and
@@ -86,4 +87,5 @@ std::unique_ptr<Strategy> make_zero_strategy(const StrategyConfig& c,
                                              std::shared_ptr<comm::Communicator> comm,
                                              TensorParallelism tp, PipelineParallelism pp);
 
+}  // namespace strategy
 }  // namespace dtorch::train

@@ -5,6 +5,7 @@
 #include <torch/optim/optimizer.h>
 
 namespace dtorch::train {
+inline namespace strategy {
 
 /// Makes every gradient the optimizer updates undefined. The next backward then hands its
 /// gradient tensor over instead of adding it into a zeroed one: no memset and one read less
@@ -16,4 +17,5 @@ inline void zero_grad_to_none(torch::optim::Optimizer& opt) {
   }
 }
 
+}  // namespace strategy
 }  // namespace dtorch::train

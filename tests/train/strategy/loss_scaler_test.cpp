@@ -1,7 +1,7 @@
 // Tests for fp16 loss scaling (Note [Loss scaling]): scale sequences worked out by hand from
 // DeepSpeed's rule, the overflow check and unscaling on every floating dtype, the checkpoint
 // state, and every step against DeepSpeed's own DynamicLossScaler in Python.
-#include "dtorch/train/loss_scaler.h"
+#include "dtorch/train/strategy/loss_scaler.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

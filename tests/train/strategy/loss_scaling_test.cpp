@@ -15,7 +15,7 @@
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/train/config/lr_schedule.h"
 #include "dtorch/train/loss.h"
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 #include "support/command.h"
 #include "support/train_run.h"
 #include "support/workers.h"

@@ -12,6 +12,7 @@
 #include "dtorch/train/config/loss_scale_config.h"
 
 namespace dtorch::train {
+inline namespace strategy {
 
 // Note [Loss scaling]
 // Why: fp16 keeps 5 exponent bits. Its smallest normal number is 6.1e-5 (subnormals reach
@@ -28,7 +29,7 @@ namespace dtorch::train {
 // scale when (cur_iter - last_overflow_iter - 1) is a positive multiple of loss_scale_window, so
 // the first doubling comes after loss_scale_window + 1 clean steps (DeepSpeed before 0.17.1,
 // PR #6976, tested (cur_iter - last_overflow_iter) % window == 0, one step earlier; dtorch
-// follows the release it is compared with, tests/train/loss_scaler_test.cpp). Hysteresis:
+// follows the release it is compared with, tests/train/strategy/loss_scaler_test.cpp). Hysteresis:
 // cur_hysteresis starts at `hysteresis`; an overflow with cur_hysteresis > 1 only lowers it by one;
 // it is refilled when the scale doubles, or with consecutive_hysteresis after every clean step
 // (then only `hysteresis` overflows in a row halve the scale). Once cur_hysteresis reached 1
@@ -126,4 +127,5 @@ at::Tensor non_finite_flag(const std::vector<at::Tensor>& tensors, at::Device de
 /// scale backward used) in place.
 void unscale(std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale);
 
+}  // namespace strategy
 }  // namespace dtorch::train

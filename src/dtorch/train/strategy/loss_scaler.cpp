@@ -1,6 +1,6 @@
 // Loss scaling for fp16 (Note [Loss scaling] in loss_scaler.h): DeepSpeed's dynamic rule, its
 // checkpoint state, and the overflow check and unscaling of the gradients.
-#include "dtorch/train/loss_scaler.h"
+#include "dtorch/train/strategy/loss_scaler.h"
 
 #include <torch/version.h>
 
@@ -13,6 +13,7 @@
 #include "dtorch/core/error.h"
 
 namespace dtorch::train {
+inline namespace strategy {
 
 LossScaler::LossScaler(const LossScaleConfig& c)
     : config_(c),
@@ -184,4 +185,5 @@ void unscale(std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale) {
   }
 }
 
+}  // namespace strategy
 }  // namespace dtorch::train

@@ -1,7 +1,7 @@
 // The trainer's strategies (see strategy.h): the names of their closed sets, their validation,
 // the device a rank trains on, and what DDP (ddp_strategy.cpp) and the ZeRO stages
 // (zero_strategy.cpp) share (strategy_parts.h).
-#include "dtorch/train/strategy.h"
+#include "dtorch/train/strategy/strategy.h"
 
 #include <nlohmann/json.hpp>
 
@@ -11,10 +11,11 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/optim/fused.h"
-#include "dtorch/train/loss_scaler.h"
-#include "dtorch/train/strategy_parts.h"
+#include "dtorch/train/strategy/loss_scaler.h"
+#include "dtorch/train/strategy/strategy_parts.h"
 
 namespace dtorch::train {
+inline namespace strategy {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
                                                         std::vector<torch::Tensor> params) {
@@ -162,4 +163,5 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
   return make_zero_strategy(c, std::move(model), std::move(comm), std::move(tp), std::move(pp));
 }
 
+}  // namespace strategy
 }  // namespace dtorch::train
