@@ -1,7 +1,8 @@
 // The source tree's layers: core <- launch <- comm <- parallel <- checkpoint <- train, with models,
 // data, optim and report on core only beside them, and plan (the cost model, and calibration,
 // which measures over the job's ranks) on parallel and report: each folder includes only from the
-// folders below it.
+// folders below it; train/'s rooms (config/, strategy/) include nothing above them, and each
+// folder's namespace is its name.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -129,6 +130,104 @@ TEST(Layering, NoSourceFileIsOver700Lines) {
     EXPECT_LE(lines.size(), kMaxLines)
         << path << " has " << lines.size()
         << " lines; split it by concern, each file telling one story";
+    ++files;
+  }
+  EXPECT_GT(files, 50);
+}
+
+// The dtorch headers `path` includes ("dtorch/comm/communicator.h"), in the order written.
+std::vector<std::string> dtorch_includes(const std::string& path) {
+  static const std::regex include(R"re(#include "(dtorch/[a-z_/]+\.h)")re");
+  std::vector<std::string> found;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, include)) found.push_back(m[1].str());
+  }
+  return found;
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// Note [train's rooms] (train/config/run_config.h): the settings reach nothing of the
+// communicator, the mesh, a strategy or the loop, through any header; the strategies include
+// nothing of the loop.
+TEST(Layering, TrainsRoomsIncludeNothingAboveThem) {
+  const std::string src = std::string(DTORCH_SOURCE_DIR) + "/src/";
+  // The parallel/ and checkpoint/ headers a setting may name: each holds a type and its names.
+  const std::set<std::string> light = {
+      "dtorch/parallel/cp/kind.h", "dtorch/parallel/ddp/options.h", "dtorch/parallel/pp/schedule.h",
+      "dtorch/parallel/zero/stage_names.h", "dtorch/checkpoint/save_format.h"};
+  // Why config/ may not include `header`; empty when it may.
+  auto barred_from_config = [&](const std::string& header) -> std::string {
+    if (starts_with(header, "dtorch/comm/")) return "the communicator";
+    if (starts_with(header, "dtorch/train/") && !starts_with(header, "dtorch/train/config/"))
+      return "a room above config/";
+    if ((starts_with(header, "dtorch/parallel/") || starts_with(header, "dtorch/checkpoint/")) &&
+        !light.count(header))
+      return "more of parallel/ or checkpoint/ than a setting's type (give the type a header of "
+             "its own, as parallel/ddp/options.h)";
+    return "";
+  };
+  const auto config = files_below("src/dtorch/train/config/");
+  for (const auto& [path, lines] : config) {
+    const std::string rel = path.substr(std::string("src/").size());
+    std::map<std::string, std::string> reached;  // header -> the file that includes it
+    std::vector<std::string> todo = {rel};
+    while (!todo.empty()) {
+      const std::string file = todo.back();
+      todo.pop_back();
+      for (const std::string& header : dtorch_includes(src + file)) {
+        if (!reached.emplace(header, file).second) continue;
+        const std::string why = barred_from_config(header);
+        EXPECT_EQ(why, "") << rel << " reaches " << header << " (included by " << file
+                           << "): " << why;
+        todo.push_back(header);
+      }
+    }
+  }
+  EXPECT_GT(config.size(), 10u);
+  const auto strategy = files_below("src/dtorch/train/strategy/");
+  for (const auto& [path, lines] : strategy) {
+    for (const std::string& header : dtorch_includes(std::string(DTORCH_SOURCE_DIR) + "/" + path)) {
+      EXPECT_TRUE(!starts_with(header, "dtorch/train/") ||
+                  starts_with(header, "dtorch/train/config/") ||
+                  starts_with(header, "dtorch/train/strategy/"))
+          << path << " includes " << header
+          << " of the loop; a strategy includes only config/ and strategy/ of train/";
+    }
+  }
+  EXPECT_GT(strategy.size(), 5u);
+}
+
+// A folder's namespace is its name (docs/architecture.md): a file of src/dtorch/<top>/ declares
+// dtorch::<top> (core/: dtorch itself), a file of <top>/<sub>/ dtorch::<sub>, or inline
+// namespace <sub> where <sub> is a room of <top> (Note [train's rooms]). Declaring another
+// namespace besides (a forward declaration) is fine.
+TEST(Layering, EachFoldersNamespaceIsItsName) {
+  const std::string root = "src/dtorch/";
+  int files = 0;
+  for (const auto& [path, lines] : files_below(root)) {
+    const std::string rel = path.substr(root.size());
+    std::vector<std::string> folders;
+    for (size_t at = rel.find('/'), from = 0; at != std::string::npos;
+         from = at + 1, at = rel.find('/', from))
+      folders.push_back(rel.substr(from, at - from));
+    if (folders.empty() || folders.front() == "core") continue;
+    std::string text;
+    for (const std::string& line : lines)
+      text += line + "\n";
+    const std::string& name = folders.back();
+    // A declaration that opens the namespace (not a closing brace's comment naming it).
+    const std::string opens = "namespace dtorch::" + name + " \\{";
+    const std::regex own(folders.size() == 1 ? opens
+                                             : opens + "|inline namespace " + name + " \\{");
+    EXPECT_TRUE(std::regex_search(text, own))
+        << "src/dtorch/" << rel << " declares no namespace named " << name << ": put it in "
+        << (folders.size() == 1 ? "dtorch::" + name
+                                : "dtorch::" + name + " (or inline namespace " + name + ")");
     ++files;
   }
   EXPECT_GT(files, 50);
