@@ -372,7 +372,10 @@ TEST(TrainCli, ConfigJsonAtAnotherSizeKeepsTheGlobalBatchOrSaysWhy) {
   r = print("flags", {"--config", dir + "/two.json", "--nproc-per-node", "1", "--batch-size", "8"});
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_EQ(batch(r), std::make_pair(8, 2)) << "a batch flag given wins";
-  EXPECT_TRUE(contains(r.err, "changes from 64 to 16")) << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "changes from 64 to 16 samples per optimizer step, and the steps per epoch "
+                       "with it: the batch flags given choose it"))
+      << r.err;
 
   // A run at the new size: the message comes before the first step, the steps stay the run's.
   r = run_command("train_config_size_run",

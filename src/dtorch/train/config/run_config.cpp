@@ -349,7 +349,8 @@ int64_t global_batch(const TrainConfig& c, int world) {
 // goes into `r`'s notes; what it could not, into its warnings (after resolve()).
 struct SizeChange {
   bool changes = false;
-  int64_t then = 0;  // the file's global batch
+  int64_t then = 0;     // the file's global batch
+  bool chosen = false;  // a batch flag, --global-batch-size or --deepspeed-config chooses one
   bool kept = false;
 };
 
@@ -362,8 +363,9 @@ SizeChange keep_the_files_global_batch(ConfigSources& src, const TrainConfig& c)
   s.then = global_batch(*src.config_file, src.config_file_job.world_size);
   for (const char* chooses :
        {"--batch-size", "--accum-steps", "--microbatches", "--global-batch-size"})
-    if (src.command_line.count(chooses)) return s;
-  if (src.global_batch_size > 0 || !src.deepspeed_config.empty()) return s;
+    s.chosen = s.chosen || src.command_line.count(chooses) > 0;
+  s.chosen = s.chosen || src.global_batch_size > 0 || !src.deepspeed_config.empty();
+  if (s.chosen) return s;
   const int dp = data_parallel_size(c.parallelism, src.world_size);
   if (s.then % dp != 0) return s;
   src.global_batch_size = s.then;
@@ -440,12 +442,9 @@ Resolution resolve(TrainConfig& c, const ConfigSources& sources) {
       r.warnings.push_back(
           str(then, "; the global batch changes from ", size.then, " to ", now,
               " samples per optimizer step, and the steps per epoch with it: ",
-              src.global_batch_size > 0 || sources.command_line.count("--batch-size") ||
-                      sources.command_line.count("--accum-steps") ||
-                      sources.command_line.count("--microbatches") || !src.deepspeed_config.empty()
-                  ? std::string("the batch flags given choose it")
-                  : str(size.then, " is not a multiple of this job's ", dp,
-                        " data-parallel rank(s); give --global-batch-size to choose it")));
+              size.chosen ? std::string("the batch flags given choose it")
+                          : str(size.then, " is not a multiple of this job's ", dp,
+                                " data-parallel rank(s); give --global-batch-size to choose it")));
     }
   }
   if (src.global_batch_size > 0) {
