@@ -152,24 +152,31 @@ TEST(ElasticLaunch, TorchrunFlagsNeedWhatTheyName) {
 }
 
 // Three launchers on this host: the first two start a round of two, the third comes later,
-// waits, and joins at the next round, where everyone is renumbered (up to MAX = 3).
+// waits, and joins at the next round, where everyone is renumbered (up to MAX = 3). The job
+// ends when its workers do: the launcher serving the job's store and the last round's node 0
+// (another launcher) each keep a store up for the others, and neither waits for the other to
+// leave (they once did, until close_timeout).
 TEST(ElasticLaunch, ALateNodeJoinsAtTheNextRound) {
+  const auto started = std::chrono::steady_clock::now();
   std::string endpoint = "127.0.0.1:" + std::to_string(testing::free_port());
   auto start = [&](int i) {
     return testing::start_command(
         testing::scratch_dir("elastic-late-" + std::to_string(i)),
         {DTORCH_CLI, "launch", "--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         endpoint, "--rdzv-conf", "last_call_timeout=1,keep_alive_interval=1", "--timeout", "60",
-         "--", "sh", "-c",
+         endpoint, "--rdzv-conf", "last_call_timeout=1,keep_alive_interval=1,close_timeout=60",
+         "--timeout", "90", "--", "sh", "-c",
          "echo rank $RANK of $WORLD_SIZE in round $DTORCH_ELASTIC_ROUND; "
          "[ $WORLD_SIZE = 3 ] && sleep 2 || sleep 30"});
   };
   std::vector<testing::Command> early = {start(0), start(1)};
   testing::wait_until([&] { return contains(read_file(early[0].dir + "/stdout"), " of 2"); }, 30);
   testing::Command late = start(2);
-  std::vector<testing::CommandResult> r = {testing::finish_command(early[0], 60),
-                                           testing::finish_command(early[1], 60),
-                                           testing::finish_command(late, 60)};
+  std::vector<testing::CommandResult> r = {testing::finish_command(early[0], 90),
+                                           testing::finish_command(early[1], 90),
+                                           testing::finish_command(late, 90)};
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_LT(seconds, 40) << "the launchers waited for each other's close_timeout (60 s)";
   std::string all;
   for (const auto& x : r) {
     EXPECT_EQ(x.exit_code(), 0) << x.out << x.err;

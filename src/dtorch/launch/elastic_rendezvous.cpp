@@ -452,32 +452,49 @@ void ElasticRendezvous::finish() {
 
 void ElasticRendezvous::wait_for_peers(double seconds,
                                        const std::function<void(const std::string&)>& say) {
-  try {
-    wait_for_peers_or_throw(seconds, say);
-  } catch (const std::exception& e) {
-    log::debug("launch: stopped waiting for the other nodes: ", e.what());
-  }
-}
-
-void ElasticRendezvous::wait_for_peers_or_throw(
-    double seconds, const std::function<void(const std::string&)>& say) {
-  const auto start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  bool said = false;
-  for (;; std::this_thread::sleep_for(kTick)) {
+  wait_until_gone(seconds, say, [&] {
     std::vector<std::string> there;
     int n = static_cast<int>(store_->add(key("launchers"), 0));
     for (int l = 0; l < n; ++l) {
       if (l != id_ && !store_->check({key("gone/" + std::to_string(l))}) && !is_lost(l))
         there.push_back(host_of(l));
     }
-    auto now = Clock::now();
-    if (there.empty() || now >= deadline) return;
-    if (!said && say && secs(now - start) >= 5) {
-      said = true;
-      say(joined(there));
+    return there;
+  });
+}
+
+void ElasticRendezvous::wait_for_round(double seconds,
+                                       const std::function<void(const std::string&)>& say) {
+  DTORCH_CHECK(current_, "ElasticRendezvous::wait_for_round before join");
+  wait_until_gone(seconds, say, [&] {
+    std::vector<std::string> there;
+    for (int i = 0; i < current_->nnodes; ++i) {
+      if (!finished(i) && !is_lost(members_[static_cast<std::size_t>(i)]))
+        there.push_back(current_->hosts[static_cast<std::size_t>(i)]);
     }
+    return there;
+  });
+}
+
+void ElasticRendezvous::wait_until_gone(
+    double seconds, const std::function<void(const std::string&)>& say,
+    const std::function<std::vector<std::string>()>& still_there) {
+  const auto start = Clock::now();
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  bool said = false;
+  try {
+    for (;; std::this_thread::sleep_for(kTick)) {
+      const std::vector<std::string> there = still_there();
+      auto now = Clock::now();
+      if (there.empty() || now >= deadline) return;
+      if (!said && say && secs(now - start) >= 5) {
+        said = true;
+        say(joined(there));
+      }
+    }
+  } catch (const std::exception& e) {
+    log::debug("launch: stopped waiting for the other nodes: ", e.what());
   }
 }
 

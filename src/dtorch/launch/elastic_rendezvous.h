@@ -101,6 +101,11 @@ class ElasticRendezvous {
   /// keeps it until the others are done with it, so that none of them finds it gone before it
   /// read how the job ended. Past 5 s, `say` hears once which hosts are still there.
   void wait_for_peers(double seconds, const std::function<void(const std::string&)>& say = {});
+  /// Waits until every other node of the current round reported success or was lost, at most
+  /// `seconds`: node 0 serves the round's store for every node's workers. Not until they leave:
+  /// the launcher serving the job's store waits for node 0 to leave, and node 0 would wait for
+  /// it in turn until close_timeout.
+  void wait_for_round(double seconds, const std::function<void(const std::string&)>& say = {});
 
   /// A value for the other nodes of the current round, and reading one (waits for it).
   void publish(const std::string& key, const std::string& value);
@@ -132,7 +137,9 @@ class ElasticRendezvous {
   bool is_lost(int launcher);
   std::string host_of(int launcher);
   std::optional<RoundEnd> verdict(int round);
-  void wait_for_peers_or_throw(double seconds, const std::function<void(const std::string&)>& say);
+  /// Waits until `still_there` names no one, at most `seconds`; `say` as for wait_for_peers.
+  void wait_until_gone(double seconds, const std::function<void(const std::string&)>& say,
+                       const std::function<std::vector<std::string>()>& still_there);
   /// True when the job finished; throws CommError when it failed.
   bool job_ended();
   [[noreturn]] void fail_round(int round, const std::string& why);

@@ -101,12 +101,25 @@ int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Stor
     deadline =
         Clock::now() + std::chrono::milliseconds(static_cast<long long>(o.timeout_seconds * 1000));
   }
-  // Note [Elastic rendezvous]: whoever serves a store keeps it until the others are done with it.
+  // Note [Elastic rendezvous]: whoever serves a store keeps it until the others are done with it:
+  // the job's store until every launcher left, a round's node 0 its workers' store until the
+  // round's other nodes finished.
   auto leave = [&](bool serving, int code) {
     if (serving) {
       rdzv.wait_for_peers(conf.close_timeout, [&](const std::string& hosts) {
         console.message(str("dtorch launch: keeping the rendezvous store up until ", hosts,
                             " leave the job (at most ", conf.close_timeout,
+                            " s, --rdzv-conf close_timeout)"));
+      });
+    }
+    return code;
+  };
+  auto leave_round = [&](const Round& round, int code) {
+    if (served) return leave(true, code);
+    if (round.node_rank == 0) {
+      rdzv.wait_for_round(conf.close_timeout, [&](const std::string& hosts) {
+        console.message(str("dtorch launch: keeping this round's store up until ", hosts,
+                            " finish (at most ", conf.close_timeout,
                             " s, --rdzv-conf close_timeout)"));
       });
     }
@@ -175,10 +188,10 @@ int run_rounds(const Plan& base, Console& console, c10::intrusive_ptr<c10d::Stor
     switch (end.how) {
       case End::Success:
         rdzv.finish();
-        return leave(served || round->node_rank == 0, 0);
+        return leave_round(*round, 0);
       case End::Checkpointed:
         rdzv.finish();
-        return leave(served || round->node_rank == 0, checkpointed(plan, console));
+        return leave_round(*round, checkpointed(plan, console));
       case End::Signalled:
       case End::TimedOut:
         return stopped_by_launcher(end, o, console);
