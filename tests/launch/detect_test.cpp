@@ -12,6 +12,7 @@
 #include "dtorch/launch/rank_info.h"
 #include "launch/scoped_env.h"
 #include "support/command.h"
+#include "support/error_of.h"
 #include "support/workers.h"
 
 namespace dtorch::launch {
@@ -101,15 +102,6 @@ PMI_LOCAL_RANK=1
 PMI_LOCAL_SIZE=4
 PMI_UNIVERSE_SIZE=8
 )";
-
-std::string config_error_of(void (*fn)()) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 class DetectEnv : public ::testing::Test {
  protected:
@@ -202,7 +194,7 @@ TEST_F(DetectEnv, SlurmPartialStepNamesTheVariables) {
   env_.unset("SLURM_NTASKS");
   env_.unset("SLURM_STEP_NUM_TASKS");
   env_.unset("SLURM_NPROCS");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "SLURM_NTASKS=-1")) << msg;
   EXPECT_TRUE(testing::contains(msg, "srun")) << msg;
 }
@@ -210,7 +202,7 @@ TEST_F(DetectEnv, SlurmPartialStepNamesTheVariables) {
 TEST_F(DetectEnv, SlurmTasksPerNodeDisagreeingWithNtasksIsAnError) {
   env_.load(kSrunLastOf7on4);
   env_.set("SLURM_STEP_NUM_TASKS", "8");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "SLURM_STEP_TASKS_PER_NODE=2(x3),1")) << msg;
   EXPECT_TRUE(testing::contains(msg, "SLURM_STEP_NUM_TASKS=8")) << msg;
 }
@@ -218,13 +210,14 @@ TEST_F(DetectEnv, SlurmTasksPerNodeDisagreeingWithNtasksIsAnError) {
 TEST_F(DetectEnv, SlurmIdsOutsideTheirRangeAreErrors) {
   env_.load(kSrunLastOf7on4);
   env_.set("SLURM_LOCALID", "1");  // node 3 has one task
-  EXPECT_TRUE(testing::contains(config_error_of([] { rank_info_from_env(); }), "SLURM_LOCALID=1"));
+  EXPECT_TRUE(
+      testing::contains(testing::error_of([] { rank_info_from_env(); }), "SLURM_LOCALID=1"));
   env_.set("SLURM_LOCALID", "0");
   env_.set("SLURM_NODEID", "4");
-  EXPECT_TRUE(testing::contains(config_error_of([] { rank_info_from_env(); }), "SLURM_NODEID=4"));
+  EXPECT_TRUE(testing::contains(testing::error_of([] { rank_info_from_env(); }), "SLURM_NODEID=4"));
   env_.set("SLURM_NODEID", "3");
   env_.set("SLURM_PROCID", "7");
-  EXPECT_TRUE(testing::contains(config_error_of([] { rank_info_from_env(); }), "SLURM_PROCID=7"));
+  EXPECT_TRUE(testing::contains(testing::error_of([] { rank_info_from_env(); }), "SLURM_PROCID=7"));
 }
 
 TEST_F(DetectEnv, OpenMpiFromARecordedMpirun) {
@@ -243,7 +236,7 @@ TEST_F(DetectEnv, OpenMpiOnManyNodesNeedsMasterAddr) {
   env_.load(kMpirunRank1of2);
   env_.set("OMPI_COMM_WORLD_SIZE", "4");
   env_.set("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "export MASTER_ADDR")) << msg;
   env_.set("MASTER_ADDR", "node7");
   RankInfo r = rank_info_from_env();
@@ -272,7 +265,7 @@ TEST_F(DetectEnv, OpenMpiInsideASlurmAllocationUsesItsFirstHost) {
 
 TEST_F(DetectEnv, OpenMpiPartialSetIsAnError) {
   env_.set("OMPI_COMM_WORLD_RANK", "1");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "OMPI_COMM_WORLD_SIZE")) << msg;
 }
 
@@ -337,14 +330,14 @@ TEST_F(DetectEnv, PalsUnderPbsUsesTheNodeFile) {
 TEST_F(DetectEnv, PalsWithoutPmiSizeIsAnError) {
   env_.load(kPalsRank5of8);
   env_.unset("PMI_SIZE");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "PMI_SIZE")) << msg;
 }
 
 TEST_F(DetectEnv, UnreadableNodeFileIsAnError) {
   env_.load(kPalsRank5of8);
   env_.set("PBS_NODEFILE", "/nonexistent/aux/4123456.desched1");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "PBS_NODEFILE=/nonexistent")) << msg;
 }
 
@@ -383,7 +376,7 @@ TEST_F(DetectEnv, HandExportedRankMustMatchSlurm) {
   env_.set("RANK", "0");
   env_.set("WORLD_SIZE", "7");
   env_.set("MASTER_PORT", "29500");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "RANK=0 but SLURM_PROCID=6")) << msg;
   env_.set("RANK", "6");
   RankInfo r = rank_info_from_env();
@@ -396,7 +389,7 @@ TEST_F(DetectEnv, HandExportedRankMustMatchOpenMpi) {
   env_.set("RANK", "0");
   env_.set("WORLD_SIZE", "2");
   env_.set("MASTER_PORT", "29500");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "RANK=0 but OMPI_COMM_WORLD_RANK=1")) << msg;
 }
 
@@ -412,7 +405,7 @@ TEST_F(DetectEnv, TorchrunWithALargerWorldThanSlurmIsNotCompared) {
 TEST_F(DetectEnv, WorldSizeAloneMustMatchTheScheduler) {
   env_.load(kSrunLastOf7on4);
   env_.set("WORLD_SIZE", "8");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_TRUE(testing::contains(msg, "WORLD_SIZE=8 but SLURM_STEP_NUM_TASKS=7")) << msg;
   env_.set("WORLD_SIZE", "7");
   EXPECT_EQ(rank_info_from_env().rank, 6);

@@ -8,6 +8,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/launch/rank_info.h"
 #include "launch/scoped_env.h"
+#include "support/error_of.h"
 
 namespace dtorch::launch {
 namespace {
@@ -19,15 +20,6 @@ class RankInfoEnv : public ::testing::Test {
   static void set(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
   dtorch::testing::ScopedEnv env_;
 };
-
-std::string config_error_of(void (*fn)()) {
-  try {
-    fn();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST_F(RankInfoEnv, NothingSetIsOneProcess) {
   RankInfo r = rank_info_from_env();
@@ -75,35 +67,35 @@ TEST_F(RankInfoEnv, NodeRankDefaultsFromRankAndLocalWorld) {
 
 TEST_F(RankInfoEnv, RankWithoutWorldSizeNamesBoth) {
   set("RANK", "1");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_NE(msg.find("RANK"), std::string::npos) << msg;
   EXPECT_NE(msg.find("WORLD_SIZE"), std::string::npos) << msg;
 }
 
 TEST_F(RankInfoEnv, WorldSizeWithoutRankIsAnError) {
   set("WORLD_SIZE", "2");
-  EXPECT_NE(config_error_of([] { rank_info_from_env(); }), "");
+  EXPECT_NE(testing::error_of([] { rank_info_from_env(); }), "(no error)");
 }
 
 TEST_F(RankInfoEnv, RankOutsideWorldIsAnError) {
   set("RANK", "2");
   set("WORLD_SIZE", "2");
   set("MASTER_PORT", "29500");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_NE(msg.find("RANK=2"), std::string::npos) << msg;
 }
 
 TEST_F(RankInfoEnv, MissingMasterPortForManyRanksIsAnError) {
   set("RANK", "0");
   set("WORLD_SIZE", "2");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_NE(msg.find("MASTER_PORT"), std::string::npos) << msg;
 }
 
 TEST_F(RankInfoEnv, MalformedNumberNamesTheVariable) {
   set("RANK", "zero");
   set("WORLD_SIZE", "2");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_NE(msg.find("RANK"), std::string::npos) << msg;
 }
 
@@ -113,7 +105,7 @@ TEST_F(RankInfoEnv, LocalRankMustFitLocalWorld) {
   set("LOCAL_RANK", "3");
   set("LOCAL_WORLD_SIZE", "2");
   set("MASTER_PORT", "29500");
-  std::string msg = config_error_of([] { rank_info_from_env(); });
+  std::string msg = testing::error_of([] { rank_info_from_env(); });
   EXPECT_NE(msg.find("LOCAL_RANK=3"), std::string::npos) << msg;
 }
 
