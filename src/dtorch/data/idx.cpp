@@ -118,7 +118,7 @@ torch::Tensor read_idx(const std::string& path) {
   for (int d = 0; d < ndims; ++d) {
     uint32_t n = big_endian_u32(&dim_bytes[4 * d]);
     sizes.push_back(static_cast<int64_t>(n));
-    shape += (d ? "x" : "") + std::to_string(n);
+    shape += str(d ? "x" : "", n);
     // Check before multiplying so a garbage header cannot overflow the product.
     DTORCH_CHECK_T(DataError, n == 0 || total <= max_bytes / n, "IDX file ", path,
                    ": header announces ", shape, "... bytes, more than its ", file_bytes,

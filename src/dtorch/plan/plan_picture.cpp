@@ -6,6 +6,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "dtorch/core/error.h"
+
 namespace dtorch::plan {
 
 Picture plan_picture(const std::vector<Prediction>& rows, const std::vector<double>& measured_s,
@@ -35,7 +37,7 @@ Picture plan_picture(const std::vector<Prediction>& rows, const std::vector<doub
   p.text(left, 24, title, 14);
   for (size_t i = 0; i < rows.size(); ++i) {
     const double y = top + i * row;
-    p.text(8, y + row / 2 + 2, "#" + std::to_string(i + 1));
+    p.text(8, y + row / 2 + 2, str("#", i + 1));
     double x = left;
     const double seconds[] = {rows[i].compute_s, rows[i].exposed_comm_s, rows[i].bubble_s};
     for (int k = 0; k < 3; ++k) {
