@@ -24,7 +24,7 @@ bool launches_workers(const SelfLaunch& how) {
 train::JobSize job_size(const SelfLaunch& how) {
   if (launches_workers(how)) return {1, how.nproc_per_node, how.nproc_per_node};
   const launch::RankInfo me = launch::rank_info_from_env();
-  return {me.nnodes, me.local_world_size, me.world_size};
+  return train::job_size_of(me.world_size, me.local_world_size);
 }
 
 bool reports_for_the_job(const SelfLaunch& how) {

@@ -486,11 +486,8 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
               steps_per_epoch, " step(s) per epoch");
     // What this run is, once its checkpoint is loaded, and the job's size: `dtorch train
     // --config` reruns it (Note [The job's size in config.json]).
-    const int local = comm->info().local_world_size;
-    const int world = comm->size();
-    const JobSize job =  // a job whose nodes hold unequal ranks has no such size
-        local > 0 && world % local == 0 ? JobSize{world / local, local, world} : JobSize{};
-    write_config_file(c, job, paths::join(c.checkpointing.out, "config.json"));
+    write_config_file(c, job_size_of(comm->size(), comm->info().local_world_size),
+                      paths::join(c.checkpointing.out, "config.json"));
     const std::string metrics = c.checkpointing.out + "/metrics.jsonl";
     if (start.resumed) report::keep_records_through(metrics, start.global_step);
     e.metrics = std::make_unique<report::MetricsWriter>(metrics, start.resumed);

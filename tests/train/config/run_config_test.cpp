@@ -242,6 +242,18 @@ TEST(ResolveConfig, SetsTheDefaultsThatFollowOtherSettings) {
       << r.notes[0];
 }
 
+// One rule for the size a run records, whether the trainer or `--print-config` writes it.
+TEST(JobSizeOf, EqualNodesHaveASizeUnequalOnesNone) {
+  const JobSize two_nodes = job_size_of(8, 4);
+  EXPECT_EQ(two_nodes.nnodes, 2);
+  EXPECT_EQ(two_nodes.nproc_per_node, 4);
+  EXPECT_EQ(two_nodes.world_size, 8);
+  EXPECT_EQ(job_size_of(1, 1).nnodes, 1);
+  EXPECT_FALSE(job_size_of(6, 4).known()) << "a node of 4 and a node of 2";
+  EXPECT_FALSE(job_size_of(4, 0).known());
+  EXPECT_FALSE(job_size_of(0, 0).known());
+}
+
 // A --config file's run at another size, of batch size 0 (a fuzzer's "batch-size": -0), once
 // divided by it in keeping the file's global batch; it is a ConfigError like any batch below 1.
 TEST(ResolveConfig, AFilesBatchOfZeroAtAnotherSizeIsAConfigError) {

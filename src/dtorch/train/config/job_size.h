@@ -14,5 +14,12 @@ struct JobSize {
   bool known() const { return world_size > 0; }
 };
 
+/// The size of a job of `world_size` ranks with `local_world_size` on this node; not known
+/// when the ranks cannot fill equal nodes (its nodes hold unequal ranks).
+inline JobSize job_size_of(int world_size, int local_world_size) {
+  if (local_world_size <= 0 || world_size <= 0 || world_size % local_world_size != 0) return {};
+  return {world_size / local_world_size, local_world_size, world_size};
+}
+
 }  // namespace config
 }  // namespace dtorch::train
