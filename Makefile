@@ -87,7 +87,8 @@ demo: deps-build $(BUILD)/build.ninja
 # Configures again (seconds), with the tests: a build folder that `make demo` configured before
 # GoogleTest was installed, or one configured with -DDTORCH_BUILD_TESTS=OFF, has none yet. ctest
 # fails on no tests rather than passing on them; its summary ends with the time per label, and
-# scripts/skipped-tests then says why each skipped test was skipped.
+# scripts/skipped-tests then says why each skipped test was skipped. JOBS tests compute at a
+# time, and two more may wait beside them (Note [Tests that wait] in tests/CMakeLists.txt).
 test: deps-test
 	@$(SANITIZE_DEPS)
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) $(TORCH_FLAGS) $(TEST_FLAGS) \
@@ -96,9 +97,11 @@ test: deps-test
 ifeq ($(SANITIZE),1)
 	rm -rf $(SANITIZER_REPORTS) && mkdir -p $(SANITIZER_REPORTS)
 endif
-	cd $(BUILD) && ctest --output-on-failure --no-tests=error -j $(JOBS) --timeout 900 \
-	  $(CTEST_FLAGS); status=$$?; $(abspath scripts/skipped-tests) .; $(SANITIZER_CHECK) \
-	  exit $$status
+	printf '{"version": {"major": 1, "minor": 0}, "local": [{"cpus": [{"id": "0", "slots": %d}]}]}\n' \
+	  $(JOBS) > $(BUILD)/cpus.json
+	cd $(BUILD) && ctest --output-on-failure --no-tests=error -j $$(( $(JOBS) + 2 )) \
+	  --resource-spec-file cpus.json --timeout 900 $(CTEST_FLAGS); status=$$?; \
+	  $(abspath scripts/skipped-tests) .; $(SANITIZER_CHECK) exit $$status
 
 # dtorch on both LibTorch versions: one rank's training step against PyTorch eager's with fused
 # AdamW; DDP on Debian's 1.13 against PyTorch 1.13 and 2.x; Gloo's

@@ -2,9 +2,10 @@
 # in one process, as the ctest test "SUITE.*". Run after each build of the test binary, as
 # gtest_discover_tests runs its own listing (tests/CMakeLists.txt says why and for which tests).
 #
-#   cmake -D TEST_BINARY=... -D FILTER=... -D LABELS=... -D TIMEOUT=... -D WORKING_DIR=...
-#         -D OUT=... -P suite_tests.cmake
-foreach(var TEST_BINARY FILTER LABELS TIMEOUT WORKING_DIR OUT)
+#   cmake -D TEST_BINARY=... -D FILTER=... -D LABELS=... -D TIMEOUT=... -D RESOURCES=...
+#         -D WORKING_DIR=... -D OUT=... -P suite_tests.cmake
+# RESOURCES is each test's RESOURCE_GROUPS (Note [Tests that wait] in tests/CMakeLists.txt).
+foreach(var TEST_BINARY FILTER LABELS TIMEOUT RESOURCES WORKING_DIR OUT)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "suite_tests.cmake: -D ${var}=... is missing")
   endif()
@@ -47,7 +48,7 @@ foreach(suite IN LISTS suites)
   string(APPEND script
     "add_test([==[${suite}.*]==] [==[${TEST_BINARY}]==] [==[--gtest_filter=${tests}]==])\n"
     "set_tests_properties([==[${suite}.*]==] PROPERTIES WORKING_DIRECTORY [==[${WORKING_DIR}]==]"
-    " TIMEOUT ${TIMEOUT} LABELS ${LABELS})\n")
+    " TIMEOUT ${TIMEOUT} LABELS ${LABELS} RESOURCE_GROUPS ${RESOURCES})\n")
 endforeach()
 # Written whole, then renamed: ctest never includes half a file.
 file(WRITE "${OUT}.tmp" "${script}")
