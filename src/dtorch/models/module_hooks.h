@@ -4,6 +4,7 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/types.h>
 
 #include <functional>
@@ -35,14 +36,29 @@ void clear_module_hooks(torch::nn::Module& module);
 /// The hooks of `module`, or null.
 std::shared_ptr<const ModuleHooks> module_hooks(const torch::nn::Module& module);
 
+/// Note [Linear through aten::linear]: LibTorch's C++ nn::Linear (torch::nn::functional::linear)
+/// runs an input of more than two dimensions as a matmul and then `output += bias`, where
+/// Python's nn.Linear calls aten::linear, which flattens a contiguous input into one addmm
+/// with the bias in the GEMM's epilogue. Under autocast the C++ bias also stays fp32, so its
+/// add is a second, unvectorised kernel over the whole output: on an H200, 3 ms of gpt-small's
+/// 30 ms step at 8 x 1024 tokens. call() runs a Linear the Python way.
+inline torch::Tensor forward_of(torch::nn::LinearImpl& linear, torch::Tensor x) {
+  return torch::linear(x, linear.weight, linear.bias);
+}
+template <class Module>
+torch::Tensor forward_of(Module& module, torch::Tensor x) {
+  return module.forward(std::move(x));
+}
+
 /// Runs `child` (a ModuleHolder such as torch::nn::Linear, or a shared_ptr to a module) on
 /// `x` through its hooks.
 template <class Holder>
 torch::Tensor call(Holder& child, torch::Tensor x) {
   auto hooks = module_hooks(*child);
-  if (!hooks) return child->forward(std::move(x));
+  if (!hooks) return forward_of(*child, std::move(x));
   if (hooks->pre) x = hooks->pre(std::move(x));
-  torch::Tensor y = hooks->forward ? hooks->forward(std::move(x)) : child->forward(std::move(x));
+  torch::Tensor y =
+      hooks->forward ? hooks->forward(std::move(x)) : forward_of(*child, std::move(x));
   return hooks->post ? hooks->post(std::move(y)) : y;
 }
 
