@@ -40,4 +40,11 @@ torch::Tensor pack_heads(const torch::Tensor& qkv, int64_t head_dim) {
   return qkv.view({B, T, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
 }
 
+std::array<torch::Tensor, 3> unpack_heads(const torch::Tensor& packed) {
+  // Back to B x T x 3 x heads x head_dim, qkv's layout: unbind's backward stacks the three
+  // gradients there, and the views above it need no copy.
+  auto parts = packed.permute({1, 3, 0, 2, 4}).unbind(2);
+  return {parts[0].transpose(1, 2), parts[1].transpose(1, 2), parts[2].transpose(1, 2)};
+}
+
 }  // namespace dtorch::models

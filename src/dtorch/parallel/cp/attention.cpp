@@ -234,7 +234,8 @@ struct AllToAll : torch::autograd::Function<AllToAll> {
 }  // namespace
 
 Tensor ring_attention(const Tensor& qkv, const CommPtr& group, bool causal, int64_t tokens) {
-  return RingAttention::apply(qkv[0], qkv[1], qkv[2], group, causal, tokens);
+  auto [q, k, v] = models::unpack_heads(qkv);
+  return RingAttention::apply(q, k, v, group, causal, tokens);
 }
 
 Tensor ulysses_attention(const Tensor& qkv, const CommPtr& group, bool causal,
@@ -249,10 +250,12 @@ Tensor ulysses_attention(const Tensor& qkv, const CommPtr& group, bool causal,
   const Tensor order = sequence_order(local, n, qkv.device());
   Tensor whole = AllToAll::apply(qkv, group, 2, 3).index_select(3, order);
   Tensor y;
+  // unbind: its backward is one stack (Note [Unpacking q, k and v]).
   if (tokens == 0 || tokens == whole.size(3)) {
-    y = models::attention(whole[0], whole[1], whole[2], causal, kernel);
+    auto qkv_parts = whole.unbind(0);
+    y = models::attention(qkv_parts[0], qkv_parts[1], qkv_parts[2], causal, kernel);
   } else {  // Note [Padded sequences]: the real prefix attends to itself; padding reads zeros
-    const Tensor real = whole.narrow(3, 0, tokens);
+    auto real = whole.narrow(3, 0, tokens).unbind(0);
     y = models::attention(real[0], real[1], real[2], causal, kernel);
     y = torch::cat({y, torch::zeros_like(whole[0].narrow(2, tokens, whole.size(3) - tokens))}, 2);
   }
