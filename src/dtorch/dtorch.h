@@ -1,6 +1,7 @@
 // dtorch's public API in one include, for programs that link dtorch::dtorch.
 // The pieces: the communicator and its process groups, DDP, ZeRO and tensor parallelism, the
-// launcher's rank description, data, models and training helpers.
+// launcher's rank description, data, models (dtorch's own, and yours through wrap_module) and
+// training helpers.
 #pragma once
 
 #include "dtorch/checkpoint/checkpoint.h"
@@ -13,7 +14,10 @@
 #include "dtorch/data/sampler.h"
 #include "dtorch/data/text_dataset.h"
 #include "dtorch/launch/rank_info.h"
+#include "dtorch/models/module_hooks.h"
 #include "dtorch/models/registry.h"
+#include "dtorch/models/wrapped_module.h"
+#include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/autocast.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/parallel_dims.h"

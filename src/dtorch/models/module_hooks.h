@@ -26,6 +26,13 @@ struct ModuleHooks {
   std::function<torch::Tensor(torch::Tensor)> forward;
   /// Maps the module's output; may be empty.
   std::function<torch::Tensor(torch::Tensor)> post;
+  /// Runs the module's forward (`forward` above, else the module's own) as run(x): a block's
+  /// hooks and runner (Note [Your own model]) wrap it as a models::Model's run_block() does.
+  /// `run` stays callable after call() returns (activation checkpointing calls it again in
+  /// backward). May be empty.
+  std::function<torch::Tensor(torch::Tensor x,
+                              const std::function<torch::Tensor(torch::Tensor)>& run)>
+      around;
 };
 
 /// Installs `hooks` on `module` (which must be owned by a shared_ptr, as every registered
@@ -57,8 +64,15 @@ torch::Tensor call(Holder& child, torch::Tensor x) {
   auto hooks = module_hooks(*child);
   if (!hooks) return forward_of(*child, std::move(x));
   if (hooks->pre) x = hooks->pre(std::move(x));
-  torch::Tensor y =
-      hooks->forward ? hooks->forward(std::move(x)) : forward_of(*child, std::move(x));
+  torch::Tensor y;
+  if (hooks->around) {
+    // Holds the module and its hooks by value: `around` may run it again in backward.
+    y = hooks->around(std::move(x), [child, hooks](torch::Tensor in) mutable {
+      return hooks->forward ? hooks->forward(std::move(in)) : forward_of(*child, std::move(in));
+    });
+  } else {
+    y = hooks->forward ? hooks->forward(std::move(x)) : forward_of(*child, std::move(x));
+  }
   return hooks->post ? hooks->post(std::move(y)) : y;
 }
 

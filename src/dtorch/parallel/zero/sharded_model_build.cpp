@@ -2,10 +2,12 @@
 // into flat units from rank 0's weights, or from a deferred model built again unit by unit, gives
 // the optimizer this rank's shards, and installs the hooks that reduce and gather.
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/freed_memory.h"
+#include "dtorch/core/log.h"
 #include "dtorch/models/model.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/parallel/grad_ready.h"
@@ -13,6 +15,22 @@
 #include "dtorch/parallel/zero/sharded_model_impl.h"
 
 namespace dtorch::zero {
+
+// ZeRO-3 on a model that names no units gathers all of it as one (Note [Your own model]).
+void ShardedModel::Impl::warn_no_units(const std::vector<ParamInfo>& infos) const {
+  if (comm->rank() != 0) return;
+  int64_t numel = 0;
+  for (const ParamInfo& p : infos)
+    numel += p.numel;
+  const double mib = double(numel) * double(c10::elementSize(opts.param_dtype)) / (1 << 20);
+  const bool ours = dynamic_cast<const models::Model*>(module.get()) != nullptr;
+  log::warn("ZeRO-3: the model names no units, so every rank holds all ", numel,
+            " of its parameters (", std::round(mib * 10) / 10,
+            " MiB) whenever it runs, as ZeRO-2 does: stage 3 saves no parameter memory here. ",
+            ours ? "Its block_names() lists none; ZeRO-2 holds as much and gathers less"
+                 : "Give it units: wrap it with models::wrap_module(model, policy) and run each "
+                   "unit through models::call() in forward (docs/your-model.md)");
+}
 
 void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   const std::string who = str("ZeRO-", opts.stage);
@@ -59,6 +77,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     specs = units_by_blocks(infos, blocks, opts.min_unit_params);
     model = m;
   } else if (sharded_params()) {
+    warn_no_units(infos);
     specs = {{"root", {}, {}}};  // no blocks: one unit, gathered per step if forward is scoped
     for (size_t i = 0; i < infos.size(); ++i)
       specs[0].params.push_back(i);

@@ -123,6 +123,7 @@ struct ShardedModel::Impl {
   void init_deferred(const models::Model& m);
   void publish();
   void install_block_hooks();
+  void warn_no_units(const std::vector<ParamInfo>& infos) const;
   void install_readiness();
   void absorb(size_t i);
   void launch(size_t u);
