@@ -44,6 +44,11 @@ struct TensorRule {
 
 using TensorPlan = std::vector<TensorRule>;
 
+/// Whether module path `path` matches `pattern`, in which "*" stands for exactly one
+/// dot-separated component ("transformer.h.*.attn" matches transformer.h.0.attn, not
+/// transformer.h.attn): tensor-parallel rules and unit policies (wrapped_module.h) alike.
+bool module_path_matches(const std::string& pattern, const std::string& path);
+
 /// ConfigError unless `tp` ranks divide `n` (the `what` of `model`: "attention heads" of "this
 /// GPT"), naming both and the fix.
 void check_tensor_split(int tp, int64_t n, const std::string& what, const std::string& model);

@@ -8,28 +8,10 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/models/module_hooks.h"
+#include "dtorch/models/tensor_plan.h"
 
 namespace dtorch::models {
 namespace {
-
-std::vector<std::string> split_path(const std::string& path) {
-  std::vector<std::string> parts;
-  size_t begin = 0;
-  for (;;) {
-    const size_t dot = path.find('.', begin);
-    parts.push_back(path.substr(begin, dot - begin));
-    if (dot == std::string::npos) return parts;
-    begin = dot + 1;
-  }
-}
-
-bool matches(const std::string& pattern, const std::string& path) {
-  const auto want = split_path(pattern), got = split_path(path);
-  if (want.size() != got.size()) return false;
-  for (size_t i = 0; i < want.size(); ++i)
-    if (want[i] != "*" && want[i] != got[i]) return false;
-  return true;
-}
 
 bool holds(const std::string& outer, const std::string& inner) {
   return inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
@@ -75,7 +57,7 @@ std::vector<std::string> resolve_units(const torch::nn::Module& root, const Unit
     for (const std::string& pattern : policy.modules) {
       bool any = false;
       for (size_t i = 0; i < paths.size(); ++i) {
-        if (!matches(pattern, paths[i])) continue;
+        if (!module_path_matches(pattern, paths[i])) continue;
         picked[i] = true;
         any = true;
       }

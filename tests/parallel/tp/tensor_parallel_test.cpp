@@ -30,12 +30,15 @@ using models::ViTConfig;
 using testing::read_file;
 
 TEST(TensorParallelPlan, StarMatchesExactlyOneComponent) {
-  EXPECT_TRUE(matches("transformer.h.*.attn.c_attn", "transformer.h.11.attn.c_attn"));
-  EXPECT_FALSE(matches("transformer.h.*.attn.c_attn", "transformer.h.1.attn.c_attn.x"));
-  EXPECT_FALSE(matches("transformer.h.*.attn.c_attn", "transformer.h.attn.c_attn"));
-  EXPECT_FALSE(matches("transformer.h.*", "transformer.h"));
-  EXPECT_TRUE(matches("transformer.wte", "transformer.wte"));
-  EXPECT_FALSE(matches("transformer.wte", "transformer.wpe"));
+  EXPECT_TRUE(
+      models::module_path_matches("transformer.h.*.attn.c_attn", "transformer.h.11.attn.c_attn"));
+  EXPECT_FALSE(
+      models::module_path_matches("transformer.h.*.attn.c_attn", "transformer.h.1.attn.c_attn.x"));
+  EXPECT_FALSE(
+      models::module_path_matches("transformer.h.*.attn.c_attn", "transformer.h.attn.c_attn"));
+  EXPECT_FALSE(models::module_path_matches("transformer.h.*", "transformer.h"));
+  EXPECT_TRUE(models::module_path_matches("transformer.wte", "transformer.wte"));
+  EXPECT_FALSE(models::module_path_matches("transformer.wte", "transformer.wpe"));
 }
 
 TEST(TensorParallelPlan, FusedShardsHoldEachPartsSliceAndRoundTrip) {

@@ -24,23 +24,6 @@ std::string to_string(Style s) {
   return "?";
 }
 
-bool matches(const std::string& pattern, const std::string& path) {
-  size_t p = 0, q = 0;
-  while (p <= pattern.size() && q <= path.size()) {
-    size_t pe = pattern.find('.', p), qe = path.find('.', q);
-    if (pe == std::string::npos) pe = pattern.size();
-    if (qe == std::string::npos) qe = path.size();
-    std::string a = pattern.substr(p, pe - p), b = path.substr(q, qe - q);
-    if (a != "*" && a != b) return false;
-    if (a == "*" && b.empty()) return false;
-    const bool pattern_done = pe == pattern.size(), path_done = qe == path.size();
-    if (pattern_done || path_done) return pattern_done && path_done;
-    p = pe + 1;
-    q = qe + 1;
-  }
-  return false;
-}
-
 namespace {
 
 // Sequence parallelism runs the blocks on slices of the sequence: cut before the first,
@@ -58,7 +41,7 @@ Plan for_stage(Plan plan, const models::Model& m) {
   Plan kept;
   for (auto& rule : plan) {
     for (const auto& kv : m.named_modules("", /*include_self=*/false)) {
-      if (matches(rule.module, kv.key())) {
+      if (models::module_path_matches(rule.module, kv.key())) {
         kept.push_back(rule);
         break;
       }

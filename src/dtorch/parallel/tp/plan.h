@@ -19,9 +19,6 @@ using Plan = models::TensorPlan;
 
 std::string to_string(Style s);
 
-/// Whether `path` matches `pattern` ("*" matches exactly one dot-separated component).
-bool matches(const std::string& pattern, const std::string& path);
-
 /// The plan tensor parallelism applies to `model` over `tp_size` ranks: the model's own
 /// (Model::tensor_parallel_plan; a model without one is a ConfigError), with sequence
 /// parallelism's boundaries at its first and last block, kept to the modules a pipeline stage

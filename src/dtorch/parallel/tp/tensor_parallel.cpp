@@ -119,7 +119,7 @@ std::shared_ptr<TensorParallel> parallelize(models::Model& model,
     int hits = 0;
     for (const auto& kv : model.named_modules("", /*include_self=*/false)) {
       const std::string& path = kv.key();
-      if (!matches(rule.module, path)) continue;
+      if (!models::module_path_matches(rule.module, path)) continue;
       ++hits;
       torch::nn::Module* m = kv.value().get();
       models::ModuleHooks& h = hooks[m];
