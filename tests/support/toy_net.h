@@ -23,7 +23,8 @@ struct ToyBlockImpl : torch::nn::Module {
   }
   torch::Tensor forward(torch::Tensor x) {
     ++runs;
-    return x + down(torch::gelu(up(norm(x))));
+    // Through call(), so that tensor parallelism can split them (Note [Module hooks]).
+    return x + models::call(down, torch::gelu(models::call(up, norm(x))));
   }
   torch::nn::LayerNorm norm{nullptr};
   torch::nn::Linear up{nullptr}, down{nullptr};

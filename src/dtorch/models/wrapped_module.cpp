@@ -86,8 +86,10 @@ std::vector<std::string> resolve_units(const torch::nn::Module& root, const Unit
 
 WrappedModule::WrappedModule(std::shared_ptr<torch::nn::Module> module,
                              std::function<torch::Tensor(torch::Tensor)> forward,
-                             const UnitPolicy& units)
-    : module_(std::move(module)), forward_(std::move(forward)) {
+                             const UnitPolicy& units, TensorPlan tensor_plan)
+    : module_(std::move(module)),
+      forward_(std::move(forward)),
+      tensor_plan_(std::move(tensor_plan)) {
   DTORCH_CHECK_T(ConfigError, module_ && forward_, "wrap_module: no module given");
   // The module's own names, so that parameter names stay those the user declared.
   for (const auto& kv : module_->named_children())
@@ -126,6 +128,13 @@ WrappedModule::~WrappedModule() {
     else
       clear_module_hooks(*m);
   }
+}
+
+TensorPlan WrappedModule::tensor_parallel_plan(int /*tp*/) const {
+  DTORCH_CHECK_T(ConfigError, !tensor_plan_.empty(),
+                 "tensor parallelism: this wrapped module has no plan; give wrap_module one (the "
+                 "modules to split by columns and by rows: docs/your-model.md)");
+  return tensor_plan_;
 }
 
 torch::Tensor WrappedModule::forward(torch::Tensor x) {

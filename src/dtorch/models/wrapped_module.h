@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dtorch/models/model.h"
+#include "dtorch/models/tensor_plan.h"
 
 namespace dtorch::models {
 
@@ -52,7 +53,8 @@ std::vector<std::string> resolve_units(const torch::nn::Module& root, const Unit
 class WrappedModule : public Model {
  public:
   WrappedModule(std::shared_ptr<torch::nn::Module> module,
-                std::function<torch::Tensor(torch::Tensor)> forward, const UnitPolicy& units);
+                std::function<torch::Tensor(torch::Tensor)> forward, const UnitPolicy& units,
+                TensorPlan tensor_plan = {});
   ~WrappedModule() override;
   WrappedModule(const WrappedModule&) = delete;
   WrappedModule& operator=(const WrappedModule&) = delete;
@@ -60,6 +62,10 @@ class WrappedModule : public Model {
   torch::Tensor forward(torch::Tensor x) override;
   std::vector<std::string> block_names() const override { return units_; }
   bool scopes_forward() const override { return true; }
+  /// The plan wrap_module was given, for any tp (a parameter that tp does not divide is a
+  /// ConfigError naming it when tensor parallelism splits it); ConfigError when it was given
+  /// none.
+  TensorPlan tensor_parallel_plan(int tp) const override;
   /// The module as the user built it.
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
 
@@ -67,23 +73,29 @@ class WrappedModule : public Model {
   std::shared_ptr<torch::nn::Module> module_;
   std::function<torch::Tensor(torch::Tensor)> forward_;
   std::vector<std::string> units_;
+  TensorPlan tensor_plan_;
   std::vector<torch::nn::Module*> hooked_;
 };
 
 /// Wraps `module` (a shared_ptr to a module with forward(Tensor) -> Tensor) whose units
-/// `units` picks.
+/// `units` picks, and which tensor parallelism splits by `tensor_plan` (models/tensor_plan.h:
+/// module paths or "*" patterns to column, row or vocabulary splits, as parallelize_module
+/// takes them; each split module runs through models::call()).
 template <class M>
 std::shared_ptr<WrappedModule> wrap_module(const std::shared_ptr<M>& module,
-                                           const UnitPolicy& units = {}) {
+                                           const UnitPolicy& units = {},
+                                           TensorPlan tensor_plan = {}) {
   M* m = module.get();
   return std::make_shared<WrappedModule>(
-      module, [m](torch::Tensor x) { return m->forward(std::move(x)); }, units);
+      module, [m](torch::Tensor x) { return m->forward(std::move(x)); }, units,
+      std::move(tensor_plan));
 }
 /// The same for a module holder (torch::nn::Sequential, a TORCH_MODULE of your own).
 template <class M>
 std::shared_ptr<WrappedModule> wrap_module(const torch::nn::ModuleHolder<M>& module,
-                                           const UnitPolicy& units = {}) {
-  return wrap_module(module.ptr(), units);
+                                           const UnitPolicy& units = {},
+                                           TensorPlan tensor_plan = {}) {
+  return wrap_module(module.ptr(), units, std::move(tensor_plan));
 }
 
 }  // namespace dtorch::models
