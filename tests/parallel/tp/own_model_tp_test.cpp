@@ -7,6 +7,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/models/wrapped_module.h"
 #include "dtorch/parallel/tp/tensor_parallel.h"
+#include "support/parity.h"
 #include "support/toy_net.h"
 #include "support/workers.h"
 
@@ -37,15 +38,10 @@ DTORCH_TEST_WORKER(tp_own_model) {
   for (int step = 0; step < 4; ++step) {
     torch::manual_seed(40 + step);  // the same batch on every tp rank
     const torch::Tensor x = torch::randn({3, 6, 8}), y = torch::randn({3, 6, 4});
-    opt_ref.zero_grad();
-    auto l_ref = torch::mse_loss(ref->forward(x), y);
-    l_ref.backward();
-    opt_ref.step();
-    opt.zero_grad();
-    auto l = torch::mse_loss(model->forward(x), y);
-    l.backward();
-    opt.step();
-    worst_loss = std::max(worst_loss, std::abs(l.item<double>() - l_ref.item<double>()));
+    worst_loss =
+        std::max(worst_loss, testing::step_side_by_side(
+                                 opt_ref, [&] { return torch::mse_loss(ref->forward(x), y); }, opt,
+                                 [&] { return torch::mse_loss(model->forward(x), y); }));
   }
   auto full = tp->full_state_dict(*model);
   double worst = 0;

@@ -17,6 +17,7 @@
 #include "dtorch/models/vit.h"
 #include "dtorch/parallel/tp/regions.h"
 #include "support/command.h"
+#include "support/parity.h"
 #include "support/workers.h"
 
 namespace dtorch::tp {
@@ -152,15 +153,10 @@ DTORCH_TEST_WORKER(tp_parity) {
       x = torch::randint(0, 256, {4, 32}, torch::kLong);
       y = torch::randint(0, 256, {4, 32}, torch::kLong);
     }
-    opt_ref.zero_grad();
-    auto l_ref = loss_of(nullptr, ref->forward(x), y);
-    l_ref.backward();
-    opt_ref.step();
-    opt.zero_grad();
-    auto l = loss_of(tp.get(), model->forward(x), y);
-    l.backward();
-    opt.step();
-    worst_loss = std::max(worst_loss, std::abs(l.item<double>() - l_ref.item<double>()));
+    worst_loss =
+        std::max(worst_loss, testing::step_side_by_side(
+                                 opt_ref, [&] { return loss_of(nullptr, ref->forward(x), y); }, opt,
+                                 [&] { return loss_of(tp.get(), model->forward(x), y); }));
   }
   auto full = tp->full_state_dict(*model);
   double worst = 0;
