@@ -93,6 +93,12 @@ SlurmCluster::SlurmCluster(int cpus) {
                         << "AuthType=auth/none\nCredType=cred/none\n"
                         // A requeued job waits this long to run again (120 s by default).
                         << "AuthInfo=cred_expire=5\n"
+                        // How long a cancelled or requeued step may take to end before it is
+                        // killed; srun waits this long (30 s by default) after a requeue.
+                        << "KillWait=2\n"
+                        // A requeued job becomes eligible when cred_expire has passed, which
+                        // only the periodic scheduler pass notices (every 60 s by default).
+                        << "SchedulerParameters=sched_interval=2\n"
                         << "StateSaveLocation=" << dir_ << "/state\n"
                         << "SlurmdSpoolDir=" << dir_ << "/spool\n"
                         << "SlurmctldPidFile=" << dir_ << "/slurmctld.pid\n"
