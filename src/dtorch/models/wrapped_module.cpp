@@ -2,8 +2,8 @@
 // that run each unit as run_block() runs a built-in model's blocks.
 #include "dtorch/models/wrapped_module.h"
 
-#include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "dtorch/core/error.h"
@@ -29,7 +29,7 @@ std::string some_paths(const std::vector<std::string>& paths) {
 // FSDP's size-based policy: post-order, a module whose parameters outside units below it
 // number at least `min` becomes a unit. Returns those parameters' count for the parent.
 int64_t by_size(const torch::nn::Module& m, const std::string& path, int64_t min,
-                std::vector<std::string>& units) {
+                std::set<std::string>& units) {
   int64_t own = 0;
   for (const auto& p : m.named_parameters(/*recurse=*/false))
     own += p.value().numel();
@@ -37,7 +37,7 @@ int64_t by_size(const torch::nn::Module& m, const std::string& path, int64_t min
     own +=
         by_size(*child.value(), path.empty() ? child.key() : path + "." + child.key(), min, units);
   if (!path.empty() && own >= min) {
-    units.push_back(path);
+    units.insert(path);
     return 0;
   }
   return own;
@@ -51,9 +51,8 @@ std::vector<std::string> resolve_units(const torch::nn::Module& root, const Unit
   std::vector<std::string> paths;
   for (const auto& kv : root.named_modules("", /*include_self=*/false))
     paths.push_back(kv.key());
-  std::vector<std::string> units;
+  std::vector<bool> picked(paths.size(), false);
   if (!policy.modules.empty()) {
-    std::vector<bool> picked(paths.size(), false);
     for (const std::string& pattern : policy.modules) {
       bool any = false;
       for (size_t i = 0; i < paths.size(); ++i) {
@@ -65,18 +64,15 @@ std::vector<std::string> resolve_units(const torch::nn::Module& root, const Unit
                      "' names no submodule of the model; its submodules are ", some_paths(paths),
                      " (\"*\" stands for one path element, as in \"blocks.*\")");
     }
-    for (size_t i = 0; i < paths.size(); ++i)
-      if (picked[i]) units.push_back(paths[i]);
   } else if (policy.min_params > 0) {
-    by_size(root, "", policy.min_params, units);
-    // Post-order lists a unit after those inside its siblings' earlier subtrees; put them back
-    // into named_modules() order.
-    std::map<std::string, size_t> order;
+    std::set<std::string> big;
+    by_size(root, "", policy.min_params, big);
     for (size_t i = 0; i < paths.size(); ++i)
-      order[paths[i]] = i;
-    std::sort(units.begin(), units.end(),
-              [&](const std::string& a, const std::string& b) { return order[a] < order[b]; });
+      picked[i] = big.count(paths[i]) > 0;
   }
+  std::vector<std::string> units;  // in named_modules() order, whichever rule picked them
+  for (size_t i = 0; i < paths.size(); ++i)
+    if (picked[i]) units.push_back(paths[i]);
   for (size_t i = 0; i < units.size(); ++i)
     for (size_t j = 0; j < units.size(); ++j)
       DTORCH_CHECK_T(ConfigError, !holds(units[i], units[j]), "unit ", units[i], " holds unit ",
