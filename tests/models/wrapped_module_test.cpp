@@ -13,6 +13,7 @@
 #include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "support/error_of.h"
+#include "support/parity.h"
 #include "support/toy_net.h"
 
 namespace dtorch::models {
@@ -153,9 +154,7 @@ TEST(WrappedModule, ZeroThreeWarnsWhenTheModelNamesNoUnits) {
   auto comm = comm::Communicator::create(launch::RankInfo{});
   zero::Options o;
   o.stage = 3;
-  auto sgd = [](std::vector<torch::Tensor> params) {
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
-  };
+  auto sgd = testing::plain_sgd(0.1);
   ::testing::internal::CaptureStderr();
   auto plain = zero::shard(toy_net(1), comm, o, sgd);
   const std::string warned = ::testing::internal::GetCapturedStderr();
@@ -194,9 +193,7 @@ TEST(WrappedModule, AUnitRunWithoutCallStopsTheForward) {
   UnitPolicy p;
   p.modules = {"blocks.*"};
   auto model = wrap_module(std::make_shared<Bypass>(), p);
-  auto sharded = zero::shard(model, comm, o, [](std::vector<torch::Tensor> params) {
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
-  });
+  auto sharded = zero::shard(model, comm, o, testing::plain_sgd(0.1));
   EXPECT_ANY_THROW(model->forward(torch::randn({2, 8})));
 }
 

@@ -14,14 +14,11 @@
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss.h"
 #include "support/batches.h"
+#include "support/parity.h"
 #include "support/workers.h"
 
 namespace dtorch::zero {
 namespace {
-
-std::unique_ptr<torch::optim::Optimizer> plain_sgd(std::vector<torch::Tensor> params) {
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
-}
 
 // args: DIR MODEL DTYPE (fp32 | bf16)
 DTORCH_TEST_WORKER(zero_deferred_init) {
@@ -35,7 +32,7 @@ DTORCH_TEST_WORKER(zero_deferred_init) {
     o.stage = stage;
     bool refused = false;
     try {
-      shard(models::make_deferred_model(model_name), comm, o, plain_sgd);
+      shard(models::make_deferred_model(model_name), comm, o, testing::plain_sgd(0.1));
     } catch (const ConfigError& e) {
       refused = std::string(e.what()).find("only ZeRO-3") != std::string::npos;
     }
@@ -50,7 +47,7 @@ DTORCH_TEST_WORKER(zero_deferred_init) {
   o.stage = 3;
   o.param_dtype = dtype;
   o.min_unit_params = 0;
-  auto sharded = shard(model, comm, o, plain_sgd);
+  auto sharded = shard(model, comm, o, testing::plain_sgd(0.1));
   const at::Tensor next = torch::randn({8});
 
   torch::manual_seed(7);

@@ -9,15 +9,12 @@
 #include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/ddp/ddp.h"
 #include "dtorch/parallel/zero/zero.h"
+#include "support/parity.h"
 #include "support/toy_net.h"
 #include "support/workers.h"
 
 namespace dtorch::zero {
 namespace {
-
-std::unique_ptr<torch::optim::Optimizer> own_model_sgd(std::vector<torch::Tensor> params) {
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05));
-}
 
 // args: DIR CHECKPOINTING (plain | checkpointed)
 DTORCH_TEST_WORKER(zero_own_model) {
@@ -28,7 +25,7 @@ DTORCH_TEST_WORKER(zero_own_model) {
   torch::manual_seed(11);
   auto ref = std::make_shared<testing::ToyNet>(8, 16, 4, 4);
   auto ddp = ddp::wrap(ref, comm);
-  auto ref_opt = own_model_sgd(ref->parameters());
+  auto ref_opt = testing::plain_sgd(0.05)(ref->parameters());
   torch::manual_seed(11);
   auto net = std::make_shared<testing::ToyNet>(8, 16, 4, 4);
   int64_t whole = 0;
@@ -40,7 +37,7 @@ DTORCH_TEST_WORKER(zero_own_model) {
   if (checkpointed) parallel::checkpoint_activations(*model, {1});
   Options o;
   o.stage = 3;
-  auto sharded = shard(model, comm, o, own_model_sgd);
+  auto sharded = shard(model, comm, o, testing::plain_sgd(0.05));
 
   const ShardPlan& plan = sharded->plan();
   DTORCH_CHECK(plan.units.size() == 5, "the plan has ", plan.units.size(), " units, not 5");

@@ -11,14 +11,11 @@
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss.h"
 #include "support/batches.h"
+#include "support/parity.h"
 #include "support/workers.h"
 
 namespace dtorch::zero {
 namespace {
-
-std::unique_ptr<torch::optim::Optimizer> root_test_sgd(std::vector<torch::Tensor> params) {
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
-}
 
 // args: DIR MODEL MODE (keep | reshard)
 DTORCH_TEST_WORKER(zero_root_unit) {
@@ -30,13 +27,13 @@ DTORCH_TEST_WORKER(zero_root_unit) {
   torch::manual_seed(7);
   auto ref = models::make_model(model_name);
   auto ddp = ddp::wrap(ref, comm);
-  auto ref_opt = root_test_sgd(ref->parameters());
+  auto ref_opt = testing::plain_sgd(0.1)(ref->parameters());
   torch::manual_seed(7);
   auto model = models::make_model(model_name);
   Options o;
   o.stage = 3;
   o.reshard_root_after_forward = reshard;
-  auto sharded = shard(model, comm, o, root_test_sgd);
+  auto sharded = shard(model, comm, o, testing::plain_sgd(0.1));
 
   // What the rank holds beyond its fp32 masters: its gathered units.
   const ShardPlan& plan = sharded->plan();
