@@ -51,6 +51,16 @@ void clear_module_hooks(torch::nn::Module& module) {
   t.size = t.entries.size();
 }
 
+void edit_module_hooks(torch::nn::Module& module, const std::function<void(ModuleHooks&)>& edit) {
+  auto existing = module_hooks(module);
+  ModuleHooks hooks = existing ? *existing : ModuleHooks{};
+  edit(hooks);
+  if (hooks.pre || hooks.forward || hooks.post || hooks.around)
+    set_module_hooks(module, std::move(hooks));
+  else
+    clear_module_hooks(module);
+}
+
 std::shared_ptr<const ModuleHooks> module_hooks(const torch::nn::Module& module) {
   HookTable& t = hook_table();
   if (t.size.load(std::memory_order_relaxed) == 0) return nullptr;

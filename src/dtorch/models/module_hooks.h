@@ -40,6 +40,11 @@ struct ModuleHooks {
 void set_module_hooks(torch::nn::Module& module, ModuleHooks hooks);
 /// Removes the hooks of `module`, if any.
 void clear_module_hooks(torch::nn::Module& module);
+/// Changes the fields of `module`'s hooks that `edit` sets or clears (it sees the hooks the
+/// module has, or none) and keeps the rest: a unit's `around` (Note [Your own model]) and a
+/// split's `forward` (tensor parallelism) sit on one module, each put there and taken off by
+/// its own parallelism. Hooks left all empty are removed.
+void edit_module_hooks(torch::nn::Module& module, const std::function<void(ModuleHooks&)>& edit);
 /// The hooks of `module`, or null.
 std::shared_ptr<const ModuleHooks> module_hooks(const torch::nn::Module& module);
 

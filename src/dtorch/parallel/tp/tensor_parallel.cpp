@@ -81,8 +81,11 @@ void fill_deferred(models::Model& model, const std::map<std::string, ShardSpec>&
 }  // namespace
 
 TensorParallel::~TensorParallel() {
-  for (auto* m : hooked_)
-    models::clear_module_hooks(*m);
+  for (auto* m : hooked_) {
+    models::edit_module_hooks(*m, [](models::ModuleHooks& h) {
+      h.pre = h.forward = h.post = nullptr;  // a unit's `around` stays (Note [Your own model])
+    });
+  }
 }
 
 std::shared_ptr<TensorParallel> parallelize(models::Model& model,
@@ -191,7 +194,11 @@ std::shared_ptr<TensorParallel> parallelize(models::Model& model,
   if (deferred) fill_deferred(model, t.sharded_, r, n);
   for (auto& kv : hooks) {
     if (!kv.second.pre && !kv.second.forward && !kv.second.post) continue;
-    models::set_module_hooks(*kv.first, std::move(kv.second));
+    models::edit_module_hooks(*kv.first, [&](models::ModuleHooks& h) {
+      h.pre = kv.second.pre;
+      h.forward = kv.second.forward;
+      h.post = kv.second.post;
+    });
     t.hooked_.push_back(kv.first);
   }
 
