@@ -20,6 +20,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+thread_local bool taking_gradients = false;
+
 // What backward needs to run a block's forward again exactly as it ran.
 struct Recompute : torch::CustomClassHolder {
   std::function<at::Tensor(at::Tensor)> f;
@@ -95,6 +97,11 @@ struct CheckpointedBlock : public torch::autograd::Function<CheckpointedBlock> {
         wrt.push_back(r->params[i]), slot.push_back(i + 1);
     }
     if (wrt.empty()) return out;
+    struct Taking {
+      bool outer = taking_gradients;
+      Taking() { taking_gradients = true; }
+      ~Taking() { taking_gradients = outer; }
+    } taking;
     variable_list g = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/false,
                                             /*create_graph=*/false, /*allow_unused=*/true);
     for (size_t k = 0; k < g.size(); ++k)
@@ -158,6 +165,10 @@ void checkpoint_activations(models::Model& model, ActivationCheckpointing opts) 
     return;
   }
   install(model, opts.every);
+}
+
+bool taking_block_gradients() {
+  return taking_gradients;
 }
 
 }  // namespace dtorch::parallel

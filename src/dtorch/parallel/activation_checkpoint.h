@@ -26,11 +26,18 @@ struct ActivationCheckpointing {
 /// recomputation needs them, by its pre-backward gather. Buffers the recomputation updates
 /// (BatchNorm's running statistics) are put back, so they move once per forward, as without
 /// checkpointing. Tensor parallelism's forward collectives run again in the recomputation,
-/// on every rank of the group alike (as Megatron-LM's recomputation does).
+/// on every rank of the group alike (as Megatron-LM's recomputation does). A tensor hook on a
+/// parameter, though, runs on the gradient torch::autograd::grad takes as well (LibTorch 2.x),
+/// and then again as the engine accumulates it: a hook that must see each gradient once (tensor
+/// parallelism's partial sums) passes it through while taking_block_gradients().
 ///
 /// Installs a block runner on `model` (on each stage of a models::StageUnion) that checkpoints
 /// the blocks `opts` selects; every = 0 removes it. ConfigError when every < 0 or the model
 /// names no blocks.
 void checkpoint_activations(models::Model& model, ActivationCheckpointing opts);
+
+/// Whether this thread is taking a checkpointed block's gradients, within its backward (Note
+/// [Activation checkpointing]).
+bool taking_block_gradients();
 
 }  // namespace dtorch::parallel

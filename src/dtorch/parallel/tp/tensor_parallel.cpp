@@ -12,6 +12,7 @@
 #include "dtorch/core/storage.h"
 #include "dtorch/models/module_hooks.h"
 #include "dtorch/models/unit_seeds.h"
+#include "dtorch/parallel/activation_checkpoint.h"
 #include "dtorch/parallel/tp/regions.h"
 
 namespace dtorch::tp {
@@ -213,6 +214,8 @@ std::shared_ptr<TensorParallel> parallelize(models::Model& model,
       if (!in_block) continue;
       t.partial_.push_back(kv.key());
       kv.value().register_hook([tp](torch::Tensor g) {
+        // Once, as the engine accumulates it (Note [Activation checkpointing]).
+        if (parallel::taking_block_gradients()) return g;
         torch::Tensor sum = g.contiguous().clone();
         tp->allreduce(sum, comm::ReduceOp::Sum, "sequence-parallel parameter gradient");
         return sum;
