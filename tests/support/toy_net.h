@@ -42,12 +42,12 @@ struct ToyNet : torch::nn::Module {
     out = register_module("out", torch::nn::Linear(width, outputs));
   }
   torch::Tensor forward(torch::Tensor x) {
-    x = in(x);
+    x = models::call(in, x);  // a pipeline unit, as below (Note [Pipeline units of your own model])
     for (size_t i = 0; i < blocks->size(); ++i) {
       auto block = blocks->ptr<ToyBlockImpl>(i);
       x = models::call(block, x);  // the one line a unit needs
     }
-    return out(x);
+    return models::call(out, x);
   }
   torch::nn::Linear in{nullptr}, out{nullptr};
   torch::nn::ModuleList blocks{nullptr};

@@ -14,6 +14,7 @@
 #include "dtorch/models/resnet.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/models/vit.h"
+#include "dtorch/models/wrapped_module.h"
 
 namespace dtorch::models {
 namespace {
@@ -50,8 +51,8 @@ ViTConfig vit_for(ViTConfig c, const ImageInput& in) {
   return c;
 }
 
-const std::map<std::string, Entry>& table() {
-  static const std::map<std::string, Entry> t = {
+std::map<std::string, Entry>& table() {
+  static std::map<std::string, Entry> t = {
       {"mnist-cnn", {[](UnitRange u, const ImageInput& in) {
          return whole_only<MnistCnn>("mnist-cnn", u, in);
        }}},
@@ -188,6 +189,25 @@ int64_t model_parameters(const std::string& name, const ImageInput& input) {
       if (seen.insert(kv.key()).second) count += kv.value().numel();
   });
   return count;
+}
+
+void register_model(const std::string& name, std::function<std::shared_ptr<Model>()> make) {
+  DTORCH_CHECK_T(ConfigError, !name.empty() && make, "register_model: give a name and a factory");
+  DTORCH_CHECK_T(ConfigError, table().count(name) == 0, "register_model: a model named '", name,
+                 "' exists already; give yours another name");
+  table()[name] = {[name, make](UnitRange u, const ImageInput&) {
+    std::shared_ptr<Model> m = make();
+    DTORCH_CHECK_T(ConfigError, m != nullptr, "register_model: the factory of ", name,
+                   " returned no model");
+    const int n = m->num_units();
+    if (u.begin == 0 && (u.end == -1 || u.end == n)) return m;
+    auto* wrapped = dynamic_cast<WrappedModule*>(m.get());
+    DTORCH_CHECK_T(ConfigError, wrapped != nullptr, "a pipeline stage of ", name,
+                   " needs it built by models::wrap_module with pipeline units "
+                   "(docs/your-model.md)");
+    wrapped->hold_units(u);
+    return m;
+  }};
 }
 
 std::vector<std::string> model_names() {

@@ -57,4 +57,14 @@ std::vector<PythonAlias> python_aliases(const std::string& name);
 /// Every name make_model accepts, sorted.
 std::vector<std::string> model_names();
 
+/// Adds a model of your own under `name` (Note [Your own model]), which make_model and
+/// train::parallelize then build as they build dtorch's: `make` builds it whole, initialised
+/// from the global generator (usually models::wrap_module around your module), and a
+/// pipeline stage is that model with the other pipeline units taken out
+/// (WrappedModule::hold_units), so its weights are those of the whole model from the same
+/// seed. Building a stage, or initialising ZeRO-3's or tensor parallelism's shards, builds
+/// the whole model once per unit in host memory. Call it before the model is first used;
+/// ConfigError when `name` is taken.
+void register_model(const std::string& name, std::function<std::shared_ptr<Model>()> make);
+
 }  // namespace dtorch::models

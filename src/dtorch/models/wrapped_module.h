@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,12 +50,23 @@ std::vector<std::string> resolve_units(const torch::nn::Module& root, const Unit
 /// the policy's units as its blocks, and puts a hook on each unit that runs it as run_block()
 /// would, so ZeRO-3's gathers and activation checkpointing's recomputation wrap it. Its whole
 /// forward runs through run_forward(), so ZeRO-3 gathers the parameters outside units per step.
-/// A unit run without call() has no hook: under ZeRO-3 its parameters are released when it runs.
+/// A unit run without call() has no hook: under ZeRO-3 its parameters are released when it runs,
+/// and forward names it.
+///
+/// Note [Pipeline units of your own model]: a pipeline cuts a model into stages between its
+/// pipeline units (Note [Pipeline units]). A user's module names them as module paths (or "*"
+/// patterns) whose forwards, run one after another through models::call(), are the whole
+/// forward: x = call(embed, x); each block: x = call(block, x); return call(head, x). Together
+/// they hold every parameter. A stage (hold_units) is the whole module with the other units
+/// taken out: their parameters and buffers leave the state dict and give their memory back,
+/// and models::call() passes its input through them, so the module's own forward runs the
+/// stage's units alone. Anything forward computes between two units runs on every stage:
+/// put it inside a unit.
 class WrappedModule : public Model {
  public:
   WrappedModule(std::shared_ptr<torch::nn::Module> module,
                 std::function<torch::Tensor(torch::Tensor)> forward, const UnitPolicy& units,
-                TensorPlan tensor_plan = {});
+                TensorPlan tensor_plan = {}, const std::vector<std::string>& pipeline_units = {});
   ~WrappedModule() override;
   WrappedModule(const WrappedModule&) = delete;
   WrappedModule& operator=(const WrappedModule&) = delete;
@@ -66,36 +78,51 @@ class WrappedModule : public Model {
   /// ConfigError naming it when tensor parallelism splits it); ConfigError when it was given
   /// none.
   TensorPlan tensor_parallel_plan(int tp) const override;
+  /// The pipeline units' paths, or {"model"} when wrap_module was given none.
+  std::vector<std::string> unit_names() const override;
+  /// Makes this the pipeline stage of pipeline units `range` (Note [Pipeline units of your own
+  /// model]); ConfigError when the range is not one of the model's units, or when the model
+  /// has no pipeline units.
+  void hold_units(UnitRange range);
   /// The module as the user built it.
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
 
  private:
+  torch::nn::Module& submodule(const std::string& path) const;
+  void check_stage_passed_through() const;
+
   std::shared_ptr<torch::nn::Module> module_;
   std::function<torch::Tensor(torch::Tensor)> forward_;
   std::vector<std::string> units_;
   TensorPlan tensor_plan_;
-  std::vector<torch::nn::Module*> hooked_;
+  std::vector<std::string> pipeline_units_;
+  std::vector<torch::nn::Module*> hooked_;   // units with an `around` hook
+  std::vector<torch::nn::Module*> skipped_;  // pipeline units this stage passes through
+  std::set<std::string> ran_units_;          // units and skipped pipeline units this forward ran
 };
 
 /// Wraps `module` (a shared_ptr to a module with forward(Tensor) -> Tensor) whose units
-/// `units` picks, and which tensor parallelism splits by `tensor_plan` (models/tensor_plan.h:
+/// `units` picks, which tensor parallelism splits by `tensor_plan` (models/tensor_plan.h:
 /// module paths or "*" patterns to column, row or vocabulary splits, as parallelize_module
-/// takes them; each split module runs through models::call()).
+/// takes them; each split module runs through models::call()), and which a pipeline cuts
+/// between `pipeline_units` (paths or patterns; Note [Pipeline units of your own model]).
 template <class M>
 std::shared_ptr<WrappedModule> wrap_module(const std::shared_ptr<M>& module,
                                            const UnitPolicy& units = {},
-                                           TensorPlan tensor_plan = {}) {
+                                           TensorPlan tensor_plan = {},
+                                           const std::vector<std::string>& pipeline_units = {}) {
   M* m = module.get();
   return std::make_shared<WrappedModule>(
       module, [m](torch::Tensor x) { return m->forward(std::move(x)); }, units,
-      std::move(tensor_plan));
+      std::move(tensor_plan), pipeline_units);
 }
 /// The same for a module holder (torch::nn::Sequential, a TORCH_MODULE of your own).
 template <class M>
 std::shared_ptr<WrappedModule> wrap_module(const torch::nn::ModuleHolder<M>& module,
                                            const UnitPolicy& units = {},
-                                           TensorPlan tensor_plan = {}) {
-  return wrap_module(module.ptr(), units, std::move(tensor_plan));
+                                           TensorPlan tensor_plan = {},
+                                           const std::vector<std::string>& pipeline_units = {}) {
+  return wrap_module(module.ptr(), units, std::move(tensor_plan), pipeline_units);
 }
 
 }  // namespace dtorch::models
