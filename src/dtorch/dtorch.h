@@ -27,4 +27,5 @@
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/train/loss.h"
 #include "dtorch/train/parallelize.h"
+#include "dtorch/train/step.h"
 #include "dtorch/train/strategy/zero_grad.h"

@@ -39,6 +39,7 @@
 #include "dtorch/train/preemption.h"
 #include "dtorch/train/resume.h"
 #include "dtorch/train/run_folder.h"
+#include "dtorch/train/step.h"
 #include "dtorch/train/step_stats.h"
 #include "dtorch/train/strategy/strategy.h"
 #include "dtorch/train/train_data.h"
@@ -87,37 +88,6 @@ int64_t window_length(const TrainConfig& c, const models::Model& m) {
                  "'s block size ", longest, "; use --seq-len ", longest, " or less");
   cp::check_sequence_length(T, c.parallelism.cp);
   return T;
-}
-
-// One step of the pipeline (Note [Pipeline execution]) under the strategy: every micro-batch's
-// backward accumulates, then the strategy reduces over the dp group once; the clip norm
-// spans all stages. Returns the batch's loss, which the last stage computed, on every rank.
-double pipeline_step(pp::Pipeline& pipeline, Strategy& strategy, const torch::Tensor& x,
-                     const torch::Tensor& y, double clip_grad_norm,
-                     const tp::TensorParallel* tensor_parallel,
-                     const std::function<void(const char*)>& lap,
-                     const std::function<void()>& set_lr) {
-  pp::PipelineStepResult r;
-  // The pipeline runs backward itself, so the loss it differentiates carries fp16's scale.
-  const double scale = strategy.loss_scale();
-  strategy.backward_accumulated([&] {
-    TraceRange range("forward_backward");
-    parallel::Autocast autocast(strategy.autocast());
-    r = pipeline.step(x, y, [&](const torch::Tensor& out, const torch::Tensor& t) {
-      return cross_entropy(out, t, tensor_parallel) * scale;
-    });
-  });
-  r.loss /= scale;
-  lap("forward_backward");
-  {
-    TraceRange range("optimizer");
-    set_lr();
-    strategy.step(clip_grad_norm);  // the norm spans every stage
-  }
-  lap("step");
-  auto loss = torch::tensor({r.has_loss ? r.loss : 0.0}, torch::kDouble);
-  pipeline.group().allreduce(loss, comm::ReduceOp::Sum, "pipeline loss");
-  return loss.item<double>();
 }
 
 // What the run is, in the log: the model, data and job, recomputation, the mesh and the pipeline's
@@ -254,7 +224,6 @@ LossTally train_epoch(Epochs& e, int64_t epoch, const EpochProgress& from) {
   const TrainConfig& c = e.c;
   models::Model& model = *e.run.model;
   Strategy& strategy = *e.run.strategy;
-  const tp::TensorParallel* tensor_parallel = e.run.layout.tp.handle.get();
   pp::Pipeline* pipeline = e.run.layout.pp.pipeline.get();
   const Layout& layout = e.run.layout;
   const int64_t dp_size = layout.data_ranks();
@@ -303,38 +272,16 @@ LossTally train_epoch(Epochs& e, int64_t epoch, const EpochProgress& from) {
     const auto set_lr = [&] {
       strategy.set_lr(e.schedule.at(e.global_step - strategy.skipped_steps()));
     };
-    bool last_micro = (i + 1) % c.training.accum_steps == 0 || i + 1 == batches.size();
+    const bool last_micro = (i + 1) % c.training.accum_steps == 0 || i + 1 == batches.size();
+    StepOptions step_options;
+    step_options.clip_grad_norm = c.training.clip_grad_norm;
+    step_options.accum_steps = c.training.accum_steps;
+    step_options.update = last_micro;
+    step_options.lap = lap;
+    step_options.before_update = set_lr;
     // The batch's loss, left where it was computed (Note [No host sync in a step]).
-    torch::Tensor batch_loss;
-    bool stepped = last_micro;
-    if (pipeline) {
-      batch_loss =
-          torch::scalar_tensor(pipeline_step(*pipeline, strategy, x, y, c.training.clip_grad_norm,
-                                             tensor_parallel, lap, set_lr),
-                               torch::kDouble);
-      stepped = true;
-    } else {
-      torch::Tensor loss;
-      {
-        TraceRange range("forward");
-        parallel::Autocast autocast(strategy.autocast());
-        loss = cross_entropy(model.forward(layout.local_tokens(x)), layout.local_tokens(y),
-                             tensor_parallel);
-      }
-      lap("forward");
-      {
-        TraceRange range("backward");
-        strategy.backward(loss / c.training.accum_steps, last_micro);
-      }
-      lap("backward");
-      if (last_micro) {
-        TraceRange range("optimizer");
-        set_lr();
-        strategy.step(c.training.clip_grad_norm);
-        lap("step");
-      }
-      batch_loss = loss.detach();
-    }
+    const torch::Tensor batch_loss = step(e.run, x, y, step_options);
+    const bool stepped = last_micro || pipeline;  // a pipeline updates every batch
     if (batch_loss.is_cpu()) {
       check_loss(e, batch_loss.item<double>(),
                  str("at step ", e.global_step + 1, " (epoch ", epoch, ", batch ", i + 1, ")"));
