@@ -27,7 +27,7 @@ mkdir -p "$RUNS" "$TMP"
 train() {
   local out=$1
   shift
-  nice -n 10 "$DTORCH" train --epochs 1 --nproc-per-node 2 --test-samples 64 --out "$RUNS/$out" \
+  "$DTORCH" train --epochs 1 --nproc-per-node 2 --test-samples 64 --out "$RUNS/$out" \
     "$@" >>"$RUNS/log" 2>&1 || { echo "make_seeds: dtorch train $* failed, see $RUNS/log" >&2; exit 1; }
 }
 train mlp-ddp --model mnist-mlp --train-samples 128 --strategy ddp --optimizer adam
