@@ -248,7 +248,9 @@ TEST_P(CommunicatorPath, StoppedRankIsNamedAsStopped) {
   std::string msg = read_file(dir + "/error");
   EXPECT_NE(msg.find("rank(s) 1 are stopped (SIGSTOP or ^Z)"), std::string::npos) << msg;
   const double seconds = seconds_in(msg);
-  EXPECT_LT(seconds, 2 + 2.5) << "the timeout and slack; not the 5 s diagnosis window";
+  // Waiting out the diagnosis window would take 2 + 5 s; the slack is for a loaded machine (make
+  // test runs this beside two computing tests).
+  EXPECT_LT(seconds, 2 + 4.5) << "the timeout and slack; not the 5 s diagnosis window";
 }
 
 // Rank 0 cannot make its Gloo device (an interface that does not exist) and leaves without
