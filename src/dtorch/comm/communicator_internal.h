@@ -19,9 +19,9 @@
 
 #include "dtorch/comm/backend_compat.h"
 #include "dtorch/comm/communicator.h"
-#include "dtorch/comm/ordered_thread.h"
 #include "dtorch/comm/shm_allreduce.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/ordered_thread.h"
 
 namespace dtorch::comm {
 

@@ -1,5 +1,6 @@
-// OrderedThread: runs a communicator's multi-step collectives (shared memory, the ring
-// reduce-scatter) one at a time in issue order, off the caller's thread.
+// OrderedThread: runs jobs one at a time in issue order, off the caller's thread: a
+// communicator's multi-step collectives (shared memory, the ring reduce-scatter) and the
+// optimizer offload's reads and writes (Note [Optimizer state on disk]).
 #pragma once
 
 #include <condition_variable>
@@ -10,11 +11,12 @@
 #include <mutex>
 #include <thread>
 
-namespace dtorch::comm {
+namespace dtorch {
 
 // Runs jobs one at a time in submission order, off the caller's thread, so a shared-memory
-// allreduce started from a gradient hook overlaps with the rest of backward like Gloo's does.
-// Communicator::Impl holds one.
+// allreduce started from a gradient hook overlaps with the rest of backward like Gloo's does
+// (Communicator::Impl holds one), and the next shard's optimizer state is read from disk while
+// this one steps.
 // A finished job's captures are dropped on this thread, and they may hold the last reference
 // to the communicator itself (a tensor whose autograd graph keeps a tensor-parallel region's
 // group): the communicator is then destroyed here, and a thread cannot join itself. So the
@@ -70,4 +72,4 @@ class OrderedThread {
   std::thread thread_;  // after state_: it starts with a copy of it
 };
 
-}  // namespace dtorch::comm
+}  // namespace dtorch
