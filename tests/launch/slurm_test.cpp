@@ -138,7 +138,7 @@ TEST_F(SlurmJobs, SbatchOneLauncherPerNode) {
 TEST_F(SlurmJobs, SignalledJobCheckpointsRequeuesAndResumesBitForBit) {
   const std::string out = testing::scratch_dir("slurm_signalled");
   const std::vector<std::string> train = {
-      "--epochs",       "2",   "--seed",     "3",   "--train-samples", "4096", "--batch-size", "16",
+      "--epochs",       "2",   "--seed",     "3",   "--train-samples", "2048", "--batch-size", "16",
       "--test-samples", "256", "--progress", "off", "--print-every",   "5"};
   std::vector<std::string> whole = {
       DTORCH_CLI, "launch",  "--nproc-per-node", "2",     "--",          DTORCH_CLI,
@@ -164,7 +164,7 @@ TEST_F(SlurmJobs, SignalledJobCheckpointsRequeuesAndResumesBitForBit) {
   const std::string id = r.out.substr(0, r.out.find_first_of(";\n"));
   const std::string log = out + "/job.out";
   ASSERT_TRUE(
-      testing::wait_until([&] { return contains(testing::read_file(log), "step 10/256"); }, 60))
+      testing::wait_until([&] { return contains(testing::read_file(log), "step 10/128"); }, 60))
       << testing::read_file(log) << cluster_->logs();
   ASSERT_EQ(cluster_->run("scancel", {"scancel", "--signal=USR1", id}, 10).exit_code(), 0);
   std::string job;
