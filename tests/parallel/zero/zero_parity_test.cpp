@@ -2,7 +2,9 @@
 // each sharding stage on the same per-rank batches ends with the same parameters (max abs
 // difference <= 1e-5 in float32), for AdamW and for SGD with clipping, gradient accumulation
 // and unit sizes that do not divide by the world size; with accumulation, ZeRO-2 holding whole
-// gradients over the micro-batches and reducing once (what a pipeline does) as well. DDP itself is
+// gradients over the micro-batches and reducing once (what a pipeline does) as well; and ZeRO-3
+// with the optimizer's state on disk (Note [Optimizer state on disk]) ends with exactly the
+// parameters of ZeRO-3 without it. DDP itself is
 // checked against a single process on the concatenated batch in ddp_parity_test.cpp.
 #include <gtest/gtest.h>
 
@@ -63,14 +65,16 @@ DTORCH_TEST_WORKER(zero_parity) {
 
   std::vector<std::shared_ptr<models::Model>> models;
   std::vector<std::shared_ptr<ShardedModel>> sharded;
-  // Stages 1-3, and with accumulation stage 2 again holding whole gradients over the
-  // micro-batches (accumulate_whole(), as under a pipeline) and reducing once.
-  const int variants = s.accum > 1 ? 4 : 3;
+  // Stages 1-3, with accumulation stage 2 again holding whole gradients over the micro-batches
+  // (accumulate_whole(), as under a pipeline) and reducing once, and last stage 3 with the
+  // optimizer's state on disk, through the fewest buffers AdamW steps with.
+  const size_t offloaded = s.accum > 1 ? 4 : 3;
   auto whole = [](size_t k) { return k == 3; };
-  for (int k = 0; k < variants; ++k) {
+  for (size_t k = 0; k <= offloaded; ++k) {
     models.push_back(fresh(s.model));
     Options o;
-    o.stage = k == 3 ? 2 : k + 1;
+    o.stage = k == offloaded ? 3 : k == 3 ? 2 : static_cast<int>(k) + 1;
+    if (k == offloaded) o.optimizer_offload = {args.at(0), 2, ""};
     o.bucket_cap_mb = 0.01;  // several units even for debug models
     sharded.push_back(shard(models.back(), comm, o, [&](std::vector<torch::Tensor> p) {
       return make_opt(s.optimizer, p);
@@ -126,9 +130,21 @@ DTORCH_TEST_WORKER(zero_parity) {
       double d = (got[kv.key()] - kv.value()).abs().max().item<double>();
       if (d > worst) worst = d, where = kv.key();
     }
-    std::ofstream(str(args.at(0), "/stage", k + 1, "_rank", rank)) << worst << " " << where;
+    std::ofstream(str(args.at(0), "/variant", k + 1, "_rank", rank)) << worst << " " << where;
     DTORCH_CHECK(worst <= 1e-5, "ZeRO-", sharded[k]->options().stage, whole(k) ? " (whole)" : "",
                  " differs from DDP by ", worst, " at ", where);
+  }
+  {
+    auto full = sharded[2]->full_params();
+    auto on_disk = sharded[offloaded]->full_params();
+    auto want = models[2]->named_parameters();
+    for (const auto& kv : models[offloaded]->named_parameters())
+      DTORCH_CHECK(kv.value().equal(want[kv.key()]), "ZeRO-3 with its optimizer state on disk ",
+                   "differs from ZeRO-3 at ", kv.key());
+    const MemoryStats m = sharded[offloaded]->memory();
+    DTORCH_CHECK(m.optim_bytes == 0 && m.offloaded_optim_bytes == sharded[2]->memory().optim_bytes,
+                 "between steps the state is all on disk: ", m.optim_bytes, " bytes in memory, ",
+                 m.offloaded_optim_bytes, " on disk");
   }
   // Training moved the weights (a broken engine that never steps would also "match" if DDP
   // did not move either).
@@ -157,9 +173,10 @@ TEST_P(ZeroParity, EveryStageMatchesDdp) {
           c.ranks, "zero_parity",
           {dir, c.model, c.optimizer, "5", std::to_string(c.accum), std::to_string(c.clip)}, 300),
       0);
-  // Variant 4: stage 2 accumulating whole gradients (accumulation cases only).
-  for (int variant = 1; variant <= (c.accum > 1 ? 4 : 3); ++variant) {
-    std::ifstream in(str(dir, "/stage", variant, "_rank0"));
+  // Variant 4: stage 2 accumulating whole gradients (accumulation cases only); the last, stage 3
+  // with its optimizer state on disk.
+  for (int variant = 1; variant <= (c.accum > 1 ? 5 : 4); ++variant) {
+    std::ifstream in(str(dir, "/variant", variant, "_rank0"));
     double worst = -1;
     in >> worst;
     EXPECT_GE(worst, 0) << "variant " << variant << " wrote no result";

@@ -184,7 +184,11 @@ std::vector<torch::Tensor> ShardedModel::gradient_shards() const {
 
 void ShardedModel::step(const at::Tensor& found_inf) {
   DTORCH_CHECK(!impl_->readiness->in_backward(), "step() was called during backward");
-  optim::step_unless(*impl_->optimizer, found_inf);
+  if (impl_->offload) {
+    impl_->offload->step(found_inf);  // Note [Optimizer state on disk]
+  } else {
+    optim::step_unless(*impl_->optimizer, found_inf);
+  }
   publish_params();
 }
 
@@ -221,6 +225,9 @@ void ShardedModel::zero_grad() {
 torch::optim::Optimizer& ShardedModel::optimizer() {
   return *impl_->optimizer;
 }
+const OptimizerOffload* ShardedModel::optimizer_offload() const {
+  return impl_->offload.get();
+}
 const ShardPlan& ShardedModel::plan() const {
   return impl_->plan;
 }
@@ -248,6 +255,10 @@ MemoryStats ShardedModel::memory() const {
     m.grad_bytes += bytes_of(s.grad_full) + bytes_of(s.bucket) + bytes_of(s.incoming);
   }
   m.optim_bytes = parallel::state_bytes(*impl_->optimizer);
+  if (impl_->offload) {
+    m.offloaded_optim_bytes = impl_->offload->swapped_bytes();
+    m.optim_bytes -= m.offloaded_optim_bytes;
+  }
   for (size_t u = 0; u < impl_->units.size(); ++u) {
     if (impl_->always_gathered(u)) m.resident_unit_bytes += bytes_of(impl_->units[u].full);
   }
@@ -268,6 +279,7 @@ void ShardedModel::init_optimizer_state() {
 std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
   auto& impl = *impl_;
   std::vector<ShardSlice> out;
+  if (impl.offload) impl.offload->page_in_all();  // the slices alias the state in memory
   auto& state = impl.optimizer->state();
   for (size_t u = 0; u < impl.units.size(); ++u) {
     const Unit& unit = impl.plan.units[u];

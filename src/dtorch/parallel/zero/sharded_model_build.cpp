@@ -1,7 +1,10 @@
 // ShardedModel set-up (Note [Sharding stages] in sharded_model.cpp): packs the model's parameters
 // into flat units from rank 0's weights, or from a deferred model built again unit by unit, gives
 // the optimizer this rank's shards, and installs the hooks that reduce and gather.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 
@@ -141,6 +144,18 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     masters.push_back(s.master);
   optimizer = make_optimizer(masters);
   DTORCH_CHECK(optimizer, "the optimizer factory returned nothing");
+  if (!opts.optimizer_offload.dir.empty()) {
+    // Note [Optimizer state on disk]
+    DTORCH_CHECK_T(ConfigError, device.is_cpu(),
+                   "the optimizer's state goes to disk from host memory only, and this model "
+                   "computes on ",
+                   device, ": offload with --device cpu");
+    OffloadOptions o = opts.optimizer_offload;
+    static std::atomic<int> made{0};
+    if (o.name.empty())
+      o.name = str("dtorch-optimizer-state-", ::getpid(), "-", made++, "-rank", rank(), ".swap");
+    offload = std::make_unique<OptimizerOffload>(*optimizer, masters, std::move(o));
+  }
 
   install_readiness();
   if (model) install_block_hooks();

@@ -16,6 +16,7 @@
 #include "dtorch/comm/communicator.h"
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/grad_ready.h"
+#include "dtorch/parallel/zero/offload.h"
 #include "dtorch/parallel/zero/zero.h"
 
 namespace dtorch::zero {
@@ -87,6 +88,7 @@ struct ShardedModel::Impl {
   // first (Note [Buckets in flight]).
   std::deque<size_t> in_flight;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<OptimizerOffload> offload;  // after the optimizer: it holds its state
   std::map<std::string, std::pair<size_t, bool>> block_first, block_last;  // block -> unit
   // Reduces units as backward completes them (Note [Gradient readiness]); made last in
   // build(), reset first on destruction.

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
+#include "dtorch/parallel/zero/offload.h"
 #include "dtorch/parallel/zero/shard_plan.h"
 #include "dtorch/parallel/zero/stage_names.h"
 
@@ -59,13 +60,20 @@ struct Options {
   torch::Dtype reduce_dtype = torch::kFloat;
   /// Broadcast buffers (BatchNorm statistics) from rank 0 after each backward, like DDP.
   bool broadcast_buffers = true;
+  /// With a folder: the optimizer's state lives in a file there between steps, each shard's
+  /// read in for its step (Note [Optimizer state on disk] in offload.h; ZeRO-Infinity's
+  /// offload_optimizer to nvme). The model computes on the CPU. A name left empty is made
+  /// unique to the process and rank.
+  OffloadOptions optimizer_offload;
 };
 
 /// Bytes of model state this rank holds in the toolkit's own buffers.
 struct MemoryStats {
   int64_t param_bytes = 0;  ///< gathered (full) parameters plus fp32 master shards when separate
   int64_t grad_bytes = 0;   ///< gradient buffers
-  int64_t optim_bytes = 0;  ///< optimizer state (momentum, Adam moments)
+  int64_t optim_bytes = 0;  ///< optimizer state in memory (momentum, Adam moments)
+  /// Optimizer state on disk (Options::optimizer_offload), not counted in total().
+  int64_t offloaded_optim_bytes = 0;
   /// Stage 3: the most parameter bytes held at once, including units gathered for a block.
   int64_t peak_param_bytes = 0;
   /// Stage 3: bytes of the units that stay gathered between steps: the root unit of a model
@@ -175,6 +183,9 @@ class ShardedModel {
   void zero_grad();
 
   torch::optim::Optimizer& optimizer();
+  /// Where the optimizer's state lives between steps (Options::optimizer_offload), or null when
+  /// it stays in memory.
+  const OptimizerOffload* optimizer_offload() const;
   const ShardPlan& plan() const;
   const Options& options() const;
   MemoryStats memory() const;
