@@ -239,6 +239,7 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
       {"param_bytes", m.param_bytes},
       {"grad_bytes", m.grad_bytes},
       {"optim_bytes", m.optim_bytes},
+      {"offloaded_optim_bytes", m.offloaded_optim_bytes},  // on disk, not in total()
       {"model_state_bytes", m.total()},
       {"peak_param_bytes", m.peak_param_bytes},
       {"resident_unit_bytes", m.resident_unit_bytes},

@@ -101,6 +101,33 @@ TEST(DeepSpeedConfig, EveryKeyDtorchImplementsIsRead) {
   EXPECT_FALSE(parse(R"({"tensorboard": {"enabled": false, "output_path": "x"}})").tensorboard);
 }
 
+// ZeRO-Infinity's block, as DeepSpeed's tutorials write it: what dtorch does with each key.
+TEST(DeepSpeedConfig, OffloadOptimizerMapsToTheOffloadFlags) {
+  const char* text = R"({"zero_optimization": {"stage": 3, "offload_optimizer": {
+      "device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6, "pin_memory": true,
+      "pipeline_read": true}}})";
+  auto s = parse(text);
+  EXPECT_EQ(s.offload_optimizer, OffloadDevice::NVMe);
+  EXPECT_EQ(s.offload_dir, "/local_nvme");
+  EXPECT_EQ(s.offload_buffers, 6);
+  EXPECT_TRUE(mentions(s.warnings, "zero_optimization.offload_optimizer.pipeline_read is ignored"));
+  EXPECT_EQ(s.warnings.size(), 1u);
+  TrainConfig c;
+  EXPECT_TRUE(apply_deepspeed_config(s, {}, 2, c).empty());
+  EXPECT_EQ(c.strategy.offload.optimizer, OffloadDevice::NVMe);
+  EXPECT_EQ(c.strategy.offload.dir, "/local_nvme");
+  EXPECT_EQ(c.strategy.offload.buffers, 6);
+  TrainConfig f;
+  f.strategy.offload.dir = "/scratch";
+  auto notes = apply_deepspeed_config(s, {"--offload-dir"}, 2, f);
+  EXPECT_EQ(f.strategy.offload.dir, "/scratch");
+  EXPECT_TRUE(mentions(notes,
+                       "--offload-dir on the command line replaces the file's "
+                       "zero_optimization.offload_optimizer.nvme_path"));
+  expect_error(R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})",
+               {"offload_optimizer.device", "nvme"});
+}
+
 TEST(DeepSpeedConfig, OptimizersTakeDeepSpeedsDefaultsAndItsAdamIsAdamW) {
   auto adam = parse(R"({"optimizer": {"type": "Adam", "params": {"lr": 0.01}}})");
   EXPECT_EQ(adam.optimizer, OptimizerKind::AdamW)
@@ -206,14 +233,14 @@ TEST(DeepSpeedConfig, LossScalingFlagsGivenWinOverTheFp16Block) {
 TEST(DeepSpeedConfig, KnownKeysDtorchIgnoresAreWarningsAndAutoIsAbsent) {
   auto s = parse(R"({"train_batch_size": "auto", "gradient_clipping": "auto",
       "flops_profiler": {"enabled": true},
-      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+      "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"},
                             "overlap_comm": false},
       "bf16": {"enabled": "auto"}})");
   EXPECT_FALSE(s.train_batch_size.has_value());
   EXPECT_FALSE(s.clip_grad_norm.has_value());
   EXPECT_FALSE(s.precision.has_value());
   EXPECT_TRUE(mentions(s.warnings, "ds.json: flops_profiler is ignored"));
-  EXPECT_TRUE(mentions(s.warnings, "zero_optimization.offload_optimizer is ignored"));
+  EXPECT_TRUE(mentions(s.warnings, "zero_optimization.offload_param is ignored"));
   EXPECT_TRUE(mentions(s.warnings, "zero_optimization.overlap_comm is ignored: dtorch always"));
   EXPECT_EQ(s.warnings.size(), 3u);
 }

@@ -7,6 +7,7 @@
 
 #include "dtorch/core/error.h"
 #include "dtorch/train/config/run_config.h"
+#include "support/error_of.h"
 
 namespace dtorch::train {
 namespace {
@@ -298,6 +299,35 @@ TEST(ParallelismConfig, SettingsThatCannotHoldAreNamedWhereverTheyComeFrom) {
   p.activation_checkpointing = 0;
   EXPECT_EQ(data_parallel_size(p, 8), 2);
   EXPECT_EQ(data_parallel_size(p, 2), 1) << "never below 1: parallelize() names the misfit";
+}
+
+// Note [Optimizer state on disk]: what offloading needs, named as the flags name it.
+TEST(StrategyConfig, OffloadNeedsZeroAFolderAndTheCpu) {
+  StrategyConfig s;
+  auto strategy_error_of = [](const StrategyConfig& c) {
+    return testing::error_of([&] { validate(c); });
+  };
+  s.offload.optimizer = OffloadDevice::NVMe;
+  EXPECT_NE(strategy_error_of(s).find("--offload-optimizer nvme moves the optimizer's shards: it "
+                                      "needs --strategy zero1, zero2 or zero3 (got ddp"),
+            std::string::npos)
+      << strategy_error_of(s);
+  s.kind = StrategyKind::Zero3;
+  EXPECT_NE(strategy_error_of(s).find("--offload-optimizer nvme needs --offload-dir DIR"),
+            std::string::npos);
+  s.offload.dir = "/scratch";
+  EXPECT_EQ(strategy_error_of(s), "(no error)");
+  s.offload.buffers = 0;
+  EXPECT_NE(strategy_error_of(s).find("--offload-buffers 0 must lie between 1 and 1024"),
+            std::string::npos);
+  s.offload.buffers = 4;
+  s.device = DeviceKind::CUDA;
+  EXPECT_NE(strategy_error_of(s).find("with --device cuda is not available yet"),
+            std::string::npos);
+  s.device = DeviceKind::CPU;
+  s.offload.optimizer = OffloadDevice::CPU;
+  s.offload.dir.clear();
+  EXPECT_EQ(strategy_error_of(s), "(no error)") << "cpu needs no folder";
 }
 
 }  // namespace

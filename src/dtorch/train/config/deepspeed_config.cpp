@@ -94,13 +94,12 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
   auto z = top.section("zero_optimization");
   if (!z) return;
   z->keys({"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
-           "allgather_partitions", "allgather_bucket_size"},
+           "allgather_partitions", "allgather_bucket_size", "offload_optimizer"},
           {"use_multi_rank_bucket_allreduce",
            "compute_grad_norm",
            "load_from_fp32_weights",
            "elastic_checkpoint",
            "offload_param",
-           "offload_optimizer",
            "zenflow",
            "sub_group_size",
            "cpu_offload_param",
@@ -155,6 +154,15 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
     if (z->boolean(always) == false) {
       z->ignore(always, str("dtorch always works this way (", always, " true)"));
     }
+  }
+  if (auto off = z->section("offload_optimizer")) {
+    off->keys({"device", "nvme_path", "buffer_count", "pin_memory"},
+              {"fast_init", "pipeline_read", "pipeline_write", "pipeline", "ratio"});
+    if (auto device = off->choice("device", {"none", "cpu", "nvme"}))
+      s.offload_optimizer = value_named<OffloadDevice>(*device);
+    s.offload_dir = off->text("nvme_path");
+    if (auto n = off->integer("buffer_count", 1, 1024)) s.offload_buffers = static_cast<int>(*n);
+    off->boolean("pin_memory");  // read for its type: a run that offloads computes on the CPU
   }
 }
 
@@ -394,6 +402,12 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
   take(ds.strategy, c.strategy.kind, "--strategy", "zero_optimization.stage");
   take(ds.bucket_cap_mb, c.strategy.ddp.bucket_cap_mb, "--bucket-cap-mb",
        "zero_optimization.reduce_bucket_size");
+  take(ds.offload_optimizer, c.strategy.offload.optimizer, "--offload-optimizer",
+       "zero_optimization.offload_optimizer.device");
+  take(ds.offload_dir, c.strategy.offload.dir, "--offload-dir",
+       "zero_optimization.offload_optimizer.nvme_path");
+  take(ds.offload_buffers, c.strategy.offload.buffers, "--offload-buffers",
+       "zero_optimization.offload_optimizer.buffer_count");
   take(ds.precision, c.strategy.precision.compute, "--precision",
        ds.precision == Precision::FP16 ? "fp16.enabled" : "bf16.enabled");
   auto& ls = c.strategy.precision.loss_scale;

@@ -28,6 +28,10 @@ struct TrainConfig;
 //       pipeline engine, and --batch-size is a rank's whole batch (Note [Micro-batches]).
 //   zero_optimization.stage 0-3      --strategy ddp | zero1 | zero2 | zero3
 //   zero_optimization.reduce_bucket_size (elements; fp32: 4 bytes each)   --bucket-cap-mb
+//   zero_optimization.offload_optimizer: device (none | cpu | nvme) --offload-optimizer,
+//       nvme_path --offload-dir, buffer_count --offload-buffers; pin_memory changes nothing
+//       (a run that offloads computes on the CPU); fast_init, pipeline_read, pipeline_write
+//       and ratio are warnings (dtorch always reads ahead and writes behind, the whole state)
 //   zero_optimization.overlap_comm, contiguous_gradients, reduce_scatter,
 //       allgather_partitions: what dtorch always does; false is a warning
 //   bf16.enabled (or bfloat16)       --precision bf16
@@ -63,6 +67,9 @@ struct DeepSpeedSettings {
   std::optional<int64_t> accum_steps;       ///< gradient_accumulation_steps
   std::optional<StrategyKind> strategy;
   std::optional<double> bucket_cap_mb;
+  std::optional<OffloadDevice> offload_optimizer;  ///< zero_optimization.offload_optimizer.device
+  std::optional<std::string> offload_dir;          ///< its nvme_path
+  std::optional<int> offload_buffers;              ///< its buffer_count
   std::optional<Precision> precision;
   std::optional<ReduceDtype> reduce_dtype;
   std::optional<double> clip_grad_norm;

@@ -230,6 +230,20 @@ void visit_fields(StrategyConfig& s, V&& v) {
           "(less memory, two gathers per micro-batch; --schedule 1f1b or gpipe). Default: gather "
           "the stages' units once per step"},
     s.reshard_after_microbatch);
+  v(Field{"parallelism", "offload-optimizer",
+          "zero1-3: where the optimizer's state lives: none | cpu (host memory; on --device cpu "
+          "it is there already) | nvme (a file per rank in --offload-dir between steps, each "
+          "shard's state read in for its step: ZeRO-Infinity)"},
+    named(s.offload.optimizer));
+  v(Field{"parallelism", "offload-dir",
+          "--offload-optimizer nvme: the folder of each rank's file, on a fast local disk (the "
+          "file is removed when the run ends)"},
+    s.offload.dir);
+  v(Field{"parallelism", "offload-buffers",
+          "--offload-optimizer nvme: host buffers for state in flight, each the size of the "
+          "largest shard's state tensor: the next shard read ahead and the last written behind "
+          "while one steps"},
+    s.offload.buffers);
   v(Field{"parallelism", "find-unused-parameters",
           "ddp: allow parameters without gradient in a step"},
     s.ddp.find_unused_parameters);

@@ -43,6 +43,12 @@ const NameTable<CheckpointLayout>& names(CheckpointLayout) {
   return n;
 }
 
+const NameTable<OffloadDevice>& names(OffloadDevice) {
+  static const NameTable<OffloadDevice> n{
+      {OffloadDevice::None, "none"}, {OffloadDevice::CPU, "cpu"}, {OffloadDevice::NVMe, "nvme"}};
+  return n;
+}
+
 int zero_stage(StrategyKind k) {
   switch (k) {
     case StrategyKind::DDP:
@@ -94,6 +100,22 @@ void validate(const StrategyConfig& c) {
                  " writes each rank's shards (sharded); make one file of them with `dtorch "
                  "checkpoint consolidate`");
   validate(c.precision.loss_scale);
+  const OffloadConfig& o = c.offload;
+  if (o.optimizer != OffloadDevice::None) {
+    DTORCH_CHECK_T(ConfigError, c.kind != StrategyKind::DDP, "--offload-optimizer ",
+                   name_of(o.optimizer),
+                   " moves the optimizer's shards: it needs --strategy "
+                   "zero1, zero2 or zero3 (got ddp, where every rank steps the whole model)");
+    DTORCH_CHECK_T(ConfigError, c.device != DeviceKind::CUDA, "--offload-optimizer ",
+                   name_of(o.optimizer),
+                   " with --device cuda is not available yet: offload "
+                   "with --device cpu, or train on the GPU without it");
+  }
+  DTORCH_CHECK_T(ConfigError, o.optimizer != OffloadDevice::NVMe || !o.dir.empty(),
+                 "--offload-optimizer nvme needs --offload-dir DIR, a folder on a fast local "
+                 "disk for each rank's file");
+  DTORCH_CHECK_T(ConfigError, o.buffers >= 1 && o.buffers <= 1024, "--offload-buffers ", o.buffers,
+                 " must lie between 1 and 1024 (default 4)");
 }
 
 }  // namespace config

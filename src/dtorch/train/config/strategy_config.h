@@ -25,11 +25,13 @@ enum class OptimizerKind { SGD, Adam, AdamW };         ///< sgd | adam | adamw
 /// How DDP writes a checkpoint: auto | file (rank 0 writes one .dtc) | sharded (every rank
 /// writes its share, Note [Saving replicated state]). ZeRO always writes sharded.
 enum class CheckpointLayout { Auto, File, Sharded };
+enum class OffloadDevice { None, CPU, NVMe };  ///< none | cpu | nvme
 const NameTable<StrategyKind>& names(StrategyKind);
 const NameTable<Precision>& names(Precision);
 const NameTable<ReduceDtype>& names(ReduceDtype);
 const NameTable<OptimizerKind>& names(OptimizerKind);
 const NameTable<CheckpointLayout>& names(CheckpointLayout);
+const NameTable<OffloadDevice>& names(OffloadDevice);
 /// The ZeRO stage of a strategy (0 for ddp).
 int zero_stage(StrategyKind k);
 
@@ -55,6 +57,15 @@ struct PrecisionConfig {
   LossScaleConfig loss_scale;
 };
 
+/// Where ZeRO keeps the optimizer's state: DeepSpeed's zero_optimization.offload_optimizer.
+struct OffloadConfig {
+  /// none | cpu (host memory, where a run on the CPU keeps it anyway) | nvme (a file per rank
+  /// in `dir` between steps; Note [Optimizer state on disk] in parallel/zero/offload.h)
+  OffloadDevice optimizer = OffloadDevice::None;
+  std::string dir;  ///< nvme: the folder of the files, on a fast local disk
+  int buffers = 4;  ///< nvme: host buffers of state in flight (each the largest shard's size)
+};
+
 /// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch
 /// train`, `dtorch bench memory` and C++ programs (train/parallelize.h).
 struct StrategyConfig {
@@ -70,6 +81,7 @@ struct StrategyConfig {
   /// zero3 under --pp: release units between micro-batches (zero::Options::
   /// reshard_after_microbatch; Note [ZeRO-3 under a pipeline])
   bool reshard_after_microbatch = false;
+  OffloadConfig offload;     ///< zero1-3: where the optimizer's state lives
   std::string model;         ///< the model's registry name (to rebuild saved stages)
   models::ImageInput input;  ///< what an image model was built for (the same)
   ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units

@@ -4,12 +4,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 #include "dtorch/checkpoint/sharded_join.h"
 #include "dtorch/checkpoint/state_dict.h"
 #include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
 #include "dtorch/models/unit_seeds.h"
 #include "dtorch/optim/fused.h"
 #include "dtorch/parallel/optimizer_state.h"
@@ -53,6 +56,18 @@ class ZeroStrategy : public Strategy {
     o.reduce_dtype =
         c.precision.reduce_dtype == ReduceDtype::BF16 ? torch::kBFloat16 : torch::kFloat;
     o.broadcast_buffers = c.ddp.broadcast_buffers;
+    if (c.offload.optimizer == OffloadDevice::NVMe) {
+      o.optimizer_offload.dir = c.offload.dir;
+      o.optimizer_offload.buffers = c.offload.buffers;
+    } else if (c.offload.optimizer == OffloadDevice::CPU) {
+      DTORCH_CHECK_T(ConfigError, device_.is_cpu(), "--offload-optimizer cpu with a model on ",
+                     device_, " is not available yet: train on the GPU without it");
+      if (comm_->rank() == 0) {
+        log::info(
+            "--offload-optimizer cpu: this run computes on the CPU, where the optimizer's "
+            "state is in host memory already; nothing moves");
+      }
+    }
     sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
       return make_optimizer(c.optimizer, std::move(p));
     });
@@ -196,9 +211,15 @@ class ZeroStrategy : public Strategy {
   void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }
 
   std::string describe() const override {
+    std::string offload;
+    if (const auto* o = sharded_->optimizer_offload()) {
+      const double mib = std::round(o->file_bytes() * 10.0 / (1 << 20)) / 10;
+      offload = str(", optimizer state on disk in ", c_.offload.dir, " (", mib,
+                    " MiB a rank, through ", c_.offload.buffers, " buffers)");
+    }
     return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
                name_of(c_.precision.compute), " compute, ", name_of(c_.precision.reduce_dtype),
-               " gradient reduction, on ", device_);
+               " gradient reduction, on ", device_, offload);
   }
 
  private:

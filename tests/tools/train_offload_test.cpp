@@ -1,0 +1,61 @@
+// `dtorch train` with the optimizer's state on disk (Note [Optimizer state on disk]), as a user
+// runs it: ZeRO-3 at 2 ranks with --offload-optimizer nvme trains, saves and resumes exactly as
+// the same run with its state in memory, records the setting in config.json, and leaves no file
+// in the folder.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dtorch/core/paths.h"
+#include "support/command.h"
+#include "support/train_run.h"
+#include "support/workers.h"
+
+namespace dtorch {
+namespace {
+
+using testing::with;
+
+TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
+  const std::string dir = testing::scratch_dir("train_offload");
+  auto r = testing::run_command("offload_memory",
+                                testing::gpt_debug_train_args(dir + "/memory", "zero3", 2), 300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+
+  const std::string nvme = dir + "/nvme";
+  ASSERT_TRUE(paths::create_directory(nvme));
+  const std::vector<std::string> offload{"--offload-optimizer", "nvme", "--offload-dir", nvme,
+                                         "--offload-buffers",   "2"};
+  r = testing::run_command(
+      "offload_first", with(testing::gpt_debug_train_args(dir + "/disk", "zero3", 2, 1), offload),
+      300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "optimizer state on disk in " + nvme)) << r.err;
+  r = testing::run_command(
+      "offload_resumed",
+      with(testing::gpt_debug_train_args(dir + "/disk", "zero3", 2), with(offload, {"--resume"})),
+      300);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+
+  auto want = testing::model_file(dir + "/memory/model.pt");
+  auto got = testing::model_file(dir + "/disk/model.pt");
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got[name].equal(t)) << name;
+  }
+  auto a = testing::epochs_of(dir + "/memory"), b = testing::epochs_of(dir + "/disk");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t e = 0; e < a.size(); ++e)
+    EXPECT_EQ(a[e]["test_loss"], b[e]["test_loss"]) << "epoch " << e + 1;
+  EXPECT_TRUE(paths::list_directory(nvme).empty()) << "a file left in " << nvme;
+  nlohmann::json config;
+  std::ifstream(dir + "/disk/config.json") >> config;
+  EXPECT_EQ(config["parallelism"]["offload-optimizer"], "nvme") << config.dump();
+}
+
+}  // namespace
+}  // namespace dtorch
