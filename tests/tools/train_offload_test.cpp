@@ -25,13 +25,15 @@ TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
 
   const std::string nvme = dir + "/nvme";
   ASSERT_TRUE(paths::create_directory(nvme));
-  const std::vector<std::string> offload{"--offload-optimizer", "nvme", "--offload-dir", nvme,
-                                         "--offload-buffers",   "2"};
+  const std::vector<std::string> offload{"--offload-optimizer", "nvme", "--offload-dir",       nvme,
+                                         "--offload-buffers",   "2",    "--offload-buffer-mb", "1"};
   r = testing::run_command(
       "offload_first", with(testing::gpt_debug_train_args(dir + "/disk", "zero3", 2, 1), offload),
       300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "optimizer state on disk in " + nvme)) << r.err;
+  // gpt-debug's largest shard is smaller than the 1 MiB a buffer may hold.
+  EXPECT_TRUE(testing::contains(r.err, " KiB)")) << r.err;
   r = testing::run_command(
       "offload_resumed",
       with(testing::gpt_debug_train_args(dir + "/disk", "zero3", 2), with(offload, {"--resume"})),
@@ -55,6 +57,7 @@ TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
   nlohmann::json config;
   std::ifstream(dir + "/disk/config.json") >> config;
   EXPECT_EQ(config["parallelism"]["offload-optimizer"], "nvme") << config.dump();
+  EXPECT_EQ(config["parallelism"]["offload-buffer-mb"], 1) << config.dump();
 }
 
 }  // namespace

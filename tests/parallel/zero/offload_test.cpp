@@ -36,11 +36,15 @@ using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vect
 
 // Steps an optimizer in memory and another through the disk on the same gradients (one shard
 // without a gradient in step 2), and compares parameters and state bit for bit.
-void expect_same_steps(const Factory& make, int buffers) {
+// Pieces of `buffer_bytes` (Note [Optimizer state on disk]): 4096 steps the shards above in 1, 2,
+// 1 and 9 pieces, the last ones partial.
+void expect_same_steps(const Factory& make, int buffers, size_t buffer_bytes = size_t{1} << 20) {
   testing::TempDir dir("offload_steps");
   std::vector<torch::Tensor> a = flat_params(), b = flat_params();
   auto in_memory = make(a), on_disk = make(b);
-  OptimizerOffload offload(*on_disk, b, {dir.path(), buffers, "state.swap"});
+  OptimizerOffload offload(*on_disk, b, {dir.path(), buffers, "state.swap", buffer_bytes});
+  // At most the largest slot: 9000 floats in whole pages.
+  EXPECT_EQ(offload.buffer_bytes(), std::min<int64_t>(static_cast<int64_t>(buffer_bytes), 36864));
   EXPECT_TRUE(paths::list_directory(dir.path()).empty()) << "the file is unlinked at once";
   for (int step = 0; step < 4; ++step) {
     for (size_t k = 0; k < a.size(); ++k) {
@@ -85,6 +89,8 @@ TEST(OptimizerOffload, AdamWStepsAsInMemoryThroughTheFewestBuffersAndMany) {
   };
   expect_same_steps(adamw, 2);
   expect_same_steps(adamw, 16);
+  expect_same_steps(adamw, 2, 4096);
+  expect_same_steps(adamw, 5, 4096);
 }
 
 TEST(OptimizerOffload, AmsgradAdamAndSgdStepAsInMemory) {
@@ -93,17 +99,18 @@ TEST(OptimizerOffload, AmsgradAdamAndSgdStepAsInMemory) {
         return std::make_unique<optim::FusedAdamW>(p,
                                                    torch::optim::AdamWOptions(1e-2).amsgrad(true));
       },
-      3);
+      3, 4096);
   expect_same_steps(
       [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
         return std::make_unique<optim::FusedAdam>(p, torch::optim::AdamOptions(1e-2));
       },
-      4);
+      4, 8192);
   expect_same_steps(
       [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
-        return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
+        return std::make_unique<torch::optim::SGD>(
+            p, torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0.5));
       },
-      1);
+      1, 4096);
 }
 
 // A step the device skips (fp16's overflow) changes nothing, and leaves nothing to take back.

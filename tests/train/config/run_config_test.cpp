@@ -321,6 +321,10 @@ TEST(StrategyConfig, OffloadNeedsZeroAFolderAndTheCpu) {
   EXPECT_NE(strategy_error_of(s).find("--offload-buffers 0 must lie between 1 and 1024"),
             std::string::npos);
   s.offload.buffers = 4;
+  s.offload.buffer_mb = 0;
+  EXPECT_NE(strategy_error_of(s).find("--offload-buffer-mb 0 must lie between 1 and 65536"),
+            std::string::npos);
+  s.offload.buffer_mb = 32;
   s.device = DeviceKind::CUDA;
   EXPECT_NE(strategy_error_of(s).find("with --device cuda is not available yet"),
             std::string::npos);

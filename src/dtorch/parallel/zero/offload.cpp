@@ -46,6 +46,11 @@ std::string gib(uint64_t bytes) {
   return os.str();
 }
 
+}  // namespace
+
+// Named, not anonymous: OptimizerOffload::Impl, declared in the header, holds these.
+namespace offload_io {
+
 // Host buffers of one size, page aligned, lent out as DataPtrs: a state tensor holds one while
 // it is in memory, a write while it is in flight, and a buffer comes back to the pool when
 // whoever holds it drops it. The mappings live as long as the last lease.
@@ -120,8 +125,22 @@ struct Transfer {
 };
 using Pending = std::shared_ptr<Transfer>;
 
+// A run of one shard's elements that steps with its state in the pool's buffers: a shard
+// steps in pieces of at most a buffer's size (Note [Optimizer state on disk]).
+struct Piece {
+  size_t k = 0;  // the shard
+  int64_t begin = 0, size = 0;
+  bool fresh = false;             // the file holds no state of the shard yet: the step makes it
+  std::vector<at::Tensor> state;  // read from the file into buffers, one per state tensor
+  std::vector<Pending> reads;
+};
+
+}  // namespace offload_io
+
+namespace {
+
 // Waits for one read or write, bounded, throwing its error.
-void wait_io(const Pending& t, const std::string& what) {
+void wait_io(const offload_io::Pending& t, const std::string& what) {
   std::unique_lock<std::mutex> l(t->mu);
   DTORCH_CHECK_T(TrainingError, t->cv.wait_for(l, kIoTimeout, [&] { return t->done; }),
                  "optimizer offload: ", what, " has not finished in 5 minutes; the disk has ",
@@ -132,19 +151,24 @@ void wait_io(const Pending& t, const std::string& what) {
 }  // namespace
 
 struct OptimizerOffload::Impl {
+  using BufferPool = offload_io::BufferPool;
+  using Pending = offload_io::Pending;
+  using Piece = offload_io::Piece;
+  using Transfer = offload_io::Transfer;
+
   torch::optim::Optimizer& opt;
   std::vector<at::Tensor> params;
   OffloadOptions o;
   std::string path;
   int fd = -1;
-  size_t per_param = 0;                   // state tensors the optimizer keeps per parameter
-  std::vector<size_t> slot_bytes, first;  // per parameter: a slot's size, its first offset
-  size_t file_size = 0;
+  size_t per_param = 0;                          // state tensors the optimizer keeps per parameter
+  std::vector<size_t> slot_bytes, first;         // per parameter: a slot's size, its first offset
+  std::vector<std::pair<size_t, size_t>> place;  // per parameter: its group, its index there
+  std::vector<bool> on_disk;                     // per parameter: the file holds its state
+  size_t file_size = 0, buffer_bytes = 0;
   std::unique_ptr<BufferPool> pool;
-  // In flight on the I/O thread: reads by parameter, and every write not yet waited for.
-  std::map<size_t, std::vector<Pending>> reading;
-  std::deque<Pending> writing;
-  OrderedThread io;  // last: destroyed first, finishing what it was given
+  std::deque<Pending> writing;  // every write not yet waited for
+  OrderedThread io;             // last: destroyed first, finishing what it was given
 
   Impl(torch::optim::Optimizer& opt, std::vector<at::Tensor> params, OffloadOptions options)
       : opt(opt), params(std::move(params)), o(std::move(options)) {}
@@ -161,17 +185,24 @@ struct OptimizerOffload::Impl {
     }
     return out;
   }
-  std::string where(size_t k, size_t i) const {
-    return str("optimizer state tensor ", i, " of shard ", k, " (byte ",
-               first[k] + i * slot_bytes[k], " of ", path, ")");
+  // Where element `begin` of shard k's state tensor i lies in the file.
+  size_t offset(size_t k, size_t i, int64_t begin) const {
+    return first[k] + i * slot_bytes[k] + static_cast<size_t>(begin) * params[k].element_size();
+  }
+  std::string where(size_t k, size_t i, int64_t begin) const {
+    return str("optimizer state tensor ", i, " of shard ", k, " (byte ", offset(k, i, begin),
+               " of ", path, ")");
   }
 
   void open_file();
-  Pending transfer(bool write, size_t k, size_t i, void* data, std::shared_ptr<at::DataPtr> hold);
-  void read_into(size_t k, size_t i, const at::Tensor& t, at::DataPtr memory);
-  bool read_ahead(size_t k, size_t reserve);
-  void bring_in(size_t k);
-  void write_out(size_t k);
+  std::vector<Piece> plan(const std::vector<at::Tensor>& grads) const;
+  Pending transfer(bool write, size_t at, size_t n, void* data, std::shared_ptr<at::DataPtr> hold,
+                   std::string what);
+  void read(Piece& p);
+  void write(size_t k, size_t i, int64_t begin, const void* src, size_t nbytes,
+             at::DataPtr memory = {});
+  void spill(size_t k);
+  void step_piece(Piece& p, const at::Tensor& grad, bool last);
   void finish_writes();
 };
 
@@ -208,19 +239,39 @@ void OptimizerOffload::Impl::open_file() {
               path, ": ", std::strerror(err));
 }
 
-Pending OptimizerOffload::Impl::transfer(bool write, size_t k, size_t i, void* data,
-                                         std::shared_ptr<at::DataPtr> hold) {
-  const size_t n = slot_bytes[k];
-  const off_t at = static_cast<off_t>(first[k] + i * n);
+// The shards with gradients, in pieces of at most a buffer: a buffer holds whole 4 KiB pages of
+// elements, so each piece's slice of a slot starts on a page (Note [Optimizer state on disk]).
+std::vector<offload_io::Piece> OptimizerOffload::Impl::plan(
+    const std::vector<at::Tensor>& grads) const {
+  std::vector<Piece> out;
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (!grads[k].defined()) continue;
+    const int64_t n = params[k].numel();
+    const auto most = static_cast<int64_t>(buffer_bytes / params[k].element_size());
+    for (int64_t begin = 0; begin < n || begin == 0; begin += most) {
+      Piece p;
+      p.k = k;
+      p.begin = begin;
+      p.size = std::min(most, n - begin);
+      p.fresh = !on_disk[k];
+      out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+offload_io::Pending OptimizerOffload::Impl::transfer(bool write, size_t at, size_t n, void* data,
+                                                     std::shared_ptr<at::DataPtr> hold,
+                                                     std::string what) {
   auto t = std::make_shared<Transfer>();
-  io.submit([fd = fd, write, data, n, at, hold, t, what = where(k, i)]() mutable {
+  io.submit([fd = fd, write, data, n, at, hold, t, what = std::move(what)]() mutable {
     // The buffer goes back to the pool as the transfer ends, before anyone hears it has.
     std::shared_ptr<at::DataPtr> buffer = std::move(hold);
     std::string error;
     for (size_t done = 0; done < n && error.empty();) {
       char* p = static_cast<char*>(data) + done;
-      const ssize_t r = write ? ::pwrite(fd, p, n - done, at + static_cast<off_t>(done))
-                              : ::pread(fd, p, n - done, at + static_cast<off_t>(done));
+      const auto from = static_cast<off_t>(at + done);
+      const ssize_t r = write ? ::pwrite(fd, p, n - done, from) : ::pread(fd, p, n - done, from);
       if (r < 0 && errno == EINTR) continue;
       if (r > 0) {
         done += static_cast<size_t>(r);
@@ -235,64 +286,120 @@ Pending OptimizerOffload::Impl::transfer(bool write, size_t k, size_t i, void* d
   return t;
 }
 
-// Gives `t` `memory` (a slot's size at least, page aligned) and starts reading its slot into it.
-void OptimizerOffload::Impl::read_into(size_t k, size_t i, const at::Tensor& t,
-                                       at::DataPtr memory) {
-  void* data = memory.get();
-  restore_storage(t, t.nbytes(), std::move(memory));
-  reading[k].push_back(transfer(/*write=*/false, k, i, data, nullptr));
-}
-
-// Starts reading parameter k's state into free buffers, if it is on disk and `reserve` buffers
-// stay free besides (the current parameter's write may need them). Whether it started.
-bool OptimizerOffload::Impl::read_ahead(size_t k, size_t reserve) {
-  if (reading.count(k)) return true;
-  std::vector<at::Tensor> ts = tensors_of(k);
-  size_t out = 0;
-  for (const auto& t : ts)
-    out += holds_storage(t) ? 0 : 1;
-  if (out == 0 || pool->free() < out + reserve) return false;
-  for (size_t i = 0; i < ts.size(); ++i) {
-    if (!holds_storage(ts[i])) read_into(k, i, ts[i], pool->take(where(k, i)));
-  }
-  return true;
-}
-
-// Parameter k's state in memory (if it has any yet): its reads waited for, or made now.
-void OptimizerOffload::Impl::bring_in(size_t k) {
-  if (!reading.count(k)) {
-    std::vector<at::Tensor> ts = tensors_of(k);
-    for (size_t i = 0; i < ts.size(); ++i) {
-      if (!holds_storage(ts[i])) read_into(k, i, ts[i], pool->take(where(k, i)));
-    }
-  }
-  auto it = reading.find(k);
-  if (it == reading.end()) return;
-  const std::vector<Pending> reads = std::move(it->second);
-  reading.erase(it);
-  for (const auto& f : reads)
-    wait_io(f, "reading " + where(k, 0));
-}
-
-// Takes parameter k's state out of memory and starts writing it to its slots. State in memory
-// of its own (made by the optimizer's first step, or paged in) is copied into a buffer first.
-void OptimizerOffload::Impl::write_out(size_t k) {
-  std::vector<at::Tensor> ts = tensors_of(k);
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const at::Tensor& t = ts[i];
-    DTORCH_CHECK(t.is_cpu() && t.is_contiguous() && t.storage_offset() == 0 &&
-                     t.storage().nbytes() == t.nbytes() && t.nbytes() <= slot_bytes[k],
-                 "optimizer offload: shard ", k, "'s state is not a tensor of its own");
-    at::DataPtr memory = release_storage(t);
-    if (!pool->owns(memory)) {
-      at::DataPtr buffer = pool->take(where(k, i));
-      std::memcpy(buffer.get(), memory.get(), t.nbytes());
-      memory = std::move(buffer);
-    }
+// Starts reading piece p's state from the file into buffers, one per state tensor.
+void OptimizerOffload::Impl::read(Piece& p) {
+  if (p.fresh || !p.state.empty()) return;
+  const std::vector<at::Tensor> whole = tensors_of(p.k);
+  const size_t nbytes = static_cast<size_t>(p.size) * params[p.k].element_size();
+  for (size_t i = 0; i < whole.size(); ++i) {
+    at::Tensor t = at::empty({0}, whole[i].options());
+    at::DataPtr memory = pool->take(where(p.k, i, p.begin));
     void* data = memory.get();
-    writing.push_back(
-        transfer(/*write=*/true, k, i, data, std::make_shared<at::DataPtr>(std::move(memory))));
+    t.set_(c10::Storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(buffer_bytes),
+                        std::move(memory), nullptr, false),
+           0, {p.size}, {1});
+    p.state.push_back(t);
+    p.reads.push_back(transfer(/*write=*/false, offset(p.k, i, p.begin), aligned(nbytes), data,
+                               nullptr, where(p.k, i, p.begin)));
   }
+}
+
+// Starts writing `nbytes` from `src` to shard k's state tensor i at element `begin`: from
+// `memory` itself when it is a buffer of the pool holding them, else from a copy in one.
+void OptimizerOffload::Impl::write(size_t k, size_t i, int64_t begin, const void* src,
+                                   size_t nbytes, at::DataPtr memory) {
+  if (!memory || !pool->owns(memory)) {
+    at::DataPtr buffer = pool->take(where(k, i, begin));
+    std::memcpy(buffer.get(), src, nbytes);
+    memory = std::move(buffer);  // frees `src` when it was `memory`'s
+  }
+  void* data = memory.get();
+  writing.push_back(transfer(/*write=*/true, offset(k, i, begin), aligned(nbytes), data,
+                             std::make_shared<at::DataPtr>(std::move(memory)), where(k, i, begin)));
+}
+
+// Shard k's whole state, if in memory of its own (a checkpoint loaded, or paged in), goes to
+// the file and gives its memory back.
+void OptimizerOffload::Impl::spill(size_t k) {
+  if (!state_of(k)) {
+    on_disk[k] = false;  // its state was taken away: the next step makes it anew
+    return;
+  }
+  const std::vector<at::Tensor> whole = tensors_of(k);
+  bool in_memory = false;
+  for (const auto& t : whole)
+    in_memory = in_memory || holds_storage(t);
+  if (!in_memory) return;
+  const int64_t most = static_cast<int64_t>(buffer_bytes / params[k].element_size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    const at::Tensor& t = whole[i];
+    DTORCH_CHECK(t.is_cpu() && t.is_contiguous() && t.numel() == params[k].numel() &&
+                     t.scalar_type() == params[k].scalar_type(),
+                 "optimizer offload: shard ", k, "'s state is not shaped as the shard");
+    for (int64_t begin = 0; begin < t.numel(); begin += most) {
+      const at::Tensor slice = t.narrow(0, begin, std::min(most, t.numel() - begin));
+      write(k, i, begin, slice.data_ptr(), slice.nbytes());
+    }
+  }
+  for (const auto& t : whole)
+    release_storage(t);
+  on_disk[k] = true;
+}
+
+// Steps piece p: the optimizer sees a view of the shard's elements, with the slices of its
+// state (or, fresh, makes them), and the slices go to the file after. Every piece starts from
+// the shard's step count; the `last` one of the shard gives it the next.
+void OptimizerOffload::Impl::step_piece(Piece& p, const at::Tensor& grad, bool last) {
+  for (const auto& r : p.reads)
+    wait_io(r, "reading " + where(p.k, 0, p.begin));
+  p.reads.clear();
+  const at::Tensor& shard = params[p.k];
+  at::Tensor view = shard.narrow(0, p.begin, p.size);
+  view.mutable_grad() = grad.narrow(0, p.begin, p.size);
+  const auto key = compat::optimizer_state_key(view);
+  torch::optim::OptimizerParamState* whole = state_of(p.k);
+  if (!p.fresh) {
+    const auto named = parallel::state_tensors(*whole);
+    opt.state()[key] = parallel::map_state(*whole, [&](const at::Tensor& t) {
+      size_t i = 0;
+      while (i < named.size() && !named[i].second.is_same(t))
+        ++i;
+      DTORCH_CHECK(i < named.size(), "optimizer offload: shard ", p.k,
+                   "'s state has a tensor it did not list");
+      return p.state[i];
+    });
+  }
+  at::Tensor& slot = opt.param_groups()[place[p.k].first].params()[place[p.k].second];
+  struct Put {
+    at::Tensor& slot;
+    const at::Tensor& shard;
+    ~Put() { slot = shard; }
+  } put{slot, shard};
+  slot = view;
+  opt.step();
+  auto it = opt.state().find(key);
+  if (it == opt.state().end()) return;  // SGD without momentum keeps none
+  std::unique_ptr<torch::optim::OptimizerParamState> made = std::move(it->second);
+  opt.state().erase(it);
+  if (!whole) {
+    // The shard's own state: its tensors hold no memory, their bytes are in the file.
+    opt.state()[compat::optimizer_state_key(shard)] =
+        parallel::map_state(*made, [&](const at::Tensor& t) {
+          at::Tensor out = at::empty(shard.sizes(), t.options());
+          release_storage(out);
+          return out;
+        });
+  } else if (last) {
+    parallel::set_steps(*whole, parallel::steps_of(*made));
+  }
+  const auto named = parallel::state_tensors(*made);
+  for (size_t i = 0; i < named.size(); ++i) {
+    const at::Tensor& t = named[i].second;
+    const size_t nbytes = t.nbytes();
+    const void* src = t.data_ptr();
+    write(p.k, i, p.begin, src, nbytes, release_storage(t));
+  }
+  p.state.clear();
 }
 
 void OptimizerOffload::Impl::finish_writes() {
@@ -312,9 +419,11 @@ OptimizerOffload::OptimizerOffload(torch::optim::Optimizer& opt, std::vector<at:
   if (auto probe = parallel::fresh_state(opt, at::zeros({1})))
     m.per_param = parallel::state_tensors(*probe).size();
   DTORCH_CHECK_T(ConfigError, m.o.buffers >= static_cast<int>(m.per_param) && m.o.buffers >= 1,
-                 "--offload-buffers ", m.o.buffers, " is too few: the optimizer steps each shard ",
-                 "with its ", m.per_param, " state tensors in memory at once; give at least ",
-                 std::max<size_t>(m.per_param, 1));
+                 "--offload-buffers ", m.o.buffers, " is too few: the optimizer steps each piece ",
+                 "of a shard with its ", m.per_param, " state tensors in memory at once; give at ",
+                 "least ", std::max<size_t>(m.per_param, 1));
+  DTORCH_CHECK_T(ConfigError, m.o.buffer_bytes >= kAlign, "an offload buffer of ", m.o.buffer_bytes,
+                 " bytes is too small: give at least ", kAlign);
   size_t largest = kAlign;
   for (const auto& p : m.params) {
     DTORCH_CHECK(p.dim() == 1, "optimizer offload takes flat (1-D) parameters");
@@ -323,25 +432,36 @@ OptimizerOffload::OptimizerOffload(torch::optim::Optimizer& opt, std::vector<at:
     m.file_size += m.per_param * m.slot_bytes.back();
     largest = std::max(largest, m.slot_bytes.back());
   }
+  // Whole pages, no larger than the largest slot needs.
+  m.buffer_bytes = std::min(m.o.buffer_bytes / kAlign * kAlign, largest);
+  m.on_disk.assign(m.params.size(), false);
+  for (size_t k = 0; k < m.params.size(); ++k) {
+    bool found = false;
+    auto& groups = opt.param_groups();
+    for (size_t g = 0; g < groups.size() && !found; ++g) {
+      for (size_t i = 0; i < groups[g].params().size() && !found; ++i) {
+        if (groups[g].params()[i].is_same(m.params[k])) {
+          m.place.emplace_back(g, i);
+          found = true;
+        }
+      }
+    }
+    DTORCH_CHECK(found, "optimizer offload: shard ", k, " is not a parameter of the optimizer");
+  }
   m.open_file();
-  m.pool = std::make_unique<BufferPool>(m.o.buffers, largest);
+  m.pool = std::make_unique<offload_io::BufferPool>(m.o.buffers, m.buffer_bytes);
 }
 
 OptimizerOffload::~OptimizerOffload() {
   Impl& m = *impl_;
   try {
     m.finish_writes();
-    for (auto& [k, reads] : m.reading) {
-      for (const auto& f : reads)
-        wait_io(f, "reading " + m.where(k, 0));
-    }
   } catch (const std::exception&) {
     // The run ends with the error that stopped it; the file goes with the descriptor.
   }
-  m.reading.clear();
   if (m.fd >= 0) {
     // Nothing the thread was given may use the descriptor after this.
-    auto last = std::make_shared<Transfer>();
+    auto last = std::make_shared<offload_io::Transfer>();
     m.io.submit([last] { last->finish(""); });
     try {
       wait_io(last, "the last transfer to " + m.path);
@@ -355,7 +475,7 @@ void OptimizerOffload::step(const at::Tensor& found_inf) {
   Impl& m = *impl_;
   torch::NoGradGuard no_grad;
   m.finish_writes();
-  // Each shard steps alone: the others' gradients are hidden from the optimizer meanwhile.
+  // Each piece steps alone: every shard's gradient is hidden from the optimizer meanwhile.
   std::vector<at::Tensor> grads;
   for (auto& p : m.params)
     grads.push_back(std::exchange(p.mutable_grad(), at::Tensor()));
@@ -372,41 +492,44 @@ void OptimizerOffload::step(const at::Tensor& found_inf) {
     optim::step_unless(m.opt, found_inf);
     return;
   }
-  std::vector<size_t> order;
-  for (size_t k = 0; k < m.params.size(); ++k) {
-    if (grads[k].defined()) order.push_back(k);
+  for (size_t k = 0; k < m.params.size(); ++k)
+    m.spill(k);
+  std::vector<offload_io::Piece> pieces = m.plan(grads);
+  for (size_t j = 0; j < pieces.size(); ++j) {
+    offload_io::Piece& p = pieces[j];
+    m.read(p);
+    // The next piece is read while this one steps, when buffers are free for it besides those
+    // this piece's write takes if its state is not in buffers yet.
+    const size_t reserve = p.fresh ? m.per_param : 0;
+    if (j + 1 < pieces.size() && m.pool->free() >= m.per_param + reserve) m.read(pieces[j + 1]);
+    const bool last = j + 1 == pieces.size() || pieces[j + 1].k != p.k;
+    m.step_piece(p, grads[p.k], last);
+    if (last) m.on_disk[p.k] = true;
   }
-  for (size_t j = 0; j < order.size(); ++j) {
-    const size_t k = order[j];
-    m.bring_in(k);
-    if (j + 1 < order.size()) {
-      // Room for this shard's write when its state is not in the pool's buffers yet.
-      bool pooled = m.state_of(k) != nullptr;
-      for (const auto& t : m.tensors_of(k))
-        pooled = pooled && m.pool->owns(t.storage().data_ptr());
-      m.read_ahead(order[j + 1], pooled ? 0 : m.per_param);
-    }
-    m.params[k].mutable_grad() = grads[k];
-    m.opt.step();
-    m.params[k].mutable_grad() = at::Tensor();
-    m.write_out(k);
-  }
+  // What the optimizer recorded for a skipped step's undo points at the pieces' states; a step
+  // over no gradients clears it.
+  m.opt.step();
 }
 
 void OptimizerOffload::page_in_all() {
   Impl& m = *impl_;
   m.finish_writes();
+  std::vector<std::pair<offload_io::Pending, std::string>> reads;
   for (size_t k = 0; k < m.params.size(); ++k) {
-    if (!m.reading.count(k)) {
-      std::vector<at::Tensor> ts = m.tensors_of(k);
-      for (size_t i = 0; i < ts.size(); ++i) {
-        if (!holds_storage(ts[i])) m.read_into(k, i, ts[i], map_memory(m.slot_bytes[k]));
-      }
+    if (!m.on_disk[k]) continue;
+    std::vector<at::Tensor> ts = m.tensors_of(k);
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (holds_storage(ts[i])) continue;
+      at::DataPtr memory = map_memory(m.slot_bytes[k]);
+      void* data = memory.get();
+      restore_storage(ts[i], ts[i].nbytes(), std::move(memory));
+      reads.emplace_back(m.transfer(/*write=*/false, m.offset(k, i, 0), m.slot_bytes[k], data,
+                                    nullptr, m.where(k, i, 0)),
+                         m.where(k, i, 0));
     }
   }
-  for (size_t k = 0; k < m.params.size(); ++k) {
-    if (m.reading.count(k)) m.bring_in(k);
-  }
+  for (const auto& [f, what] : reads)
+    wait_io(f, "reading " + what);
 }
 
 int64_t OptimizerOffload::swapped_bytes() const {
@@ -420,6 +543,10 @@ int64_t OptimizerOffload::swapped_bytes() const {
 
 int64_t OptimizerOffload::file_bytes() const {
   return static_cast<int64_t>(impl_->file_size);
+}
+
+int64_t OptimizerOffload::buffer_bytes() const {
+  return static_cast<int64_t>(impl_->buffer_bytes);
 }
 
 const std::string& OptimizerOffload::path() const {

@@ -22,21 +22,27 @@ namespace dtorch::zero {
 // - Between steps each state tensor keeps its TensorImpl but holds no memory (release_storage);
 //   its bytes lie in one file per rank, at a slot of its own per shard and state, 4 KiB aligned
 //   so that the file is opened with O_DIRECT (no copy in the page cache) where the filesystem
-//   allows it.
-// - A step goes shard by shard. One I/O thread reads the next shard's state ahead and writes the
-//   last one's behind while the current shard steps, through at most `buffers` host buffers the
-//   size of the largest state tensor (--offload-buffers); the optimizer steps one shard at a
-//   time, the other shards' gradients hidden from it. Writes still in flight when a step ends
-//   finish during the next forward and backward; the next step waits for them first. (Waiting
-//   for them at the step's end and giving the buffers' pages back, MADV_DONTNEED, left
-//   gpt-small's peak RSS under ZeRO-3 at 2 ranks where it was, 2.26 GiB, and cost 0.6 s a step.)
-// - The whole file is allocated when it is made (posix_fallocate), so too little free space is
+//   allows it; a buffer holds whole pages, so every piece's slice starts on one.
+// - A step goes shard by shard, and a shard in pieces of at most a buffer's size
+//   (--offload-buffer-mb): the optimizer steps a view of the piece's elements, the other shards'
+//   gradients hidden from it, with a state of its own whose tensors are the piece's slices in the
+//   buffers (or, before the shard's first step, makes that state itself). Its step count goes
+//   back to the shard's state. Adam's and SGD's updates are elementwise, so the pieces end
+//   exactly where one step over the shard ends. One I/O thread reads the next piece ahead and
+//   writes the last one behind while the current one steps, through at most `buffers` host
+//   buffers (--offload-buffers), so a rank holds that many buffers of state, whatever the size
+//   of its largest shard: gpt-small's root unit alone has 77 MB of each moment a rank at 2
+//   ranks. Writes still in flight when a step ends finish during the next forward and backward;
+//   the next step waits for them first. (Waiting for them at the step's end and giving the
+//   buffers' pages back, MADV_DONTNEED, cost 0.6 s a step and lowered no peak.)
+// - The whole file is allocated when it is made (fallocate), so too little free space is
 //   an error before the first step that names the bytes needed, and the disk never fills in the
 //   middle of a run. The file is unlinked as soon as it is open: however the run ends, it leaves
 //   nothing behind.
 // - What reads or writes the state between steps (a checkpoint's save and load) pages it all in
-//   first (page_in_all); the next step writes it out again. A checkpoint therefore holds the
-//   whole state for a moment, as a run without offload always does.
+//   first (page_in_all); the next step writes whatever state holds memory of its own (paged in,
+//   or loaded) out again. A checkpoint therefore holds the whole state for a moment, as a run
+//   without offload always does.
 // - A step the device skips (fp16's overflow, Note [Steps the device skips]) is decided on the
 //   host before any shard steps: the host steps anyway, so reading the flag there costs nothing.
 // The fp32 master shards stay in memory: ZeRO-1/2 publish them and ZeRO-3 gathers them.
@@ -46,13 +52,15 @@ struct OffloadOptions {
   std::string dir;   ///< the folder of the swap file: a fast local disk
   int buffers = 4;   ///< host buffers for state in flight (reading, stepping, writing)
   std::string name;  ///< the swap file's name in `dir`, one per rank
+  /// each buffer's bytes: a shard steps in pieces of this size (whole 4 KiB pages of it)
+  size_t buffer_bytes = size_t{32} << 20;
 };
 
 /// Keeps the state `opt` holds for `params` on disk between steps (Note [Optimizer state on
 /// disk]). Each parameter must be a parameter of `opt` and 1-D (ZeRO's flat shards); the state
 /// is made by the optimizer at its first step, as without offload. ConfigError when the folder
-/// does not exist, has too little free space for the state of every parameter, or `buffers` is
-/// fewer than the state tensors a parameter steps with.
+/// does not exist, has too little free space for the state of every parameter, `buffers` is
+/// fewer than the state tensors a parameter steps with, or a buffer is under 4 KiB.
 class OptimizerOffload {
  public:
   OptimizerOffload(torch::optim::Optimizer& opt, std::vector<at::Tensor> params,
@@ -61,8 +69,8 @@ class OptimizerOffload {
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
 
-  /// Steps `opt` over the parameters one at a time, each with its state read in and written out
-  /// around it; none of them where `found_inf` (one float, as optim::step_unless takes it) is
+  /// Steps `opt` over the parameters piece by piece, each with its state read in and written
+  /// out around it; none of them where `found_inf` (one float, as optim::step_unless takes it) is
   /// nonzero. TrainingError naming the file when the disk fails.
   void step(const at::Tensor& found_inf = {});
   /// Reads every state tensor back into memory of its own, for code that reads or writes the
@@ -72,6 +80,8 @@ class OptimizerOffload {
   int64_t swapped_bytes() const;
   /// Bytes the file holds: a slot for every state tensor of every parameter.
   int64_t file_bytes() const;
+  /// Bytes of each host buffer: the options' size in whole pages, at most the largest slot.
+  int64_t buffer_bytes() const;
   /// Where the file was made (unlinked since, Note [Optimizer state on disk]).
   const std::string& path() const;
 

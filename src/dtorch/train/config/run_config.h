@@ -240,10 +240,13 @@ void visit_fields(StrategyConfig& s, V&& v) {
           "file is removed when the run ends)"},
     s.offload.dir);
   v(Field{"parallelism", "offload-buffers",
-          "--offload-optimizer nvme: host buffers for state in flight, each the size of the "
-          "largest shard's state tensor: the next shard read ahead and the last written behind "
-          "while one steps"},
+          "--offload-optimizer nvme: host buffers for state in flight: the next piece of a shard "
+          "read ahead and the last written behind while one steps"},
     s.offload.buffers);
+  v(Field{"parallelism", "offload-buffer-mb",
+          "--offload-optimizer nvme: each buffer's MiB; a shard steps in pieces of this size, "
+          "so a rank holds --offload-buffers of them, not its largest shard's state"},
+    s.offload.buffer_mb);
   v(Field{"parallelism", "find-unused-parameters",
           "ddp: allow parameters without gradient in a step"},
     s.ddp.find_unused_parameters);

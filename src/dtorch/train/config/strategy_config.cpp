@@ -116,6 +116,8 @@ void validate(const StrategyConfig& c) {
                  "disk for each rank's file");
   DTORCH_CHECK_T(ConfigError, o.buffers >= 1 && o.buffers <= 1024, "--offload-buffers ", o.buffers,
                  " must lie between 1 and 1024 (default 4)");
+  DTORCH_CHECK_T(ConfigError, o.buffer_mb >= 1 && o.buffer_mb <= 65536, "--offload-buffer-mb ",
+                 o.buffer_mb, " must lie between 1 and 65536 (default 32)");
 }
 
 }  // namespace config

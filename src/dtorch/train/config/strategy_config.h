@@ -62,8 +62,9 @@ struct OffloadConfig {
   /// none | cpu (host memory, where a run on the CPU keeps it anyway) | nvme (a file per rank
   /// in `dir` between steps; Note [Optimizer state on disk] in parallel/zero/offload.h)
   OffloadDevice optimizer = OffloadDevice::None;
-  std::string dir;  ///< nvme: the folder of the files, on a fast local disk
-  int buffers = 4;  ///< nvme: host buffers of state in flight (each the largest shard's size)
+  std::string dir;     ///< nvme: the folder of the files, on a fast local disk
+  int buffers = 4;     ///< nvme: host buffers of state in flight
+  int buffer_mb = 32;  ///< nvme: each buffer's MiB; a shard steps in pieces of this size
 };
 
 /// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch

@@ -59,6 +59,7 @@ class ZeroStrategy : public Strategy {
     if (c.offload.optimizer == OffloadDevice::NVMe) {
       o.optimizer_offload.dir = c.offload.dir;
       o.optimizer_offload.buffers = c.offload.buffers;
+      o.optimizer_offload.buffer_bytes = static_cast<size_t>(c.offload.buffer_mb) << 20;
     } else if (c.offload.optimizer == OffloadDevice::CPU) {
       DTORCH_CHECK_T(ConfigError, device_.is_cpu(), "--offload-optimizer cpu with a model on ",
                      device_, " is not available yet: train on the GPU without it");
@@ -213,9 +214,14 @@ class ZeroStrategy : public Strategy {
   std::string describe() const override {
     std::string offload;
     if (const auto* o = sharded_->optimizer_offload()) {
-      const double mib = std::round(o->file_bytes() * 10.0 / (1 << 20)) / 10;
-      offload = str(", optimizer state on disk in ", c_.offload.dir, " (", mib,
-                    " MiB a rank, through ", c_.offload.buffers, " buffers)");
+      // KiB below a MiB: a small model's buffers are its largest shard's size.
+      auto size = [](int64_t bytes) {
+        return bytes < (1 << 20) ? str(bytes >> 10, " KiB")
+                                 : str(std::round(bytes * 10.0 / (1 << 20)) / 10, " MiB");
+      };
+      offload = str(", optimizer state on disk in ", c_.offload.dir, " (", size(o->file_bytes()),
+                    " a rank, through ", c_.offload.buffers, " buffers of ",
+                    size(o->buffer_bytes()), ")");
     }
     return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
                name_of(c_.precision.compute), " compute, ", name_of(c_.precision.reduce_dtype),
