@@ -68,6 +68,7 @@ TEST(ModelGPT, SmallHasGpt2SmallsParametersAndNanoGptInit) {
   EXPECT_EQ(n, 124475904);
   EXPECT_EQ(gpt_num_parameters(GPTConfig::small()), 124475904);
   EXPECT_EQ(gpt_num_parameters(GPTConfig::large()), 774090240);  // GPT-2 large, padded vocab
+  EXPECT_EQ(gpt_num_parameters(GPTConfig::xl()), 1557686400);    // GPT-2 XL, padded vocab
   auto p = m->named_parameters();
   auto std_of = [&](const std::string& k) { return p[k].std().item<double>(); };
   EXPECT_NEAR(std_of("transformer.wte.weight"), 0.02, 0.0005);

@@ -55,7 +55,7 @@ TEST(ModelMnist, MlpHasThePeersParameters) {
 
 TEST(ModelRegistry, MakesModelsByName) {
   EXPECT_EQ(model_names(),
-            (std::vector<std::string>{"gpt-debug", "gpt-large", "gpt-long", "gpt-small",
+            (std::vector<std::string>{"gpt-debug", "gpt-large", "gpt-long", "gpt-small", "gpt-xl",
                                       "mnist-cnn", "mnist-mlp", "resnet-debug", "resnet18",
                                       "resnet50", "vit-debug", "vit-tiny"}));
   EXPECT_NE(std::dynamic_pointer_cast<MnistCnn>(make_model("mnist-cnn")), nullptr);

@@ -35,6 +35,11 @@ struct GPTConfig {
   /// whose fp32 AdamW training state (16 bytes each, 12.4 GB) fits no two ranks of a 24 GiB
   /// machine unsharded.
   static GPTConfig large() { return {1024, 50304, 36, 20, 1280}; }
+  /// GPT-2 XL (48 layers, 25 heads, 1600 wide; nanoGPT's gpt2-xl), same vocabulary:
+  /// 1,557,686,400 parameters, whose fp32 AdamW state (25 GB) is more than a 24 GiB machine
+  /// holds at any layout; it trains there with the optimizer on disk (Note [Optimizer state on
+  /// disk]).
+  static GPTConfig xl() { return {1024, 50304, 48, 25, 1600}; }
   /// Byte-level (vocab 256), 32 positions, 2 layers, 4 heads of 8, 32 wide (4 heads, so
   /// that tensor parallelism splits it 2 and 4 ways).
   static GPTConfig debug() { return {32, 256, 2, 4, 32}; }

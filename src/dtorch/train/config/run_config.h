@@ -343,7 +343,7 @@ template <class V>
 void visit_fields(TrainConfig& c, V&& v) {
   v(Field{"model", "model",
           "mnist-cnn | mnist-mlp | resnet18 | resnet50 | resnet-debug | vit-tiny | vit-debug | "
-          "gpt-small | gpt-large | gpt-debug | gpt-long"},
+          "gpt-small | gpt-large | gpt-xl | gpt-debug | gpt-long"},
     c.model.name);
   v(Field{"model", "seq-len",
           "text: tokens per training sequence (default: the model's block size, at most 64)"},
