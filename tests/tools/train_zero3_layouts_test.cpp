@@ -1,6 +1,7 @@
 // `dtorch train --strategy zero3` composed with tensor and pipeline parallelism (FSDP + TP,
 // FSDP + PP, and all three; Note [ZeRO-3 under a pipeline]): after five AdamW steps every
-// parameter equals the one-process run's within 1e-5, with the pipeline's units gathered once
+// parameter and the evaluation's loss equal the one-process run's within 1e-5, though the data
+// ranks evaluate different numbers of batches, with the pipeline's units gathered once
 // per step and with --reshard-after-microbatch; a ZeRO-3 pipeline checkpoint resumes at other
 // layouts as ZeRO-1/2's do; the flag is refused where it cannot work.
 #include <gtest/gtest.h>
@@ -18,12 +19,15 @@ namespace {
 using testing::model_file;
 using testing::with;
 
-// Five AdamW steps of gpt-debug on a global batch of 16 samples, whatever the layout.
+// Five AdamW steps of gpt-debug on a global batch of 16 samples, whatever the layout, then an
+// evaluation of 33 samples: at dp 2 one rank evaluates two batches of 16 and the other one,
+// while ZeRO-3 gathers each unit in every forward.
 std::vector<std::string> five_steps(const std::string& out, const std::string& strategy,
                                     int nproc) {
   auto a = testing::gpt_debug_train_args(out, strategy, nproc, 1);
   auto at = [&](const char* flag) { return std::find(a.begin(), a.end(), flag) + 1; };
   *at("--train-samples") = "80";
+  *at("--test-samples") = "33";
   a.erase(at("--batch-size") - 1, at("--batch-size") + 1);
   return with(a, {"--global-batch-size", "16"});
 }
@@ -33,6 +37,8 @@ TEST(TrainZero3Layouts, FiveAdamwStepsEqualOneProcess) {
   auto r = testing::run_command("zero3_one", five_steps(base + "/one", "ddp", 1), 300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   const auto want = model_file(base + "/one/model.pt");
+  const auto want_epochs = testing::epochs_of(base + "/one");
+  ASSERT_EQ(want_epochs.size(), 1u);
   struct Case {
     std::string name;
     int nproc;
@@ -50,6 +56,11 @@ TEST(TrainZero3Layouts, FiveAdamwStepsEqualOneProcess) {
     ASSERT_EQ(r.exit_code(), 0) << c.name << "\n" << r.err;
     EXPECT_TRUE(testing::contains(r.err, c.mesh)) << r.err;
     EXPECT_TRUE(testing::contains(r.err, "strategy: zero3")) << r.err;
+    const auto epochs = testing::epochs_of(out);
+    ASSERT_EQ(epochs.size(), 1u) << c.name;
+    EXPECT_NEAR(epochs[0]["test_loss"].get<double>(), want_epochs[0]["test_loss"].get<double>(),
+                1e-5)
+        << c.name << ": the evaluation counts each sample once";
     auto got = model_file(out + "/model.pt");
     ASSERT_EQ(got.size(), want.size()) << c.name;
     for (const auto& [key, t] : got) {
