@@ -71,7 +71,16 @@ void expect_same_steps(const Factory& make, int buffers, size_t buffer_bytes = s
       EXPECT_TRUE(w[i].second.equal(g[i].second)) << "shard " << k << " " << w[i].first;
     EXPECT_EQ(parallel::steps_of(*want), parallel::steps_of(*got));
   }
-  // Paged in, the state steps on and goes out again.
+  // Paged in (mapped from the file), the state takes what a checkpoint's load writes into it,
+  // steps on and goes out again.
+  for (size_t k = 0; k < a.size(); ++k) {
+    auto w = parallel::state_tensors(*in_memory->state().at(compat::optimizer_state_key(a[k])));
+    auto g = parallel::state_tensors(*on_disk->state().at(compat::optimizer_state_key(b[k])));
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i].second.mul_(0.5);
+      g[i].second.mul_(0.5);
+    }
+  }
   for (size_t k = 0; k < a.size(); ++k) {
     a[k].mutable_grad() = torch::ones_like(a[k]);
     b[k].mutable_grad() = torch::ones_like(b[k]);
@@ -131,6 +140,52 @@ TEST(OptimizerOffload, ASkippedStepChangesNothing) {
   for (size_t k = 0; k < p.size(); ++k) {
     EXPECT_TRUE(p[k].equal(before[k])) << "shard " << k;
     EXPECT_EQ(parallel::steps_of(*opt.state().at(compat::optimizer_state_key(p[k]))), 1);
+  }
+}
+
+// A resume: state made on disk before any step (init_state) reads as the optimizer's fresh
+// state, takes a checkpoint's values through the mapping, and steps as the optimizer that
+// wrote them.
+TEST(OptimizerOffload, AResumeLoadsIntoStateMadeOnDisk) {
+  testing::TempDir dir("offload_resume");
+  std::vector<torch::Tensor> a = flat_params(), b = flat_params();
+  optim::FusedAdamW saved(a, torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 2; ++step) {
+    for (auto& t : a)
+      t.mutable_grad() = torch::randn_like(t);
+    saved.step();
+  }
+  for (size_t k = 0; k < a.size(); ++k)
+    b[k].copy_(a[k]);
+  optim::FusedAdamW resumed(b, torch::optim::AdamWOptions(1e-2));
+  OptimizerOffload offload(resumed, b, {dir.path(), 2, "state.swap", 4096});
+  offload.init_state();
+  int64_t bytes = 0;
+  for (const auto& t : b)
+    bytes += 2 * t.nbytes();
+  EXPECT_EQ(offload.swapped_bytes(), bytes) << "made on disk, not in memory";
+  offload.page_in_all();
+  for (size_t k = 0; k < a.size(); ++k) {
+    auto& st = *resumed.state().at(compat::optimizer_state_key(b[k]));
+    auto w = parallel::state_tensors(*saved.state().at(compat::optimizer_state_key(a[k])));
+    auto g = parallel::state_tensors(st);
+    ASSERT_EQ(w.size(), g.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      EXPECT_TRUE(g[i].second.equal(torch::zeros_like(g[i].second))) << "fresh: zeros";
+      g[i].second.copy_(w[i].second);
+    }
+    parallel::set_steps(st, 2);
+  }
+  for (int step = 0; step < 2; ++step) {
+    for (size_t k = 0; k < a.size(); ++k) {
+      a[k].mutable_grad() = torch::randn_like(a[k]);
+      b[k].mutable_grad() = a[k].grad().clone();
+    }
+    saved.step();
+    offload.step();
+    EXPECT_EQ(offload.swapped_bytes(), bytes);
+    for (size_t k = 0; k < a.size(); ++k)
+      EXPECT_TRUE(a[k].equal(b[k])) << "shard " << k << " after step " << step;
   }
 }
 

@@ -4,6 +4,7 @@
 #include "dtorch/parallel/zero/offload.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -29,13 +30,18 @@
 namespace dtorch::zero {
 namespace {
 
-constexpr size_t kAlign = 4096;  // O_DIRECT's alignment of offsets, lengths and addresses
+// Offsets, lengths and addresses in whole pages: O_DIRECT needs 4 KiB, a mapping of the file
+// (page_in_all) the system's page.
+size_t page_bytes() {
+  static const size_t bytes = std::max<size_t>(4096, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+  return bytes;
+}
 // How long one read or write may take before the run ends naming it: a disk that answers
 // nothing in this long has failed.
 constexpr auto kIoTimeout = std::chrono::minutes(5);
 
 size_t aligned(size_t n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
+  return (n + page_bytes() - 1) / page_bytes() * page_bytes();
 }
 
 std::string gib(uint64_t bytes) {
@@ -44,6 +50,21 @@ std::string gib(uint64_t bytes) {
   os.precision(2);
   os << bytes / double(uint64_t{1} << 30) << " GiB";
   return os.str();
+}
+
+// The file's bytes at `at` (whole pages) mapped into memory: what a state tensor holds when
+// paged in (page_in_all). Dropped, its changes go back to the file before it is unmapped.
+struct FileMapping {
+  void* p;
+  size_t n;
+};
+void unmap_file(void* ctx) {
+  std::unique_ptr<FileMapping> m(static_cast<FileMapping*>(ctx));
+  ::msync(m->p, m->n, MS_SYNC);
+  ::munmap(m->p, m->n);
+}
+bool maps_file(const at::Tensor& t) {
+  return holds_storage(t) && t.storage().data_ptr().get_deleter() == &unmap_file;
 }
 
 }  // namespace
@@ -165,6 +186,7 @@ struct OptimizerOffload::Impl {
   std::vector<size_t> slot_bytes, first;         // per parameter: a slot's size, its first offset
   std::vector<std::pair<size_t, size_t>> place;  // per parameter: its group, its index there
   std::vector<bool> on_disk;                     // per parameter: the file holds its state
+  std::vector<bool> written;  // per parameter: its slots hold more than the zeros they began with
   size_t file_size = 0, buffer_bytes = 0;
   std::unique_ptr<BufferPool> pool;
   std::deque<Pending> writing;  // every write not yet waited for
@@ -314,25 +336,27 @@ void OptimizerOffload::Impl::write(size_t k, size_t i, int64_t begin, const void
     memory = std::move(buffer);  // frees `src` when it was `memory`'s
   }
   void* data = memory.get();
+  written[k] = true;
   writing.push_back(transfer(/*write=*/true, offset(k, i, begin), aligned(nbytes), data,
                              std::make_shared<at::DataPtr>(std::move(memory)), where(k, i, begin)));
 }
 
-// Shard k's whole state, if in memory of its own (a checkpoint loaded, or paged in), goes to
-// the file and gives its memory back.
+// Shard k's whole state, if in memory, goes to the file and gives its memory back: state of
+// its own (a checkpoint loaded into new tensors) is written; state mapped from the file
+// (page_in_all) is there already, and goes back to it as it is unmapped.
 void OptimizerOffload::Impl::spill(size_t k) {
   if (!state_of(k)) {
     on_disk[k] = false;  // its state was taken away: the next step makes it anew
     return;
   }
   const std::vector<at::Tensor> whole = tensors_of(k);
-  bool in_memory = false;
-  for (const auto& t : whole)
-    in_memory = in_memory || holds_storage(t);
-  if (!in_memory) return;
   const int64_t most = static_cast<int64_t>(buffer_bytes / params[k].element_size());
+  bool in_memory = false;
   for (size_t i = 0; i < whole.size(); ++i) {
     const at::Tensor& t = whole[i];
+    if (!holds_storage(t)) continue;
+    in_memory = true;
+    if (maps_file(t)) continue;
     DTORCH_CHECK(t.is_cpu() && t.is_contiguous() && t.numel() == params[k].numel() &&
                      t.scalar_type() == params[k].scalar_type(),
                  "optimizer offload: shard ", k, "'s state is not shaped as the shard");
@@ -341,6 +365,7 @@ void OptimizerOffload::Impl::spill(size_t k) {
       write(k, i, begin, slice.data_ptr(), slice.nbytes());
     }
   }
+  if (!in_memory) return;
   for (const auto& t : whole)
     release_storage(t);
   on_disk[k] = true;
@@ -422,9 +447,9 @@ OptimizerOffload::OptimizerOffload(torch::optim::Optimizer& opt, std::vector<at:
                  "--offload-buffers ", m.o.buffers, " is too few: the optimizer steps each piece ",
                  "of a shard with its ", m.per_param, " state tensors in memory at once; give at ",
                  "least ", std::max<size_t>(m.per_param, 1));
-  DTORCH_CHECK_T(ConfigError, m.o.buffer_bytes >= kAlign, "an offload buffer of ", m.o.buffer_bytes,
-                 " bytes is too small: give at least ", kAlign);
-  size_t largest = kAlign;
+  DTORCH_CHECK_T(ConfigError, m.o.buffer_bytes >= page_bytes(), "an offload buffer of ",
+                 m.o.buffer_bytes, " bytes is too small: give at least ", page_bytes());
+  size_t largest = page_bytes();
   for (const auto& p : m.params) {
     DTORCH_CHECK(p.dim() == 1, "optimizer offload takes flat (1-D) parameters");
     m.slot_bytes.push_back(aligned(p.nbytes()));
@@ -433,8 +458,9 @@ OptimizerOffload::OptimizerOffload(torch::optim::Optimizer& opt, std::vector<at:
     largest = std::max(largest, m.slot_bytes.back());
   }
   // Whole pages, no larger than the largest slot needs.
-  m.buffer_bytes = std::min(m.o.buffer_bytes / kAlign * kAlign, largest);
+  m.buffer_bytes = std::min(m.o.buffer_bytes / page_bytes() * page_bytes(), largest);
   m.on_disk.assign(m.params.size(), false);
+  m.written.assign(m.params.size(), false);
   for (size_t k = 0; k < m.params.size(); ++k) {
     bool found = false;
     auto& groups = opt.param_groups();
@@ -514,22 +540,37 @@ void OptimizerOffload::step(const at::Tensor& found_inf) {
 void OptimizerOffload::page_in_all() {
   Impl& m = *impl_;
   m.finish_writes();
-  std::vector<std::pair<offload_io::Pending, std::string>> reads;
   for (size_t k = 0; k < m.params.size(); ++k) {
-    if (!m.on_disk[k]) continue;
+    if (!m.on_disk[k] || m.slot_bytes[k] == 0) continue;
     std::vector<at::Tensor> ts = m.tensors_of(k);
     for (size_t i = 0; i < ts.size(); ++i) {
       if (holds_storage(ts[i])) continue;
-      at::DataPtr memory = map_memory(m.slot_bytes[k]);
-      void* data = memory.get();
-      restore_storage(ts[i], ts[i].nbytes(), std::move(memory));
-      reads.emplace_back(m.transfer(/*write=*/false, m.offset(k, i, 0), m.slot_bytes[k], data,
-                                    nullptr, m.where(k, i, 0)),
-                         m.where(k, i, 0));
+      const size_t n = m.slot_bytes[k];
+      void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd,
+                       static_cast<off_t>(m.offset(k, i, 0)));
+      DTORCH_CHECK_T(TrainingError, p != MAP_FAILED, "optimizer offload: cannot map ",
+                     m.where(k, i, 0), " into memory: ", std::strerror(errno));
+      restore_storage(ts[i], ts[i].nbytes(),
+                      at::DataPtr(p, new FileMapping{p, n}, &unmap_file, at::kCPU));
     }
   }
-  for (const auto& [f, what] : reads)
-    wait_io(f, "reading " + what);
+}
+
+void OptimizerOffload::init_state() {
+  Impl& m = *impl_;
+  for (size_t k = 0; k < m.params.size(); ++k) {
+    if (m.state_of(k) || m.written[k]) continue;
+    const at::Tensor& p = m.params[k];
+    auto fresh = parallel::fresh_state(m.opt, at::zeros({1}, p.options()));
+    if (!fresh) return;  // an optimizer without state
+    m.opt.state()[compat::optimizer_state_key(p)] =
+        parallel::map_state(*fresh, [&](const at::Tensor& t) {
+          at::Tensor out = at::empty(p.sizes(), t.options());
+          release_storage(out);
+          return out;
+        });
+    m.on_disk[k] = true;
+  }
 }
 
 int64_t OptimizerOffload::swapped_bytes() const {

@@ -39,10 +39,15 @@ namespace dtorch::zero {
 //   an error before the first step that names the bytes needed, and the disk never fills in the
 //   middle of a run. The file is unlinked as soon as it is open: however the run ends, it leaves
 //   nothing behind.
-// - What reads or writes the state between steps (a checkpoint's save and load) pages it all in
-//   first (page_in_all); the next step writes whatever state holds memory of its own (paged in,
-//   or loaded) out again. A checkpoint therefore holds the whole state for a moment, as a run
-//   without offload always does.
+// - What reads or writes the state between steps (a checkpoint's save and load) sees it mapped
+//   from the file (page_in_all, MAP_SHARED): the kernel reads its pages in as they are touched
+//   and, being the file's, may drop them again under pressure, so a save or a resume never
+//   needs the whole state in memory of its own (gpt-xl's 6.2 GB a rank at 2 ranks). A
+//   checkpoint resumes into state made on disk (init_state: the file's fresh slots read as
+//   zeros) and is copied into the mapping. The next step unmaps it, writing back what changed
+//   (msync); state in new tensors of its own (a checkpoint that replaced the state objects) is
+//   written out in pieces. A save in the background copies the state into memory, as it copies
+//   every tensor it saves (Note [Checkpoints in the background]).
 // - A step the device skips (fp16's overflow, Note [Steps the device skips]) is decided on the
 //   host before any shard steps: the host steps anyway, so reading the flag there costs nothing.
 // The fp32 master shards stay in memory: ZeRO-1/2 publish them and ZeRO-3 gathers them.
@@ -73,9 +78,15 @@ class OptimizerOffload {
   /// out around it; none of them where `found_inf` (one float, as optim::step_unless takes it) is
   /// nonzero. TrainingError naming the file when the disk fails.
   void step(const at::Tensor& found_inf = {});
-  /// Reads every state tensor back into memory of its own, for code that reads or writes the
-  /// state between steps; the next step() writes it out again.
+  /// Maps every state tensor's slots of the file into memory, for code that reads or writes the
+  /// state between steps (a checkpoint's save and load): the kernel reads the pages in as they
+  /// are touched and may drop them again, so a rank never holds all its state in memory of its
+  /// own. The next step() unmaps them, changes and all.
   void page_in_all();
+  /// Gives every parameter without state the state the optimizer starts from (zero moments,
+  /// step 0) on disk, where the file's slots hold zeros until first written: what a checkpoint
+  /// is loaded into.
+  void init_state();
   /// Bytes of state on disk and not in memory now.
   int64_t swapped_bytes() const;
   /// Bytes the file holds: a slot for every state tensor of every parameter.

@@ -269,6 +269,7 @@ MemoryStats ShardedModel::memory() const {
 
 void ShardedModel::init_optimizer_state() {
   auto& opt = *impl_->optimizer;
+  if (impl_->offload) impl_->offload->init_state();  // Note [Optimizer state on disk]
   for (auto& s : impl_->units) {
     const auto key = compat::optimizer_state_key(s.master);
     if (opt.state().count(key)) continue;
@@ -279,7 +280,7 @@ void ShardedModel::init_optimizer_state() {
 std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
   auto& impl = *impl_;
   std::vector<ShardSlice> out;
-  if (impl.offload) impl.offload->page_in_all();  // the slices alias the state in memory
+  if (impl.offload) impl.offload->page_in_all();  // the slices alias the state, mapped
   auto& state = impl.optimizer->state();
   for (size_t u = 0; u < impl.units.size(); ++u) {
     const Unit& unit = impl.plan.units[u];
