@@ -150,6 +150,20 @@ TEST(BenchMemory, ModelStateMatchesZeroFormulasAtFourRanks) {
   EXPECT_LT(state["zero3"], state["zero2"]);
 }
 
+// --offload-optimizer nvme: the optimizer's moments are counted on the disk, not in memory.
+TEST(BenchMemory, OffloadedStateIsCountedOnDisk) {
+  const std::string dir = testing::scratch_dir("bench_memory_offload");
+  for (const auto& row :
+       run_bench("zero3", 2, {"--offload-optimizer", "nvme", "--offload-dir", dir})) {
+    const double P = row["params"].get<double>();
+    const auto& place = row["model_state_by_place"];
+    EXPECT_NEAR(place["nvme"].get<double>(), 8 * P / 2, 0.05 * 8 * P / 2) << row;
+    EXPECT_EQ(row["optim_bytes"].get<double>(), 0) << row;
+    EXPECT_EQ(place["host"], row["model_state_bytes"]) << row;
+    EXPECT_EQ(place["device"].get<double>(), 0) << row;
+  }
+}
+
 // --cp: the attention bytes each rank sends are Note [Ring attention]'s and Note [Ulysses]'s
 // count exactly, and what a rank keeps from forward to backward falls as 1/cp.
 TEST(BenchMemory, ContextParallelBytesAreTheFormulaAndActivationsFall) {
