@@ -1,7 +1,7 @@
 // `dtorch train` with the optimizer's state on disk (Note [Optimizer state on disk]), as a user
 // runs it: ZeRO-3 at 2 ranks with --offload-optimizer nvme trains, saves and resumes exactly as
 // the same run with its state in memory, records the setting in config.json, and leaves no file
-// in the folder.
+// in the folder; its checkpoint resumes at another world size and strategy as the other's does.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -54,10 +54,26 @@ TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
   for (size_t e = 0; e < a.size(); ++e)
     EXPECT_EQ(a[e]["test_loss"], b[e]["test_loss"]) << "epoch " << e + 1;
   EXPECT_TRUE(paths::list_directory(nvme).empty()) << "a file left in " << nvme;
+
   nlohmann::json config;
   std::ifstream(dir + "/disk/config.json") >> config;
   EXPECT_EQ(config["parallelism"]["offload-optimizer"], "nvme") << config.dump();
   EXPECT_EQ(config["parallelism"]["offload-buffer-mb"], 1) << config.dump();
+
+  // Its checkpoint is ZeRO's own: both runs go on for a third epoch at 1 rank under zero1,
+  // resharded, and end alike.
+  for (const std::string run : {"memory", "disk"}) {
+    r = testing::run_command(
+        "offload_resharded_" + run,
+        with(testing::gpt_debug_train_args(dir + "/" + run, "zero1", 1, 3), {"--resume"}), 300);
+    ASSERT_EQ(r.exit_code(), 0) << r.err;
+    EXPECT_TRUE(testing::contains(r.err, "resuming from")) << r.err;
+    EXPECT_EQ(testing::epochs_of(dir + "/" + run).size(), 3u) << run;
+  }
+  want = testing::model_file(dir + "/memory/model.pt");
+  got = testing::model_file(dir + "/disk/model.pt");
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(got[name].equal(t)) << "resharded: " << name;
 }
 
 }  // namespace
