@@ -211,6 +211,21 @@ struct OptimizerOffload::Impl {
   size_t offset(size_t k, size_t i, int64_t begin) const {
     return first[k] + i * slot_bytes[k] + static_cast<size_t>(begin) * params[k].element_size();
   }
+  // Elements of shard k a piece holds: as many as fill a buffer.
+  int64_t piece_elements(size_t k) const {
+    return static_cast<int64_t>(buffer_bytes / params[k].element_size());
+  }
+  // Gives shard k a state like `like` whose tensors are the shard's size and hold no memory:
+  // their bytes are in the file.
+  void keep_on_disk(size_t k, const torch::optim::OptimizerParamState& like) {
+    const at::Tensor& shard = params[k];
+    opt.state()[compat::optimizer_state_key(shard)] =
+        parallel::map_state(like, [&](const at::Tensor& t) {
+          at::Tensor out = at::empty(shard.sizes(), t.options());
+          release_storage(out);
+          return out;
+        });
+  }
   std::string where(size_t k, size_t i, int64_t begin) const {
     return str("optimizer state tensor ", i, " of shard ", k, " (byte ", offset(k, i, begin),
                " of ", path, ")");
@@ -261,7 +276,7 @@ void OptimizerOffload::Impl::open_file() {
               path, ": ", std::strerror(err));
 }
 
-// The shards with gradients, in pieces of at most a buffer: a buffer holds whole 4 KiB pages of
+// The shards with gradients, in pieces of at most a buffer: a buffer holds whole pages of
 // elements, so each piece's slice of a slot starts on a page (Note [Optimizer state on disk]).
 std::vector<offload_io::Piece> OptimizerOffload::Impl::plan(
     const std::vector<at::Tensor>& grads) const {
@@ -269,7 +284,7 @@ std::vector<offload_io::Piece> OptimizerOffload::Impl::plan(
   for (size_t k = 0; k < params.size(); ++k) {
     if (!grads[k].defined()) continue;
     const int64_t n = params[k].numel();
-    const auto most = static_cast<int64_t>(buffer_bytes / params[k].element_size());
+    const int64_t most = piece_elements(k);
     for (int64_t begin = 0; begin < n || begin == 0; begin += most) {
       Piece p;
       p.k = k;
@@ -350,7 +365,7 @@ void OptimizerOffload::Impl::spill(size_t k) {
     return;
   }
   const std::vector<at::Tensor> whole = tensors_of(k);
-  const int64_t most = static_cast<int64_t>(buffer_bytes / params[k].element_size());
+  const int64_t most = piece_elements(k);
   bool in_memory = false;
   for (size_t i = 0; i < whole.size(); ++i) {
     const at::Tensor& t = whole[i];
@@ -407,13 +422,7 @@ void OptimizerOffload::Impl::step_piece(Piece& p, const at::Tensor& grad, bool l
   std::unique_ptr<torch::optim::OptimizerParamState> made = std::move(it->second);
   opt.state().erase(it);
   if (!whole) {
-    // The shard's own state: its tensors hold no memory, their bytes are in the file.
-    opt.state()[compat::optimizer_state_key(shard)] =
-        parallel::map_state(*made, [&](const at::Tensor& t) {
-          at::Tensor out = at::empty(shard.sizes(), t.options());
-          release_storage(out);
-          return out;
-        });
+    keep_on_disk(p.k, *made);  // the shard's own state, its bytes written below
   } else if (last) {
     parallel::set_steps(*whole, parallel::steps_of(*made));
   }
@@ -560,15 +569,9 @@ void OptimizerOffload::init_state() {
   Impl& m = *impl_;
   for (size_t k = 0; k < m.params.size(); ++k) {
     if (m.state_of(k) || m.written[k]) continue;
-    const at::Tensor& p = m.params[k];
-    auto fresh = parallel::fresh_state(m.opt, at::zeros({1}, p.options()));
+    auto fresh = parallel::fresh_state(m.opt, at::zeros({1}, m.params[k].options()));
     if (!fresh) return;  // an optimizer without state
-    m.opt.state()[compat::optimizer_state_key(p)] =
-        parallel::map_state(*fresh, [&](const at::Tensor& t) {
-          at::Tensor out = at::empty(p.sizes(), t.options());
-          release_storage(out);
-          return out;
-        });
+    m.keep_on_disk(k, *fresh);
     m.on_disk[k] = true;
   }
 }
