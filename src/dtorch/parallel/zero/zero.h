@@ -60,8 +60,8 @@ struct Options {
   torch::Dtype reduce_dtype = torch::kFloat;
   /// Broadcast buffers (BatchNorm statistics) from rank 0 after each backward, like DDP.
   bool broadcast_buffers = true;
-  /// With a folder: the optimizer's state lives in a file there between steps, each shard's
-  /// read in for its step (Note [Optimizer state on disk] in offload.h; ZeRO-Infinity's
+  /// With a folder: the optimizer's state lives in a file there between steps, read in piece
+  /// by piece for the step (Note [Optimizer state on disk] in offload.h; ZeRO-Infinity's
   /// offload_optimizer to nvme). The model computes on the CPU. A name left empty is made
   /// unique to the process and rank.
   OffloadOptions optimizer_offload;

@@ -232,8 +232,8 @@ void visit_fields(StrategyConfig& s, V&& v) {
     s.reshard_after_microbatch);
   v(Field{"parallelism", "offload-optimizer",
           "zero1-3: where the optimizer's state lives: none | cpu (host memory; on --device cpu "
-          "it is there already) | nvme (a file per rank in --offload-dir between steps, each "
-          "shard's state read in for its step: ZeRO-Infinity)"},
+          "it is there already) | nvme (a file per rank in --offload-dir between steps, read in "
+          "piece by piece for the step: ZeRO-Infinity)"},
     named(s.offload.optimizer));
   v(Field{"parallelism", "offload-dir",
           "--offload-optimizer nvme: the folder of each rank's file, on a fast local disk (the "
