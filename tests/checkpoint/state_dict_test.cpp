@@ -340,6 +340,56 @@ TEST(StateDict, RecordsWithoutTheirCrcReadBackAlike) {
   }
 }
 
+// Note [Model files written as they are gathered]: a state dict written from its shapes, its
+// tensors handed one at a time, is the file written whole: the same tensors, tied ones still one
+// storage; the same safetensors bytes.
+std::vector<char> gathered_bytes(const StateDict& state, SaveFormat format,
+                                 const std::function<void(const TakeTensor&)>& fill) {
+  std::vector<char> out;
+  stream_state_dict(shapes_of(state), format, fill, [&](const char* data, size_t n) {
+    out.insert(out.end(), data, data + n);
+    return true;
+  });
+  return out;
+}
+
+TEST(StateDict, GatheredFileIsTheWholeOne) {
+  const torch::Tensor tied = torch::randn({4, 3});
+  const StateDict state = {{"wte", tied},
+                           {"lm_head", tied},
+                           {"half", torch::randn({5}).to(torch::kBFloat16)},
+                           {"count", torch::arange(7, torch::kLong)}};
+  const auto in_turn = [&](const TakeTensor& take) {
+    for (const char* name : {"wte", "half", "count"})
+      for (const auto& [n, t] : state)
+        if (n == name) take(n, t.clone());  // a copy each: only the values travel
+  };
+  const StateDict got =
+      unpickle_state_dict(gathered_bytes(state, SaveFormat::Torch, in_turn), "gathered");
+  ASSERT_EQ(got.size(), state.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, state[i].first);
+    EXPECT_TRUE(torch::equal(got[i].second, state[i].second)) << got[i].first;
+  }
+  EXPECT_EQ(got[0].second.data_ptr(), got[1].second.data_ptr()) << "tied weights split";
+
+  const StateDict untied = {state[0], state[2], state[3]};
+  EXPECT_EQ(gathered_bytes(untied, SaveFormat::Safetensors, in_turn), safetensors_bytes(untied));
+
+  // A tensor handed out of order, of another shape, or not at all is the writer's bug, caught.
+  EXPECT_THROW(gathered_bytes(state, SaveFormat::Torch,
+                              [&](const TakeTensor& take) { take("half", state[2].second); }),
+               std::logic_error);
+  EXPECT_THROW(gathered_bytes(untied, SaveFormat::Safetensors,
+                              [&](const TakeTensor& take) {
+                                take("wte", torch::zeros({3, 4}));
+                              }),
+               std::logic_error);
+  EXPECT_THROW(
+      gathered_bytes(state, SaveFormat::Torch, [&](const TakeTensor& take) { take("wte", tied); }),
+      std::logic_error);
+}
+
 TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {
   DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/true);
   auto dir = dtorch::testing::scratch_dir("state-dict-python");
@@ -350,9 +400,18 @@ TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {
   // As a checkpoint writes it, without its records' CRC-32 (Note [One checksum per file]).
   write_file_atomically(dir + "/cnn-checkpoint.pt",
                         streamed_bytes(state_dict(*cnn), RecordCrcs::LeftOut));
+  // As a model file gathered while it is written (Note [Model files written as they are
+  // gathered]).
+  write_file_atomically(
+      dir + "/cnn-gathered.pt",
+      gathered_bytes(state_dict(*cnn), SaveFormat::Torch, [&](const TakeTensor& take) {
+        for (const auto& [name, t] : state_dict(*cnn))
+          take(name, t);
+      }));
   std::string out;
   int rc = dtorch::testing::run_python(dir, "load", R"PY(
-for cls, f in ((peer.Net, "cnn.pt"), (peer.MLP, "mlp.pt"), (peer.Net, "cnn-checkpoint.pt")):
+for cls, f in ((peer.Net, "cnn.pt"), (peer.MLP, "mlp.pt"), (peer.Net, "cnn-checkpoint.pt"),
+                (peer.Net, "cnn-gathered.pt")):
     # Note [Files torch.load reads]: the safe loader (the default from PyTorch 2.6) too.
     sd = torch.load(f, weights_only=True)
     assert type(sd) is dict, type(sd)

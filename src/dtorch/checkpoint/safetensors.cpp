@@ -36,8 +36,12 @@ uint64_t read_le64(const char* p) {
 
 }  // namespace
 
-std::vector<char> safetensors_bytes(
-    const StateDict& state, const std::vector<std::pair<std::string, std::string>>& metadata) {
+namespace {
+
+// The 8-byte length and the JSON header of a file holding `state` in its order, and the bytes
+// its data takes; only the tensors' dtypes and shapes are read (meta tensors do).
+std::string header_of(const StateDict& state,
+                      const std::vector<std::pair<std::string, std::string>>& metadata) {
   Json header = Json::object();
   if (!metadata.empty()) {
     Json m = Json::object();
@@ -45,7 +49,6 @@ std::vector<char> safetensors_bytes(
       m[k] = v;
     header["__metadata__"] = m;
   }
-  std::vector<at::Tensor> data;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : state) {
     const auto type = tensor.scalar_type();  // a lambda may not capture a binding in clang 14
@@ -55,26 +58,49 @@ std::vector<char> safetensors_bytes(
                    name, " (", tensor.scalar_type(), "); save it as .pt instead");
     DTORCH_CHECK_T(CheckpointError, !header.contains(name), "state dict key ", name,
                    " appears twice");
-    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t n = static_cast<uint64_t>(t.nbytes());
-    header[name] = {
-        {"dtype", it->second}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + n}}};
+    const auto n = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
+    header[name] = {{"dtype", it->second},
+                    {"shape", tensor.sizes().vec()},
+                    {"data_offsets", {offset, offset + n}}};
     offset += n;
-    data.push_back(t);
   }
   std::string text = header.dump();
   // The data that follows starts 8-byte aligned, as the safetensors package writes it.
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-  std::vector<char> out;
-  out.reserve(8 + text.size() + offset);
+  std::string out;
   for (int i = 0; i < 8; ++i)
     out.push_back(static_cast<char>((static_cast<uint64_t>(text.size()) >> (8 * i)) & 0xff));
-  out.insert(out.end(), text.begin(), text.end());
-  for (const auto& t : data) {
+  return out + text;
+}
+
+}  // namespace
+
+std::vector<char> safetensors_bytes(
+    const StateDict& state, const std::vector<std::pair<std::string, std::string>>& metadata) {
+  const std::string header = header_of(state, metadata);
+  std::vector<char> out(header.begin(), header.end());
+  for (const auto& [name, tensor] : state) {
+    const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
     const char* p = static_cast<const char*>(t.data_ptr());
     out.insert(out.end(), p, p + t.nbytes());
   }
   return out;
+}
+
+void stream_safetensors(const StateDict& shapes, const StorageStream& fill, const ByteSink& sink) {
+  const std::string header = header_of(shapes, {});
+  sink(header.data(), header.size());
+  size_t next = 0;
+  fill([&](size_t k, const at::Tensor& values) {
+    if (k != next || k >= shapes.size() || !values.is_contiguous() ||
+        values.sizes() != shapes[k].second.sizes() ||
+        values.scalar_type() != shapes[k].second.scalar_type() || !values.device().is_cpu())
+      throw std::logic_error(str("tensor ", k, " handed out of order or not as its shape says"));
+    sink(static_cast<const char*>(values.data_ptr()), values.nbytes());
+    ++next;
+  });
+  if (next != shapes.size())
+    throw std::logic_error(str(next, " of ", shapes.size(), " tensors handed"));
 }
 
 bool looks_like_safetensors(const std::vector<char>& bytes) {

@@ -15,6 +15,11 @@ namespace dtorch::checkpoint {
 std::vector<char> safetensors_bytes(
     const StateDict& state, const std::vector<std::pair<std::string, std::string>>& metadata = {});
 
+/// The same bytes, handed to `sink` one tensor at a time as `fill` hands them (StorageStream:
+/// tensor k is the k-th entry of `shapes`, whose tensors give only dtypes and shapes). Throws
+/// std::logic_error when `fill` hands a tensor out of order, of another shape, or not at all.
+void stream_safetensors(const StateDict& shapes, const StorageStream& fill, const ByteSink& sink);
+
 /// Whether `bytes` start like a safetensors file (a sane header length, then '{').
 bool looks_like_safetensors(const std::vector<char>& bytes);
 

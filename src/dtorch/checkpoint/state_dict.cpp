@@ -226,6 +226,41 @@ std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format
   return format == SaveFormat::Safetensors ? safetensors_bytes(state) : pickle_state_dict(state);
 }
 
+StateDict shapes_of(const StateDict& state) {
+  std::map<const c10::TensorImpl*, torch::Tensor> made;
+  StateDict out;
+  for (const auto& [name, t] : state) {
+    auto it = made.find(t.unsafeGetTensorImpl());
+    if (it == made.end())
+      it = made.emplace(t.unsafeGetTensorImpl(),
+                        torch::empty(t.sizes(), t.options().device(torch::kMeta)))
+               .first;
+    out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
+void stream_state_dict(const StateDict& shapes, SaveFormat format,
+                       const std::function<void(const TakeTensor&)>& fill, const ByteSink& sink) {
+  // Storage k of the file: the k-th distinct tensor (torch.save's), or the k-th entry.
+  const bool torch_save = format == SaveFormat::Torch;
+  std::map<std::string, size_t> key;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& [name, t] : shapes)
+    if (!torch_save || seen.insert(t.unsafeGetTensorImpl()).second) key.emplace(name, key.size());
+  const StorageStream storages = [&](const TakeStorage& take) {
+    fill([&](const std::string& name, const torch::Tensor& values) {
+      auto it = key.find(name);
+      if (it == key.end()) throw std::logic_error(str("\"", name, "\" is not an entry to hand"));
+      take(it->second, values.detach().to(torch::kCPU).contiguous());
+    });
+  };
+  if (torch_save)
+    stream_torch_save_dict(shapes, storages, sink);
+  else
+    stream_safetensors(shapes, storages, sink);
+}
+
 void save_state_dict(const torch::nn::Module& module, const std::string& path, SaveFormat format) {
   StateDict state = state_dict(module);
   const auto* model = dynamic_cast<const models::Model*>(&module);

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +66,29 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state, const st
 
 /// A state dict's bytes in `format`.
 std::vector<char> serialize_state_dict(const StateDict& state, SaveFormat format);
+
+/// Note [Model files written as they are gathered]
+/// A ZeRO-3 model may be bigger than one rank's memory, and its model file bigger too: the file
+/// is written as the model is gathered, one unit at a time, never whole in memory. The writer
+/// first learns every entry's name, dtype and shape (shapes_of: meta tensors) and writes what
+/// comes before the data (safetensors' header). Then the strategy gathers the units in turn and
+/// hands each parameter, which goes to the file at once and is let go; torch.save's format takes
+/// the storages in any order and puts its pickle, which only names them, after them. A rank
+/// holds one gathered unit beyond what training holds, and rank 0 one tensor's host copy.
+
+/// Takes a state dict's tensors, by name, as they are made.
+using TakeTensor = std::function<void(const std::string& name, const torch::Tensor& values)>;
+
+/// `state` with each tensor replaced by a meta tensor of its dtype and shape (entries that share a
+/// tensor still share one).
+StateDict shapes_of(const StateDict& state);
+
+/// Writes in `format` to `sink` the state dict whose entries `shapes` names (shapes_of), while
+/// `fill` hands their values by name in `shapes`' order, each copied to the host and written
+/// before the next comes (Note [Model files written as they are gathered]). Entries that share a
+/// tensor in `shapes` (Python aliases) are handed once, under the first name.
+void stream_state_dict(const StateDict& shapes, SaveFormat format,
+                       const std::function<void(const TakeTensor&)>& fill, const ByteSink& sink);
 
 /// Writes the module's state to `path` atomically: path.tmp, fsync, rename, so a crash never
 /// leaves a half-written file under `path`. Throws CheckpointError when it cannot. In

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -51,6 +53,22 @@ std::vector<char> torch_save_bytes(const c10::IValue& value) {
 
 namespace {
 
+// LibTorch's zip writer, handing its bytes to `sink` in order.
+std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip_writer(
+    const std::function<void(const char*, size_t)>& sink, RecordCrcs crcs) {
+  auto write = [sink](const void* data, size_t n) {
+    sink(static_cast<const char*>(data), n);
+    return n;
+  };
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  return std::make_unique<caffe2::serialize::PyTorchStreamWriter>(
+      write, /*compute_crc32=*/crcs == RecordCrcs::Computed);
+#else
+  (void)crcs;  // computed always
+  return std::make_unique<caffe2::serialize::PyTorchStreamWriter>(write);
+#endif
+}
+
 // The archive torch.save writes for `value`: `begin` learns about how many bytes will come, then
 // `sink` takes them in order.
 void write_archive(const c10::IValue& value, RecordCrcs crcs,
@@ -71,20 +89,10 @@ void write_archive(const c10::IValue& value, RecordCrcs crcs,
   for (const at::Tensor& t : pickler.tensorData())
     size += t.storage().nbytes() + 512;
   begin(size);
-  const auto write = [&](const void* data, size_t n) {
-    sink(static_cast<const char*>(data), n);
-    return n;
-  };
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
-  caffe2::serialize::PyTorchStreamWriter writer(write,
-                                                /*compute_crc32=*/crcs == RecordCrcs::Computed);
-#else
-  (void)crcs;  // computed always
-  caffe2::serialize::PyTorchStreamWriter writer(write);
-#endif
+  const auto writer = zip_writer(sink, crcs);
   torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
+                                     *writer);
+  writer->writeEndOfFile();
 }
 
 }  // namespace
@@ -98,6 +106,55 @@ void append_torch_save(const c10::IValue& value, std::vector<char>& out, RecordC
 void stream_torch_save(const c10::IValue& value, const ByteSink& sink, RecordCrcs crcs) {
   write_archive(
       value, crcs, [](size_t) {}, [&](const char* bytes, size_t n) { sink(bytes, n); });
+}
+
+void stream_torch_save_dict(const std::vector<std::pair<std::string, at::Tensor>>& shapes,
+                            const StorageStream& fill, const ByteSink& sink, RecordCrcs crcs) {
+  // One stand-in per distinct tensor: a CPU tensor of its dtype and shape over a storage of its
+  // size and no memory, which the pickler describes (dtype, size, key) without reading it.
+  std::map<const c10::TensorImpl*, size_t> key_of_shape;
+  std::map<const c10::StorageImpl*, size_t> key_of_stand_in;
+  std::vector<at::Tensor> stand_ins;
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, shape] : shapes) {
+    auto [it, fresh] = key_of_shape.emplace(shape.unsafeGetTensorImpl(), stand_ins.size());
+    if (fresh) {
+      const auto bytes = static_cast<size_t>(shape.numel()) * shape.element_size();
+      at::Storage storage(at::Storage::use_byte_size_t(), bytes,
+                          at::DataPtr(nullptr, at::Device(at::kCPU)), /*allocator=*/nullptr,
+                          /*resizable=*/false);
+      stand_ins.push_back(at::empty({0}, at::TensorOptions().dtype(shape.scalar_type()))
+                              .set_(storage, 0, shape.sizes(), at::IntArrayRef()));
+      key_of_stand_in.emplace(storage.unsafeGetStorageImpl(), it->second);
+    }
+    dict.insert(name, stand_ins[it->second]);
+  }
+  const auto writer = zip_writer([&](const char* b, size_t n) { sink(b, n); }, crcs);
+  // The storages first, as writeArchiveAndTensors writes them, then the pickle that names them.
+  size_t next = 0;
+  fill([&](size_t k, const at::Tensor& values) {
+    if (k != next || k >= stand_ins.size() || !values.is_contiguous() ||
+        values.nbytes() != stand_ins[k].storage().nbytes() || !values.device().is_cpu())
+      throw std::logic_error(str("storage ", k, " handed out of order or not as its shape says"));
+    writer->writeRecord(str("data/", k), values.data_ptr(), values.nbytes());
+    ++next;
+  });
+  if (next != stand_ins.size())
+    throw std::logic_error(str(next, " of ", stand_ins.size(), " storages handed"));
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler(
+      [&](const char* buf, size_t n) { pickle.insert(pickle.end(), buf, buf + n); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/
+      [&](const at::Tensor& t) {
+        return std::to_string(key_of_stand_in.at(t.storage().unsafeGetStorageImpl()));
+      },
+      /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(dict);
+  pickler.stop();
+  writer->writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer->writeEndOfFile();
 }
 
 namespace {

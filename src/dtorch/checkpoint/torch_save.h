@@ -4,6 +4,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -28,6 +29,22 @@ void append_torch_save(const c10::IValue& value, std::vector<char>& out,
 /// The same bytes handed to `sink` as they are made (a shard of gigabytes is never held twice).
 void stream_torch_save(const c10::IValue& value, const ByteSink& sink,
                        RecordCrcs crcs = RecordCrcs::Computed);
+
+/// Hands the values of the k-th storage of a file being streamed (StorageStream).
+using TakeStorage = std::function<void(size_t k, const at::Tensor& values)>;
+/// Hands every storage of a file being written, one at a time: calls take(k, values) for k = 0,
+/// 1, ... in order, each `values` a CPU tensor that need live only during its call.
+using StorageStream = std::function<void(const TakeStorage& take)>;
+
+/// torch.save's bytes for a dict name -> tensor whose values come one storage at a time, so a
+/// model bigger than memory is written as it is gathered (Note [Model files written as they are
+/// gathered] in state_dict.h). `shapes` lists the entries with tensors that give only their dtype
+/// and shape (meta tensors do; entries that share one tensor share one storage, as tied weights
+/// do); storage k is the k-th distinct tensor of `shapes`, which `fill` hands contiguous. Throws
+/// std::logic_error when `fill` hands a storage out of order, of another size, or not at all.
+void stream_torch_save_dict(const std::vector<std::pair<std::string, at::Tensor>>& shapes,
+                            const StorageStream& fill, const ByteSink& sink,
+                            RecordCrcs crcs = RecordCrcs::Computed);
 
 /// What a file in torch.save's format refused before LibTorch reads it is; what() is a phrase
 /// that follows the file's name ("is not a zip archive ...").

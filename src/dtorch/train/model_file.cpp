@@ -38,27 +38,47 @@ void write_model_file(const TrainConfig& c, Parallelized& run, comm::Communicato
   models::Model& model = *run.model;
   const tp::TensorParallel* tensor_parallel = run.layout.tp.handle.get();
   pp::Pipeline* pipeline = run.layout.pp.pipeline.get();
-  auto whole = run.strategy->whole_parameters();
-  checkpoint::StateDict full;
-  if (tensor_parallel) {
-    for (const auto& kv : tensor_parallel->full_state_dict(model))  // collective over tp
-      full.emplace_back(kv.key(), kv.value());
+  const checkpoint::SaveFormat format = c.checkpointing.save_format;
+  const std::string path = c.checkpointing.out + "/model" + checkpoint::file_suffix(format);
+  // For torch.load the tied weights under Python's names too (Note [Tied embedding]).
+  const auto aliased = [&](checkpoint::StateDict state) {
+    return format == checkpoint::SaveFormat::Torch
+               ? checkpoint::with_python_aliases(std::move(state), model.python_aliases())
+               : state;
+  };
+  if (tensor_parallel || pipeline) {  // joined from the shards and stages, whole on rank 0
+    auto whole = run.strategy->whole_parameters();
+    checkpoint::StateDict full;
+    if (tensor_parallel) {
+      for (const auto& kv : tensor_parallel->full_state_dict(model))  // collective over tp
+        full.emplace_back(kv.key(), kv.value());
+    }
+    if (pipeline && run.layout.dp->rank() == 0)
+      full =
+          join_pipeline_stages(*pipeline, tensor_parallel ? full : checkpoint::state_dict(model));
+    if (world.rank() == 0)
+      checkpoint::write_file_atomically(path,
+                                        checkpoint::serialize_state_dict(aliased(full), format));
+  } else if (world.rank() == 0) {  // gathered as it is written (Note [Model files written as...])
+    const checkpoint::StateDict shapes =
+        aliased(checkpoint::shapes_of(checkpoint::state_dict(model)));
+    const auto fill = [&](const checkpoint::TakeTensor& take) {
+      run.strategy->each_whole_parameter(take);
+      for (const auto& b : model.named_buffers())
+        take(b.key(), b.value());
+    };
+    if (auto why = dtorch::write_file_atomically(path, [&](const ByteSink& sink) {
+          checkpoint::stream_state_dict(shapes, format, fill, sink);
+        }))
+      DTORCH_FAIL(CheckpointError, *why);
+  } else {
+    run.strategy->each_whole_parameter([](const std::string&, const torch::Tensor&) {});
   }
-  if (pipeline && run.layout.dp->rank() == 0)
-    full = join_pipeline_stages(*pipeline, tensor_parallel ? full : checkpoint::state_dict(model));
-  if (world.rank() == 0) {
-    const checkpoint::SaveFormat format = c.checkpointing.save_format;
-    const std::string path = c.checkpointing.out + "/model" + checkpoint::file_suffix(format);
-    if (!tensor_parallel && !pipeline) full = checkpoint::state_dict(model);
-    // For torch.load the tied weights under Python's names too (Note [Tied embedding]).
-    if (format == checkpoint::SaveFormat::Torch)
-      full = checkpoint::with_python_aliases(full, model.python_aliases());
-    checkpoint::write_file_atomically(path, checkpoint::serialize_state_dict(full, format));
+  if (world.rank() == 0)
     log::info("wrote ", path,
               format == checkpoint::SaveFormat::Torch
                   ? " (a state_dict for Python's torch.load)"
                   : " (safetensors: safetensors.torch.load_file)");
-  }
   world.barrier("model file written");
 }
 

@@ -3,6 +3,7 @@
 // Packing the model into units is sharded_model_build.cpp's, stage 3's gathers
 // sharded_model_gather.cpp's, the gradient reduction sharded_model_reduce.cpp's.
 #include <algorithm>
+#include <optional>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
@@ -152,6 +153,22 @@ ShardedModel::FullParams::~FullParams() {
 
 ShardedModel::FullParams ShardedModel::full_params() {
   return FullParams(this);
+}
+
+void ShardedModel::each_whole_parameter(
+    const std::function<void(size_t, const at::Tensor&)>& visit) {
+  auto& impl = *impl_;
+  std::optional<size_t> held;
+  for (size_t i = 0; i < impl.params.size(); ++i) {
+    const size_t u = impl.plan.where[i].first;
+    if (held != u) {
+      if (held) impl.release(*held);
+      impl.ensure_gathered(u);
+      held = u;
+    }
+    visit(i, impl.params[i].detach());
+  }
+  if (held) impl.release(*held);
 }
 
 at::Tensor ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {

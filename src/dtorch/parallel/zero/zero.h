@@ -160,6 +160,11 @@ class ShardedModel {
   /// stage 3.
   [[nodiscard]] NoSync accumulate_whole();
   [[nodiscard]] FullParams full_params();
+  /// Calls visit(i, whole) for every parameter i in param_names()' order with its whole value.
+  /// Stage 3 gathers a parameter's unit for it and releases the unit once the next parameter
+  /// lies in another, so at most one unit is whole beyond what training holds (Note [Model
+  /// files written as they are gathered] in checkpoint/state_dict.h). Collective.
+  void each_whole_parameter(const std::function<void(size_t, const at::Tensor&)>& visit);
   /// After backward passes under no_sync() (stage 1) or accumulate_whole(): reduce-scatters
   /// the accumulated gradients now, as a synchronised backward would have (stage 3 releasing
   /// each unit as its reduction starts). Collective.

@@ -95,6 +95,10 @@ class DdpStrategy : public Strategy {
   }
 
   std::shared_ptr<void> whole_parameters() override { return nullptr; }
+  void each_whole_parameter(const checkpoint::TakeTensor& take) override {
+    for (const auto& p : model_->named_parameters())
+      take(p.key(), p.value().detach());
+  }
 
   // Note [Saving replicated state] under tensor and pipeline parallelism: the ranks that share
   // the writing of what one file would hold. Without tp, this stage's dp group (the job's

@@ -61,6 +61,10 @@ class Strategy {
   /// needed to evaluate with a different number of batches per rank, or to save the model.
   /// Collective.
   virtual std::shared_ptr<void> whole_parameters() = 0;
+  /// Hands `take` every parameter of the model whole, under its state-dict name and in its
+  /// order, holding no more of the model whole than one ZeRO-3 unit (Note [Model files written
+  /// as they are gathered] in checkpoint/state_dict.h). Collective.
+  virtual void each_whole_parameter(const checkpoint::TakeTensor& take) = 0;
   /// The job that writes a checkpoint of model and optimizer into `dir`. With `background`,
   /// what it writes is copied into host memory first, so that the model and optimizer may
   /// change as soon as stage returns; without, the job reads them and must run at once.

@@ -106,6 +106,11 @@ class ZeroStrategy : public Strategy {
     return std::make_shared<zero::ShardedModel::FullParams>(sharded_.get());
   }
 
+  void each_whole_parameter(const checkpoint::TakeTensor& take) override {
+    sharded_->each_whole_parameter(
+        [&](size_t i, const at::Tensor& whole) { take(sharded_->param_names()[i], whole); });
+  }
+
   SaveJob stage(const std::string& out, const checkpoint::CheckpointData& data, int keep,
                 bool background) override {
     scaling_.settle();  // the last step's outcome, before its optimizer state is read
