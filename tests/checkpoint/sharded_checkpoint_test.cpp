@@ -2,6 +2,8 @@
 // keep-last-K, all-ranks-agree failures, and every way a checkpoint can be damaged.
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -317,6 +319,33 @@ TEST(ShardedCheckpoint, ViewsSaveOnlyTheirElements) {
   EXPECT_TRUE(torch::equal(r.read_range("param/x", 3, 3), torch::empty({0})));
   expect_error([&] { r.read_range("param/x", 5, 11); }, {"outside its 10 elements"});
   expect_error([&] { r.read_range("param/y", 0, 1); }, {"no flat tensor \"param/y\""});
+}
+
+// This process's resident memory now, in bytes (/proc/self/statm's second field, in pages).
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+// A shard is mapped, not read into memory: a range costs memory for itself, not for its file
+// (a resumed gpt-xl shard is 9 GB), and a write to what the reader returns never reaches it.
+TEST(ShardedCheckpoint, ARangeCostsItselfNotItsFile) {
+  std::string dir = testing::scratch_dir("sharded-mapped");
+  const int64_t n = int64_t{16} << 20;  // 64 MiB of floats
+  ShardedCheckpointData d;
+  d.global_step = 1;
+  save_sharded_checkpoint(dir, d, {{"param/x", n, 0, torch::arange(n, torch::kFloat)}},
+                          {{"optim/step", torch::tensor({int64_t{7}})}}, *solo());
+  ShardedCheckpointReader r(dir);
+  const int64_t before = resident_bytes();
+  EXPECT_TRUE(torch::equal(r.read_range("param/x", n - 4, n), torch::arange(n - 4, n)));
+  EXPECT_LT(resident_bytes() - before, int64_t{16} << 20) << "the reader holds its file";
+  r.read_full("optim/step").fill_(0);
+  ShardedCheckpointReader again(dir);
+  EXPECT_EQ(again.read_full("optim/step").item<int64_t>(), 7);
+  EXPECT_NO_THROW(again.verify());
 }
 
 TEST(ShardedCheckpoint, BadInputWritesNothingAndKeepsTheOld) {

@@ -390,6 +390,42 @@ TEST(StateDict, GatheredFileIsTheWholeOne) {
       std::logic_error);
 }
 
+// A mapped file's tensors are its records in place: the same values, inside the mapping, alive
+// after the file's handle is gone; a storage the pickle makes longer than the file is refused.
+TEST(StateDict, MappedFileIsReadInPlace) {
+  auto dir = dtorch::testing::scratch_dir("state-dict-mapped");
+  const StateDict state = {{"a", torch::arange(1000, torch::kFloat)}, {"b", torch::ones({3, 5})}};
+  write_file_atomically(dir + "/f.pt", pickle_state_dict(state));
+  StateDict got;
+  {
+    const MappedFile file = map_file(dir + "/f.pt");
+    got = unpickle_state_dict(file, "f.pt");
+    for (const auto& [name, t] : got) {
+      const auto* at = static_cast<const char*>(t.data_ptr());
+      EXPECT_TRUE(at >= file.bytes.get() && at + t.nbytes() <= file.bytes.get() + file.size)
+          << name << " was copied";
+    }
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(torch::equal(got[0].second, state[0].second));
+  EXPECT_TRUE(torch::equal(got[1].second, state[1].second));
+
+  // "a"'s storage holds 1000 floats, pickled as BININPUT2 1000 (M e8 03): made 65535.
+  std::vector<char> bytes = read_file(dir + "/f.pt");
+  const std::string size = "M\xe8\x03";
+  auto it = std::search(bytes.begin(), bytes.end(), size.begin(), size.end());
+  ASSERT_NE(it, bytes.end());
+  it[1] = it[2] = '\xff';
+  write_file_atomically(dir + "/long.pt", bytes);
+  try {
+    unpickle_state_dict(map_file(dir + "/long.pt"), "long.pt");
+    ADD_FAILURE() << "a storage past the end of the file was read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs past the end of the file"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(StateDict, PythonLoadsItIntoThePeerStrictly) {
   DTORCH_SKIP_WITHOUT_PYTHON(/*need_peer=*/true);
   auto dir = dtorch::testing::scratch_dir("state-dict-python");

@@ -148,8 +148,9 @@ struct ShardFileStatus {
 };
 
 /// Reads a sharded checkpoint at any world size. Files are read lazily, only those a request
-/// overlaps, each verified (size, CRC32) when first read and then kept in memory until the
-/// reader is destroyed. Not thread-safe.
+/// overlaps, each verified (size, CRC32, read in pieces) when first needed and then mapped into
+/// memory until the reader is destroyed: a request costs memory for what it returns, not for
+/// the files it comes from. Not thread-safe.
 class ShardedCheckpointReader {
  public:
   /// `path` is a step directory, or a run's checkpoint directory (then its latest_complete()).

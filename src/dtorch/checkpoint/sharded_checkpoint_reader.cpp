@@ -21,24 +21,23 @@ const std::string kDamaged =
     "fall back to an older step directory (delete this one, or pass an older one) or re-run "
     "the save";
 
-// What is wrong with `path` against its recorded size and CRC ("" when nothing); the bytes go
-// to *bytes when asked for.
+// What is wrong with `path` against its recorded size and CRC ("" when nothing), read in pieces
+// (a shard of gigabytes is never held whole).
 std::string file_problem(const std::string& path, int64_t expect_bytes, uint32_t expect_crc,
-                         int64_t* actual, std::vector<char>* bytes) {
+                         int64_t* actual) {
   *actual = -1;
   if (!paths::is_regular_file(path)) return "missing";
-  std::vector<char> b;
+  uint32_t crc = crc32_of(nullptr, 0);
   try {
-    b = read_file(path);
+    *actual = static_cast<int64_t>(read_file_in_pieces(
+        path, [&](const char* data, size_t n) { crc = crc32_update(crc, data, n); }));
   } catch (const CheckpointError& e) {
     return e.what();
   }
-  *actual = static_cast<int64_t>(b.size());
   if (*actual != expect_bytes)
     return str(*actual < expect_bytes ? "truncated" : "too long", ": ", *actual,
                " bytes, metadata.json records ", expect_bytes);
-  if (crc32_of(b.data(), b.size()) != expect_crc) return "CRC32 mismatch: the file is corrupt";
-  if (bytes) *bytes = std::move(b);
+  if (crc != expect_crc) return "CRC32 mismatch: the file is corrupt";
   return "";
 }
 
@@ -181,13 +180,17 @@ const std::map<std::string, torch::Tensor>& ShardedCheckpointReader::Impl::load(
   if (it != loaded.end()) return it->second;
   const std::string path = path_of(file);
   const auto [bytes, crc] = files.at(file);
-  std::vector<char> content;
   int64_t actual = -1;
-  std::string problem = file_problem(path, bytes, crc, &actual, &content);
+  std::string problem = file_problem(path, bytes, crc, &actual);
+  const MappedFile mapped = problem.empty() ? map_file(path) : MappedFile();
+  if (problem.empty() && static_cast<int64_t>(mapped.size) != bytes)
+    problem = str("changed since it was checked: ", mapped.size, " bytes now");
   DTORCH_CHECK_T(CheckpointError, problem.empty(), "checkpoint file ", path, " is unusable (",
                  problem, "); ", kDamaged);
+  // Mapped, not read: the tensors are the file's records in place, read where they are used
+  // (a resumed shard of gigabytes costs memory only as it is copied into the model).
   std::map<std::string, torch::Tensor> tensors;
-  for (auto& [key, t] : unpickle_state_dict(content, path))
+  for (auto& [key, t] : unpickle_state_dict(mapped, path))
     tensors.emplace(key, t);
   return loaded.emplace(file, std::move(tensors)).first->second;
 }
@@ -302,7 +305,7 @@ std::vector<ShardFileStatus> ShardedCheckpointReader::check_files() const {
     ShardFileStatus s;
     s.path = impl_->path_of(name);
     s.expected_bytes = expect.first;
-    s.problem = file_problem(s.path, expect.first, expect.second, &s.actual_bytes, nullptr);
+    s.problem = file_problem(s.path, expect.first, expect.second, &s.actual_bytes);
     s.ok = s.problem.empty();
     out.push_back(std::move(s));
   }

@@ -3,6 +3,7 @@
 #include "dtorch/checkpoint/state_dict.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "dtorch/core/atomic_file.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/input_file.h"
+#include "dtorch/core/paths.h"
 
 namespace dtorch::checkpoint {
 namespace {
@@ -138,10 +140,13 @@ void stream_state_dict(const StateDict& state, const ByteSink& sink, RecordCrcs 
   stream_torch_save(as_dict(state), sink, crcs);
 }
 
-StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {
+namespace {
+
+// The dict of tensors `load` reads from `source`, each failure a CheckpointError naming it.
+StateDict unpickle_with(const std::function<c10::IValue()>& load, const std::string& source) {
   c10::IValue value;
   try {
-    value = load_torch_save(bytes);
+    value = load();
   } catch (const UnreadableArchive& e) {
     DTORCH_FAIL(CheckpointError, source, " is not a readable state dict: it ", e.what());
   } catch (const c10::Error& e) {
@@ -165,6 +170,16 @@ StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string&
     out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
   }
   return out;
+}
+
+}  // namespace
+
+StateDict unpickle_state_dict(const std::vector<char>& bytes, const std::string& source) {
+  return unpickle_with([&] { return load_torch_save(bytes); }, source);
+}
+
+StateDict unpickle_state_dict(const MappedFile& file, const std::string& source) {
+  return unpickle_with([&] { return load_torch_save_in_place(file.bytes, file.size); }, source);
 }
 
 void check_state_dict(const torch::nn::Module& module, const StateDict& with_aliases,
@@ -282,26 +297,68 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 }
 
 std::vector<char> read_file(const std::string& path) {
-  uint64_t size = 0;
-  std::string problem;
-  const int fd = open_input_file(path, kAnySize, &size, &problem);
-  DTORCH_CHECK_T(CheckpointError, fd >= 0, path, ": ", problem);
   std::vector<char> out;
-  out.reserve(size);
-  char buf[1 << 16];
+  std::error_code ec;
+  out.reserve(static_cast<size_t>(paths::file_size(path, ec)));  // 0 when it cannot tell
+  read_file_in_pieces(path,
+                      [&](const char* data, size_t n) { out.insert(out.end(), data, data + n); });
+  return out;
+}
+
+namespace {
+
+// The file opened for reading, its size in *size; CheckpointError naming it when it cannot be.
+int open_for_reading(const std::string& path, uint64_t* size) {
+  std::string problem;
+  const int fd = open_input_file(path, kAnySize, size, &problem);
+  DTORCH_CHECK_T(CheckpointError, fd >= 0, path, ": ", problem);
+  return fd;
+}
+
+}  // namespace
+
+uint64_t read_file_in_pieces(const std::string& path,
+                             const std::function<void(const char*, size_t)>& each) {
+  uint64_t size = 0;
+  const int fd = open_for_reading(path, &size);
+  std::vector<char> buf(
+      static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(size, 1), 4 << 20)));
+  uint64_t total = 0;
   for (;;) {
-    ssize_t r = ::read(fd, buf, sizeof buf);
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
-      std::string why = errno_text();
+      const std::string why = errno_text();
       ::close(fd);
       DTORCH_FAIL(CheckpointError, "cannot read ", path, ": ", why);
     }
     if (r == 0) break;
-    out.insert(out.end(), buf, buf + r);
+    try {
+      each(buf.data(), static_cast<size_t>(r));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    total += static_cast<uint64_t>(r);
   }
   ::close(fd);
-  return out;
+  return total;
+}
+
+MappedFile map_file(const std::string& path) {
+  uint64_t size = 0;
+  const int fd = open_for_reading(path, &size);
+  MappedFile file;
+  file.size = static_cast<size_t>(size);
+  void* p =
+      size == 0 ? nullptr : ::mmap(nullptr, file.size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const std::string why = errno_text();
+  ::close(fd);  // the mapping keeps the file
+  DTORCH_CHECK_T(CheckpointError, p != MAP_FAILED, "cannot map ", path, " into memory: ", why);
+  file.bytes = std::shared_ptr<char>(static_cast<char*>(p), [n = file.size](char* q) {
+    if (q) ::munmap(q, n);
+  });
+  return file;
 }
 
 }  // namespace dtorch::checkpoint

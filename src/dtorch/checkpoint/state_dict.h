@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,5 +109,21 @@ void load_state_dict(torch::nn::Module& module, const std::string& path);
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
 /// The whole file; throws CheckpointError naming it when it cannot be read.
 std::vector<char> read_file(const std::string& path);
+/// Hands the file's bytes to `each` in pieces of a few MiB, in order (a file of gigabytes is
+/// never held whole); returns how many there were. CheckpointError as read_file.
+uint64_t read_file_in_pieces(const std::string& path,
+                             const std::function<void(const char*, size_t)>& each);
+
+/// A file mapped into memory copy-on-write: its pages are read as they are touched, writes to
+/// them stay in this process.
+struct MappedFile {
+  std::shared_ptr<char> bytes;  ///< unmapped when the last holder lets go
+  size_t size = 0;
+};
+/// Throws CheckpointError naming the file when it cannot be opened or mapped.
+MappedFile map_file(const std::string& path);
+/// unpickle_state_dict of a mapped file, its tensors in place in the mapping (each keeps it
+/// alive): a state dict of gigabytes costs memory only where it is read.
+StateDict unpickle_state_dict(const MappedFile& file, const std::string& source);
 
 }  // namespace dtorch::checkpoint

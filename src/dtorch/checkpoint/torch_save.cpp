@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -320,6 +321,47 @@ c10::IValue load_torch_save(const std::vector<char>& bytes) {
   return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                            resolve_type_tag, /*obj_loader=*/c10::nullopt,
                                            /*device=*/c10::nullopt, reader);
+}
+
+c10::IValue load_torch_save_in_place(std::shared_ptr<char> bytes, size_t n) {
+  const std::string problem = zip_archive_problem(bytes.get(), n);
+  if (!problem.empty()) throw UnreadableArchive(problem);
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.get(), n));
+  auto [pickle, pickle_size] = reader.getRecord("data.pkl");
+  size_t at = 0;
+  const auto read = [&, data = static_cast<const char*>(pickle.get())](char* out, size_t len) {
+    len = std::min(pickle_size - at, len);
+    std::memcpy(out, data + at, len);
+    at += len;
+    return len;
+  };
+  // Each storage is its record in place, holding the bytes alive (what readArchiveAndTensors
+  // does with a copy of every record).
+  const auto in_place = [&](const std::string& key) {
+    char* record = bytes.get() + reader.getRecordOffset("data/" + key);
+    return at::DataPtr(
+        record, new std::shared_ptr<char>(bytes),
+        [](void* keep) { delete static_cast<std::shared_ptr<char>*>(keep); }, at::kCPU);
+  };
+  torch::jit::Unpickler unpickler(read, resolve_type_tag, /*obj_loader=*/nullptr, in_place,
+                                  /*device=*/c10::nullopt);
+  unpickler.set_version(reader.version());
+  c10::IValue value = unpickler.parse_ivalue();
+  // The pickle gives each storage's size: it must end inside the bytes.
+  bool inside = true;
+  value.visit([&](const c10::IValue& v) {
+    if (v.isTensor()) {
+      const at::Storage& storage = v.toTensor().storage();
+      const auto at = reinterpret_cast<uintptr_t>(storage.data());
+      const auto base = reinterpret_cast<uintptr_t>(bytes.get());
+      inside &= storage.nbytes() == 0 ||  // an empty storage may point anywhere, or nowhere
+                (at >= base && at - base <= n && storage.nbytes() <= n - (at - base));
+    }
+    return false;
+  });
+  if (!inside) throw UnreadableArchive("has a tensor whose storage runs past the end of the file");
+  return value;
 }
 
 void check_serialize_archive(const std::string& bytes) {

@@ -5,6 +5,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,6 +58,13 @@ struct UnreadableArchive : std::runtime_error {
 /// not whole, and a container type tag that is not a plain type. See Note [Reading untrusted
 /// archives]. Anything else wrong is LibTorch's own exception.
 c10::IValue load_torch_save(const std::vector<char>& bytes);
+
+/// load_torch_save of `n` bytes at `bytes` (a mapped file) without copying its tensors: each
+/// tensor's storage is its record where it lies, and keeps `bytes` alive, so a shard of
+/// gigabytes is read only where it is used. The bytes must be writable (a copy-on-write mapping
+/// is: writes to a tensor never reach the file). A storage that would run past the bytes is
+/// refused by an UnreadableArchive.
+c10::IValue load_torch_save_in_place(std::shared_ptr<char> bytes, size_t n);
 
 /// Refuses with an UnreadableArchive what torch::serialize::InputArchive must not be given: a
 /// zip archive that is not whole, or a module whose code is anything but what
