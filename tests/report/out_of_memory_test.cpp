@@ -57,6 +57,39 @@ TEST(OutOfMemory, MessageNamesRankMemoryStrategiesAndFixes) {
   EXPECT_EQ(t.find("--activation-checkpointing"), std::string::npos) << t;
 }
 
+// The optimizer's state the ranks of a node are still to make, against what the machine has:
+// the report before the first step when it cannot fit, nothing when it can or nothing is known.
+TEST(OutOfMemory, StateToComeIsReportedBeforeItIsMade) {
+  MemoryContext c;
+  c.model = "gpt-xl";
+  c.parameters = 1557686400;
+  c.ranks = 2;
+  c.zero_stage = 3;
+  ProcessMemory m;
+  m.total = int64_t(24) << 30;
+  m.available = int64_t(10) << 30;
+  m.swap_free = int64_t(1) << 30;
+  const double state = 8.0 * 1557686400 / 2;  // AdamW's moments, half the model per rank
+  EXPECT_EQ(state_to_come_message(state, 1, c, m), "") << "6.2 GB fits in 11 GiB";
+  const std::string s = state_to_come_message(state, 2, c, m);
+  for (const char* want : {"before the first step: its adamw state, 5.80 GiB per rank for the 2 "
+                           "rank(s) on this node, is more than the 11.0 GiB",
+                           "--offload-optimizer nvme"})
+    EXPECT_NE(s.find(want), std::string::npos) << want << "\n" << s;
+  // A job's cgroup may leave less than the machine: 12 GiB allowed, 7 held already.
+  m.cgroup_limit = int64_t(12) << 30;
+  m.cgroup_usage = int64_t(7) << 30;
+  const std::string job = state_to_come_message(state, 1, c, m);
+  EXPECT_NE(job.find("more than the 5.00 GiB this job's cgroup and the machine have left"),
+            std::string::npos)
+      << job;
+  m.cgroup_limit = 0;
+  c.optimizer_on_disk = true;
+  EXPECT_EQ(state_to_come_message(state, 2, c, m).find("--offload-optimizer"), std::string::npos);
+  m.available = 0;  // not known
+  EXPECT_EQ(state_to_come_message(state, 2, c, m), "");
+}
+
 TEST(TrainCli, OutOfMemoryNamesTheRankAndWhatWouldFit) {
   if (testing::kAddressSanitizer) GTEST_SKIP() << "ulimit -v leaves ASan no room to start";
   // gpt-small's DDP state with AdamW (1.85 GiB per rank) and its activations cannot fit 2 GB

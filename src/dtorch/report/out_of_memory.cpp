@@ -8,6 +8,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <fstream>
 #include <new>
 #include <sstream>
@@ -30,8 +31,9 @@ int64_t kib_field(const std::string& file, const std::string& key) {
   return 0;
 }
 
-int64_t cgroup_limit() {
-  std::ifstream in("/sys/fs/cgroup/memory.max");
+// A cgroup's memory file: its bytes, 0 when absent or "max".
+int64_t cgroup_bytes(const char* file) {
+  std::ifstream in(std::string("/sys/fs/cgroup/") + file);
   std::string v;
   if (!(in >> v) || v == "max") return 0;
   try {
@@ -65,8 +67,10 @@ ProcessMemory process_memory() {
   m.rss = kib_field("/proc/self/status", "VmRSS");
   m.peak_rss = kib_field("/proc/self/status", "VmHWM");
   m.available = kib_field("/proc/meminfo", "MemAvailable");
+  m.swap_free = kib_field("/proc/meminfo", "SwapFree");
   m.total = kib_field("/proc/meminfo", "MemTotal");
-  m.cgroup_limit = cgroup_limit();
+  m.cgroup_limit = cgroup_bytes("memory.max");
+  m.cgroup_usage = cgroup_bytes("memory.current");
   rlimit as{};
   if (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
     m.address_limit = static_cast<int64_t>(as.rlim_cur);
@@ -118,12 +122,30 @@ std::string out_of_memory_message(const std::string& allocator_says, const Memor
     fits.push_back("--activation-checkpointing (recomputes activations)");
   if (c.batch_size > 1)
     fits.push_back("--batch-size " + std::to_string(c.batch_size / 2) + " with --accum-steps 2");
+  if (!c.optimizer_on_disk && c.device.is_cpu())
+    fits.push_back("--offload-optimizer nvme --offload-dir DIR (its state on a local disk)");
   fits.push_back("fewer ranks per node (--nproc-per-node) or more nodes");
   os << " To fit: ";
   for (size_t i = 0; i < fits.size(); ++i)
     os << (i ? (i + 1 == fits.size() ? ", or " : ", ") : "") << fits[i];
   os << ".";
   return os.str();
+}
+
+std::string state_to_come_message(double bytes_per_rank, int local_ranks, const MemoryContext& c,
+                                  const ProcessMemory& m) {
+  const double need = bytes_per_rank * std::max(local_ranks, 1);
+  double room = double(m.available) + double(m.swap_free);
+  if (m.cgroup_limit > 0)  // a job's or container's limit, the nearer wall
+    room = std::min(room, double(std::max<int64_t>(m.cgroup_limit - m.cgroup_usage, 0)));
+  if (m.available <= 0 || need <= room) return "";
+  return out_of_memory_message(
+      str("before the first step: its ", c.optimizer, " state, ", gib(bytes_per_rank),
+          " per rank for the ", local_ranks, " rank(s) on this node, is more than the ", gib(room),
+          m.cgroup_limit > 0 ? " this job's cgroup and the machine have left"
+                             : " the machine has available",
+          ", and the kernel would kill the run while making it"),
+      c, m);
 }
 
 }  // namespace dtorch::report

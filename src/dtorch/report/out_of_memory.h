@@ -24,8 +24,10 @@ struct ProcessMemory {
   int64_t rss = 0;            ///< resident now (VmRSS)
   int64_t peak_rss = 0;       ///< the most ever resident (VmHWM)
   int64_t available = 0;      ///< the machine's MemAvailable now
+  int64_t swap_free = 0;      ///< the machine's SwapFree now
   int64_t total = 0;          ///< the machine's MemTotal
   int64_t cgroup_limit = 0;   ///< the cgroup's memory.max (a container's or job's limit)
+  int64_t cgroup_usage = 0;   ///< the cgroup's memory.current: what its processes hold now
   int64_t address_limit = 0;  ///< RLIMIT_AS (ulimit -v), when set
 };
 ProcessMemory process_memory();
@@ -45,7 +47,8 @@ struct MemoryContext {
   double optimizer_bytes = 8;
   int64_t batch_size = 0;
   bool activation_checkpointing = false;
-  at::Device device = at::kCPU;  ///< where it ran out: the machine's memory, or a GPU's
+  bool optimizer_on_disk = false;  ///< --offload-optimizer nvme
+  at::Device device = at::kCPU;    ///< where it ran out: the machine's memory, or a GPU's
 };
 
 /// The message: the allocator's words, the rank's memory (`gpu`'s counts when c.device is a
@@ -53,5 +56,13 @@ struct MemoryContext {
 /// and the flags that lower it.
 std::string out_of_memory_message(const std::string& allocator_says, const MemoryContext& c,
                                   const ProcessMemory& m, const DeviceMemory& gpu = {});
+
+/// The same message before memory runs out, or "": when the optimizer's state still to be made
+/// (at the first step, or when a checkpoint is loaded), `bytes_per_rank` on each of the
+/// `local_ranks` ranks of this node, is more than the machine has available (MemAvailable and
+/// free swap) or the job's cgroup has left (its limit less its usage), the kernel's OOM killer
+/// would end the run then without a word (Note [Out of memory]).
+std::string state_to_come_message(double bytes_per_rank, int local_ranks, const MemoryContext& c,
+                                  const ProcessMemory& m);
 
 }  // namespace dtorch::report

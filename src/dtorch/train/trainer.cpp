@@ -371,6 +371,22 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
 }
 
 // The run; `memory` learns what it trains as it goes, for the message should memory run out.
+// The optimizer's state is made at the first step, or when a checkpoint loads: when the ranks
+// of this node could not hold it, the out-of-memory report now, not the kernel's OOM killer then,
+// which leaves no message (Note [Out of memory]). The model's own memory is already held.
+void check_state_fits(const Parallelized& run, int local_ranks,
+                      const report::MemoryContext& memory) {
+  if (!memory.device.is_cpu() || memory.optimizer_on_disk) return;
+  int64_t mine = 0;  // the parameters this rank's model holds (its tp shard, its stage)
+  for (const auto& p : run.model->parameters())
+    mine += p.numel();
+  const double per_rank =
+      memory.optimizer_bytes * double(mine) / (memory.zero_stage > 0 ? memory.ranks : 1);
+  const std::string says =
+      report::state_to_come_message(per_rank, local_ranks, memory, report::process_memory());
+  if (!says.empty()) throw OutOfMemoryError(says);
+}
+
 std::vector<report::EpochRecord> train_run(const TrainConfig& c,
                                            std::shared_ptr<comm::Communicator> comm,
                                            report::MemoryContext& memory) {
@@ -415,6 +431,7 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   Schedule own_schedule{c.training.lr_schedule, c.strategy.optimizer.lr,
                         steps_per_epoch * c.training.epochs};
   validate(own_schedule.config, own_schedule.lr, own_schedule.total_steps);
+  check_state_fits(run, comm->info().local_world_size, memory);  // before a checkpoint loads
   const StartPoint start = resume_run(c, *run.strategy, *comm, own_schedule, lead);
 
   Epochs e{c,
@@ -527,8 +544,11 @@ std::vector<report::EpochRecord> train(const TrainConfig& config,
   memory.optimizer_bytes = c.strategy.optimizer.kind == OptimizerKind::SGD ? 4 : 8;
   memory.batch_size = c.training.batch_size;
   memory.activation_checkpointing = c.parallelism.activation_checkpointing > 0;
+  memory.optimizer_on_disk = c.strategy.offload.optimizer == OffloadDevice::NVMe;
   try {
     return train_run(c, std::move(comm), memory);
+  } catch (const OutOfMemoryError&) {
+    throw;  // reported already
   } catch (const std::exception& e) {
     if (!report::is_out_of_memory(e)) throw;
     // Note [Out of memory]
