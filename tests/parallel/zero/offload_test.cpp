@@ -189,6 +189,44 @@ TEST(OptimizerOffload, AResumeLoadsIntoStateMadeOnDisk) {
   }
 }
 
+// A save in the background reads a copy of the state on disk: what it holds when taken, through
+// the next steps, in the slices a checkpoint cuts; nothing for a tensor not on disk; and no file
+// left in the folder.
+TEST(OptimizerOffload, ASnapshotOnDiskKeepsTheStateAsTaken) {
+  testing::TempDir dir("offload_snapshot");
+  std::vector<torch::Tensor> p = flat_params();
+  optim::FusedAdamW opt(p, torch::optim::AdamWOptions(1e-2));
+  OptimizerOffload offload(opt, p, {dir.path(), 2, "state.swap", 4096});
+  const auto step = [&] {
+    for (auto& t : p)
+      t.mutable_grad() = torch::randn_like(t);
+    offload.step();
+  };
+  step();
+  offload.page_in_all();
+  std::vector<torch::Tensor> slices, then;
+  for (const auto& t : p)
+    for (auto& [name, s] :
+         parallel::state_tensors(*opt.state().at(compat::optimizer_state_key(t)))) {
+      slices.push_back(s.narrow(0, 3, 4));  // a rank's piece, as checkpoint_slices cuts it
+      then.push_back(slices.back().clone());
+    }
+  const auto snapshot = offload.snapshot();
+  std::vector<torch::Tensor> copies;
+  for (const auto& s : slices)
+    copies.push_back(snapshot(s));
+  EXPECT_FALSE(snapshot(torch::ones({4})).defined()) << "not the file's";
+  step();
+  step();
+  offload.page_in_all();
+  for (size_t i = 0; i < copies.size(); ++i) {
+    ASSERT_TRUE(copies[i].defined()) << i;
+    EXPECT_TRUE(copies[i].equal(then[i])) << "state " << i << " moved with the steps";
+    EXPECT_FALSE(slices[i].equal(then[i])) << "state " << i << " did not step";
+  }
+  EXPECT_EQ(paths::list_directory(dir.path()), std::vector<std::string>{});
+}
+
 TEST(OptimizerOffload, WhatItNeedsAndLacksIsNamed) {
   testing::TempDir dir("offload_errors");
   std::vector<torch::Tensor> p = flat_params();

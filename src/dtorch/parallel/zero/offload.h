@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,8 +47,10 @@ namespace dtorch::zero {
 //   checkpoint resumes into state made on disk (init_state: the file's fresh slots read as
 //   zeros) and is copied into the mapping. The next step unmaps it, writing back what changed
 //   (msync); state in new tensors of its own (a checkpoint that replaced the state objects) is
-//   written out in pieces. A save in the background copies the state into memory, as it copies
-//   every tensor it saves (Note [Checkpoints in the background]).
+//   written out in pieces. A save in the background, which copies every tensor it saves into
+//   memory (Note [Checkpoints in the background]), copies this state on disk instead (snapshot):
+//   the file into a second one, which the save reads mapped while the next steps change the
+//   first.
 // - A step the device skips (fp16's overflow, Note [Steps the device skips]) is decided on the
 //   host before any shard steps: the host steps anyway, so reading the flag there costs nothing.
 // The fp32 master shards stay in memory: ZeRO-1/2 publish them and ZeRO-3 gathers them.
@@ -83,6 +86,13 @@ class OptimizerOffload {
   /// are touched and may drop them again, so a rank never holds all its state in memory of its
   /// own. The next step() unmaps them, changes and all.
   void page_in_all();
+  /// For a checkpoint written in the background (Note [Checkpoints in the background]): the
+  /// state as it is now, copied on disk into a second file beside the first (by the kernel where
+  /// it can; unlinked as soon as it is made) and mapped, so that later steps do not reach it and
+  /// memory does not hold it. Returns what gives, for a tensor page_in_all mapped or a view of
+  /// one, the same bytes in the copy (undefined for any other tensor); the copy goes when the
+  /// last tensor taken from it does. TrainingError naming the files when the disk fails.
+  std::function<at::Tensor(const at::Tensor&)> snapshot();
   /// Gives every parameter without state the state the optimizer starts from (zero moments,
   /// step 0) on disk, where the file's slots hold zeros until first written: what a checkpoint
   /// is loaded into.

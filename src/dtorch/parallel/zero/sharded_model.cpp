@@ -294,6 +294,10 @@ void ShardedModel::init_optimizer_state() {
   }
 }
 
+std::function<at::Tensor(const at::Tensor&)> ShardedModel::snapshot_state_on_disk() {
+  return impl_->offload ? impl_->offload->snapshot() : nullptr;
+}
+
 std::vector<ShardSlice> ShardedModel::checkpoint_slices() {
   auto& impl = *impl_;
   std::vector<ShardSlice> out;

@@ -120,12 +120,17 @@ class ZeroStrategy : public Strategy {
     d.global_step = data.global_step;
     d.metadata_json = scaling_.with_state(data.metadata_json);
     d.layouts = unit_layouts();
-    // In the background, copies in host memory (Note [Checkpoints in the background]).
-    auto kept = [background](const torch::Tensor& t) {
-      return background ? checkpoint::host_snapshot(t) : t;
+    // In the background, copies in host memory (Note [Checkpoints in the background]), or on
+    // disk for state kept there (Note [Optimizer state on disk]).
+    std::vector<zero::ShardSlice> slices = sharded_->checkpoint_slices();
+    const auto on_disk = background ? sharded_->snapshot_state_on_disk() : nullptr;
+    auto kept = [&](const torch::Tensor& t) {
+      if (!background) return t;
+      const at::Tensor copy = on_disk ? on_disk(t) : at::Tensor();
+      return copy.defined() ? copy : checkpoint::host_snapshot(t);
     };
     std::vector<checkpoint::ShardPiece> mine;
-    for (auto& s : sharded_->checkpoint_slices())
+    for (auto& s : slices)
       mine.push_back({s.key, s.full_numel, s.begin, kept(s.data)});
     std::vector<std::pair<std::string, torch::Tensor>> full;
     for (const auto& b : model_->named_buffers())
