@@ -219,6 +219,25 @@ TEST(ShardedCheckpoint, CorruptShardIsCaughtByCrc) {
   expect_fallback(dir, shard, "CRC32 mismatch");
 }
 
+// The newest complete checkpoint, opened: the reader that found its files whole, which reads
+// what a fresh one does; a damaged newer one is skipped for it as for latest_complete.
+TEST(ShardedCheckpoint, TheNewestCompleteOpensAsItIsFound) {
+  std::string dir = toy_checkpoint_copy("sharded-open-latest");
+  std::optional<ShardedCheckpointReader> r = open_latest_complete(dir);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->dir(), *latest_complete(dir));
+  ShardedCheckpointReader fresh(r->dir());
+  EXPECT_TRUE(torch::equal(r->read_flat("param/1"), fresh.read_flat("param/1")));
+  EXPECT_TRUE(torch::equal(r->read_full("optim/step"), fresh.read_full("optim/step")));
+  flip_shard_byte(dir + "/step-000020/full.pt", 100);
+  ::testing::internal::CaptureStderr();
+  r = open_latest_complete(dir);
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->data().global_step, 10);
+  EXPECT_FALSE(open_latest_complete(testing::scratch_dir("sharded-open-none")).has_value());
+}
+
 TEST(ShardedCheckpoint, MissingMetadataMeansIncomplete) {
   std::string dir = toy_checkpoint_copy("sharded-no-meta");
   paths::remove(dir + "/step-000020/metadata.json");

@@ -124,6 +124,11 @@ std::vector<std::string> list_sharded_checkpoints(const std::string& dir);
 /// checkpoint; throws CheckpointError naming each one when none verifies.
 std::optional<std::string> latest_complete(const std::string& dir);
 
+class ShardedCheckpointReader;
+/// The same checkpoint opened: its reader, whose files latest_complete found whole and which
+/// does not read them again before it uses them (a resume's shards are gigabytes).
+std::optional<ShardedCheckpointReader> open_latest_complete(const std::string& dir);
+
 /// Description of a flat tensor in a checkpoint.
 struct FlatTensorInfo {
   int64_t numel = 0;
@@ -148,9 +153,9 @@ struct ShardFileStatus {
 };
 
 /// Reads a sharded checkpoint at any world size. Files are read lazily, only those a request
-/// overlaps, each verified (size, CRC32, read in pieces) when first needed and then mapped into
-/// memory until the reader is destroyed: a request costs memory for what it returns, not for
-/// the files it comes from. Not thread-safe.
+/// overlaps, each verified (size, CRC32, read in pieces) when first needed unless check_files()
+/// found it whole already, and then mapped into memory until the reader is destroyed: a request
+/// costs memory for what it returns, not for the files it comes from. Not thread-safe.
 class ShardedCheckpointReader {
  public:
   /// `path` is a step directory, or a run's checkpoint directory (then its latest_complete()).
@@ -182,7 +187,8 @@ class ShardedCheckpointReader {
   /// Full tensor `key` (e.g. "buffer/bn.running_mean", "optim/step").
   torch::Tensor read_full(const std::string& key);
 
-  /// Size and CRC32 of every file, without parsing any (reads each file once).
+  /// Size and CRC32 of every file, without parsing any (reads each file once); the files found
+  /// whole are not read again to load them.
   std::vector<ShardFileStatus> check_files() const;
   /// check_files(), throwing CheckpointError naming every bad file.
   void verify() const;

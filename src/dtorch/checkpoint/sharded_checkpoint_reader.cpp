@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "dtorch/checkpoint/crc32.h"
 #include "dtorch/checkpoint/sharded_files.h"
@@ -71,6 +72,7 @@ struct ShardedCheckpointReader::Impl {
   std::map<std::string, FullTensorInfo> full;
   std::map<std::string, std::pair<int64_t, uint32_t>> files;  // name -> bytes, crc32
   std::map<std::string, std::map<std::string, torch::Tensor>> loaded;
+  std::set<std::string> whole;  // files check_files() found whole: not read again to load
 
   std::string path_of(const std::string& file) const { return paths::join(dir, file); }
 
@@ -181,7 +183,7 @@ const std::map<std::string, torch::Tensor>& ShardedCheckpointReader::Impl::load(
   const std::string path = path_of(file);
   const auto [bytes, crc] = files.at(file);
   int64_t actual = -1;
-  std::string problem = file_problem(path, bytes, crc, &actual);
+  std::string problem = whole.count(file) ? "" : file_problem(path, bytes, crc, &actual);
   const MappedFile mapped = problem.empty() ? map_file(path) : MappedFile();
   if (problem.empty() && static_cast<int64_t>(mapped.size) != bytes)
     problem = str("changed since it was checked: ", mapped.size, " bytes now");
@@ -203,7 +205,7 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& path)
       name.find(kPartial) == std::string::npos) {
     DTORCH_CHECK_T(CheckpointError, paths::is_directory(path), "checkpoint directory ", path,
                    " does not exist or is not a directory");
-    std::optional<std::string> latest = latest_complete(path);
+    std::optional<ShardedCheckpointReader> latest = open_latest_complete(path);
     if (!latest) {
       bool unfinished = false;
       std::error_code ec;
@@ -215,7 +217,8 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& path)
                                "step-NNNNNN folders",
                   "; pass a run's checkpoint directory or one of its step-NNNNNN folders");
     }
-    step_dir = *latest;
+    impl_ = std::move(latest->impl_);  // its files found whole already
+    return;
   }
   impl_->dir = step_dir;
   impl_->parse_metadata();
@@ -307,6 +310,7 @@ std::vector<ShardFileStatus> ShardedCheckpointReader::check_files() const {
     s.expected_bytes = expect.first;
     s.problem = file_problem(s.path, expect.first, expect.second, &s.actual_bytes);
     s.ok = s.problem.empty();
+    if (s.ok) impl_->whole.insert(name);
     out.push_back(std::move(s));
   }
   return out;

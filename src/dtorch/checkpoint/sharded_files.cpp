@@ -78,6 +78,12 @@ std::vector<std::string> list_sharded_checkpoints(const std::string& dir) {
 }
 
 std::optional<std::string> latest_complete(const std::string& dir) {
+  std::optional<ShardedCheckpointReader> reader = open_latest_complete(dir);
+  if (!reader) return std::nullopt;
+  return reader->dir();
+}
+
+std::optional<ShardedCheckpointReader> open_latest_complete(const std::string& dir) {
   std::vector<std::string> dirs = list_sharded_checkpoints(dir);
   if (dirs.empty()) return std::nullopt;
   std::string failures;
@@ -85,7 +91,7 @@ std::optional<std::string> latest_complete(const std::string& dir) {
     try {
       ShardedCheckpointReader reader(dirs[i]);
       reader.verify();
-      return dirs[i];
+      return reader;
     } catch (const CheckpointError& e) {
       log::warn("checkpoint ", dirs[i], " is unusable (", e.what(), ")",
                 i + 1 < dirs.size() ? "; falling back to the previous one" : "");

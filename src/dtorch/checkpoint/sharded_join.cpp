@@ -9,10 +9,10 @@
 namespace dtorch::checkpoint {
 
 std::optional<ShardedJoin> ShardedJoin::open(const std::vector<std::string>& folders) {
-  std::vector<std::optional<std::string>> newest;
+  std::vector<std::optional<ShardedCheckpointReader>> newest;
   std::string with, without;
   for (const auto& f : folders) {
-    newest.push_back(latest_complete(f));
+    newest.push_back(open_latest_complete(f));
     (newest.back() ? with : without) = f;
   }
   if (with.empty()) return std::nullopt;
@@ -21,27 +21,29 @@ std::optional<ShardedJoin> ShardedJoin::open(const std::vector<std::string>& fol
                  "or they are another run's; start a new --out");
   int64_t step = -1;
   for (const auto& n : newest) {
-    const int64_t s = ShardedCheckpointReader(*n).data().global_step;
+    const int64_t s = n->data().global_step;
     step = step < 0 ? s : std::min(step, s);
   }
-  std::vector<std::string> dirs;
+  // The newest readers found their files whole: kept, so that they are not read again.
+  std::vector<ShardedCheckpointReader> readers;
   for (size_t i = 0; i < folders.size(); ++i) {
     const std::string dir = sharded_step_dir(folders[i], step);
-    if (dir != *newest[i]) {
-      DTORCH_CHECK_T(CheckpointError, paths::exists(dir), *newest[i], " is newer than ",
+    if (dir != newest[i]->dir()) {
+      DTORCH_CHECK_T(CheckpointError, paths::exists(dir), newest[i]->dir(), " is newer than ",
                      sharded_step_dir(folders[0], step), " and ", folders[i], " has no step ", step,
                      ": the checkpoints are not from one save; ",
                      "delete the newer ones to resume from the older step");
-      ShardedCheckpointReader(dir).verify();
+      newest[i] = ShardedCheckpointReader(dir);
+      newest[i]->verify();
     }
-    dirs.push_back(dir);
+    readers.push_back(std::move(*newest[i]));
   }
-  return ShardedJoin(std::move(dirs));
+  return ShardedJoin(std::move(readers));
 }
 
-ShardedJoin::ShardedJoin(std::vector<std::string> step_dirs) {
-  for (const auto& dir : step_dirs) {
-    readers_.push_back(std::make_shared<ShardedCheckpointReader>(dir));
+ShardedJoin::ShardedJoin(std::vector<ShardedCheckpointReader> readers) {
+  for (auto& reader : readers) {
+    readers_.push_back(std::make_shared<ShardedCheckpointReader>(std::move(reader)));
     for (const auto& [unit, entries] : readers_.back()->data().layouts) {
       for (const auto& e : entries)
         sources_.emplace(e.name, Source{unit, e.offset, e.shape, readers_.size() - 1});

@@ -61,7 +61,7 @@ class ShardedJoin {
     std::vector<int64_t> shape;
     size_t reader = 0;
   };
-  explicit ShardedJoin(std::vector<std::string> step_dirs);
+  explicit ShardedJoin(std::vector<ShardedCheckpointReader> readers);
   const Source& source(const std::string& name) const;
 
   std::vector<std::shared_ptr<ShardedCheckpointReader>> readers_;
