@@ -15,12 +15,14 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "dtorch/comm/communicator.h"
+#include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/launch/node_rendezvous.h"
@@ -364,6 +366,19 @@ TEST(LaunchFaults, StrangerOnTheStorePortCannotHoldTheJob) {
   }
 }
 
+// The processes `pid` has started and not yet waited for (every thread's).
+int children_of(pid_t pid) {
+  int n = 0;
+  std::error_code ec;
+  const std::string tasks = str("/proc/", pid, "/task");
+  for (const std::string& task : paths::list_directory(tasks, ec)) {
+    std::istringstream kids(read_file(tasks + "/" + task + "/children"));
+    for (pid_t kid; kids >> kid;)
+      ++n;
+  }
+  return n;
+}
+
 // SIGTERM ends a launcher whose store strangers hold, whatever it and its workers wait on: it
 // stops the workers and exits 143 within the grace period and the 2 s its store gets to close.
 TEST(LaunchFaults, SigtermEndsALauncherWhoseStoreStrangersHold) {
@@ -376,6 +391,10 @@ TEST(LaunchFaults, SigtermEndsALauncherWhoseStoreStrangersHold) {
       {"DTORCH_TIMEOUT=60"});
   const std::vector<int> strangers = strangers_on(port, dir);
   ASSERT_EQ(strangers.size(), 2u);
+  // Its workers started (on a busy machine, more than a second after its store listened), then
+  // waiting: the launcher watches for signals before it starts them.
+  ASSERT_TRUE(wait_until([&] { return children_of(cli.pid) == 2; }, 20))
+      << read_file(dir + "/stderr");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto t0 = Clock::now();
   ASSERT_EQ(::kill(cli.pid, SIGTERM), 0);
