@@ -200,7 +200,6 @@ const std::map<std::string, torch::Tensor>& ShardedCheckpointReader::Impl::load(
 ShardedCheckpointReader::ShardedCheckpointReader(const std::string& path)
     : impl_(std::make_unique<Impl>()) {
   const std::string name = paths::file_name(path);
-  std::string step_dir = path;
   if (!paths::exists(paths::join(path, kMetadata)) && step_of(name) < 0 &&
       name.find(kPartial) == std::string::npos) {
     DTORCH_CHECK_T(CheckpointError, paths::is_directory(path), "checkpoint directory ", path,
@@ -220,7 +219,7 @@ ShardedCheckpointReader::ShardedCheckpointReader(const std::string& path)
     impl_ = std::move(latest->impl_);  // its files found whole already
     return;
   }
-  impl_->dir = step_dir;
+  impl_->dir = path;
   impl_->parse_metadata();
 }
 

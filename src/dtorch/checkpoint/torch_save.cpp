@@ -329,11 +329,11 @@ c10::IValue load_torch_save_in_place(std::shared_ptr<char> bytes, size_t n) {
   caffe2::serialize::PyTorchStreamReader reader(
       std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.get(), n));
   auto [pickle, pickle_size] = reader.getRecord("data.pkl");
-  size_t at = 0;
+  size_t done = 0;
   const auto read = [&, data = static_cast<const char*>(pickle.get())](char* out, size_t len) {
-    len = std::min(pickle_size - at, len);
-    std::memcpy(out, data + at, len);
-    at += len;
+    len = std::min(pickle_size - done, len);
+    std::memcpy(out, data + done, len);
+    done += len;
     return len;
   };
   // Each storage is its record in place, holding the bytes alive (what readArchiveAndTensors
@@ -353,10 +353,10 @@ c10::IValue load_torch_save_in_place(std::shared_ptr<char> bytes, size_t n) {
   value.visit([&](const c10::IValue& v) {
     if (v.isTensor()) {
       const at::Storage& storage = v.toTensor().storage();
-      const auto at = reinterpret_cast<uintptr_t>(storage.data());
+      const auto begin = reinterpret_cast<uintptr_t>(storage.data());
       const auto base = reinterpret_cast<uintptr_t>(bytes.get());
       inside &= storage.nbytes() == 0 ||  // an empty storage may point anywhere, or nowhere
-                (at >= base && at - base <= n && storage.nbytes() <= n - (at - base));
+                (begin >= base && begin - base <= n && storage.nbytes() <= n - (begin - base));
     }
     return false;
   });

@@ -370,7 +370,6 @@ report::EpochRecord finish_epoch(Epochs& e, int64_t epoch, const LossTally& tall
   return r;
 }
 
-// The run; `memory` learns what it trains as it goes, for the message should memory run out.
 // The optimizer's state is made at the first step, or when a checkpoint loads: when the ranks
 // of this node could not hold it, the out-of-memory report now, not the kernel's OOM killer then,
 // which leaves no message (Note [Out of memory]). The model's own memory is already held.
@@ -387,6 +386,7 @@ void check_state_fits(const Parallelized& run, int local_ranks,
   if (!says.empty()) throw OutOfMemoryError(says);
 }
 
+// The run; `memory` learns what it trains as it goes, for the message should memory run out.
 std::vector<report::EpochRecord> train_run(const TrainConfig& c,
                                            std::shared_ptr<comm::Communicator> comm,
                                            report::MemoryContext& memory) {

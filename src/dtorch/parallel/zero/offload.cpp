@@ -79,8 +79,13 @@ std::string move_bytes(int fd, bool write, char* data, size_t n, size_t at) {
   return "";
 }
 
+// The mapping of the file `t` holds (page_in_all), or null.
+const FileMapping* mapping_of(const at::Tensor& t) {
+  if (!holds_storage(t) || t.storage().data_ptr().get_deleter() != &unmap_file) return nullptr;
+  return static_cast<const FileMapping*>(t.storage().data_ptr().get_context());
+}
 bool maps_file(const at::Tensor& t) {
-  return holds_storage(t) && t.storage().data_ptr().get_deleter() == &unmap_file;
+  return mapping_of(t) != nullptr;
 }
 
 }  // namespace
@@ -578,10 +583,7 @@ std::function<at::Tensor(const at::Tensor&)> OptimizerOffload::snapshot() {
   // What the mappings changed goes to the file first: an O_DIRECT read passes the page cache.
   for (size_t k = 0; k < m.params.size(); ++k)
     for (const at::Tensor& t : m.tensors_of(k))
-      if (maps_file(t)) {
-        const auto* f = static_cast<FileMapping*>(t.storage().data_ptr().get_context());
-        ::msync(f->p, f->n, MS_SYNC);
-      }
+      if (const FileMapping* f = mapping_of(t)) ::msync(f->p, f->n, MS_SYNC);
   if (m.file_size == 0) return [](const at::Tensor&) { return at::Tensor(); };
   const std::string copy = str(m.path, ".snapshot");
   const int fd = ::open(copy.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -623,11 +625,11 @@ std::function<at::Tensor(const at::Tensor&)> OptimizerOffload::snapshot() {
   const std::shared_ptr<char> kept(static_cast<char*>(base),
                                    [n = m.file_size](char* p) { ::munmap(p, n); });
   return [kept](const at::Tensor& t) {
-    if (!maps_file(t)) return at::Tensor();
-    const auto* f = static_cast<FileMapping*>(t.storage().data_ptr().get_context());
-    char* at = kept.get() + f->at + (static_cast<char*>(t.data_ptr()) - static_cast<char*>(f->p));
+    const FileMapping* f = mapping_of(t);
+    if (!f) return at::Tensor();
+    char* same = kept.get() + f->at + (static_cast<char*>(t.data_ptr()) - static_cast<char*>(f->p));
     return torch::from_blob(
-        at, t.sizes(), t.strides(), [kept](void*) {}, t.options());
+        same, t.sizes(), t.strides(), [kept](void*) {}, t.options());
   };
 }
 
