@@ -40,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 constexpr double kGiB = double(1 << 30);
 
 struct PlanFlags {
-  std::string model, machine, format = "table", out;
+  std::string model, machine, format = "table", out, offload = "auto";
   int nodes = 1, gpus_per_node = 0, nproc_per_node = 0, top = 20;
   int validate = 0, validate_steps = 3;
   std::vector<std::string> strategies;  // only these (train::StrategyKind's names); empty: all
@@ -173,7 +173,11 @@ int run_plan(const PlanFlags& f) {
   if (f.memory_per_rank_gib > 0) m.memory_per_rank_bytes = f.memory_per_rank_gib * kGiB;
   const int world = f.nodes * per_node;
   const plan::Workload w = plan::workload_of(f.model, f.seq_len, f.global_batch);
-  std::vector<plan::Prediction> ranked = plan::rank_layouts(w, m, world);
+  const plan::OffloadLayouts offload = f.offload == "none"   ? plan::OffloadLayouts::None
+                                       : f.offload == "nvme" ? plan::OffloadLayouts::Only
+                                                             : plan::OffloadLayouts::WhereNeeded;
+  std::vector<plan::Prediction> ranked = plan::rank_layouts(w, m, world, offload);
+  auto flags_of = [&](const plan::Layout& l) { return plan::flags_of(l, w, m.offload_disk.dir); };
   if (!stages.empty())
     ranked.erase(
         std::remove_if(ranked.begin(), ranked.end(),
@@ -199,7 +203,7 @@ int run_plan(const PlanFlags& f) {
     for (size_t i = 0; i < ranked.size() && validated < f.validate; ++i) {
       if (!ranked[i].fits) continue;
       ++validated;
-      const std::string flags = plan::flags_of(ranked[i].layout, w);
+      const std::string flags = flags_of(ranked[i].layout);
       log::info("validating ", validated, "/", f.validate, " (layout #", i + 1, "): ", flags);
       measured[i] = measure_layout(flags, m.device, world, f.validate_steps,
                                    logs + "/layout-" + std::to_string(i + 1) + ".log");
@@ -225,7 +229,7 @@ int run_plan(const PlanFlags& f) {
     for (int i = 0; i < std::max(shown, validated); ++i) {
       const plan::Prediction& p = ranked[i];
       nlohmann::json j{{"rank", i + 1},
-                       {"flags", plan::flags_of(p.layout, w)},
+                       {"flags", flags_of(p.layout)},
                        {"dp", p.layout.dp},
                        {"tp", p.layout.tp},
                        {"pp", p.layout.pp},
@@ -234,6 +238,7 @@ int run_plan(const PlanFlags& f) {
                        {"predicted_compute_s", p.compute_s},
                        {"predicted_exposed_comm_s", p.exposed_comm_s},
                        {"predicted_bubble_s", p.bubble_s},
+                       {"predicted_offload_s", p.offload_s},
                        {"predicted_peak_gib", p.peak_bytes / kGiB},
                        {"predicted_model_state_gib", p.model_state_bytes / kGiB},
                        {"predicted_activation_gib", p.activation_bytes / kGiB},
@@ -259,15 +264,23 @@ int run_plan(const PlanFlags& f) {
             << " node(s) x " << per_node << ") of machine '" << m.name << "' ("
             << gib(m.memory_per_rank_bytes) << " GiB per rank): " << ranked.size() << " layouts, "
             << fitting << " fit\n";
+  // The disk's column where a layout shown keeps the optimizer's state there.
+  bool disk = false;
+  for (int i = 0; i < std::max(shown, validated); ++i)
+    disk = disk || ranked[i].layout.offload;
   std::cout << std::setw(4) << "#" << std::setw(10) << "step s" << std::setw(10) << "compute"
-            << std::setw(10) << "comm" << std::setw(10) << "bubble" << std::setw(11) << "peak GiB";
+            << std::setw(10) << "comm" << std::setw(10) << "bubble";
+  if (disk) std::cout << std::setw(10) << "disk";
+  std::cout << std::setw(11) << "peak GiB";
   if (validated > 0) std::cout << std::setw(17) << "measured s" << std::setw(19) << "measured GiB";
   std::cout << "  flags\n";
   for (int i = 0; i < std::max(shown, validated); ++i) {
     const plan::Prediction& p = ranked[i];
     std::cout << std::setw(4) << i + 1 << std::setw(10) << seconds(p.step_s()) << std::setw(10)
               << seconds(p.compute_s) << std::setw(10) << seconds(p.exposed_comm_s) << std::setw(10)
-              << seconds(p.bubble_s) << std::setw(11) << gib(p.peak_bytes);
+              << seconds(p.bubble_s);
+    if (disk) std::cout << std::setw(10) << seconds(p.offload_s);
+    std::cout << std::setw(11) << gib(p.peak_bytes);
     if (validated > 0) {
       const Measured& got = measured[i];
       std::cout << std::setw(17)
@@ -279,7 +292,7 @@ int run_plan(const PlanFlags& f) {
                                   percent(miss(p.peak_bytes, got.peak_bytes)) + ")"
                             : std::string("-"));
     }
-    std::cout << "  " << plan::flags_of(p.layout, w)
+    std::cout << "  " << flags_of(p.layout)
               << (p.fits ? ""
                          : "  (does not fit: over by " +
                                gib(p.peak_bytes - m.memory_per_rank_bytes) + " GiB)")
@@ -315,6 +328,7 @@ int run_plan(const PlanFlags& f) {
 
 struct CalibrateFlags {
   std::string out;
+  std::string offload_dir;  ///< where to measure the disk --offload-optimizer nvme would use
   int nproc_per_node = 2;
   DeviceKind device = DeviceKind::Auto;
   bool quick = false;  ///< plan::bench_for's tiny sizes, one round, a tenth of the time
@@ -327,6 +341,16 @@ void refuse_existing(const std::string& out) {
                  " exists; give a new path (a machine file is never overwritten)");
 }
 
+// --offload-dir as the layouts' flags will name it: its absolute path. ConfigError when it is not
+// a folder.
+std::string offload_folder(const std::string& dir) {
+  std::error_code ec;
+  const std::string path = paths::canonical(dir, ec);
+  DTORCH_CHECK_T(ConfigError, !ec && paths::is_directory(path), "plan calibrate: --offload-dir ",
+                 dir, " is not a folder: create it on the disk the runs would use");
+  return path;
+}
+
 int calibrate_worker(const CalibrateFlags& f) {
   refuse_existing(f.out);
   const double base = double(report::process_memory().rss);
@@ -335,8 +359,8 @@ int calibrate_worker(const CalibrateFlags& f) {
   set_freed_memory(FreedMemory::Reuse);
   auto world = comm::Communicator::from_env();
   const auto t0 = Clock::now();
-  const plan::Bench bench =
-      plan::bench_for(train::resolve_run_device(f.device, world->info()), f.quick);
+  plan::Bench bench = plan::bench_for(train::resolve_run_device(f.device, world->info()), f.quick);
+  if (!f.offload_dir.empty()) bench.offload_dir = offload_folder(f.offload_dir);
   if (const std::optional<plan::Machine> m = plan::calibrate(world, bench, base)) {
     const std::string json = plan::machine_json(*m);
     if (auto failed = write_file_atomically(f.out, json.data(), json.size())) {
@@ -384,6 +408,12 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", f->out,
                   "also draw the layouts shown (their predicted time split) into this .png or "
                   ".svg file");
+  cmd->add_option("--offload-optimizer", f->offload,
+                  "auto: also a ZeRO layout with the optimizer's state on disk where the layout "
+                  "does not fit in memory | none | nvme: only such layouts (the machine file needs "
+                  "the disk's rates: plan calibrate --offload-dir)")
+      ->check(CLI::IsMember({"auto", "none", "nvme"}))
+      ->capture_default_str();
   cmd->add_option("--validate", f->validate,
                   "run the first K layouts that fit here (dtorch bench memory) and print "
                   "predicted against measured step time and peak memory");
@@ -400,6 +430,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cal->add_option("--nproc-per-node,--nproc_per_node", c->nproc_per_node)->capture_default_str();
   add_choice_option(cal, "--device", c->device,
                     "cpu | cuda (one GPU per rank) | auto (the GPUs where there are)");
+  cal->add_option("--offload-dir", c->offload_dir,
+                  "also measure this folder's disk, written and read as --offload-optimizer nvme "
+                  "does, so that plan proposes layouts with the optimizer's state there");
   cal->add_flag("--quick", c->quick,
                 "tiny sizes, one round, a tenth of the time: a rough file in seconds, to try the "
                 "command or test with, not to plan a job from");
@@ -411,6 +444,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       return;
     }
     refuse_existing(c->out);
+    if (!c->offload_dir.empty()) offload_folder(c->offload_dir);
     resolve_device(c->device, 0, c->nproc_per_node);  // GPUs asked for are there, one per rank
     SelfLaunch how;
     how.nproc_per_node = c->nproc_per_node;

@@ -98,13 +98,14 @@ cp -r "$RUNS"/gpt-pp/pp*-of-* "$RUNS"/gpt-pp-zero/pp*-of-* "$SEEDS/fixtures/pipe
 for f in "$RUNS"/*/config.json; do
   seed run_config "$f" "$(echo "${f#"$RUNS"/}" | tr / _)"
 done
-# Machine files as `dtorch plan calibrate` writes them: a CPU node, and GPU nodes with the
-# optional sections (rates by rows, convolutions, ring attention, overlap, inter-node links).
+# Machine files as `dtorch plan calibrate` writes them: a CPU node with its offload disk, and GPU
+# nodes with the optional sections (rates by rows, convolutions, ring attention, overlap, inter-node links).
 mkdir -p "$SEEDS/machine_file"
 cat >"$SEEDS/machine_file/cpu.json" <<'JSON'
 {"name": "cpu", "device": "cpu", "ranks_per_node": 2, "memory_per_rank_bytes": 12e9,
  "base_bytes_per_rank": 3e8, "matmul_flops": {"fp32": 6e10},
  "first_touch_seconds_per_byte": 2e-10, "adamw_seconds_per_parameter": 1e-9,
+ "offload_disk": {"dir": "/nvme", "state_bytes_per_s": 1.4e9},
  "intra_node": {"allreduce": [{"ranks": 2, "latency_s": 2e-5, "bus_bytes_per_s": 5e9}],
                 "reduce_scatter": [{"ranks": 2, "latency_s": 2e-5, "bus_bytes_per_s": 4e9}],
                 "allgather": [{"ranks": 2, "latency_s": 2e-5, "bus_bytes_per_s": 4e9}],

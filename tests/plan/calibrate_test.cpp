@@ -1,13 +1,15 @@
 // Calibration's pure parts without processes: the job's ranks by node, the median, ring
 // attention's own work recovered from timings made up from known terms, the benches; and its
-// measurements on 2 real ranks over Gloo, on the quick bench: each part, and whole calibrations
-// of several rounds whose medians make the machine (the CLI's tests run one round).
+// measurements on 2 real ranks over Gloo, on the quick bench: each part (the offload folder's disk
+// among them), and whole calibrations of several rounds whose medians make the machine (the
+// CLI's tests run one round).
 #include "dtorch/plan/calibrate.h"
 
 #include <gtest/gtest.h>
 
 #include "dtorch/comm/communicator.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/plan/cost_model.h"
 #include "support/error_of.h"
 #include "support/workers.h"
@@ -128,8 +130,16 @@ DTORCH_TEST_WORKER(calibrate_parts) {
   DTORCH_CHECK(lockstep_fraction(*world, world.get(), bench) >= 0, "a negative lockstep");
   // A rank of no pair never meets: its timings each way are the same work.
   DTORCH_CHECK(lockstep_fraction(*world, nullptr, bench) >= 0, "a negative lockstep alone");
+  // The offload folder's disk, each rank through a file of its own that leaves nothing behind.
+  const std::string& disk_dir = args.at(0);
+  Bench on_disk = bench;
+  on_disk.offload_dir = disk_dir;
+  const OffloadDisk disk = offload_disk(*world, on_disk);
+  DTORCH_CHECK(disk.measured() && disk.dir == disk_dir, "the disk's rate ", disk.state_bytes_per_s);
+  world->barrier("disk measured");
+  DTORCH_CHECK(paths::list_directory(disk_dir).empty(), "files left in ", disk_dir);
   // Whole, over three rounds: rank 0 gets the machine, with each rate the rounds' median.
-  Bench rounds = bench;
+  Bench rounds = on_disk;
   rounds.rounds = 3;
   const std::optional<Machine> m = calibrate(world, rounds, 1e6);
   DTORCH_CHECK(m.has_value() == (world->rank() == 0), "the machine on rank ", world->rank());
@@ -140,10 +150,12 @@ DTORCH_TEST_WORKER(calibrate_parts) {
   DTORCH_CHECK(m->intra_node.at(Collective::AllReduce).size() == 1 && m->inter_node.empty(),
                "collectives within the node alone");
   DTORCH_CHECK(m->ring_attention.forward_share > 0 && m->lockstep_fraction >= 0, m->name);
+  DTORCH_CHECK(m->offload_disk.measured() && m->offload_disk.dir == disk_dir, "the disk's rates");
 }
 
 TEST(PlanCalibrate, MeasuresEachPartAndTheMediansOfRoundsOnTwoRanks) {
-  EXPECT_EQ(testing::run_ranks(2, "calibrate_parts", {}, 120), 0);
+  const std::string disk = testing::scratch_dir("calibrate_disk");
+  EXPECT_EQ(testing::run_ranks(2, "calibrate_parts", {disk}, 120), 0);
 }
 
 }  // namespace

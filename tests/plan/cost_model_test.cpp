@@ -1,8 +1,8 @@
 // The cost model (Note [Cost model]) without processes: a GPT's and a ViT's units as the
 // registry counts them, a CNN's measured FLOPs and kept bytes against hand counts, each term
 // against the same sum made by hand, the memory ordering ZeRO promises, the pipeline's bubble
-// shrinking with micro-batches, every enumerated layout one the run configuration accepts, and
-// machine files read, refused and written back.
+// shrinking with micro-batches, the optimizer's state on disk, every enumerated layout one the run
+// configuration accepts, and machine files read, refused and written back.
 #include "dtorch/plan/cost_model.h"
 
 #include <gtest/gtest.h>
@@ -303,6 +303,94 @@ TEST(CostModel, MoreMicroBatchesShrinkThePipelinesBubble) {
   EXPECT_LT(predict(w, m, zb).bubble_s, predict(w, m, l).bubble_s);
 }
 
+// The optimizer's state on disk (--offload-optimizer nvme): the rank holds the offload's four
+// buffers instead of AdamW's two moments, and the step waits for the disk's reads and writes of
+// them where they outlast the AdamW step they overlap. An offload twin is ranked where the layout
+// does not fit, or alone when asked for; never without the disk's rates or on a GPU.
+TEST(CostModel, OptimizerStateOnDiskLeavesMemoryAndWaitsForTheDisk) {
+  const Workload w = workload_of("gpt-small", 64, 8);
+  Machine m = round_machine();
+  m.adamw_seconds_per_parameter = 1e-9;
+  m.offload_disk = {"/nvme", 5e8};
+  Layout zero3;
+  zero3.dp = 8;
+  zero3.zero = 3;
+  Layout disk = zero3;
+  disk.offload = true;
+  const Prediction in_memory = predict(w, m, zero3), on_disk = predict(w, m, disk);
+  double P = -double(w.vocab * w.hidden);  // the tied embedding once
+  for (int64_t u : w.unit_parameters)
+    P += double(u);
+  const double shard = P / 8, buffers = 4 * 32.0 * (1 << 20);
+  EXPECT_NEAR(in_memory.model_state_bytes - on_disk.model_state_bytes, 8 * shard - buffers, 1);
+  EXPECT_NEAR(on_disk.offload_s, 2 * 8 * shard / 5e8 - shard * 1e-9, 1e-9);
+  EXPECT_DOUBLE_EQ(on_disk.compute_s, in_memory.compute_s);
+  EXPECT_DOUBLE_EQ(in_memory.offload_s, 0);
+  EXPECT_NEAR(on_disk.step_s(),
+              on_disk.compute_s + on_disk.exposed_comm_s + on_disk.bubble_s + on_disk.offload_s,
+              1e-12);
+  // A step slower than its disk hides it.
+  Machine slow = m;
+  slow.adamw_seconds_per_parameter = 1e-6;
+  EXPECT_DOUBLE_EQ(predict(w, slow, disk).offload_s, 0);
+  // A shard smaller than a buffer holds buffers of its size.
+  const Workload tiny = workload_of("gpt-debug", 32, 8);
+  double tiny_P = -double(tiny.vocab * tiny.hidden);
+  for (int64_t u : tiny.unit_parameters)
+    tiny_P += double(u);
+  EXPECT_NEAR(predict(tiny, m, zero3).model_state_bytes - predict(tiny, m, disk).model_state_bytes,
+              8 * tiny_P / 8 - 4 * 4 * tiny_P / 8, 1);
+  EXPECT_EQ(flags_of(disk, w, "/nvme"),
+            "--model gpt-small --seq-len 64 --batch-size 1 --strategy zero3 "
+            "--offload-optimizer nvme --offload-dir /nvme");
+
+  // Ranked: where the layout fits, no twin; where it does not, its twin beside it.
+  const int world = 8;
+  size_t layouts = 0, zero_layouts = 0;
+  for (const Layout& l : enumerate_layouts(w, world)) {
+    ++layouts;
+    zero_layouts += l.zero > 0;
+  }
+  auto offloaded = [](const std::vector<Prediction>& ranked) {
+    size_t n = 0;
+    for (const Prediction& p : ranked) {
+      n += p.layout.offload;
+      if (p.layout.offload) EXPECT_GT(p.layout.zero, 0);
+    }
+    return n;
+  };
+  Machine roomy = m;
+  roomy.memory_per_rank_bytes = 1e12;
+  EXPECT_EQ(rank_layouts(w, roomy, world).size(), layouts);  // every layout fits
+  Machine tight = m;
+  tight.memory_per_rank_bytes = on_disk.peak_bytes + 1;
+  const std::vector<Prediction> needed = rank_layouts(w, tight, world);
+  EXPECT_GT(offloaded(needed), 0u);
+  for (const Prediction& p : needed)
+    if (p.layout.offload) {
+      Layout without = p.layout;
+      without.offload = false;
+      EXPECT_FALSE(predict(w, tight, without).fits) << flags_of(p.layout, w);
+    }
+  EXPECT_TRUE(needed.front().fits);
+  EXPECT_EQ(offloaded(rank_layouts(w, tight, world, OffloadLayouts::None)), 0u);
+  const std::vector<Prediction> only = rank_layouts(w, m, world, OffloadLayouts::Only);
+  EXPECT_EQ(only.size(), zero_layouts);
+  EXPECT_EQ(offloaded(only), zero_layouts);
+  // Without the disk's rates, or on a GPU: no twin, and asking for them is an error.
+  Machine no_disk = tight;
+  no_disk.offload_disk = {};
+  EXPECT_EQ(offloaded(rank_layouts(w, no_disk, world)), 0u);
+  std::string e = testing::error_of<ConfigError>(
+      [&] { rank_layouts(w, no_disk, world, OffloadLayouts::Only); });
+  EXPECT_NE(e.find("calibrate --offload-dir DIR"), std::string::npos) << e;
+  Machine gpu = tight;
+  gpu.device = "cuda";
+  EXPECT_EQ(offloaded(rank_layouts(w, gpu, world)), 0u);
+  e = testing::error_of<ConfigError>([&] { rank_layouts(w, gpu, world, OffloadLayouts::Only); });
+  EXPECT_NE(e.find("offloads no GPU run yet"), std::string::npos) << e;
+}
+
 TEST(CostModel, EveryLayoutIsOneTheRunAccepts) {
   const Workload w = workload_of("gpt-debug", 32, 8);  // 4 heads, 2 blocks
   const std::vector<Layout> all = enumerate_layouts(w, 4);
@@ -344,6 +432,7 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   m.first_touch_seconds_per_byte = 1e-9;
   m.ring_attention = {1e-3, 2e-9, 0.25};
   m.conv_flops["fp32"] = 2e8;
+  m.offload_disk = {"/nvme", 1e9};
   { std::ofstream(dir + "/m.json") << machine_json(m); }
   const Machine back = read_machine(dir + "/m.json");
   EXPECT_EQ(machine_json(back), machine_json(m));
@@ -351,6 +440,8 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   EXPECT_DOUBLE_EQ(back.first_touch_seconds_per_byte, 1e-9);
   EXPECT_DOUBLE_EQ(back.ring_attention.seconds_per_score, 2e-9);
   EXPECT_DOUBLE_EQ(back.convolution_flops("fp32"), 2e8);
+  EXPECT_EQ(back.offload_disk.dir, "/nvme");
+  EXPECT_DOUBLE_EQ(back.offload_disk.state_bytes_per_s, 1e9);
   auto error_for = [&](const std::string& text) {
     std::ofstream(dir + "/bad.json") << text;
     return testing::error_of<ConfigError>([&] { read_machine(dir + "/bad.json"); });
@@ -365,6 +456,9 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flops": {"fp32": 1e9}, )"
                 R"("matmul_by_rows": {"fp32": [{"rows": 64}]}, "intra_node": {}})");
   EXPECT_NE(e.find("matmul_by_rows.fp32[0].flops"), std::string::npos) << e;
+  e = error_for(R"({"memory_per_rank_bytes": 1e9, "matmul_flops": {"fp32": 1e9}, "intra_node": )"
+                R"({}, "offload_disk": {"dir": "/nvme"}})");
+  EXPECT_NE(e.find("offload_disk needs dir and state_bytes_per_s"), std::string::npos) << e;
   e = testing::error_of<ConfigError>([&] { read_machine(dir + "/none.json"); });
   EXPECT_NE(e.find("no such file"), std::string::npos) << e;
   // Rates outside what a machine can have: named with the value, not inf predictions.

@@ -52,11 +52,11 @@ TEST(PlanCli, RanksEveryLayoutAsJsonLines) {
     for (const char* key : {"flags", "predicted_step_s", "predicted_peak_gib", "fits"})
       ASSERT_TRUE(rows[i].contains(key)) << key << " in " << rows[i].dump();
     const nlohmann::json& row = rows[i];
-    EXPECT_NEAR(row["predicted_step_s"].get<double>(),
-                row["predicted_compute_s"].get<double>() +
-                    row["predicted_exposed_comm_s"].get<double>() +
-                    row["predicted_bubble_s"].get<double>(),
-                1e-9);
+    EXPECT_NEAR(
+        row["predicted_step_s"].get<double>(),
+        row["predicted_compute_s"].get<double>() + row["predicted_exposed_comm_s"].get<double>() +
+            row["predicted_bubble_s"].get<double>() + row["predicted_offload_s"].get<double>(),
+        1e-9);
     EXPECT_EQ(
         row["dp"].get<int>() * row["tp"].get<int>() * row["pp"].get<int>() * row["cp"].get<int>(),
         4);
@@ -146,6 +146,11 @@ TEST(PlanCli, BadFlagsAndFilesAreNamed) {
            Case{{"--model", "gpt-small", "--nodes", "2", "--gpus-per-node", "4",
                  "--global-batch-size", "8", "--machine", machine},
                 "no inter_node.allreduce measurement"},
+           Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", machine, "--offload-optimizer", "nvme"},
+                "has no offload_disk rates: calibrate with dtorch plan calibrate --offload-dir"},
+           Case{{"calibrate", "--out", dir + "/m.json", "--offload-dir", dir + "/absent"},
+                "--offload-dir " + dir + "/absent is not a folder"},
        }) {
     std::vector<std::string> args{DTORCH_CLI, "plan"};
     args.insert(args.end(), c.flags.begin(), c.flags.end());
@@ -158,12 +163,17 @@ TEST(PlanCli, BadFlagsAndFilesAreNamed) {
 
 TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   const std::string dir = testing::scratch_dir("plan_calibrate");
-  const std::string out = dir + "/machine.json";
-  auto r = testing::run_command(
-      "plan_calibrate",
-      {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2", "--quick"}, 120);
+  const std::string out = dir + "/machine.json", nvme = testing::scratch_dir("plan_nvme");
+  auto r = testing::run_command("plan_calibrate",
+                                {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node",
+                                 "2", "--quick", "--offload-dir", nvme},
+                                120);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   const plan::Machine m = plan::read_machine(out);
+  // The offload folder's disk, where the layouts' flags will name it.
+  EXPECT_TRUE(m.offload_disk.measured());
+  EXPECT_EQ(m.offload_disk.dir, nvme);
+  EXPECT_TRUE(paths::list_directory(nvme).empty());
   EXPECT_EQ(m.ranks_per_node, 2);
   EXPECT_GT(m.flops("fp32"), 1e8);
   EXPECT_GT(m.adamw_seconds_per_parameter, 0);
@@ -212,6 +222,40 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   EXPECT_GT(first.at("measured_peak_gib").get<double>(), 0) << first;
   EXPECT_GE(first.at("measured_others_cpu_share").get<double>(), 0) << first;
   EXPECT_LE(first.at("measured_others_cpu_share").get<double>(), 1) << first;
+  // And a layout with the optimizer's state on disk, as its flags run it.
+  auto offloaded = testing::run_command("plan_validated_offload",
+                                        {DTORCH_CLI,
+                                         "plan",
+                                         "--model",
+                                         "gpt-debug",
+                                         "--nproc-per-node",
+                                         "2",
+                                         "--global-batch-size",
+                                         "4",
+                                         "--machine",
+                                         out,
+                                         "--format",
+                                         "json",
+                                         "--top",
+                                         "1",
+                                         "--strategy",
+                                         "zero3",
+                                         "--offload-optimizer",
+                                         "nvme",
+                                         "--validate",
+                                         "1",
+                                         "--validate-steps",
+                                         "1"},
+                                        180);
+  ASSERT_EQ(offloaded.exit_code(), 0) << offloaded.err;
+  const nlohmann::json disk =
+      nlohmann::json::parse(offloaded.out.substr(0, offloaded.out.find('\n')));
+  EXPECT_TRUE(testing::contains(disk.at("flags").get<std::string>(),
+                                "--strategy zero3 --offload-optimizer nvme --offload-dir " + nvme))
+      << disk;
+  EXPECT_GE(disk.at("predicted_offload_s").get<double>(), 0) << disk;
+  EXPECT_GT(disk.at("measured_step_s").get<double>(), 0) << disk;
+  EXPECT_TRUE(paths::list_directory(nvme).empty());
   auto again = testing::run_command(
       "plan_calibrate_again",
       {DTORCH_CLI, "plan", "calibrate", "--out", out, "--nproc-per-node", "2"}, 60);

@@ -3,6 +3,7 @@
 #include "dtorch/plan/calibrate.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "dtorch/core/machine_load.h"
 #include "dtorch/launch/node_rendezvous.h"
 #include "dtorch/parallel/cp/attention.h"
+#include "dtorch/parallel/zero/offload.h"
 #include "dtorch/plan/cost_model.h"
 #include "dtorch/report/out_of_memory.h"
 
@@ -121,6 +123,7 @@ double first_touch_seconds_per_byte(comm::Communicator& world, const Bench& b) {
 // the ring's pairs leaves its part empty).
 struct Round {
   ComputeRates rates;
+  OffloadDisk disk;
   std::map<Collective, std::vector<LinkCost>> intra, inter;
   RingSeconds ring;
   double lockstep = 0;
@@ -140,6 +143,10 @@ void set_medians(Machine& m, const std::vector<Round>& rounds, const Bench& benc
   }
   m.first_touch_seconds_per_byte = of([](const Round& r) { return r.rates.first_touch; });
   m.adamw_seconds_per_parameter = of([](const Round& r) { return r.rates.adamw; });
+  if (!bench.offload_dir.empty()) {
+    m.offload_disk.dir = bench.offload_dir;
+    m.offload_disk.state_bytes_per_s = of([](const Round& r) { return r.disk.state_bytes_per_s; });
+  }
   for (auto [links, into] :
        {std::pair{&Round::intra, &m.intra_node}, {&Round::inter, &m.inter_node}})
     for (const auto& [op, costs] : rounds.front().*links)
@@ -204,6 +211,8 @@ Bench bench_for(at::Device d, bool quick) {
     b.rows = {16, 64, 256};
     b.conv_batch = 2, b.conv_channels = 16, b.conv_side = 14;
     b.first_touch_floats = int64_t(1) << 20;
+    b.disk_bytes = int64_t(16) << 20;
+    b.disk_piece_bytes = int64_t(4) << 20;
     b.seconds = 0.1;
     b.rounds = 1;
     b.lockstep_trials = 3;
@@ -241,6 +250,26 @@ ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
   torch::optim::AdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   r.adamw = time_per_call(world, bench, 1.0, [&] { adamw.step(); }) / double(w.numel());
   return r;
+}
+
+OffloadDisk offload_disk(comm::Communicator& world, const Bench& b) {
+  // AdamW's two fp32 moments: 8 bytes a parameter.
+  const int64_t n = b.disk_bytes / 8;
+  torch::Tensor w = torch::zeros({n}).requires_grad_();
+  w.mutable_grad() = torch::randn({n});
+  torch::optim::AdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  zero::OffloadOptions o;
+  o.dir = b.offload_dir;
+  o.name = str("dtorch-calibrate-", ::getpid(), "-rank", world.rank(), ".swap");
+  o.buffer_bytes = static_cast<size_t>(b.disk_piece_bytes);
+  zero::OptimizerOffload offloaded(adamw, {w}, o);
+  offloaded.step();  // makes the state and writes it; every later step reads it back too
+  const double s = time_per_call(
+      world, b, 1.0, [&] { offloaded.step(); }, 2);
+  OffloadDisk d;
+  d.dir = b.offload_dir;
+  d.state_bytes_per_s = 2.0 * double(n * 8) / s;
+  return d;
 }
 
 RingSeconds ring_attention_seconds(const std::shared_ptr<comm::Communicator>& pair,
@@ -363,6 +392,9 @@ std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& worl
                  "plan calibrate measures collectives between ranks: give --nproc-per-node 2 or "
                  "more");
   const bool gpu = bench.device.is_cuda();
+  DTORCH_CHECK_T(ConfigError, !gpu || bench.offload_dir.empty(),
+                 "plan calibrate: --offload-dir measures the optimizer's state on disk for a run "
+                 "on the CPU, and dtorch offloads no GPU run yet: leave it out with --device cuda");
   Machine m;
   m.device = gpu ? "cuda" : "cpu";
   std::vector<int> node_of_rank;
@@ -425,6 +457,12 @@ std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& worl
                 ": matmul and convolution rates (fp32, bf16), freshly allocated memory and an "
                 "AdamW step on every rank");
     r.rates = compute_rates(*world, bench, i == 0 ? nullptr : &rounds.front().rates);
+    if (!bench.offload_dir.empty()) {
+      if (world->rank() == 0)
+        log::info("calibrating ", round, ": an AdamW step with its ", bench.disk_bytes >> 20,
+                  " MiB of state on disk in ", bench.offload_dir, " on every rank");
+      r.disk = offload_disk(*world, bench);
+    }
     auto measure_groups = [&](const Groups& groups, const std::string& where,
                               std::map<Collective, std::vector<LinkCost>>& into) {
       for (const auto& [size, group] : groups) {

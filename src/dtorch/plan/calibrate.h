@@ -1,6 +1,7 @@
 // Calibration: this machine's rates measured by the ranks of a job (matmuls by rows,
-// convolutions, fresh memory, an AdamW step, each collective within and across nodes, ring
-// attention, ranks in lockstep) into the machine file the cost model reads (plan/machine.h).
+// convolutions, fresh memory, an AdamW step, the offload folder's disk, each collective within
+// and across nodes, ring attention, ranks in lockstep) into the machine file the cost model reads
+// (plan/machine.h).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -40,6 +41,11 @@ struct Bench {
   int64_t ring_heads = 12, ring_head_dim = 64;
   std::vector<int64_t> ring_tokens = {32, 128};
   int64_t lockstep_rows = 64;  ///< a segment's rows: a layer's work at a small micro-batch
+  /// The folder whose disk --offload-optimizer nvme would use ("": not measured), and the
+  /// optimizer state each rank steps there: disk_bytes, in pieces of disk_piece_bytes.
+  std::string offload_dir;
+  int64_t disk_bytes = int64_t(256) << 20;
+  int64_t disk_piece_bytes = int64_t(32) << 20;
   /// Each timing's length, as a multiple of the lengths calibrate.cpp gives each rate.
   double seconds = 1;
   /// Every rate is measured this many times over, and the file keeps each one's median.
@@ -85,6 +91,14 @@ ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
 /// One collective's latency and bus bandwidth over `group`, from its time at 1 KiB and at the
 /// bench's large buffer per rank (a P2P message goes from the group's rank 0 to its rank 1).
 LinkCost link_cost(comm::Communicator& group, const Bench& bench, Collective op);
+
+/// The offload folder's disk (OffloadDisk), every rank of `world` at once: each steps AdamW over a
+/// parameter whose state is the bench's disk_bytes, kept on disk there by the offload itself
+/// (Note [Optimizer state on disk]) in pieces of disk_piece_bytes; the bytes a step reads and
+/// writes back over the slowest rank's step. (Read and written apart, a file written and then read
+/// back, a 2-core machine's disk moved gpt-small's ZeRO-1 shard in 1.8 s; offloaded steps moved it
+/// in about 0.7 s.) ConfigError naming the folder when the offload cannot use it.
+OffloadDisk offload_disk(comm::Communicator& world, const Bench& bench);
 
 /// A causal ring attention layer's seconds over a group of 2, every pair of the node's ranks
 /// running at once: forward and backward at each of the bench's sizes (`both`, in ring_tokens'

@@ -14,6 +14,7 @@
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/cp/context_parallel.h"
 #include "dtorch/parallel/pp/stage_plan.h"
+#include "dtorch/parallel/zero/offload.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/report/out_of_memory.h"
 
@@ -169,7 +170,7 @@ Workload workload_of(const std::string& name, int64_t seq_len, int64_t global_ba
   return w;
 }
 
-std::string flags_of(const Layout& l, const Workload& w) {
+std::string flags_of(const Layout& l, const Workload& w, const std::string& offload_dir) {
   std::ostringstream f;
   f << "--model " << w.model;
   if (w.language()) f << " --seq-len " << w.seq_len;
@@ -181,6 +182,8 @@ std::string flags_of(const Layout& l, const Workload& w) {
     f << " --pp " << l.pp << " --schedule " << name_of(l.schedule) << " --microbatches "
       << l.microbatches;
   if (l.activation_checkpointing) f << " --activation-checkpointing 1";
+  if (l.offload) f << " --offload-optimizer nvme";
+  if (l.offload && !offload_dir.empty()) f << " --offload-dir " << offload_dir;
   return f.str();
 }
 
@@ -355,9 +358,24 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
     }
   }
 
-  // The optimizer step, over the rank's shard under ZeRO.
+  // The optimizer step, over the rank's shard under ZeRO; with its state on disk, the reads and
+  // writes of AdamW's two moments that the step does not hide.
   const int n = l.dp * l.cp;
-  p.compute_s += (l.zero > 0 ? params_rank / n : params_rank) * m.adamw_seconds_per_parameter;
+  const double stepped = l.zero > 0 ? params_rank / n : params_rank;
+  const double adamw_s = stepped * m.adamw_seconds_per_parameter;
+  p.compute_s += adamw_s;
+  // The state a step reads and writes, and what a rank holds of it instead: the host buffers.
+  const double state_bytes = 8 * stepped;
+  const zero::OffloadOptions offload;
+  const double buffer_bytes =
+      l.offload ? offload.buffers * std::min(double(offload.buffer_bytes), 4 * stepped) : 0;
+  if (l.offload) {
+    DTORCH_CHECK_T(ConfigError, m.offload_disk.measured(), "machine '", m.name,
+                   "' has no offload_disk rates, which a layout with the optimizer's state on "
+                   "disk needs: calibrate with dtorch plan calibrate --offload-dir DIR");
+    const double disk_s = 2 * state_bytes / m.offload_disk.state_bytes_per_s;
+    p.offload_s = std::max(0.0, disk_s - adamw_s);
+  }
 
   // Communication: the strategy's over dp x cp, then tensor and context parallelism's.
   const double grad_bytes = 4 * params_rank;
@@ -418,8 +436,11 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
                          : w.measured()            ? measured_sample(w, m, l, held, mb)
                                                    : transformer_sample(w, m, l, held, mb);
     Prediction q;
-    q.model_state_bytes = report::model_state_bytes(
-        l.zero, parameters, n, l.zero == 3 ? 4 * five_blocks + 2 * 4 * root_params : 0);
+    q.model_state_bytes =
+        report::model_state_bytes(l.zero, parameters, n,
+                                  l.zero == 3 ? 4 * five_blocks + 2 * 4 * root_params : 0,
+                                  l.offload ? 0 : 8) +
+        buffer_bytes;
     q.activation_bytes =
         flight * mb * c.kept_bytes + waiting * mb * c.awaiting_bytes + mb * c.once_bytes;
     // What a step holds beyond the model state and the activations (Note [Cost model]).
@@ -503,10 +524,27 @@ std::vector<Layout> enumerate_layouts(const Workload& w, int world) {
   return out;
 }
 
-std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world) {
+std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world,
+                                     OffloadLayouts offload) {
+  const bool can_offload = m.offload_disk.measured() && m.device == "cpu";
+  DTORCH_CHECK_T(ConfigError, offload != OffloadLayouts::Only || m.device == "cpu",
+                 "--offload-optimizer nvme: machine '", m.name,
+                 "' computes on a GPU, and dtorch offloads no GPU run yet: plan without it");
+  DTORCH_CHECK_T(ConfigError, offload != OffloadLayouts::Only || can_offload,
+                 "--offload-optimizer nvme: machine '", m.name,
+                 "' has no offload_disk rates: calibrate with dtorch plan calibrate --offload-dir "
+                 "DIR (a folder on the disk the runs would use)");
   std::vector<Prediction> out;
-  for (const Layout& l : enumerate_layouts(w, world))
-    out.push_back(predict(w, m, l));
+  for (const Layout& l : enumerate_layouts(w, world)) {
+    Prediction p = predict(w, m, l);
+    if (offload != OffloadLayouts::None && can_offload && l.zero > 0 &&
+        (offload == OffloadLayouts::Only || !p.fits)) {
+      Layout twin = l;
+      twin.offload = true;
+      out.push_back(predict(w, m, twin));
+    }
+    if (offload != OffloadLayouts::Only) out.push_back(std::move(p));
+  }
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
     return a.step_s() < b.step_s();

@@ -90,6 +90,14 @@ namespace dtorch::plan {
 //   the most micro-batches any rank holds: a transformer's stages hold the same blocks give or
 //   take the embedding and head, a measured model's differ several times over (resnet18's two
 //   stages hold 2.8 M and 8.4 M parameters, the first the most FLOPs).
+// - the optimizer's state on disk (--offload-optimizer nvme, Note [Optimizer state on disk]):
+//   the rank's memory holds no moments (8 bytes a parameter of its shard under AdamW) but the
+//   offload's host buffers (4 of at most 32 MiB), and each step reads the shard's state from the
+//   offload folder's disk and writes it back while AdamW steps the pieces read before. The step
+//   takes the longer of the two: its state's bytes, read and written, at the rate calibrate
+//   measured an offloaded AdamW step move them with every rank of a node stepping at once
+//   (Machine::offload_disk), or AdamW's own time; what it takes beyond AdamW's is the step's
+//   offload term.
 // Every term is printed, so a miss can be traced to the term that made it.
 
 /// One pipeline unit of an image model that is not a transformer (resnet*, mnist-*), as the
@@ -150,16 +158,22 @@ struct Layout {
   bool activation_checkpointing = false;
   int microbatches = 1;  ///< per step, under a pipeline
   pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;
+  /// ZeRO's optimizer state on disk between steps (--offload-optimizer nvme)
+  bool offload = false;
 };
 
 /// The `dtorch train` flags that run `layout` on `world` ranks (--nproc-per-node or a
-/// launcher gives the ranks).
-std::string flags_of(const Layout& layout, const Workload& w);
+/// launcher gives the ranks); an offload layout's with `--offload-dir offload_dir` where that is
+/// given (the folder its disk rates were measured in).
+std::string flags_of(const Layout& layout, const Workload& w, const std::string& offload_dir = "");
 
 struct Prediction {
   Layout layout;
   double compute_s = 0, exposed_comm_s = 0, bubble_s = 0;
-  double step_s() const { return compute_s + exposed_comm_s + bubble_s; }
+  /// What the step waits for the disk beyond the optimizer step that overlaps it (an offload
+  /// layout's; Note [Cost model]).
+  double offload_s = 0;
+  double step_s() const { return compute_s + exposed_comm_s + bubble_s + offload_s; }
   /// Peak bytes per rank, and its parts (transient: what a step holds beyond the model state
   /// and the activations, Note [Cost model]).
   double peak_bytes = 0, model_state_bytes = 0, activation_bytes = 0, transient_bytes = 0;
@@ -205,7 +219,16 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& layout);
 /// and interleaved 1F1B with pp, 2 pp and 4 pp micro-batches that divide the replica's batch.
 std::vector<Layout> enumerate_layouts(const Workload& w, int world);
 
-/// The predictions of every layout, fitting ones first, each group fastest first.
-std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world);
+/// Which layouts keep ZeRO's optimizer state on disk: none; a ZeRO layout's twin where the
+/// layout itself does not fit (offload buys memory with time); or only such layouts, a twin for
+/// every ZeRO layout.
+enum class OffloadLayouts { None, WhereNeeded, Only };
+
+/// The predictions of every layout, fitting ones first, each group fastest first; with offload
+/// twins as `offload` says, where the machine's disk was measured and it computes on the CPU
+/// (dtorch offloads no GPU run yet). ConfigError for OffloadLayouts::Only on a machine without
+/// them.
+std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world,
+                                     OffloadLayouts offload = OffloadLayouts::WhereNeeded);
 
 }  // namespace dtorch::plan

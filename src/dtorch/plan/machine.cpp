@@ -172,8 +172,8 @@ Machine read_machine(const std::string& path) {
   json_config::Section s(j, "", path, &warnings);
   s.keys({"name", "device", "ranks_per_node", "memory_per_rank_bytes", "base_bytes_per_rank",
           "matmul_flops", "matmul_by_rows", "conv_flops", "first_touch_seconds_per_byte",
-          "adamw_seconds_per_parameter", "ring_attention", "lockstep_fraction", "intra_node",
-          "inter_node", "overlap"},
+          "adamw_seconds_per_parameter", "ring_attention", "lockstep_fraction", "offload_disk",
+          "intra_node", "inter_node", "overlap"},
          {});
   Machine m;
   m.name = s.text("name").value_or(path);
@@ -220,6 +220,16 @@ Machine read_machine(const std::string& path) {
     m.ring_attention.forward_share = ring->number("forward_share", 0, 1).value_or(0);
   }
   m.lockstep_fraction = s.number("lockstep_fraction", 0, 10).value_or(0);
+  if (auto disk = s.section("offload_disk")) {
+    disk->keys({"dir", "state_bytes_per_s"}, {});
+    DTORCH_CHECK_T(ConfigError, disk->has("dir") && disk->has("state_bytes_per_s"), path, ": ",
+                   s.name("offload_disk"),
+                   " needs dir and state_bytes_per_s: dtorch plan calibrate --offload-dir DIR "
+                   "measures them, or leave offload_disk out");
+    m.offload_disk.dir = *disk->text("dir");
+    m.offload_disk.state_bytes_per_s =
+        *disk->number("state_bytes_per_s", kMinRate, kMaxBytesPerSecond);
+  }
   needed("intra_node");
   m.intra_node = read_links(*s.section("intra_node"), &warnings);
   if (auto inter = s.section("inter_node")) m.inter_node = read_links(*inter, &warnings);
@@ -249,6 +259,9 @@ std::string machine_json(const Machine& m) {
                       {"lockstep_fraction", m.lockstep_fraction},
                       {"intra_node", links_json(m.intra_node)}};
   if (!m.inter_node.empty()) j["inter_node"] = links_json(m.inter_node);
+  if (m.offload_disk.measured())
+    j["offload_disk"] = {{"dir", m.offload_disk.dir},
+                         {"state_bytes_per_s", m.offload_disk.state_bytes_per_s}};
   if (!m.overlap.empty()) j["overlap"] = m.overlap;
   if (!m.conv_flops.empty()) j["conv_flops"] = m.conv_flops;
   for (const auto& [dtype, rates] : m.matmul_by_rows)

@@ -1,7 +1,8 @@
 // A machine as the cost model (Note [Cost model]) sees it: its matmul and convolution rates per
 // dtype, each collective's latency and bandwidth per group size within a node and across nodes,
-// its memory per rank and what one rank costs before it holds a model. `dtorch plan calibrate`
-// measures one and writes it as JSON; a file for another machine can be written by hand.
+// its memory per rank and what one rank costs before it holds a model, and the disk an offloaded
+// optimizer's state would use. `dtorch plan calibrate` measures one and writes it as JSON; a file
+// for another machine can be written by hand.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,17 @@ struct RingAttentionCost {
   double forward_share = 0;
 };
 
+/// The offload folder's disk as --offload-optimizer nvme uses it (Note [Optimizer state on disk]):
+/// the bytes of optimizer state an offloaded AdamW step reads from there and writes back per
+/// second of the step, every rank of a node stepping a shard of its own at once (they share the
+/// disk, as in training). 0 where not measured: the plan proposes no layout with the optimizer's
+/// state on disk.
+struct OffloadDisk {
+  std::string dir;  ///< where it was measured: the --offload-dir of the layouts' flags
+  double state_bytes_per_s = 0;
+  bool measured() const { return state_bytes_per_s > 0; }
+};
+
 struct Machine {
   std::string name;
   /// "cpu" or "cuda": what ran the measurements.
@@ -79,6 +91,7 @@ struct Machine {
   /// for the slower of ranks that share a node's cores, caches and memory. 0 where not
   /// measured.
   double lockstep_fraction = 0;
+  OffloadDisk offload_disk;
   /// Per collective, measured group sizes, within one node and across nodes (empty: not
   /// measured).
   std::map<Collective, std::vector<LinkCost>> intra_node, inter_node;

@@ -33,14 +33,16 @@ Picture plan_picture(const std::vector<Prediction>& rows, const std::vector<doub
   const int width = static_cast<int>(std::ceil(text_x + Picture::text_width(widest) + 20));
   Picture p(std::max(width, 600), static_cast<int>(top + rows.size() * row + 40));
   const Color ink{51, 51, 51};
-  const Color parts[] = {Color::hex("#6baed6"), Color::hex("#fdae6b"), Color::hex("#cccccc")};
+  const Color parts[] = {Color::hex("#6baed6"), Color::hex("#fdae6b"), Color::hex("#cccccc"),
+                         Color::hex("#74c476")};
   p.text(left, 24, title, 14);
   for (size_t i = 0; i < rows.size(); ++i) {
     const double y = top + i * row;
     p.text(8, y + row / 2 + 2, str("#", i + 1));
     double x = left;
-    const double seconds[] = {rows[i].compute_s, rows[i].exposed_comm_s, rows[i].bubble_s};
-    for (int k = 0; k < 3; ++k) {
+    const double seconds[] = {rows[i].compute_s, rows[i].exposed_comm_s, rows[i].bubble_s,
+                              rows[i].offload_s};
+    for (int k = 0; k < 4; ++k) {
       const double dx = seconds[k] / longest * bar;
       if (dx > 0) p.box(x, y, dx, row - 8, parts[k]);
       x += dx;
@@ -52,9 +54,13 @@ Picture plan_picture(const std::vector<Prediction>& rows, const std::vector<doub
     p.text(text_x, y + row / 2 + 2, labels[i]);
   }
   const double legend_y = top + rows.size() * row + 14;
-  const char* names[] = {"compute", "exposed communication", "pipeline bubble"};
+  const char* names[] = {"compute", "exposed communication", "pipeline bubble",
+                         "optimizer state on disk"};
+  bool disk = false;  // its legend where a layout keeps the state there
+  for (const Prediction& r : rows)
+    disk = disk || r.layout.offload;
   double x = left;
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < (disk ? 4 : 3); ++k) {
     p.box(x, legend_y - 9, 12, 10, parts[k]);
     p.text(x + 16, legend_y, names[k]);
     x += 16 + Picture::text_width(std::string(names[k]).size()) + 18;
