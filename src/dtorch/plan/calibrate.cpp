@@ -16,6 +16,7 @@
 #include "dtorch/core/log.h"
 #include "dtorch/core/machine_load.h"
 #include "dtorch/launch/node_rendezvous.h"
+#include "dtorch/optim/fused.h"
 #include "dtorch/parallel/cp/attention.h"
 #include "dtorch/parallel/zero/offload.h"
 #include "dtorch/plan/cost_model.h"
@@ -247,7 +248,7 @@ ComputeRates compute_rates(comm::Communicator& world, const Bench& bench,
   r.first_touch = first_touch_seconds_per_byte(world, bench);
   torch::Tensor w = torch::zeros({bench.large_floats}, bench.options()).requires_grad_();
   w.mutable_grad() = torch::randn({bench.large_floats}, bench.options());
-  torch::optim::AdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  optim::FusedAdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   r.adamw = time_per_call(world, bench, 1.0, [&] { adamw.step(); }) / double(w.numel());
   return r;
 }
@@ -257,7 +258,7 @@ OffloadDisk offload_disk(comm::Communicator& world, const Bench& b) {
   const int64_t n = b.disk_bytes / 8;
   torch::Tensor w = torch::zeros({n}).requires_grad_();
   w.mutable_grad() = torch::randn({n});
-  torch::optim::AdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  optim::FusedAdamW adamw({w}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   zero::OffloadOptions o;
   o.dir = b.offload_dir;
   o.name = str("dtorch-calibrate-", ::getpid(), "-rank", world.rank(), ".swap");

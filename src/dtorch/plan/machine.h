@@ -82,8 +82,9 @@ struct Machine {
   /// allocator returned to the system and takes back (large tensors on a CPU; 0 on a GPU, whose
   /// caching allocator keeps its blocks).
   double first_touch_seconds_per_byte = 0;
-  /// Seconds an AdamW step takes per fp32 parameter on one rank (memory-bound: it reads and
-  /// writes the weights, the gradients and both moments).
+  /// Seconds an AdamW step takes per fp32 parameter on one rank, as training steps it (the fused
+  /// kernels of Note [Fused optimizers]; memory-bound: it reads and writes the weights, the
+  /// gradients and both moments).
   double adamw_seconds_per_parameter = 0;
   RingAttentionCost ring_attention;
   /// How much longer a rank's compute takes when it meets another rank after every layer's
