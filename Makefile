@@ -117,6 +117,7 @@ bench: deps-bench
 	$(MAKE) build TORCH=debian
 	$(MAKE) build TORCH=pip
 	bench/bench_step.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
+	bench/bench_host_adam.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_ddp.py --dtorch build/dtorch --dtorch2 build-pip/dtorch --python2 $(VENV_PYTHON)
 	bench/bench_collectives.py --dtorch build-pip/dtorch
 	bench/bench_memory.py --dtorch build-pip/dtorch --python2 $(VENV_PYTHON) --nprocs 2

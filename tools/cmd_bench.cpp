@@ -213,6 +213,7 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   add_bench_memory_command(*bench, exit_code);
   add_bench_checkpoint_command(*bench, exit_code);
   add_bench_data_command(*bench, exit_code);
+  add_bench_optimizer_command(*bench, exit_code);
 }
 
 }  // namespace dtorch::tools

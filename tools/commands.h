@@ -57,6 +57,8 @@ void add_bench_memory_command(CLI::App& bench, int& exit_code);
 void add_bench_checkpoint_command(CLI::App& bench, int& exit_code);
 /// `dtorch bench data ...` (cmd_bench_data.cpp), under `bench`.
 void add_bench_data_command(CLI::App& bench, int& exit_code);
+/// `dtorch bench optimizer ...` (cmd_bench_optimizer.cpp), under `bench`.
+void add_bench_optimizer_command(CLI::App& bench, int& exit_code);
 /// How `dtorch train` or `dtorch bench ...` starts its own workers (self_launch.cpp).
 struct SelfLaunch {
   int nproc_per_node = 1;
