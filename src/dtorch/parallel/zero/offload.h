@@ -27,8 +27,10 @@ namespace dtorch::zero {
 // - A step goes shard by shard, and a shard in pieces of at most a buffer's size
 //   (--offload-buffer-mb): the optimizer steps a view of the piece's elements, the other shards'
 //   gradients hidden from it, with a state of its own whose tensors are the piece's slices in the
-//   buffers (or, before the shard's first step, makes that state itself). Its step count goes
-//   back to the shard's state. Adam's and SGD's updates are elementwise, so the pieces end
+//   buffers. Before a shard's first step Adam's read as the zeros the file holds until written,
+//   the state it starts from (init_state), so the step makes none of its own; SGD's momentum,
+//   which starts as the first gradient, is made by the step. Its step count goes back to the
+//   shard's state. Adam's and SGD's updates are elementwise, so the pieces end
 //   exactly where one step over the shard ends. One I/O thread reads the next piece ahead and
 //   writes the last one behind while the current one steps, through at most `buffers` host
 //   buffers (--offload-buffers), so a rank holds that many buffers of state, whatever the size
