@@ -5,8 +5,6 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <iostream>
 #include <memory>
 
@@ -14,6 +12,7 @@
 #include "dtorch/core/freed_memory.h"
 #include "dtorch/optim/fused.h"
 #include "dtorch/parallel/zero/offload.h"
+#include "dtorch/train/step_stats.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -66,13 +65,11 @@ int bench_optimizer(const BenchOptimizerFlags& f) {
     step();
   std::vector<double> seconds;
   for (int i = 0; i < f.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = train::Clock::now();
     step();
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    seconds.push_back(train::seconds_since(t0));
   }
-  std::vector<double> sorted = seconds;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
+  const double median = train::median_seconds(seconds);
   double checksum = 0;  // the parameters stepped, so that a step skipped would show
   for (const auto& p : params)
     checksum += p.sum().item<double>();
