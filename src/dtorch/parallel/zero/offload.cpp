@@ -5,7 +5,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,41 +17,25 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <utility>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/ordered_thread.h"
-#include "dtorch/core/paths.h"
 #include "dtorch/core/storage.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/optim/fused.h"
 #include "dtorch/parallel/optimizer_state.h"
+#include "dtorch/parallel/zero/offload_file.h"
 
 namespace dtorch::zero {
 namespace {
 
-// Offsets, lengths and addresses in whole pages: O_DIRECT needs 4 KiB, a mapping of the file
-// (page_in_all) the system's page.
-size_t page_bytes() {
-  static const size_t bytes = std::max<size_t>(4096, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
-  return bytes;
-}
+using offload_file::aligned;
+using offload_file::page_bytes;
+
 // How long one read or write may take before the run ends naming it: a disk that answers
 // nothing in this long has failed.
 constexpr auto kIoTimeout = std::chrono::minutes(5);
-
-size_t aligned(size_t n) {
-  return (n + page_bytes() - 1) / page_bytes() * page_bytes();
-}
-
-std::string gib(uint64_t bytes) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(2);
-  os << bytes / double(uint64_t{1} << 30) << " GiB";
-  return os.str();
-}
 
 // The file's bytes at `at` (whole pages) mapped into memory: what a state tensor holds when
 // paged in (page_in_all). Dropped, its changes go back to the file before it is unmapped.
@@ -267,36 +250,10 @@ struct OptimizerOffload::Impl {
 };
 
 void OptimizerOffload::Impl::open_file() {
-  DTORCH_CHECK_T(ConfigError, paths::is_directory(o.dir), "the offload folder ", o.dir,
-                 " does not exist (--offload-dir, or ds_config's nvme_path): create it on a fast ",
-                 "local disk, or name another");
-  path = paths::join(o.dir, o.name);
-  const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
-  fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
-  if (fd < 0 && errno == EINVAL) fd = ::open(path.c_str(), flags, 0600);  // tmpfs: no O_DIRECT
-  DTORCH_CHECK_T(ConfigError, fd >= 0, "cannot make the optimizer's offload file ", path, ": ",
-                 std::strerror(errno), "; give --offload-dir a folder this user may write to");
-  ::unlink(path.c_str());  // Note [Optimizer state on disk]: it goes when the run does
-  struct statvfs fs {};
-  const uint64_t available =
-      ::statvfs(o.dir.c_str(), &fs) == 0 ? uint64_t{fs.f_bavail} * fs.f_frsize : 0;
-  // fallocate, not posix_fallocate: where the filesystem cannot reserve space, glibc's
-  // emulation would write the whole file, and fill the disk before it failed.
-  int err = 0;
-  if (file_size && ::fallocate(fd, 0, 0, static_cast<off_t>(file_size)) != 0) err = errno;
-  if (err == EOPNOTSUPP) {
-    err = available >= file_size ? 0 : ENOSPC;  // the free space now, then
-    if (err == 0 && ::ftruncate(fd, static_cast<off_t>(file_size)) != 0) err = errno;
-  }
-  if (err == 0) return;
-  ::close(fd);
-  fd = -1;
-  DTORCH_CHECK_T(ConfigError, err != ENOSPC && err != EFBIG, "the offload folder ", o.dir, " has ",
-                 available, " bytes (", gib(available), ") free, and this rank's optimizer state ",
-                 "needs ", file_size, " (", gib(file_size), "): free space there, or give ",
-                 "--offload-dir a larger disk");
-  DTORCH_FAIL(ConfigError, "cannot reserve ", file_size, " bytes for the optimizer's offload file ",
-              path, ": ", std::strerror(err));
+  offload_file::Made made =
+      offload_file::make(o.dir, o.name, file_size, /*direct=*/true, "this rank's optimizer state");
+  fd = made.fd;
+  path = std::move(made.path);
 }
 
 // The shards with gradients, in pieces of at most a buffer: a buffer holds whole pages of
