@@ -1,5 +1,6 @@
-// `dtorch train` with the optimizer's state on disk (Note [Optimizer state on disk]), as a user
-// runs it: ZeRO-3 at 2 ranks with --offload-optimizer nvme trains, saves and resumes exactly as
+// `dtorch train` with the optimizer's state and the parameter shards on disk (Note [Optimizer
+// state on disk], Note [Parameters on disk]), as a user runs it: ZeRO-3 at 2 ranks with
+// --offload-optimizer nvme --offload-params nvme trains, saves and resumes exactly as
 // the same run with its state in memory (its checkpoint written in the background too), records
 // the setting in config.json, and leaves no file in the folder; its checkpoint resumes at another
 // world size and strategy as the other's does.
@@ -18,7 +19,7 @@ namespace {
 
 using testing::with;
 
-TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
+TEST(TrainOffload, StateAndShardsOnDiskTrainAndResumeBitForBit) {
   const std::string dir = testing::scratch_dir("train_offload");
   auto r = testing::run_command("offload_memory",
                                 testing::gpt_debug_train_args(dir + "/memory", "zero3", 2), 300);
@@ -26,8 +27,9 @@ TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
 
   const std::string nvme = dir + "/nvme";
   ASSERT_TRUE(paths::create_directory(nvme));
-  const std::vector<std::string> offload{"--offload-optimizer", "nvme", "--offload-dir",       nvme,
-                                         "--offload-buffers",   "2",    "--offload-buffer-mb", "1"};
+  const std::vector<std::string> offload{"--offload-optimizer", "nvme", "--offload-params",  "nvme",
+                                         "--offload-dir",       nvme,   "--offload-buffers", "2",
+                                         "--offload-buffer-mb", "1"};
   // Its checkpoint written in the background, from a copy of the state on disk.
   r = testing::run_command("offload_first",
                            with(testing::gpt_debug_train_args(dir + "/disk", "zero3", 2, 1),
@@ -35,6 +37,7 @@ TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
                            300);
   ASSERT_EQ(r.exit_code(), 0) << r.err;
   EXPECT_TRUE(testing::contains(r.err, "optimizer state on disk in " + nvme)) << r.err;
+  EXPECT_TRUE(testing::contains(r.err, "parameter shards on disk there too")) << r.err;
   // gpt-debug's largest shard is smaller than the 1 MiB a buffer may hold.
   EXPECT_TRUE(testing::contains(r.err, " KiB)")) << r.err;
   r = testing::run_command(
@@ -61,6 +64,7 @@ TEST(TrainOffload, OptimizerStateOnDiskTrainsAndResumesBitForBit) {
   nlohmann::json config;
   std::ifstream(dir + "/disk/config.json") >> config;
   EXPECT_EQ(config["parallelism"]["offload-optimizer"], "nvme") << config.dump();
+  EXPECT_EQ(config["parallelism"]["offload-params"], "nvme") << config.dump();
   EXPECT_EQ(config["parallelism"]["offload-buffer-mb"], 1) << config.dump();
 
   // Its checkpoint is ZeRO's own: both runs go on for a third epoch at 1 rank under zero1,

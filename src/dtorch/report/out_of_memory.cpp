@@ -124,6 +124,8 @@ std::string out_of_memory_message(const std::string& allocator_says, const Memor
     fits.push_back("--batch-size " + std::to_string(c.batch_size / 2) + " with --accum-steps 2");
   if (!c.optimizer_on_disk && c.device.is_cpu())
     fits.push_back("--offload-optimizer nvme --offload-dir DIR (its state on a local disk)");
+  if (c.zero_stage == 3 && !c.params_on_disk && c.device.is_cpu())
+    fits.push_back("--offload-params nvme with it (the parameter shards there too)");
   fits.push_back("fewer ranks per node (--nproc-per-node) or more nodes");
   os << " To fit: ";
   for (size_t i = 0; i < fits.size(); ++i)

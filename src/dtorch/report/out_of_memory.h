@@ -48,6 +48,7 @@ struct MemoryContext {
   int64_t batch_size = 0;
   bool activation_checkpointing = false;
   bool optimizer_on_disk = false;  ///< --offload-optimizer nvme
+  bool params_on_disk = false;     ///< --offload-params nvme
   at::Device device = at::kCPU;    ///< where it ran out: the machine's memory, or a GPU's
 };
 

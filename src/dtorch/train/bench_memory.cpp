@@ -240,12 +240,13 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
       {"grad_bytes", m.grad_bytes},
       {"optim_bytes", m.optim_bytes},
       {"offloaded_optim_bytes", m.offloaded_optim_bytes},  // on disk, not in total()
+      {"offloaded_param_bytes", m.offloaded_param_bytes},  // on disk, not in total()
       {"model_state_bytes", m.total()},
       // Where the model state lives: the device's memory (a GPU's), the host's, the disk's.
       {"model_state_by_place",
        {{"device", device.is_cuda() ? m.total() : 0},
         {"host", device.is_cuda() ? 0 : m.total()},
-        {"nvme", m.offloaded_optim_bytes}}},
+        {"nvme", m.offloaded_optim_bytes + m.offloaded_param_bytes}}},
       {"peak_param_bytes", m.peak_param_bytes},
       {"resident_unit_bytes", m.resident_unit_bytes},
       {"formula_bytes", expected},

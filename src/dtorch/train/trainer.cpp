@@ -545,6 +545,7 @@ std::vector<report::EpochRecord> train(const TrainConfig& config,
   memory.batch_size = c.training.batch_size;
   memory.activation_checkpointing = c.parallelism.activation_checkpointing > 0;
   memory.optimizer_on_disk = c.strategy.offload.optimizer == OffloadDevice::NVMe;
+  memory.params_on_disk = c.strategy.offload.params == OffloadDevice::NVMe;
   try {
     return train_run(c, std::move(comm), memory);
   } catch (const OutOfMemoryError&) {

@@ -3,8 +3,9 @@
 // difference <= 1e-5 in float32), for AdamW and for SGD with clipping, gradient accumulation
 // and unit sizes that do not divide by the world size; with accumulation, ZeRO-2 holding whole
 // gradients over the micro-batches and reducing once (what a pipeline does) as well; and ZeRO-3
-// with the optimizer's state on disk (Note [Optimizer state on disk]) ends with exactly the
-// parameters of ZeRO-3 without it. DDP itself is
+// with the optimizer's state on disk (Note [Optimizer state on disk]), and with its parameter
+// shards there too (Note [Parameters on disk]), ends with exactly the parameters of ZeRO-3
+// without them. DDP itself is
 // checked against a single process on the concatenated batch in ddp_parity_test.cpp.
 #include <gtest/gtest.h>
 
@@ -67,14 +68,16 @@ DTORCH_TEST_WORKER(zero_parity) {
   std::vector<std::shared_ptr<ShardedModel>> sharded;
   // Stages 1-3, with accumulation stage 2 again holding whole gradients over the micro-batches
   // (accumulate_whole(), as under a pipeline) and reducing once, and last stage 3 with the
-  // optimizer's state on disk, through the fewest buffers AdamW steps with.
-  const size_t offloaded = s.accum > 1 ? 4 : 3;
+  // optimizer's state on disk, through the fewest buffers AdamW steps with, and then with the
+  // parameter shards on disk too.
+  const size_t offloaded = s.accum > 1 ? 4 : 3, params_too = offloaded + 1;
   auto whole = [](size_t k) { return k == 3; };
-  for (size_t k = 0; k <= offloaded; ++k) {
+  for (size_t k = 0; k <= params_too; ++k) {
     models.push_back(fresh(s.model));
     Options o;
-    o.stage = k == offloaded ? 3 : k == 3 ? 2 : static_cast<int>(k) + 1;
-    if (k == offloaded) o.optimizer_offload = {args.at(0), 2, ""};
+    o.stage = k >= offloaded ? 3 : k == 3 ? 2 : static_cast<int>(k) + 1;
+    if (k >= offloaded) o.optimizer_offload = {args.at(0), 2, ""};
+    if (k == params_too) o.param_offload = {args.at(0), 1, ""};
     o.bucket_cap_mb = 0.01;  // several units even for debug models
     sharded.push_back(shard(models.back(), comm, o, [&](std::vector<torch::Tensor> p) {
       return make_opt(s.optimizer, p);
@@ -136,15 +139,24 @@ DTORCH_TEST_WORKER(zero_parity) {
   }
   {
     auto full = sharded[2]->full_params();
-    auto on_disk = sharded[offloaded]->full_params();
     auto want = models[2]->named_parameters();
-    for (const auto& kv : models[offloaded]->named_parameters())
-      DTORCH_CHECK(kv.value().equal(want[kv.key()]), "ZeRO-3 with its optimizer state on disk ",
-                   "differs from ZeRO-3 at ", kv.key());
-    const MemoryStats m = sharded[offloaded]->memory();
-    DTORCH_CHECK(m.optim_bytes == 0 && m.offloaded_optim_bytes == sharded[2]->memory().optim_bytes,
-                 "between steps the state is all on disk: ", m.optim_bytes, " bytes in memory, ",
-                 m.offloaded_optim_bytes, " on disk");
+    const MemoryStats in_memory = sharded[2]->memory();
+    for (size_t k : {offloaded, params_too}) {
+      auto on_disk = sharded[k]->full_params();
+      for (const auto& kv : models[k]->named_parameters())
+        DTORCH_CHECK(kv.value().equal(want[kv.key()]), "ZeRO-3 with its optimizer state",
+                     k == params_too ? " and parameter shards" : "", " on disk differs from ",
+                     "ZeRO-3 at ", kv.key());
+      const MemoryStats m = sharded[k]->memory();
+      DTORCH_CHECK(m.optim_bytes == 0 && m.offloaded_optim_bytes == in_memory.optim_bytes,
+                   "between steps the state is all on disk: ", m.optim_bytes, " bytes in memory, ",
+                   m.offloaded_optim_bytes, " on disk");
+      const int64_t masters = k == params_too ? m.offloaded_param_bytes : 0;
+      DTORCH_CHECK(
+          m.param_bytes + masters == in_memory.param_bytes && (k == offloaded || masters > 0),
+          "the master shards on disk are counted there, not in memory: ", m.param_bytes,
+          " bytes in memory and ", masters, " on disk, against ", in_memory.param_bytes);
+    }
   }
   // Training moved the weights (a broken engine that never steps would also "match" if DDP
   // did not move either).
@@ -173,9 +185,9 @@ TEST_P(ZeroParity, EveryStageMatchesDdp) {
           c.ranks, "zero_parity",
           {dir, c.model, c.optimizer, "5", std::to_string(c.accum), std::to_string(c.clip)}, 300),
       0);
-  // Variant 4: stage 2 accumulating whole gradients (accumulation cases only); the last, stage 3
-  // with its optimizer state on disk.
-  for (int variant = 1; variant <= (c.accum > 1 ? 5 : 4); ++variant) {
+  // Variant 4: stage 2 accumulating whole gradients (accumulation cases only); the last two,
+  // stage 3 with its optimizer state on disk, and its parameter shards too.
+  for (int variant = 1; variant <= (c.accum > 1 ? 6 : 5); ++variant) {
     std::ifstream in(str(dir, "/variant", variant, "_rank0"));
     double worst = -1;
     in >> worst;

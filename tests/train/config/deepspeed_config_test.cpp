@@ -128,6 +128,32 @@ TEST(DeepSpeedConfig, OffloadOptimizerMapsToTheOffloadFlags) {
                {"offload_optimizer.device", "nvme"});
 }
 
+// ZeRO-Infinity's parameter block (Note [Parameters on disk]): one folder for both.
+TEST(DeepSpeedConfig, OffloadParamMapsToTheOffloadFlags) {
+  auto s = parse(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+      "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 5,
+                        "buffer_size": 1e8, "max_in_cpu": 1e9, "pin_memory": true}}})");
+  EXPECT_EQ(s.offload_params, OffloadDevice::NVMe);
+  EXPECT_EQ(s.offload_dir, "/local_nvme");
+  for (const char* key : {"buffer_count", "buffer_size", "max_in_cpu", "pin_memory"})
+    EXPECT_TRUE(mentions(s.warnings, str("zero_optimization.offload_param.", key, " is ignored")))
+        << key;
+  EXPECT_EQ(s.warnings.size(), 4u);
+  TrainConfig c;
+  EXPECT_TRUE(apply_deepspeed_config(s, {}, 2, c).empty());
+  EXPECT_EQ(c.strategy.offload.params, OffloadDevice::NVMe);
+  EXPECT_NO_THROW(validate(c.strategy));
+  // Its own folder alone serves both; two folders are one too many.
+  EXPECT_EQ(parse(R"({"zero_optimization": {"offload_param": {"nvme_path": "/p"}}})").offload_dir,
+            "/p");
+  expect_error(R"({"zero_optimization": {
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/a"},
+      "offload_param": {"device": "nvme", "nvme_path": "/b"}}})",
+               {"offload_param.nvme_path is /b", "offload_optimizer.nvme_path is /a",
+                "give them the same path"});
+}
+
 TEST(DeepSpeedConfig, OptimizersTakeDeepSpeedsDefaultsAndItsAdamIsAdamW) {
   auto adam = parse(R"({"optimizer": {"type": "Adam", "params": {"lr": 0.01}}})");
   EXPECT_EQ(adam.optimizer, OptimizerKind::AdamW)
@@ -233,14 +259,14 @@ TEST(DeepSpeedConfig, LossScalingFlagsGivenWinOverTheFp16Block) {
 TEST(DeepSpeedConfig, KnownKeysDtorchIgnoresAreWarningsAndAutoIsAbsent) {
   auto s = parse(R"({"train_batch_size": "auto", "gradient_clipping": "auto",
       "flops_profiler": {"enabled": true},
-      "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"},
+      "zero_optimization": {"stage": 2, "stage3_max_live_parameters": 1e9,
                             "overlap_comm": false},
       "bf16": {"enabled": "auto"}})");
   EXPECT_FALSE(s.train_batch_size.has_value());
   EXPECT_FALSE(s.clip_grad_norm.has_value());
   EXPECT_FALSE(s.precision.has_value());
   EXPECT_TRUE(mentions(s.warnings, "ds.json: flops_profiler is ignored"));
-  EXPECT_TRUE(mentions(s.warnings, "zero_optimization.offload_param is ignored"));
+  EXPECT_TRUE(mentions(s.warnings, "zero_optimization.stage3_max_live_parameters is ignored"));
   EXPECT_TRUE(mentions(s.warnings, "zero_optimization.overlap_comm is ignored: dtorch always"));
   EXPECT_EQ(s.warnings.size(), 3u);
 }

@@ -332,6 +332,20 @@ TEST(StrategyConfig, OffloadNeedsZeroAFolderAndTheCpu) {
   s.offload.optimizer = OffloadDevice::CPU;
   s.offload.dir.clear();
   EXPECT_EQ(strategy_error_of(s), "(no error)") << "cpu needs no folder";
+  // Note [Parameters on disk]: ZeRO-3's shards, beside the optimizer's state.
+  s.offload.params = OffloadDevice::NVMe;
+  s.offload.dir = "/scratch";
+  EXPECT_NE(strategy_error_of(s).find("--offload-params nvme needs --offload-optimizer nvme too "
+                                      "(got cpu)"),
+            std::string::npos)
+      << strategy_error_of(s);
+  s.offload.optimizer = OffloadDevice::NVMe;
+  EXPECT_EQ(strategy_error_of(s), "(no error)");
+  s.kind = StrategyKind::Zero2;
+  EXPECT_NE(strategy_error_of(s).find("--offload-params nvme moves ZeRO-3's parameter shards: it "
+                                      "needs --strategy zero3 (got zero2"),
+            std::string::npos)
+      << strategy_error_of(s);
 }
 
 }  // namespace

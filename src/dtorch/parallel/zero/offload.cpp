@@ -476,7 +476,8 @@ OptimizerOffload::~OptimizerOffload() {
   }
 }
 
-void OptimizerOffload::step(const at::Tensor& found_inf) {
+void OptimizerOffload::step(const at::Tensor& found_inf,
+                            const std::function<void(size_t)>& stepped) {
   Impl& m = *impl_;
   torch::NoGradGuard no_grad;
   m.finish_writes();
@@ -516,7 +517,9 @@ void OptimizerOffload::step(const at::Tensor& found_inf) {
     if (j + 1 < pieces.size() && m.pool->free() >= m.per_param + reserve) m.read(pieces[j + 1]);
     const bool last = j + 1 == pieces.size() || pieces[j + 1].k != p.k;
     m.step_piece(p, grads[p.k], last);
-    if (last) m.on_disk[p.k] = true;
+    if (!last) continue;
+    m.on_disk[p.k] = true;
+    if (stepped) stepped(p.k);
   }
   // What the optimizer recorded for a skipped step's undo points at the pieces' states; a step
   // over no gradients clears it.

@@ -81,8 +81,9 @@ class OptimizerOffload {
 
   /// Steps `opt` over the parameters piece by piece, each with its state read in and written
   /// out around it; none of them where `found_inf` (one float, as optim::step_unless takes it) is
-  /// nonzero. TrainingError naming the file when the disk fails.
-  void step(const at::Tensor& found_inf = {});
+  /// nonzero. `stepped`, if given, hears each parameter's index as its last piece has stepped
+  /// (Note [Parameters on disk]). TrainingError naming the file when the disk fails.
+  void step(const at::Tensor& found_inf = {}, const std::function<void(size_t)>& stepped = nullptr);
   /// Maps every state tensor's slots of the file into memory, for code that reads or writes the
   /// state between steps (a checkpoint's save and load): the kernel reads the pages in as they
   /// are touched and may drop them again, so a rank never holds all its state in memory of its

@@ -202,7 +202,10 @@ std::vector<torch::Tensor> ShardedModel::gradient_shards() const {
 void ShardedModel::step(const at::Tensor& found_inf) {
   DTORCH_CHECK(!impl_->readiness->in_backward(), "step() was called during backward");
   if (impl_->offload) {
-    impl_->offload->step(found_inf);  // Note [Optimizer state on disk]
+    // Note [Parameters on disk]: a checkpoint or an evaluation may have paged masters in.
+    if (impl_->params_on_disk) impl_->params_on_disk->evict_all();
+    // Note [Optimizer state on disk]
+    impl_->offload->step(found_inf, [this](size_t u) { impl_->evict_master(u); });
   } else {
     optim::step_unless(*impl_->optimizer, found_inf);
   }
@@ -222,6 +225,7 @@ void ShardedModel::Impl::publish() {
     wait_for(s.gather, waited.gather);
     at::Tensor mine = own(s.full, u);
     if (!mine.is_same(s.master)) mine.copy_(s.master);
+    evict_master(u);  // Note [Parameters on disk]
     s.gather = comm->allgather_into_async(
         s.full, mine, str("ZeRO-", opts.stage, " parameters of ", plan.units[u].name));
     started.push_back(u);
@@ -265,7 +269,11 @@ WaitSeconds ShardedModel::wait_seconds() const {
 MemoryStats ShardedModel::memory() const {
   MemoryStats m;
   for (auto& s : impl_->units) {
-    if (!s.master.is_alias_of(s.full)) m.param_bytes += bytes_of(s.master);
+    if (impl_->params_on_disk) {
+      m.offloaded_param_bytes += bytes_of(s.master);  // Note [Parameters on disk]
+    } else if (!s.master.is_alias_of(s.full)) {
+      m.param_bytes += bytes_of(s.master);
+    }
     if (!s.grad_full.defined() || !s.grad_shard.is_alias_of(s.grad_full)) {
       m.grad_bytes += bytes_of(s.grad_shard);
     }

@@ -89,6 +89,34 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     specs = units_by_size(infos, static_cast<int64_t>(opts.bucket_cap_mb * 1024 * 1024 / 4));
   }
   plan = make_plan(infos, specs, comm->size());
+  // Each rank's offload files, named for the process and this model.
+  static std::atomic<int> made{0};
+  const int made_here = made++;
+  auto swap_name = [&](const char* what) {
+    return str("dtorch-", what, "-", ::getpid(), "-", made_here, "-rank", rank(), ".swap");
+  };
+  auto offload_on = [&](const char* what) {
+    DTORCH_CHECK_T(ConfigError, device.is_cpu(), what,
+                   " can go to disk only from host memory, and this model computes on ", device,
+                   ": offload with --device cpu");
+  };
+  if (!opts.param_offload.dir.empty()) {
+    // Note [Parameters on disk]
+    DTORCH_CHECK_T(ConfigError, sharded_params(), "the parameters go to disk at ZeRO stage 3, ",
+                   "where each rank holds a shard of them (got stage ", opts.stage,
+                   "): --strategy zero3");
+    DTORCH_CHECK_T(ConfigError, !opts.optimizer_offload.dir.empty(),
+                   "parameters on disk need the optimizer's state on disk too (--offload-optimizer "
+                   "nvme): the step reads each shard's parameters in with its state, one shard "
+                   "at a time");
+    offload_on("the parameters");
+    std::vector<int64_t> numels;
+    for (const Unit& unit : plan.units)
+      numels.push_back(unit.shard);
+    OffloadOptions o = opts.param_offload;
+    if (o.name.empty()) o.name = swap_name("params");
+    params_on_disk = std::make_unique<ParamOffload>(numels, o);
+  }
 
   const bool mixed = opts.param_dtype != torch::kFloat;
   torch::NoGradGuard no_grad;
@@ -108,7 +136,9 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     if (deferred) {
       // Not touched: no memory on the CPU; released below, or as the next unit needs it.
       s.full = at::empty({plan.units[u].padded}, on(opts.param_dtype));
-      s.master = at::zeros({plan.units[u].shard}, on(at::kFloat));  // init_deferred fills it
+      // init_deferred fills it
+      s.master = params_on_disk ? params_on_disk->slot(u)
+                                : at::zeros({plan.units[u].shard}, on(at::kFloat));
     } else {
       at::Tensor flat = at::zeros({plan.units[u].padded}, on(at::kFloat));
       for (const UnitEntry& e : plan.units[u].entries)
@@ -116,7 +146,12 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
       comm->broadcast(flat, 0, str(who, " initial weights of ", plan.units[u].name));
       s.full = mixed ? flat.to(opts.param_dtype) : flat;
       // Stages 1-2 in fp32 update the parameters' own chunk in place: no separate master.
-      s.master = (mixed || sharded_params()) ? own(flat, u).clone() : own(s.full, u);
+      if (params_on_disk) {
+        s.master = params_on_disk->slot(u).copy_(own(flat, u));
+        evict_master(u);
+      } else {
+        s.master = (mixed || sharded_params()) ? own(flat, u).clone() : own(s.full, u);
+      }
     }
     if (opts.stage == 1) {
       s.grad_full = at::zeros({plan.units[u].padded}, s.full.options());
@@ -146,14 +181,9 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
   DTORCH_CHECK(optimizer, "the optimizer factory returned nothing");
   if (!opts.optimizer_offload.dir.empty()) {
     // Note [Optimizer state on disk]
-    DTORCH_CHECK_T(ConfigError, device.is_cpu(),
-                   "the optimizer's state goes to disk from host memory only, and this model "
-                   "computes on ",
-                   device, ": offload with --device cpu");
+    offload_on("the optimizer's state");
     OffloadOptions o = opts.optimizer_offload;
-    static std::atomic<int> made{0};
-    if (o.name.empty())
-      o.name = str("dtorch-optimizer-state-", ::getpid(), "-", made++, "-rank", rank(), ".swap");
+    if (o.name.empty()) o.name = swap_name("optimizer-state");
     offload = std::make_unique<OptimizerOffload>(*optimizer, masters, std::move(o));
   }
 
@@ -193,6 +223,7 @@ void ShardedModel::Impl::init_deferred(const models::Model& m) {
         units[u]
             .master.narrow(0, lo - rank() * unit.shard, hi - lo)
             .copy_(kv.value().detach().reshape({-1}).narrow(0, lo - e.offset, hi - lo));
+        evict_master(u);  // Note [Parameters on disk]
       }
     });
   }

@@ -94,6 +94,8 @@ void ShardedModel::Impl::gather_async(size_t u) {
   torch::NoGradGuard no_grad;
   at::Tensor mine = own(s.full, u);
   mine.copy_(s.master);
+  evict_master(u);  // Note [Parameters on disk]
+  if (params_on_disk && u + 1 < units.size()) params_on_disk->read_ahead(u + 1);
   s.gather = comm->allgather_into_async(s.full, mine, str("ZeRO-3 gather of ", plan.units[u].name));
 }
 

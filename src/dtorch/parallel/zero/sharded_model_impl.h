@@ -17,6 +17,7 @@
 #include "dtorch/models/model.h"
 #include "dtorch/parallel/grad_ready.h"
 #include "dtorch/parallel/zero/offload.h"
+#include "dtorch/parallel/zero/param_offload.h"
 #include "dtorch/parallel/zero/zero.h"
 
 namespace dtorch::zero {
@@ -88,7 +89,8 @@ struct ShardedModel::Impl {
   // first (Note [Buckets in flight]).
   std::deque<size_t> in_flight;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<OptimizerOffload> offload;  // after the optimizer: it holds its state
+  std::unique_ptr<OptimizerOffload> offload;     // after the optimizer: it holds its state
+  std::unique_ptr<ParamOffload> params_on_disk;  // the masters' file (Note [Parameters on disk])
   std::map<std::string, std::pair<size_t, bool>> block_first, block_last;  // block -> unit
   // Reduces units as backward completes them (Note [Gradient readiness]); made last in
   // build(), reset first on destruction.
@@ -143,6 +145,10 @@ struct ShardedModel::Impl {
   void before_forward();
   at::Tensor after_forward(at::Tensor out);
   void before_unit_backward(size_t u);
+  // Note [Parameters on disk]: master u leaves memory after its use.
+  void evict_master(size_t u) {
+    if (params_on_disk) params_on_disk->evict(u);
+  }
 };
 
 }  // namespace dtorch::zero

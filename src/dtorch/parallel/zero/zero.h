@@ -65,6 +65,11 @@ struct Options {
   /// offload_optimizer to nvme). The model computes on the CPU. A name left empty is made
   /// unique to the process and rank.
   OffloadOptions optimizer_offload;
+  /// Stage 3 with the optimizer's state on disk, a folder: the fp32 master shards live in a
+  /// file there between their uses, mapped and paged by the kernel (Note [Parameters on disk]
+  /// in param_offload.h; ZeRO-Infinity's offload_param to nvme). Only `dir` and `name` are
+  /// read; a name left empty is made unique to the process and rank.
+  OffloadOptions param_offload;
 };
 
 /// Bytes of model state this rank holds in the toolkit's own buffers.
@@ -74,6 +79,8 @@ struct MemoryStats {
   int64_t optim_bytes = 0;  ///< optimizer state in memory (momentum, Adam moments)
   /// Optimizer state on disk (Options::optimizer_offload), not counted in total().
   int64_t offloaded_optim_bytes = 0;
+  /// Master shards on disk (Options::param_offload), not counted in param_bytes or total().
+  int64_t offloaded_param_bytes = 0;
   /// Stage 3: the most parameter bytes held at once, including units gathered for a block.
   int64_t peak_param_bytes = 0;
   /// Stage 3: bytes of the units that stay gathered between steps: the root unit of a model

@@ -94,12 +94,11 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
   auto z = top.section("zero_optimization");
   if (!z) return;
   z->keys({"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
-           "allgather_partitions", "allgather_bucket_size", "offload_optimizer"},
+           "allgather_partitions", "allgather_bucket_size", "offload_optimizer", "offload_param"},
           {"use_multi_rank_bucket_allreduce",
            "compute_grad_norm",
            "load_from_fp32_weights",
            "elastic_checkpoint",
-           "offload_param",
            "zenflow",
            "sub_group_size",
            "cpu_offload_param",
@@ -163,6 +162,19 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
     s.offload_dir = off->text("nvme_path");
     if (auto n = off->integer("buffer_count", 1, 1024)) s.offload_buffers = static_cast<int>(*n);
     off->boolean("pin_memory");  // read for its type: a run that offloads computes on the CPU
+  }
+  if (auto off = z->section("offload_param")) {
+    // Note [Parameters on disk]: the kernel pages them, through no buffers of dtorch's.
+    off->keys({"device", "nvme_path"}, {"buffer_count", "buffer_size", "max_in_cpu", "pin_memory"});
+    if (auto device = off->choice("device", {"none", "cpu", "nvme"}))
+      s.offload_params = value_named<OffloadDevice>(*device);
+    if (auto path = off->text("nvme_path")) {
+      DTORCH_CHECK_T(ConfigError, !s.offload_dir || *s.offload_dir == *path, top.file(), ": ",
+                     off->name("nvme_path"), " is ", *path, " and ",
+                     z->name("offload_optimizer.nvme_path"), " is ", *s.offload_dir,
+                     "; dtorch keeps both in one folder: give them the same path");
+      s.offload_dir = path;
+    }
   }
 }
 
@@ -408,6 +420,8 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
        "zero_optimization.offload_optimizer.nvme_path");
   take(ds.offload_buffers, c.strategy.offload.buffers, "--offload-buffers",
        "zero_optimization.offload_optimizer.buffer_count");
+  take(ds.offload_params, c.strategy.offload.params, "--offload-params",
+       "zero_optimization.offload_param.device");
   take(ds.precision, c.strategy.precision.compute, "--precision",
        ds.precision == Precision::FP16 ? "fp16.enabled" : "bf16.enabled");
   auto& ls = c.strategy.precision.loss_scale;

@@ -32,6 +32,10 @@ struct TrainConfig;
 //       nvme_path --offload-dir, buffer_count --offload-buffers; pin_memory changes nothing
 //       (a run that offloads computes on the CPU); fast_init, pipeline_read, pipeline_write
 //       and ratio are warnings (dtorch always reads ahead and writes behind, the whole state)
+//   zero_optimization.offload_param: device --offload-params, nvme_path --offload-dir (one
+//       folder for both: two different paths are an error); buffer_count, buffer_size,
+//       max_in_cpu and pin_memory change nothing (the kernel pages the parameters, Note
+//       [Parameters on disk])
 //   zero_optimization.overlap_comm, contiguous_gradients, reduce_scatter,
 //       allgather_partitions: what dtorch always does; false is a warning
 //   bf16.enabled (or bfloat16)       --precision bf16
@@ -70,6 +74,7 @@ struct DeepSpeedSettings {
   std::optional<OffloadDevice> offload_optimizer;  ///< zero_optimization.offload_optimizer.device
   std::optional<std::string> offload_dir;          ///< its nvme_path
   std::optional<int> offload_buffers;              ///< its buffer_count
+  std::optional<OffloadDevice> offload_params;     ///< zero_optimization.offload_param.device
   std::optional<Precision> precision;
   std::optional<ReduceDtype> reduce_dtype;
   std::optional<double> clip_grad_norm;

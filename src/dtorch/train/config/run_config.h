@@ -235,9 +235,14 @@ void visit_fields(StrategyConfig& s, V&& v) {
           "it is there already) | nvme (a file per rank in --offload-dir between steps, read in "
           "piece by piece for the step: ZeRO-Infinity)"},
     named(s.offload.optimizer));
+  v(Field{"parallelism", "offload-params",
+          "zero3: where the parameter shards live: none | cpu (host memory; on --device cpu "
+          "they are there already) | nvme (a file per rank in --offload-dir, each shard paged "
+          "in for its gather and its step; needs --offload-optimizer nvme: ZeRO-Infinity)"},
+    named(s.offload.params));
   v(Field{"parallelism", "offload-dir",
-          "--offload-optimizer nvme: the folder of each rank's file, on a fast local disk (the "
-          "file is removed when the run ends)"},
+          "--offload-optimizer/--offload-params nvme: the folder of each rank's files, on a "
+          "fast local disk (they are removed when the run ends)"},
     s.offload.dir);
   v(Field{"parallelism", "offload-buffers",
           "--offload-optimizer nvme: host buffers for state in flight: the next piece of a shard "

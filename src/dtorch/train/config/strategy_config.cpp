@@ -114,6 +114,20 @@ void validate(const StrategyConfig& c) {
   DTORCH_CHECK_T(ConfigError, o.optimizer != OffloadDevice::NVMe || !o.dir.empty(),
                  "--offload-optimizer nvme needs --offload-dir DIR, a folder on a fast local "
                  "disk for each rank's file");
+  if (o.params != OffloadDevice::None) {
+    DTORCH_CHECK_T(ConfigError, c.kind == StrategyKind::Zero3, "--offload-params ",
+                   name_of(o.params), " moves ZeRO-3's parameter shards: it needs --strategy ",
+                   "zero3 (got ", name_of(c.kind), ", where every rank holds the whole model)");
+    DTORCH_CHECK_T(ConfigError, c.device != DeviceKind::CUDA, "--offload-params ",
+                   name_of(o.params),
+                   " with --device cuda is not available yet: offload with --device cpu, or "
+                   "train on the GPU without it");
+  }
+  DTORCH_CHECK_T(ConfigError, o.params != OffloadDevice::NVMe || o.optimizer == OffloadDevice::NVMe,
+                 "--offload-params nvme needs --offload-optimizer nvme too (got ",
+                 name_of(o.optimizer),
+                 "): the step reads each shard's parameters in with its "
+                 "optimizer state, one shard at a time");
   DTORCH_CHECK_T(ConfigError, o.buffers >= 1 && o.buffers <= 1024, "--offload-buffers ", o.buffers,
                  " must lie between 1 and 1024 (default 4)");
   DTORCH_CHECK_T(ConfigError, o.buffer_mb >= 1 && o.buffer_mb <= 65536, "--offload-buffer-mb ",

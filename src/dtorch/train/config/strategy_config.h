@@ -57,11 +57,16 @@ struct PrecisionConfig {
   LossScaleConfig loss_scale;
 };
 
-/// Where ZeRO keeps the optimizer's state: DeepSpeed's zero_optimization.offload_optimizer.
+/// Where ZeRO keeps the optimizer's state and ZeRO-3 its parameter shards: DeepSpeed's
+/// zero_optimization.offload_optimizer and offload_param.
 struct OffloadConfig {
   /// none | cpu (host memory, where a run on the CPU keeps it anyway) | nvme (a file per rank
   /// in `dir` between steps; Note [Optimizer state on disk] in parallel/zero/offload.h)
   OffloadDevice optimizer = OffloadDevice::None;
+  /// zero3: none | cpu (as above) | nvme (the fp32 master shards in a file per rank in `dir`
+  /// between uses; needs `optimizer` nvme; Note [Parameters on disk] in
+  /// parallel/zero/param_offload.h)
+  OffloadDevice params = OffloadDevice::None;
   std::string dir;     ///< nvme: the folder of the files, on a fast local disk
   int buffers = 4;     ///< nvme: host buffers of state in flight
   int buffer_mb = 32;  ///< nvme: each buffer's MiB; a shard steps in pieces of this size
@@ -82,7 +87,7 @@ struct StrategyConfig {
   /// zero3 under --pp: release units between micro-batches (zero::Options::
   /// reshard_after_microbatch; Note [ZeRO-3 under a pipeline])
   bool reshard_after_microbatch = false;
-  OffloadConfig offload;     ///< zero1-3: where the optimizer's state lives
+  OffloadConfig offload;     ///< zero1-3: where the optimizer's state (and zero3's shards) live
   std::string model;         ///< the model's registry name (to rebuild saved stages)
   models::ImageInput input;  ///< what an image model was built for (the same)
   ddp::Options ddp;          ///< bucket_cap_mb also sizes the zero1/zero2 units

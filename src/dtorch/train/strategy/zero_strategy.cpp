@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <tuple>
 
 #include "dtorch/checkpoint/pipeline_checkpoint.h"
 #include "dtorch/checkpoint/sharded_checkpoint.h"
@@ -60,13 +61,18 @@ class ZeroStrategy : public Strategy {
       o.optimizer_offload.dir = c.offload.dir;
       o.optimizer_offload.buffers = c.offload.buffers;
       o.optimizer_offload.buffer_bytes = static_cast<size_t>(c.offload.buffer_mb) << 20;
-    } else if (c.offload.optimizer == OffloadDevice::CPU) {
-      DTORCH_CHECK_T(ConfigError, device_.is_cpu(), "--offload-optimizer cpu with a model on ",
-                     device_, " is not available yet: train on the GPU without it");
+    }
+    if (c.offload.params == OffloadDevice::NVMe) o.param_offload.dir = c.offload.dir;
+    // cpu: the host's memory, where a run on the CPU keeps everything already.
+    for (auto [device, what, flag] :
+         {std::tuple{c.offload.optimizer, "the optimizer's state is", "--offload-optimizer"},
+          std::tuple{c.offload.params, "the parameter shards are", "--offload-params"}}) {
+      if (device != OffloadDevice::CPU) continue;
+      DTORCH_CHECK_T(ConfigError, device_.is_cpu(), flag, " cpu with a model on ", device_,
+                     " is not available yet: train on the GPU without it");
       if (comm_->rank() == 0) {
-        log::info(
-            "--offload-optimizer cpu: this run computes on the CPU, where the optimizer's "
-            "state is in host memory already; nothing moves");
+        log::info(flag, " cpu: this run computes on the CPU, where ", what,
+                  " in host memory already; nothing moves");
       }
     }
     sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
@@ -233,6 +239,7 @@ class ZeroStrategy : public Strategy {
                     " a rank, through ", c_.offload.buffers, " buffers of ",
                     size(o->buffer_bytes()), ")");
     }
+    if (c_.offload.params == OffloadDevice::NVMe) offload += ", parameter shards on disk there too";
     return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
                name_of(c_.precision.compute), " compute, ", name_of(c_.precision.reduce_dtype),
                " gradient reduction, on ", device_, offload);
