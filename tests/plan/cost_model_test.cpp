@@ -343,19 +343,31 @@ TEST(CostModel, OptimizerStateOnDiskLeavesMemoryAndWaitsForTheDisk) {
   EXPECT_EQ(flags_of(disk, w, "/nvme"),
             "--model gpt-small --seq-len 64 --batch-size 1 --strategy zero3 "
             "--offload-optimizer nvme --offload-dir /nvme");
+  // ZeRO-3's parameter shards there too: no master shard in memory, its 4 bytes a parameter
+  // read and written beside the moments' 8.
+  Layout params_too = disk;
+  params_too.offload_params = true;
+  const Prediction shards_on_disk = predict(w, m, params_too);
+  EXPECT_NEAR(on_disk.model_state_bytes - shards_on_disk.model_state_bytes, 4 * shard, 1);
+  EXPECT_NEAR(shards_on_disk.offload_s, 2 * 12 * shard / 5e8 - shard * 1e-9, 1e-9);
+  EXPECT_EQ(flags_of(params_too, w),
+            "--model gpt-small --seq-len 64 --batch-size 1 --strategy zero3 "
+            "--offload-optimizer nvme --offload-params nvme");
 
   // Ranked: where the layout fits, no twin; where it does not, its twin beside it.
   const int world = 8;
-  size_t layouts = 0, zero_layouts = 0;
+  size_t layouts = 0, zero_layouts = 0, zero3_layouts = 0;
   for (const Layout& l : enumerate_layouts(w, world)) {
     ++layouts;
     zero_layouts += l.zero > 0;
+    zero3_layouts += l.zero == 3;
   }
   auto offloaded = [](const std::vector<Prediction>& ranked) {
     size_t n = 0;
     for (const Prediction& p : ranked) {
       n += p.layout.offload;
       if (p.layout.offload) EXPECT_GT(p.layout.zero, 0);
+      if (p.layout.offload_params) EXPECT_TRUE(p.layout.zero == 3 && p.layout.offload);
     }
     return n;
   };
@@ -368,15 +380,26 @@ TEST(CostModel, OptimizerStateOnDiskLeavesMemoryAndWaitsForTheDisk) {
   EXPECT_GT(offloaded(needed), 0u);
   for (const Prediction& p : needed)
     if (p.layout.offload) {
-      Layout without = p.layout;
-      without.offload = false;
-      EXPECT_FALSE(predict(w, tight, without).fits) << flags_of(p.layout, w);
+      Layout less = p.layout;  // the optimizer's state alone on disk, or nothing
+      if (less.offload_params) {
+        less.offload_params = false;
+      } else {
+        less.offload = false;
+      }
+      EXPECT_FALSE(predict(w, tight, less).fits) << flags_of(p.layout, w);
     }
+  // Where the state alone on disk does not fit either, the parameter shards go too.
+  Machine tighter = m;
+  tighter.memory_per_rank_bytes = shards_on_disk.peak_bytes + 1;
+  size_t with_shards = 0;
+  for (const Prediction& p : rank_layouts(w, tighter, world))
+    with_shards += p.layout.offload_params;
+  EXPECT_GT(with_shards, 0u);
   EXPECT_TRUE(needed.front().fits);
   EXPECT_EQ(offloaded(rank_layouts(w, tight, world, OffloadLayouts::None)), 0u);
   const std::vector<Prediction> only = rank_layouts(w, m, world, OffloadLayouts::Only);
-  EXPECT_EQ(only.size(), zero_layouts);
-  EXPECT_EQ(offloaded(only), zero_layouts);
+  EXPECT_EQ(only.size(), zero_layouts + zero3_layouts);
+  EXPECT_EQ(offloaded(only), zero_layouts + zero3_layouts);
   // Without the disk's rates, or on a GPU: no twin, and asking for them is an error.
   Machine no_disk = tight;
   no_disk.offload_disk = {};

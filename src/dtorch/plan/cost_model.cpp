@@ -183,6 +183,7 @@ std::string flags_of(const Layout& l, const Workload& w, const std::string& offl
       << l.microbatches;
   if (l.activation_checkpointing) f << " --activation-checkpointing 1";
   if (l.offload) f << " --offload-optimizer nvme";
+  if (l.offload_params) f << " --offload-params nvme";
   if (l.offload && !offload_dir.empty()) f << " --offload-dir " << offload_dir;
   return f.str();
 }
@@ -364,8 +365,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   const double stepped = l.zero > 0 ? params_rank / n : params_rank;
   const double adamw_s = stepped * m.adamw_seconds_per_parameter;
   p.compute_s += adamw_s;
-  // The state a step reads and writes, and what a rank holds of it instead: the host buffers.
-  const double state_bytes = 8 * stepped;
+  // The state a step reads and writes (with the parameter shards on disk, the masters too), and
+  // what a rank holds of it instead: the host buffers.
+  const double state_bytes = (l.offload_params ? 12 : 8) * stepped;
   const zero::OffloadOptions offload;
   const double buffer_bytes =
       l.offload ? offload.buffers * std::min(double(offload.buffer_bytes), 4 * stepped) : 0;
@@ -440,7 +442,7 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
         report::model_state_bytes(l.zero, parameters, n,
                                   l.zero == 3 ? 4 * five_blocks + 2 * 4 * root_params : 0,
                                   l.offload ? 0 : 8) +
-        buffer_bytes;
+        buffer_bytes - (l.offload_params ? 4 * parameters / n : 0);
     q.activation_bytes =
         flight * mb * c.kept_bytes + waiting * mb * c.awaiting_bytes + mb * c.once_bytes;
     // What a step holds beyond the model state and the activations (Note [Cost model]).
@@ -542,6 +544,11 @@ std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int wo
       Layout twin = l;
       twin.offload = true;
       out.push_back(predict(w, m, twin));
+      // ZeRO-3's parameter shards too, where the state alone on disk is not enough.
+      if (l.zero == 3 && (offload == OffloadLayouts::Only || !out.back().fits)) {
+        twin.offload_params = true;
+        out.push_back(predict(w, m, twin));
+      }
     }
     if (offload != OffloadLayouts::Only) out.push_back(std::move(p));
   }

@@ -97,7 +97,10 @@ namespace dtorch::plan {
 //   takes the longer of the two: its state's bytes, read and written, at the rate calibrate
 //   measured an offloaded AdamW step move them with every rank of a node stepping at once
 //   (Machine::offload_disk), or AdamW's own time; what it takes beyond AdamW's is the step's
-//   offload term.
+//   offload term. With ZeRO-3's parameter shards there too (--offload-params nvme, Note
+//   [Parameters on disk]) the rank holds no master shard either (4 bytes a parameter of it),
+//   and the step reads and writes those 4 bytes beside the moments' 8 at the same rate; the
+//   gathers that read a shard again find it in the page cache the step wrote it to.
 // Every term is printed, so a miss can be traced to the term that made it.
 
 /// One pipeline unit of an image model that is not a transformer (resnet*, mnist-*), as the
@@ -160,6 +163,8 @@ struct Layout {
   pp::ScheduleKind schedule = pp::ScheduleKind::OneFOneB;
   /// ZeRO's optimizer state on disk between steps (--offload-optimizer nvme)
   bool offload = false;
+  /// With `offload` under ZeRO-3, the parameter shards there too (--offload-params nvme)
+  bool offload_params = false;
 };
 
 /// The `dtorch train` flags that run `layout` on `world` ranks (--nproc-per-node or a
@@ -220,8 +225,9 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& layout);
 std::vector<Layout> enumerate_layouts(const Workload& w, int world);
 
 /// Which layouts keep ZeRO's optimizer state on disk: none; a ZeRO layout's twin where the
-/// layout itself does not fit (offload buys memory with time); or only such layouts, a twin for
-/// every ZeRO layout.
+/// layout itself does not fit (offload buys memory with time), and a ZeRO-3 layout's second twin
+/// with the parameter shards there too where the first does not fit either; or only such
+/// layouts, both twins of every ZeRO-3 layout and one of every other ZeRO layout.
 enum class OffloadLayouts { None, WhereNeeded, Only };
 
 /// The predictions of every layout, fitting ones first, each group fastest first; with offload
