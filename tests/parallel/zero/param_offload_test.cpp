@@ -77,6 +77,32 @@ TEST(ParamOffload, ASlotKeepsWhatItIsGivenAndLeavesMemoryWhenEvicted) {
   EXPECT_TRUE(paths::list_directory(dir.path()).empty()) << "nothing left behind";
 }
 
+// A checkpoint in the background reads the shards as they were when it began, from a copy on
+// disk that later steps do not reach and that goes with the last tensor read from it.
+TEST(ParamOffload, ASnapshotOnDiskKeepsTheShardsAsTaken) {
+  testing::TempDir dir("param_offload_snapshot");
+  ParamOffload po({1500, 300000}, {dir.path(), 4, "params.swap"});
+  torch::manual_seed(6);
+  const torch::Tensor a = torch::randn({1500}), b = torch::randn({300000});
+  po.slot(0).copy_(a);
+  po.slot(1).copy_(b);
+  torch::Tensor then_a, then_b;
+  {
+    auto copy_of = po.snapshot();
+    EXPECT_FALSE(copy_of(torch::randn({4})).defined()) << "not a slot: no copy";
+    then_a = copy_of(po.slot(0));
+    then_b = copy_of(po.slot(1).narrow(0, 1000, 5000));  // a checkpoint's slice of a master
+  }
+  po.slot(0).mul_(3);
+  po.slot(1).add_(1);
+  po.evict_all();
+  ASSERT_TRUE(then_a.defined() && then_b.defined());
+  EXPECT_TRUE(then_a.equal(a));
+  EXPECT_TRUE(then_b.equal(b.narrow(0, 1000, 5000)));
+  EXPECT_TRUE(po.slot(0).equal(a * 3)) << "the shards themselves went on";
+  EXPECT_TRUE(paths::list_directory(dir.path()).empty()) << "the copy is unlinked at once";
+}
+
 TEST(ParamOffload, WhatItNeedsAndLacksIsNamed) {
   testing::TempDir dir("param_offload_errors");
   std::string e = testing::error_of([&] {

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -31,6 +30,7 @@ namespace dtorch::zero {
 namespace {
 
 using offload_file::aligned;
+using offload_file::move_bytes;
 using offload_file::page_bytes;
 
 // How long one read or write may take before the run ends naming it: a disk that answers
@@ -49,19 +49,6 @@ void unmap_file(void* ctx) {
   ::msync(m->p, m->n, MS_SYNC);
   ::munmap(m->p, m->n);
 }
-// Writes (or reads) `n` bytes at `data` to (or from) byte `at` of the file; "" or why not.
-std::string move_bytes(int fd, bool write, char* data, size_t n, size_t at) {
-  for (size_t done = 0; done < n;) {
-    char* p = data + done;
-    const auto from = static_cast<off_t>(at + done);
-    const ssize_t r = write ? ::pwrite(fd, p, n - done, from) : ::pread(fd, p, n - done, from);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return r < 0 ? std::strerror(errno) : "the file ended";
-    done += static_cast<size_t>(r);
-  }
-  return "";
-}
-
 // The mapping of the file `t` holds (page_in_all), or null.
 const FileMapping* mapping_of(const at::Tensor& t) {
   if (!holds_storage(t) || t.storage().data_ptr().get_deleter() != &unmap_file) return nullptr;
@@ -554,45 +541,8 @@ std::function<at::Tensor(const at::Tensor&)> OptimizerOffload::snapshot() {
     for (const at::Tensor& t : m.tensors_of(k))
       if (const FileMapping* f = mapping_of(t)) ::msync(f->p, f->n, MS_SYNC);
   if (m.file_size == 0) return [](const at::Tensor&) { return at::Tensor(); };
-  const std::string copy = str(m.path, ".snapshot");
-  const int fd = ::open(copy.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  DTORCH_CHECK_T(TrainingError, fd >= 0, "optimizer offload: cannot make ", copy,
-                 " for a checkpoint in the background: ", std::strerror(errno));
-  ::unlink(copy.c_str());  // it goes with the last tensor that reads it
-  // The kernel copies where it can (copy_file_range: no byte through this process); else
-  // through one buffer of whole pages, as an O_DIRECT file needs.
-  std::string failed;
-  off_t in = 0, out = 0;
-  while (static_cast<size_t>(in) < m.file_size && failed.empty()) {
-    const ssize_t n = ::copy_file_range(m.fd, &in, fd, &out, m.file_size - in, 0);
-    if (n > 0) continue;
-    if (n < 0 && (errno == EINVAL || errno == EXDEV || errno == ENOSYS || errno == EOPNOTSUPP))
-      break;  // not here: the buffer below
-    failed = n == 0 ? "the file ended early" : std::strerror(errno);
-  }
-  if (failed.empty() && static_cast<size_t>(in) < m.file_size) {
-    constexpr size_t kChunk = size_t{4} << 20;
-    void* buf = nullptr;
-    if (::posix_memalign(&buf, 4096, kChunk) != 0) throw std::bad_alloc();
-    const std::unique_ptr<void, decltype(&std::free)> hold(buf, &std::free);
-    for (size_t at = static_cast<size_t>(in); at < m.file_size && failed.empty();) {
-      const size_t n = std::min(kChunk, m.file_size - at);
-      failed = move_bytes(m.fd, /*write=*/false, static_cast<char*>(buf), n, at);
-      if (failed.empty()) failed = move_bytes(fd, /*write=*/true, static_cast<char*>(buf), n, at);
-      at += n;
-    }
-  }
-  void* base = failed.empty()
-                   ? ::mmap(nullptr, m.file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
-                   : MAP_FAILED;
-  if (failed.empty() && base == MAP_FAILED) failed = std::strerror(errno);
-  ::close(fd);
-  DTORCH_CHECK_T(TrainingError, failed.empty(), "optimizer offload: cannot copy ", m.path, " (",
-                 m.file_size, " bytes) to ", copy, " for a checkpoint in the background: ", failed,
-                 " (a full disk? save in the foreground, without --async-checkpoint, or free ",
-                 "space in ", m.o.dir, ")");
-  const std::shared_ptr<char> kept(static_cast<char*>(base),
-                                   [n = m.file_size](char* p) { ::munmap(p, n); });
+  const std::shared_ptr<char> kept =
+      offload_file::copy_and_map(m.fd, m.file_size, m.path, m.o.dir, "optimizer offload");
   return [kept](const at::Tensor& t) {
     const FileMapping* f = mapping_of(t);
     if (!f) return at::Tensor();

@@ -2,12 +2,15 @@
 #include "dtorch/parallel/zero/offload_file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <sstream>
 
 #include "dtorch/core/error.h"
@@ -65,6 +68,60 @@ Made make(const std::string& dir, const std::string& name, size_t bytes, bool di
                  " (", gib(bytes), "): free space there, or give --offload-dir a larger disk");
   DTORCH_FAIL(ConfigError, "cannot reserve ", bytes, " bytes for the offload file ", m.path,
               " for ", what, ": ", std::strerror(err));
+}
+
+std::string move_bytes(int fd, bool write, char* data, size_t n, size_t at) {
+  for (size_t done = 0; done < n;) {
+    char* p = data + done;
+    const auto from = static_cast<off_t>(at + done);
+    const ssize_t r = write ? ::pwrite(fd, p, n - done, from) : ::pread(fd, p, n - done, from);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return r < 0 ? std::strerror(errno) : "the file ended";
+    done += static_cast<size_t>(r);
+  }
+  return "";
+}
+
+std::shared_ptr<char> copy_and_map(int from, size_t bytes, const std::string& path,
+                                   const std::string& dir, const std::string& what) {
+  if (bytes == 0) return nullptr;
+  const std::string copy = path + ".snapshot";
+  const int fd = ::open(copy.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  DTORCH_CHECK_T(TrainingError, fd >= 0, what, ": cannot make ", copy,
+                 " for a checkpoint in the background: ", std::strerror(errno));
+  ::unlink(copy.c_str());  // it goes with the last tensor that reads it
+  // The kernel copies where it can (copy_file_range: no byte through this process); else
+  // through one buffer of whole pages, as an O_DIRECT file needs.
+  std::string failed;
+  off_t in = 0, out = 0;
+  while (static_cast<size_t>(in) < bytes && failed.empty()) {
+    const ssize_t n = ::copy_file_range(from, &in, fd, &out, bytes - in, 0);
+    if (n > 0) continue;
+    if (n < 0 && (errno == EINVAL || errno == EXDEV || errno == ENOSYS || errno == EOPNOTSUPP))
+      break;  // not here: the buffer below
+    failed = n == 0 ? "the file ended early" : std::strerror(errno);
+  }
+  if (failed.empty() && static_cast<size_t>(in) < bytes) {
+    constexpr size_t kChunk = size_t{4} << 20;
+    void* buf = nullptr;
+    if (::posix_memalign(&buf, 4096, kChunk) != 0) throw std::bad_alloc();
+    const std::unique_ptr<void, decltype(&std::free)> hold(buf, &std::free);
+    for (size_t at = static_cast<size_t>(in); at < bytes && failed.empty();) {
+      const size_t n = std::min(kChunk, bytes - at);
+      failed = move_bytes(from, /*write=*/false, static_cast<char*>(buf), n, at);
+      if (failed.empty()) failed = move_bytes(fd, /*write=*/true, static_cast<char*>(buf), n, at);
+      at += n;
+    }
+  }
+  void* base = failed.empty() ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0)
+                              : MAP_FAILED;
+  if (failed.empty() && base == MAP_FAILED) failed = std::strerror(errno);
+  ::close(fd);
+  DTORCH_CHECK_T(TrainingError, failed.empty(), what, ": cannot copy ", path, " (", bytes,
+                 " bytes) to ", copy, " for a checkpoint in the background: ", failed,
+                 " (a full disk? save in the foreground, without --async-checkpoint, or free ",
+                 "space in ", dir, ")");
+  return std::shared_ptr<char>(static_cast<char*>(base), [bytes](char* p) { ::munmap(p, bytes); });
 }
 
 }  // namespace offload_file

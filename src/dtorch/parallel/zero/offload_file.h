@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace dtorch::zero {
@@ -29,6 +30,17 @@ struct Made {
 /// written, and the bytes `what` (this rank's optimizer state, ...) needs against those free.
 Made make(const std::string& dir, const std::string& name, size_t bytes, bool direct,
           const std::string& what);
+
+/// Writes (or reads) `n` bytes at `data` to (or from) byte `at` of the file; "" or why not.
+std::string move_bytes(int fd, bool write, char* data, size_t n, size_t at);
+
+/// For a checkpoint written in the background (Note [Checkpoints in the background]): the
+/// first `bytes` of the file `fd` (made at `path` in `dir`) copied into a second file beside it
+/// (by the kernel where it can; unlinked as soon as it is made) and mapped privately, so that
+/// what later changes the first does not reach it and memory does not hold it; the copy goes
+/// with the last holder of the mapping. TrainingError naming both files when the disk fails.
+std::shared_ptr<char> copy_and_map(int fd, size_t bytes, const std::string& path,
+                                   const std::string& dir, const std::string& what);
 
 }  // namespace offload_file
 }  // namespace dtorch::zero

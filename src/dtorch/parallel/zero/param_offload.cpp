@@ -19,7 +19,7 @@ struct ParamOffload::Impl {
   std::vector<size_t> first, bytes;  // per slot: its offset, its whole pages
   size_t file_size = 0;
   int fd = -1;
-  std::string path;
+  std::string path, dir;
   std::shared_ptr<char> base;  // the mapping; every slot's tensor holds it too
 
   void advise(size_t k, int advice) const {
@@ -44,6 +44,7 @@ ParamOffload::ParamOffload(const std::vector<int64_t>& numels, const OffloadOpti
                          "this rank's share of the parameters");
   m.fd = made.fd;
   m.path = std::move(made.path);
+  m.dir = options.dir;
   if (m.file_size == 0) return;
   void* p = ::mmap(nullptr, m.file_size, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
   if (p == MAP_FAILED) {
@@ -87,6 +88,18 @@ void ParamOffload::evict_all() {
   ::madvise(m.base.get(), m.file_size, MADV_DONTNEED);
   // Starts writing what is dirty and drops what is clean.
   ::posix_fadvise(m.fd, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+std::function<at::Tensor(const at::Tensor&)> ParamOffload::snapshot() {
+  const Impl& m = *impl_;
+  std::shared_ptr<char> kept =
+      offload_file::copy_and_map(m.fd, m.file_size, m.path, m.dir, "parameter offload");
+  return [kept, base = m.base.get(), n = m.file_size](const at::Tensor& t) {
+    char* p = t.defined() ? static_cast<char*>(t.data_ptr()) : nullptr;
+    if (!kept || p < base || p >= base + n) return at::Tensor();
+    return at::from_blob(
+        kept.get() + (p - base), t.sizes(), t.strides(), [kept](void*) {}, t.options());
+  };
 }
 
 int64_t ParamOffload::file_bytes() const {

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@ namespace dtorch::zero {
 // - Each step begins by evicting every master (a checkpoint's save or an evaluation touched
 //   them) and telling the kernel to drop what has reached the disk from its cache
 //   (POSIX_FADV_DONTNEED), so the file's pages do not pile up in memory outside the process.
+// - A checkpoint saved in the background reads the shards from a copy of the file, made on
+//   disk when the save begins (snapshot), as it reads the optimizer's state.
 // The kernel pages the parameters, not the optimizer offload's buffers: ds_config's
 // offload_param buffer_count and buffer_size change nothing here. The file is allocated whole
 // and unlinked when made (offload_file.h). On tmpfs the file is memory itself, and eviction
@@ -56,6 +59,11 @@ class ParamOffload {
   void read_ahead(size_t k);
   /// Every slot evicted, and what has reached the disk dropped from the kernel's cache.
   void evict_all();
+  /// For a checkpoint written in the background (Note [Checkpoints in the background]): the
+  /// slots as they are now, copied on disk into a second file (offload_file::copy_and_map), so
+  /// that later steps do not reach them and memory does not hold them. Returns what gives, for
+  /// a slot or a view of one, the same bytes in the copy (undefined for any other tensor).
+  std::function<at::Tensor(const at::Tensor&)> snapshot();
   /// Bytes the file holds.
   int64_t file_bytes() const;
   /// Where the file was made (unlinked since).

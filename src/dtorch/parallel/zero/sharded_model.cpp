@@ -303,7 +303,14 @@ void ShardedModel::init_optimizer_state() {
 }
 
 std::function<at::Tensor(const at::Tensor&)> ShardedModel::snapshot_state_on_disk() {
-  return impl_->offload ? impl_->offload->snapshot() : nullptr;
+  auto state = impl_->offload ? impl_->offload->snapshot() : nullptr;
+  if (!impl_->params_on_disk) return state;
+  // Note [Parameters on disk]: the master shards' slices from a copy of their file too.
+  auto shards = impl_->params_on_disk->snapshot();
+  return [state, shards](const at::Tensor& t) {
+    at::Tensor copy = shards(t);
+    return copy.defined() || !state ? copy : state(t);
+  };
 }
 
 std::vector<ShardSlice> ShardedModel::checkpoint_slices() {

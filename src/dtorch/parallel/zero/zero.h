@@ -214,8 +214,9 @@ class ShardedModel {
   /// after the first step.
   std::vector<ShardSlice> checkpoint_slices();
   /// For a save that outlives this step, after checkpoint_slices(): what gives, for a slice of
-  /// the optimizer's state kept on disk, a copy of it on disk that later steps do not reach
-  /// (OptimizerOffload::snapshot); undefined for any other tensor, or null without offload.
+  /// the optimizer's state or of a master shard kept on disk, a copy of it on disk that later
+  /// steps do not reach (OptimizerOffload::snapshot, ParamOffload::snapshot); undefined for any
+  /// other tensor, or null without offload.
   std::function<at::Tensor(const at::Tensor&)> snapshot_state_on_disk();
   /// Makes the optimizer's state exist (as after one step with zero gradients), so that
   /// checkpoint_slices() lists every tensor a loaded checkpoint will fill.
