@@ -55,6 +55,16 @@ TEST(OutOfMemory, MessageNamesRankMemoryStrategiesAndFixes) {
   const std::string t = out_of_memory_message("x", c, m);
   EXPECT_EQ(t.find("--strategy zero3"), std::string::npos) << t;
   EXPECT_EQ(t.find("--activation-checkpointing"), std::string::npos) << t;
+  EXPECT_EQ(t.find("--offload-optimizer cpu"), std::string::npos) << "nothing moves on the CPU";
+  // On a GPU the state can go to the host (Note [State on the host]), unless it is there.
+  c.device = at::Device(at::kCUDA, 0);
+  const std::string gpu = out_of_memory_message("x", c, m);
+  EXPECT_NE(gpu.find("--offload-optimizer cpu (the optimizer's state in host memory"),
+            std::string::npos)
+      << gpu;
+  c.state_on_host = true;
+  const std::string host = out_of_memory_message("x", c, m);
+  EXPECT_EQ(host.find("--offload-optimizer cpu"), std::string::npos) << host;
 }
 
 // The optimizer's state the ranks of a node are still to make, against what the machine has:

@@ -122,6 +122,10 @@ std::string out_of_memory_message(const std::string& allocator_says, const Memor
     fits.push_back("--activation-checkpointing (recomputes activations)");
   if (c.batch_size > 1)
     fits.push_back("--batch-size " + std::to_string(c.batch_size / 2) + " with --accum-steps 2");
+  if (!c.state_on_host && !c.device.is_cpu()) {
+    fits.push_back(str("--offload-optimizer cpu", c.zero_stage == 0 ? " with a zero strategy" : "",
+                       " (the optimizer's state in host memory, stepped there)"));
+  }
   if (!c.optimizer_on_disk && c.device.is_cpu())
     fits.push_back("--offload-optimizer nvme --offload-dir DIR (its state on a local disk)");
   if (c.zero_stage == 3 && !c.params_on_disk && c.device.is_cpu())

@@ -49,6 +49,7 @@ struct MemoryContext {
   bool activation_checkpointing = false;
   bool optimizer_on_disk = false;  ///< --offload-optimizer nvme
   bool params_on_disk = false;     ///< --offload-params nvme
+  bool state_on_host = false;      ///< any offload on a GPU (Note [State on the host])
   at::Device device = at::kCPU;    ///< where it ran out: the machine's memory, or a GPU's
 };
 

@@ -394,6 +394,7 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   const bool lead = comm->rank() == 0;
   const at::Device device = resolve_run_device(c.strategy.device, comm->info());
   memory.device = device;
+  memory.state_on_host = !device.is_cpu() && c.strategy.offload.any();
   if (lead) log::info(describe_device(device, c.strategy.device));
   if (!c.reporting.profile.empty()) report::require_profiler();  // before any work
   // Note [One run per folder]: before anything is written or read there.

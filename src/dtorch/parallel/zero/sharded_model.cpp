@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "dtorch/core/device.h"
 #include "dtorch/core/error.h"
 #include "dtorch/core/torch_compat.h"
 #include "dtorch/optim/fused.h"
@@ -51,6 +52,34 @@ namespace dtorch::zero {
 // A model built without memory (Note [Deferred initialisation]) has no weights to pack: its
 // units' full buffers are allocated and released untouched, and each rank fills its masters
 // from the model's units built again one at a time (init_deferred).
+
+// Note [State on the host]
+// ZeRO-Offload (DeepSpeed's offload_optimizer to the cpu, FSDP's CPUOffload): with
+// Options::state_on_host a model on a GPU keeps only what forward and backward use there (the
+// parameters in the compute dtype: whole at stages 1-2, gathered units at stage 3; the
+// gradient buckets); the fp32 masters, their gradient shards and the optimizer's state live in
+// pinned host memory, and the optimizer steps on the host (the fused CPU kernels, Note [Fused
+// optimizers]). Device memory falls by what those take, with AdamW 12 bytes a parameter over
+// the rank count (ZeRO-2 in fp32, whose master is its parameters' chunk) to 16 (ZeRO-3, mixed
+// precision); stage 1 keeps its whole gradient there. The step pays the copies and the host's
+// step:
+// - Gradients stream to the host bucket by bucket: as each reduce-scatter finishes during
+//   backward (Note [Buckets in flight]) its chunk is copied asynchronously into the gradient
+//   shard (or, when the shard holds gradients already, beside it, and added); the copies are
+//   queued behind backward's kernels on the device's stream and the host does not wait for
+//   them. Backward's end waits for the device once (land) and adds what landed beside.
+// - The step waits for the device (the host's step must not change a master while a copy
+//   reads it) and reads the overflow flag there. Clipping sums the shards' squares on the host
+//   and reduces them on the device.
+// - The host steps one unit at a time (step_by_unit; OptimizerOffload's pieces with the state
+//   on disk), and each unit's update goes back as soon as it has stepped, while the host steps
+//   the next: stages 1-2 copy the unit's shard into the parameters asynchronously and
+//   all-gather it; stage 3 copies a master into its unit when the unit is next gathered.
+// The masters stay apart from the parameters at every stage and dtype (ZeRO-1/2 in fp32 update
+// the parameters' own chunk in place otherwise), so a model on the CPU runs the same path with
+// nothing moving (the tests' way to check it). With the optimizer's state on disk (Note
+// [Optimizer state on disk]) and ZeRO-3's masters there too (Note [Parameters on disk]), the
+// host memory they would take is a file's: the same flags on a GPU, ZeRO-Infinity.
 
 // Note [Spare unit memory] is in sharded_model_impl.h, Note [Gradient buckets of stage 2] in
 // sharded_model_reduce.cpp.
@@ -174,7 +203,8 @@ void ShardedModel::each_whole_parameter(
 at::Tensor ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope) {
   DTORCH_CHECK_T(ConfigError, max_norm > 0, "clip-grad-norm must be positive (got ", max_norm, ")");
   auto& impl = *impl_;
-  at::Tensor sq = parallel::sum_of_squares(gradient_shards(), impl.on(at::kDouble).device());
+  // Note [State on the host]: summed where the shards are, reduced where the collectives are.
+  at::Tensor sq = parallel::sum_of_squares(gradient_shards(), impl.on_state(at::kDouble).device());
   for (size_t u = 0; u < impl.units.size() && !scope.counted_elsewhere.empty(); ++u) {
     // Take out the owned elements of parameters counted elsewhere.
     const at::Tensor& g = impl.units[u].grad_shard;
@@ -186,10 +216,12 @@ at::Tensor ShardedModel::clip_grad_norm(double max_norm, const NormScope& scope)
       if (lo < hi) sq -= g.narrow(0, lo - begin, hi - lo).to(at::kDouble).pow(2).sum();
     }
   }
+  sq = sq.to(impl.device);
   impl.comm->allreduce(sq, comm::ReduceOp::Sum, "ZeRO gradient norm");
   if (scope.across) scope.across->allreduce(sq, comm::ReduceOp::Sum, "gradient norm of all stages");
   // Note [Clipping on the device]
-  return parallel::clip_to_norm(gradient_shards(), sq, max_norm);
+  return parallel::clip_to_norm(gradient_shards(), sq.to(impl.on_state(at::kDouble).device()),
+                                max_norm);
 }
 
 std::vector<torch::Tensor> ShardedModel::gradient_shards() const {
@@ -200,16 +232,60 @@ std::vector<torch::Tensor> ShardedModel::gradient_shards() const {
 }
 
 void ShardedModel::step(const at::Tensor& found_inf) {
-  DTORCH_CHECK(!impl_->readiness->in_backward(), "step() was called during backward");
-  if (impl_->offload) {
-    // Note [Parameters on disk]: a checkpoint or an evaluation may have paged masters in.
-    if (impl_->params_on_disk) impl_->params_on_disk->evict_all();
-    // Note [Optimizer state on disk]
-    impl_->offload->step(found_inf, [this](size_t u) { impl_->evict_master(u); });
-  } else {
-    optim::step_unless(*impl_->optimizer, found_inf);
+  Impl& impl = *impl_;
+  DTORCH_CHECK(!impl.readiness->in_backward(), "step() was called during backward");
+  at::Tensor skip = found_inf;
+  if (impl.opts.state_on_host) {  // Note [State on the host]
+    synchronize(impl.device);
+    if (skip.defined()) skip = skip.to(at::kCPU);
   }
-  publish_params();
+  // A unit stepped alone goes back to the parameters while the next one steps.
+  std::vector<bool> sent(impl.units.size(), false);
+  auto stepped = [&](size_t u) {
+    impl.publish_unit(u);
+    sent[u] = true;
+  };
+  if (impl.offload) {
+    // Note [Parameters on disk]: a checkpoint or an evaluation may have paged masters in.
+    if (impl.params_on_disk) impl.params_on_disk->evict_all();
+    impl.offload->step(skip, stepped);  // Note [Optimizer state on disk]
+  } else if (impl.opts.state_on_host) {
+    impl.step_by_unit(skip, stepped);
+  } else {
+    optim::step_unless(*impl.optimizer, skip);
+  }
+  for (size_t u = 0; u < impl.units.size(); ++u)
+    if (!sent[u]) impl.publish_unit(u);
+  for (auto& s : impl.units)
+    impl.wait_for(s.gather, impl.waited.gather);
+}
+
+// Note [State on the host]: the optimizer steps one unit's master at a time, the others'
+// gradients hidden from it (its updates are elementwise: the same as one step over all), so
+// that each unit's update is copied back and gathered while the host steps the next.
+void ShardedModel::Impl::step_by_unit(const at::Tensor& skip,
+                                      const std::function<void(size_t)>& stepped) {
+  for (auto& s : units)
+    s.master.mutable_grad() = at::Tensor();
+  struct Restore {
+    std::vector<UnitState>& units;
+    ~Restore() {
+      for (auto& s : units)
+        s.master.mutable_grad() = s.grad_shard;
+    }
+  } restore{units};
+  if (skip.defined() && skip.item<float>() != 0) {
+    // Skipped (the flag is on the host): a step over no gradients records nothing for
+    // undo_skipped_step to take back, as OptimizerOffload::step does.
+    optim::step_unless(*optimizer, skip);
+    return;
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u].master.mutable_grad() = units[u].grad_shard;
+    optimizer->step();
+    units[u].master.mutable_grad() = at::Tensor();
+    stepped(u);
+  }
 }
 
 void ShardedModel::publish_params() {
@@ -217,21 +293,26 @@ void ShardedModel::publish_params() {
 }
 
 void ShardedModel::Impl::publish() {
+  for (size_t u = 0; u < units.size(); ++u)
+    publish_unit(u);
+  for (auto& s : units)
+    wait_for(s.gather, waited.gather);
+}
+
+// Starts copying unit u's master into the parameters and gathering them; a stage 3 unit not
+// gathered now gathers from its master when next needed.
+void ShardedModel::Impl::publish_unit(size_t u) {
   torch::NoGradGuard no_grad;
-  std::vector<size_t> started;
-  for (size_t u = 0; u < units.size(); ++u) {
-    auto& s = units[u];
-    if (!s.materialized) continue;  // stage 3: gathered from the masters when next needed
+  auto& s = units[u];
+  if (s.materialized) {
     wait_for(s.gather, waited.gather);
     at::Tensor mine = own(s.full, u);
-    if (!mine.is_same(s.master)) mine.copy_(s.master);
-    evict_master(u);  // Note [Parameters on disk]
+    // Note [State on the host]
+    if (!mine.is_same(s.master)) mine.copy_(s.master, async_copies());
     s.gather = comm->allgather_into_async(
         s.full, mine, str("ZeRO-", opts.stage, " parameters of ", plan.units[u].name));
-    started.push_back(u);
   }
-  for (size_t u : started)
-    wait_for(units[u].gather, waited.gather);
+  evict_master(u);  // Note [Parameters on disk]
 }
 
 void ShardedModel::zero_grad() {
@@ -268,22 +349,28 @@ WaitSeconds ShardedModel::wait_seconds() const {
 
 MemoryStats ShardedModel::memory() const {
   MemoryStats m;
+  int64_t on_host = 0;  // Note [State on the host]
   for (auto& s : impl_->units) {
     if (impl_->params_on_disk) {
       m.offloaded_param_bytes += bytes_of(s.master);  // Note [Parameters on disk]
     } else if (!s.master.is_alias_of(s.full)) {
       m.param_bytes += bytes_of(s.master);
+      on_host += bytes_of(s.master);
     }
     if (!s.grad_full.defined() || !s.grad_shard.is_alias_of(s.grad_full)) {
       m.grad_bytes += bytes_of(s.grad_shard);
+      on_host += bytes_of(s.grad_shard);
     }
-    m.grad_bytes += bytes_of(s.grad_full) + bytes_of(s.bucket) + bytes_of(s.incoming);
+    m.grad_bytes +=
+        bytes_of(s.grad_full) + bytes_of(s.bucket) + bytes_of(s.incoming) + bytes_of(s.landed);
+    on_host += bytes_of(s.landed);
   }
   m.optim_bytes = parallel::state_bytes(*impl_->optimizer);
   if (impl_->offload) {
     m.offloaded_optim_bytes = impl_->offload->swapped_bytes();
     m.optim_bytes -= m.offloaded_optim_bytes;
   }
+  if (impl_->async_copies()) m.host_bytes = on_host + m.optim_bytes;
   for (size_t u = 0; u < impl_->units.size(); ++u) {
     if (impl_->always_gathered(u)) m.resident_unit_bytes += bytes_of(impl_->units[u].full);
   }

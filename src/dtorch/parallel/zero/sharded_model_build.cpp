@@ -96,9 +96,9 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
     return str("dtorch-", what, "-", ::getpid(), "-", made_here, "-rank", rank(), ".swap");
   };
   auto offload_on = [&](const char* what) {
-    DTORCH_CHECK_T(ConfigError, device.is_cpu(), what,
+    DTORCH_CHECK_T(ConfigError, device.is_cpu() || opts.state_on_host, what,
                    " can go to disk only from host memory, and this model computes on ", device,
-                   ": offload with --device cpu");
+                   ": keep the state on the host too (Options::state_on_host)");
   };
   if (!opts.param_offload.dir.empty()) {
     // Note [Parameters on disk]
@@ -138,7 +138,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
       s.full = at::empty({plan.units[u].padded}, on(opts.param_dtype));
       // init_deferred fills it
       s.master = params_on_disk ? params_on_disk->slot(u)
-                                : at::zeros({plan.units[u].shard}, on(at::kFloat));
+                                : at::zeros({plan.units[u].shard}, on_state(at::kFloat));
     } else {
       at::Tensor flat = at::zeros({plan.units[u].padded}, on(at::kFloat));
       for (const UnitEntry& e : plan.units[u].entries)
@@ -149,15 +149,19 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
       if (params_on_disk) {
         s.master = params_on_disk->slot(u).copy_(own(flat, u));
         evict_master(u);
+      } else if (mixed || sharded_params() || opts.state_on_host) {
+        s.master = at::empty({plan.units[u].shard}, on_state(at::kFloat)).copy_(own(flat, u));
       } else {
-        s.master = (mixed || sharded_params()) ? own(flat, u).clone() : own(s.full, u);
+        s.master = own(s.full, u);
       }
     }
     if (opts.stage == 1) {
       s.grad_full = at::zeros({plan.units[u].padded}, s.full.options());
-      s.grad_shard = mixed ? at::zeros({plan.units[u].shard}, on(at::kFloat)) : own(s.grad_full, u);
+      s.grad_shard = mixed || opts.state_on_host
+                         ? at::zeros({plan.units[u].shard}, on_state(at::kFloat))
+                         : own(s.grad_full, u);
     } else {
-      s.grad_shard = at::zeros({plan.units[u].shard}, on(at::kFloat));
+      s.grad_shard = at::zeros({plan.units[u].shard}, on_state(at::kFloat));
     }
     s.master.mutable_grad() = s.grad_shard;
     for (const UnitEntry& e : plan.units[u].entries) {

@@ -93,8 +93,8 @@ void ShardedModel::Impl::gather_async(size_t u) {
   peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
   torch::NoGradGuard no_grad;
   at::Tensor mine = own(s.full, u);
-  mine.copy_(s.master);
-  evict_master(u);  // Note [Parameters on disk]
+  mine.copy_(s.master, async_copies());  // Note [State on the host]
+  evict_master(u);                       // Note [Parameters on disk]
   if (params_on_disk && u + 1 < units.size()) params_on_disk->read_ahead(u + 1);
   s.gather = comm->allgather_into_async(s.full, mine, str("ZeRO-3 gather of ", plan.units[u].name));
 }

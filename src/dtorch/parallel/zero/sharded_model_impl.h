@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,9 +71,11 @@ struct ShardedModel::Impl {
     at::Tensor grad_full;   // stage 1: [padded], param dtype; .grad of the parameters alias it
     at::Tensor bucket;      // stages 2-3, during backward: gradients to reduce (reduce dtype)
     at::Tensor incoming;    // stages 2-3, during backward: this rank's reduced chunk
+    at::Tensor landed;      // state on the host: a reduced chunk copied there, to add
     comm::Work reduce, gather;
     bool materialized = true;
-    bool shard_zeroed = true;  // grad_shard holds zeros: a reduction may write it directly
+    bool shard_zeroed = true;    // grad_shard holds zeros: a reduction may write it directly
+    bool land_in_shard = false;  // state on the host: the reduced chunk overwrites grad_shard
   };
 
   std::shared_ptr<torch::nn::Module> module;
@@ -111,6 +114,14 @@ struct ShardedModel::Impl {
   at::TensorOptions on(at::ScalarType dtype) const {
     return at::TensorOptions().dtype(dtype).device(device);
   }
+  // Note [State on the host]: where the masters, their gradients and the optimizer's state
+  // live; pinned on the host for a model on a GPU, so that copies to and from it run
+  // asynchronously.
+  at::TensorOptions on_state(at::ScalarType dtype) const {
+    if (!opts.state_on_host) return on(dtype);
+    return at::TensorOptions().dtype(dtype).pinned_memory(device.is_cuda());
+  }
+  bool async_copies() const { return opts.state_on_host && device.is_cuda(); }
   bool sharded_params() const { return opts.stage == 3; }
   // Stage 3's gradient buckets on a CPU live in mappings of their own, two of them kept (Note
   // [Spare unit memory]); a GPU's caching allocator keeps freed memory itself.
@@ -126,6 +137,8 @@ struct ShardedModel::Impl {
   void build(const OptimizerFactory& make_optimizer);
   void init_deferred(const models::Model& m);
   void publish();
+  void publish_unit(size_t u);
+  void step_by_unit(const at::Tensor& skip, const std::function<void(size_t)>& stepped);
   void install_block_hooks();
   void warn_no_units(const std::vector<ParamInfo>& infos) const;
   void install_readiness();
@@ -134,6 +147,7 @@ struct ShardedModel::Impl {
   void wait_reductions();
   void finish_reduction(UnitState& s);
   void complete_reduction();
+  void land();
   void gather_async(size_t u);
   void ensure_gathered(size_t u);
   void release(size_t u);

@@ -1,6 +1,7 @@
 // ShardedModel's gradient reduction (Note [Sharding stages] in sharded_model.cpp): each unit's
 // gradients moved into a bucket as backward produces them, reduce-scattered into this rank's
 // shard while backward goes on, and the reductions finished in launch order.
+#include "dtorch/core/device.h"
 #include "dtorch/core/storage.h"
 #include "dtorch/parallel/model_sync.h"
 #include "dtorch/parallel/zero/sharded_model_impl.h"
@@ -45,6 +46,8 @@ void ShardedModel::Impl::launch(size_t u) {
   UnitState& s = units[u];
   const Unit& unit = plan.units[u];
   std::string what = str("ZeRO-", opts.stage, " gradients of ", unit.name);
+  s.land_in_shard = s.shard_zeroed;  // Note [State on the host]
+  s.shard_zeroed = false;
   if (opts.stage == 1) {
     const bool same = s.grad_full.scalar_type() == opts.reduce_dtype;
     at::Tensor in = same ? s.grad_full : s.grad_full.to(opts.reduce_dtype);
@@ -59,8 +62,7 @@ void ShardedModel::Impl::launch(size_t u) {
   }
   if (!s.bucket.defined()) s.bucket = zeroed_bucket(u);
   // Note [Gradient buckets of stage 2]: the first reduction after zero_grad() writes the shard.
-  const bool direct = s.shard_zeroed && opts.reduce_dtype == at::kFloat;
-  s.shard_zeroed = false;
+  const bool direct = s.land_in_shard && opts.reduce_dtype == at::kFloat && !opts.state_on_host;
   if (!direct) s.incoming = at::empty({unit.shard}, on(opts.reduce_dtype));
   s.reduce = comm->reduce_scatter_async(s.bucket, direct ? s.grad_shard : s.incoming,
                                         comm::ReduceOp::Avg, what);
@@ -81,10 +83,15 @@ void ShardedModel::Impl::launch(size_t u) {
 void ShardedModel::Impl::finish_reduction(UnitState& s) {
   torch::NoGradGuard no_grad;
   wait_for(s.reduce, waited.reduce);
-  if (s.incoming.defined()) {
+  if (s.incoming.defined() && !opts.state_on_host) {
     s.grad_shard.add_(s.incoming);
-    s.incoming = at::Tensor();
+  } else if (s.incoming.defined() && s.land_in_shard) {
+    s.grad_shard.copy_(s.incoming, async_copies());  // Note [State on the host]
+  } else if (s.incoming.defined()) {
+    s.landed = at::empty(s.incoming.sizes(), on_state(s.incoming.scalar_type()));
+    s.landed.copy_(s.incoming, async_copies());
   }
+  s.incoming = at::Tensor();
   // Note [Spare unit memory]; stage 1's bucket is a dtype copy of its whole gradient, stage 2's
   // came from the heap (Note [Gradient buckets of stage 2]).
   if (s.bucket.defined() && mapped_buckets()) spare_buckets.put(bytes_of(s.bucket), s.bucket);
@@ -117,6 +124,19 @@ void ShardedModel::Impl::wait_reductions() {
   in_flight.clear();
   for (size_t k = 0; k < units.size(); ++k)
     finish_reduction(units[units.size() - 1 - k]);
+  land();
+}
+
+// Note [State on the host]: the chunks copied to the host as backward went on are there once
+// the device has run the copies; a shard that held gradients already adds its chunk.
+void ShardedModel::Impl::land() {
+  if (!opts.state_on_host) return;
+  synchronize(device);
+  torch::NoGradGuard no_grad;
+  for (auto& s : units) {
+    if (s.landed.defined()) s.grad_shard.add_(s.landed);
+    s.landed = at::Tensor();
+  }
 }
 
 void ShardedModel::Impl::complete_reduction() {

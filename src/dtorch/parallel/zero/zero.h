@@ -60,10 +60,16 @@ struct Options {
   torch::Dtype reduce_dtype = torch::kFloat;
   /// Broadcast buffers (BatchNorm statistics) from rank 0 after each backward, like DDP.
   bool broadcast_buffers = true;
+  /// ZeRO-Offload: the fp32 master shards, their gradients and the optimizer's state live in
+  /// the host's memory (pinned, for a model on a GPU) and the optimizer steps there (Note [State
+  /// on the host] in sharded_model.cpp). The model computes where its parameters are. On a
+  /// model on the CPU nothing moves, but the masters are kept apart from the parameters as on
+  /// a GPU.
+  bool state_on_host = false;
   /// With a folder: the optimizer's state lives in a file there between steps, read in piece
   /// by piece for the step (Note [Optimizer state on disk] in offload.h; ZeRO-Infinity's
-  /// offload_optimizer to nvme). The model computes on the CPU. A name left empty is made
-  /// unique to the process and rank.
+  /// offload_optimizer to nvme). A model on a GPU needs state_on_host too. A name left empty is
+  /// made unique to the process and rank.
   OffloadOptions optimizer_offload;
   /// Stage 3 with the optimizer's state on disk, a folder: the fp32 master shards live in a
   /// file there between their uses, mapped and paged by the kernel (Note [Parameters on disk]
@@ -81,6 +87,9 @@ struct MemoryStats {
   int64_t offloaded_optim_bytes = 0;
   /// Master shards on disk (Options::param_offload), not counted in param_bytes or total().
   int64_t offloaded_param_bytes = 0;
+  /// Of total(): the bytes in the host's memory while the model computes on a GPU (the masters,
+  /// their gradients and the optimizer's state under Options::state_on_host).
+  int64_t host_bytes = 0;
   /// Stage 3: the most parameter bytes held at once, including units gathered for a block.
   int64_t peak_param_bytes = 0;
   /// Stage 3: bytes of the units that stay gathered between steps: the root unit of a model

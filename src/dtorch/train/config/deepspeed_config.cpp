@@ -161,7 +161,7 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
       s.offload_optimizer = value_named<OffloadDevice>(*device);
     s.offload_dir = off->text("nvme_path");
     if (auto n = off->integer("buffer_count", 1, 1024)) s.offload_buffers = static_cast<int>(*n);
-    off->boolean("pin_memory");  // read for its type: a run that offloads computes on the CPU
+    off->boolean("pin_memory");  // read for its type: a GPU's state on the host is pinned
   }
   if (auto off = z->section("offload_param")) {
     // Note [Parameters on disk]: the kernel pages them, through no buffers of dtorch's.

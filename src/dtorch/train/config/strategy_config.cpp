@@ -106,10 +106,6 @@ void validate(const StrategyConfig& c) {
                    name_of(o.optimizer),
                    " moves the optimizer's shards: it needs --strategy "
                    "zero1, zero2 or zero3 (got ddp, where every rank steps the whole model)");
-    DTORCH_CHECK_T(ConfigError, c.device != DeviceKind::CUDA, "--offload-optimizer ",
-                   name_of(o.optimizer),
-                   " with --device cuda is not available yet: offload "
-                   "with --device cpu, or train on the GPU without it");
   }
   DTORCH_CHECK_T(ConfigError, o.optimizer != OffloadDevice::NVMe || !o.dir.empty(),
                  "--offload-optimizer nvme needs --offload-dir DIR, a folder on a fast local "
@@ -118,10 +114,6 @@ void validate(const StrategyConfig& c) {
     DTORCH_CHECK_T(ConfigError, c.kind == StrategyKind::Zero3, "--offload-params ",
                    name_of(o.params), " moves ZeRO-3's parameter shards: it needs --strategy ",
                    "zero3 (got ", name_of(c.kind), ", where every rank holds the whole model)");
-    DTORCH_CHECK_T(ConfigError, c.device != DeviceKind::CUDA, "--offload-params ",
-                   name_of(o.params),
-                   " with --device cuda is not available yet: offload with --device cpu, or "
-                   "train on the GPU without it");
   }
   DTORCH_CHECK_T(ConfigError, o.params != OffloadDevice::NVMe || o.optimizer == OffloadDevice::NVMe,
                  "--offload-params nvme needs --offload-optimizer nvme too (got ",

@@ -60,8 +60,9 @@ struct PrecisionConfig {
 /// Where ZeRO keeps the optimizer's state and ZeRO-3 its parameter shards: DeepSpeed's
 /// zero_optimization.offload_optimizer and offload_param.
 struct OffloadConfig {
-  /// none | cpu (host memory, where a run on the CPU keeps it anyway) | nvme (a file per rank
-  /// in `dir` between steps; Note [Optimizer state on disk] in parallel/zero/offload.h)
+  /// none | cpu (host memory, where a run on the CPU keeps it anyway; on a GPU, Note [State on
+  /// the host] in parallel/zero/sharded_model.cpp) | nvme (a file per rank in `dir` between
+  /// steps; Note [Optimizer state on disk] in parallel/zero/offload.h)
   OffloadDevice optimizer = OffloadDevice::None;
   /// zero3: none | cpu (as above) | nvme (the fp32 master shards in a file per rank in `dir`
   /// between uses; needs `optimizer` nvme; Note [Parameters on disk] in
@@ -70,6 +71,8 @@ struct OffloadConfig {
   std::string dir;     ///< nvme: the folder of the files, on a fast local disk
   int buffers = 4;     ///< nvme: host buffers of state in flight
   int buffer_mb = 32;  ///< nvme: each buffer's MiB; a shard steps in pieces of this size
+  /// Whether anything is offloaded: on a GPU, the state then lives on the host.
+  bool any() const { return optimizer != OffloadDevice::None || params != OffloadDevice::None; }
 };
 
 /// How a model is spread over the data-parallel ranks and optimised: one struct for `dtorch

@@ -172,15 +172,18 @@ at::Tensor non_finite_flag(const std::vector<at::Tensor>& tensors, at::Device de
 void unscale(std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale) {
   // One multi-tensor kernel per dtype where the LibTorch has the tensor overload (2.1); a
   // loop of mul_ before.
-  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  // Per device too: ZeRO's shards may live on the host while the scale is on the GPU (Note
+  // [State on the host]).
+  std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> by_dtype;
   for (const auto& t : tensors)
-    if (t.defined()) by_dtype[t.scalar_type()].push_back(t);
-  for (auto& [dtype, group] : by_dtype) {
+    if (t.defined()) by_dtype[{t.device().str(), t.scalar_type()}].push_back(t);
+  for (auto& [key, group] : by_dtype) {
+    const at::Tensor factor = inv_scale.to(group.front().device());
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-    at::_foreach_mul_(group, inv_scale.to(dtype == at::kDouble ? at::kDouble : at::kFloat));
+    at::_foreach_mul_(group, factor.to(key.second == at::kDouble ? at::kDouble : at::kFloat));
 #else
     for (auto& t : group)
-      t.mul_(inv_scale);
+      t.mul_(factor);
 #endif
   }
 }

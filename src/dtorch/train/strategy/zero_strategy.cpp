@@ -63,16 +63,20 @@ class ZeroStrategy : public Strategy {
       o.optimizer_offload.buffer_bytes = static_cast<size_t>(c.offload.buffer_mb) << 20;
     }
     if (c.offload.params == OffloadDevice::NVMe) o.param_offload.dir = c.offload.dir;
-    // cpu: the host's memory, where a run on the CPU keeps everything already.
+    // Note [State on the host]: on a GPU any offload keeps the masters, their gradients and
+    // the optimizer's state on the host; cpu on the CPU, where they are already, moves nothing.
+    o.state_on_host = c.offload.any() && !device_.is_cpu();
     for (auto [device, what, flag] :
          {std::tuple{c.offload.optimizer, "the optimizer's state is", "--offload-optimizer"},
           std::tuple{c.offload.params, "the parameter shards are", "--offload-params"}}) {
-      if (device != OffloadDevice::CPU) continue;
-      DTORCH_CHECK_T(ConfigError, device_.is_cpu(), flag, " cpu with a model on ", device_,
-                     " is not available yet: train on the GPU without it");
-      if (comm_->rank() == 0) {
+      if (device != OffloadDevice::CPU || comm_->rank() != 0) continue;
+      if (device_.is_cpu()) {
         log::info(flag, " cpu: this run computes on the CPU, where ", what,
                   " in host memory already; nothing moves");
+      } else if (c.offload.optimizer == OffloadDevice::None) {
+        log::info(flag,
+                  " cpu: the optimizer's state goes to the host with the parameter "
+                  "shards, and the optimizer steps there");
       }
     }
     sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
@@ -240,6 +244,7 @@ class ZeroStrategy : public Strategy {
                     size(o->buffer_bytes()), ")");
     }
     if (c_.offload.params == OffloadDevice::NVMe) offload += ", parameter shards on disk there too";
+    if (sharded_->options().state_on_host) offload += ", stepped on the host";
     return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
                name_of(c_.precision.compute), " compute, ", name_of(c_.precision.reduce_dtype),
                " gradient reduction, on ", device_, offload);
