@@ -1,7 +1,9 @@
 // `dtorch train --device cuda` as a GPU user runs it, each run compared with the same run on
 // the CPU: every strategy at one rank; every layout at two ranks sharing the GPU over Gloo (Note
-// [CUDA tensors over Gloo]); checkpoints written on the GPU resuming on the CPU and the other
-// way; fp16 with loss scaling and bf16; more ranks than GPUs and memory running out, said so.
+// [CUDA tensors over Gloo]); with the optimizer's state on the host or on disk (Note [State on
+// the host]), and the GPU's peak lower for it; checkpoints written on the GPU resuming on the
+// CPU and the other way; fp16 with loss scaling and bf16; more ranks than GPUs and memory
+// running out, said so.
 // Skipped without a GPU (scripts/gpu-check runs them on one); the CPU side of each comparison
 // is the code the rest of the suite runs.
 #include <gtest/gtest.h>
@@ -84,7 +86,14 @@ INSTANTIATE_TEST_SUITE_P(
                              "ddp",
                              {"--activation-checkpointing", "--phase-times", "--print-every", "4"}},
                       Layout{"zero3_clipped", "zero3", {"--clip-grad-norm", "0.5"}},
-                      Layout{"ddp_accumulated", "ddp", {"--accum-steps", "2"}}),
+                      Layout{"ddp_accumulated", "ddp", {"--accum-steps", "2"}},
+                      Layout{"zero1_state_on_host", "zero1", {"--offload-optimizer", "cpu"}},
+                      Layout{"zero2_state_on_host_accumulated",
+                             "zero2",
+                             {"--offload-optimizer", "cpu", "--accum-steps", "2"}},
+                      Layout{"zero3_state_on_host_clipped",
+                             "zero3",
+                             {"--offload-optimizer", "cpu", "--clip-grad-norm", "0.5"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 class CudaTrainSharedGpu : public ::testing::TestWithParam<Layout> {};
@@ -111,7 +120,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"pp2", "ddp", {"--pp", "2"}},
                       Layout{"pp2_zb", "zero1", {"--pp", "2", "--schedule", "zb"}},
                       Layout{"tp2_zero3", "zero3", {"--tp", "2"}},
-                      Layout{"pp2_zero3", "zero3", {"--pp", "2", "--reshard-after-microbatch"}}),
+                      Layout{"pp2_zero3", "zero3", {"--pp", "2", "--reshard-after-microbatch"}},
+                      Layout{"zero2_state_on_host", "zero2", {"--offload-optimizer", "cpu"}},
+                      Layout{"zero3_state_on_disk",
+                             "zero3",
+                             {"--offload-optimizer", "nvme", "--offload-params", "nvme",
+                              "--offload-dir", "/tmp"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // Checkpoints hold host tensors: a run stopped on the GPU resumes on the CPU and the other way,
@@ -133,6 +147,26 @@ TEST(CudaTrain, CheckpointsMoveBetweenGpuAndCpu) {
       expect_close_runs(out, dir + "/whole", strategy + " " + first + " then " + then);
     }
   }
+}
+
+// Note [State on the host]: the masters, their gradients and AdamW's moments leave the GPU,
+// and fp16's overflow flag reaches the host's step.
+TEST(CudaTrain, StateOnTheHostLowersTheGpuPeak) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = testing::scratch_dir("cuda_state_on_host");
+  double peak[2] = {0, 0};
+  for (int host = 0; host < 2; ++host) {
+    const std::string out = str(dir, "/", host ? "host" : "device");
+    auto r = train_on("cuda", out, "zero2", 1, 1,
+                      {"--precision", "fp16", "--offload-optimizer", host ? "cpu" : "none"});
+    ASSERT_EQ(r.exit_code(), 0) << r.err;
+    if (host) EXPECT_TRUE(testing::contains(r.err, "stepped on the host")) << r.err;
+    auto e = testing::epochs_of(out);
+    ASSERT_FALSE(e.empty());
+    peak[host] = e.back().value("gpu_peak_allocated_bytes", 0.0);
+  }
+  EXPECT_LT(peak[1], peak[0]) << "GPU peak with the state on the host " << peak[1]
+                              << " bytes, on the GPU " << peak[0];
 }
 
 // fp16 compute with dynamic loss scaling learns as fp32 does, and records its scale; bf16 too.
