@@ -393,9 +393,10 @@ std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& worl
                  "plan calibrate measures collectives between ranks: give --nproc-per-node 2 or "
                  "more");
   const bool gpu = bench.device.is_cuda();
-  DTORCH_CHECK_T(ConfigError, !gpu || bench.offload_dir.empty(),
-                 "plan calibrate: --offload-dir measures the optimizer's state on disk for a run "
-                 "on the CPU, and dtorch offloads no GPU run yet: leave it out with --device cuda");
+  DTORCH_CHECK_T(
+      ConfigError, !gpu || bench.offload_dir.empty(),
+      "plan calibrate: --offload-dir measures the optimizer's state on disk for a run "
+      "on the CPU, and the plan prices no GPU run's offload: leave it out with --device cuda");
   Machine m;
   m.device = gpu ? "cuda" : "cpu";
   std::vector<int> node_of_rank;

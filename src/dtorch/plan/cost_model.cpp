@@ -529,9 +529,11 @@ std::vector<Layout> enumerate_layouts(const Workload& w, int world) {
 std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world,
                                      OffloadLayouts offload) {
   const bool can_offload = m.offload_disk.measured() && m.device == "cpu";
-  DTORCH_CHECK_T(ConfigError, offload != OffloadLayouts::Only || m.device == "cpu",
-                 "--offload-optimizer nvme: machine '", m.name,
-                 "' computes on a GPU, and dtorch offloads no GPU run yet: plan without it");
+  DTORCH_CHECK_T(
+      ConfigError, offload != OffloadLayouts::Only || m.device == "cpu",
+      "--offload-optimizer nvme: machine '", m.name,
+      "' computes on a GPU, and the plan has no rates for a GPU's offload (its copies to the "
+      "host): plan without it, and compare a run with the flag by hand");
   DTORCH_CHECK_T(ConfigError, offload != OffloadLayouts::Only || can_offload,
                  "--offload-optimizer nvme: machine '", m.name,
                  "' has no offload_disk rates: calibrate with dtorch plan calibrate --offload-dir "

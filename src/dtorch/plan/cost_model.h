@@ -232,8 +232,8 @@ enum class OffloadLayouts { None, WhereNeeded, Only };
 
 /// The predictions of every layout, fitting ones first, each group fastest first; with offload
 /// twins as `offload` says, where the machine's disk was measured and it computes on the CPU
-/// (dtorch offloads no GPU run yet). ConfigError for OffloadLayouts::Only on a machine without
-/// them.
+/// (the plan prices no GPU run's offload: its copies to the host are not calibrated). ConfigError
+/// for OffloadLayouts::Only on a machine without them.
 std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int world,
                                      OffloadLayouts offload = OffloadLayouts::WhereNeeded);
 
