@@ -1,7 +1,7 @@
 // Process groups (Note [Process groups]): a split communicator numbers its own ranks, runs
-// every collective among its members only, counts its own traffic, takes shared memory when its
-// members share a node even though the job spans nodes, knows each member's node, and names a dead
-// member by its job rank and its rank in the group.
+// every collective among its members only, counts its own traffic (and what crosses nodes),
+// takes shared memory when its members share a node even though the job spans nodes, knows
+// each member's node, and names a dead member by its job rank and its rank in the group.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -70,7 +70,14 @@ DTORCH_TEST_WORKER(pg_groups) {
   out << "p2p " << msg[0].item<float>() << "\n";
   // Each communicator counts its own bytes: the pair's 4 KB allreduce moves 4000 bytes (2
   // ranks: 2 (N-1)/N of the tensor); the job's communicator moved nothing.
-  out << "traffic " << pair->traffic().allreduce << " " << world->traffic().total() << "\n";
+  out << "traffic " << pair->traffic().allreduce << " " << world->traffic().total() << " "
+      << pair->traffic().cross_node << "\n";
+  // Note [Traffic across nodes]: the job's ring 0 1 | 2 3 crosses from 1 to 2 and from 3 to 0,
+  // each rank sending 2 (N-1)/N of 4000 bytes; all the cross group's bytes cross.
+  auto w = torch::ones({1000});
+  world->allreduce(w);
+  out << "across " << world->traffic().cross_node << " of " << world->traffic().total() << " "
+      << cross->traffic().total() - cross->traffic().cross_node << "\n";
   std::ofstream(args.at(0) + "/rank" + std::to_string(r)) << out.str();
 }
 
@@ -92,7 +99,9 @@ TEST(ProcessGroup, SplitGroupsRunCollectivesAmongTheirMembers) {
          << "rs " << rs << " ag " << cross0 << cross0 + 2 << "\n"
          << "string from " << cross0 + 2 << "\n"
          << "p2p " << cross0 << "\n"
-         << "traffic 4000 0\n";
+         << "traffic 4000 0 0\n"
+         << "across " << (r % 2 ? 6000 : 0) << " of 6000 "
+         << "0\n";
     EXPECT_EQ(read_file(dir + "/rank" + std::to_string(r)), want.str()) << "rank " << r;
   }
 }

@@ -58,7 +58,10 @@ struct Traffic {
   int64_t allgather = 0;
   int64_t broadcast = 0;
   int64_t send = 0;
+  /// Of total(): the bytes sent to a rank on another node (Note [Traffic across nodes]).
+  int64_t cross_node = 0;
   int64_t total() const { return allreduce + reduce_scatter + allgather + broadcast + send; }
+  int64_t within_node() const { return total() - cross_node; }
 };
 
 /// Handle to an asynchronous collective. wait() blocks until the result is in the tensor
@@ -199,7 +202,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Work start_local(const std::string& op, const std::string& what, const at::Tensor& t,
                    std::function<void(long seq)> job, std::function<void()> finish,
                    const char* path);
-  void count(int64_t Traffic::*kind, int64_t bytes);
+  /// Counts `bytes` of `kind` sent to rank `to`; -1: to this rank's successor in the ring.
+  void count(int64_t Traffic::*kind, int64_t bytes, int to = -1);
   void setup_shared_memory();
   /// Throws CommError for `op` (sequence number `seq`, 0 for point-to-point), with the
   /// diagnosis of Note [Failure diagnosis] over `peer` only, or every rank when peer < 0.

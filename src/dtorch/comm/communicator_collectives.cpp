@@ -179,7 +179,7 @@ Work Communicator::start_p2p(const std::string& op, at::Tensor t, int peer, int 
                " is not another rank of this communicator (", size(), " ranks)");
   DTORCH_CHECK(tag >= 0 && tag <= kMaxTag, op, ": tag ", tag, " is outside 0..", kMaxTag);
   const bool sending = op == "send";
-  if (sending) count(&Traffic::send, nbytes(t));
+  if (sending) count(&Traffic::send, nbytes(t), peer);
   return start(
       op, str(sending ? "to rank " : "from rank ", describe_rank(peer), ", tag ", tag), t,
       [this, sending, peer, tag](at::Tensor& b) {
@@ -208,9 +208,21 @@ bool Communicator::native_collective(const at::Tensor& t) const {
   return opts_.gloo_collectives == "native";
 }
 
-void Communicator::count(int64_t Traffic::*kind, int64_t bytes) {
+// Note [Traffic across nodes]
+// On a cluster the links between nodes are an order of magnitude slower than those within one,
+// so Traffic counts apart the bytes a rank sends to another node. A collective's bytes are
+// counted as the ring that Traffic's volumes assume sends them: each rank to the next in the
+// communicator's order (the last to the first), so they cross nodes where that next rank is on
+// another node (node_of, as the launcher gave it). A launcher numbers a node's ranks
+// consecutively, so a ring over n nodes crosses n links, each carrying one rank's share: as
+// NCCL's rings, which enter and leave each node once. A point-to-point message crosses when its
+// peer is elsewhere.
+void Communicator::count(int64_t Traffic::*kind, int64_t bytes, int to) {
+  if (to < 0) to = (rank() + 1) % size();
+  const bool across = node_of(to) != node_of(rank());
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->traffic.*kind += bytes;
+  if (across) impl_->traffic.cross_node += bytes;
 }
 
 Traffic Communicator::traffic() const {

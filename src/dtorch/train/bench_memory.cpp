@@ -222,7 +222,10 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
                           {"reduce_scatter", t.reduce_scatter / c.steps},
                           {"allgather", t.allgather / c.steps},
                           {"broadcast", t.broadcast / c.steps},
-                          {"total", t.total() / c.steps}};
+                          {"total", t.total() / c.steps},
+                          // Note [Traffic across nodes]
+                          {"within_node", t.within_node() / c.steps},
+                          {"cross_node", t.cross_node / c.steps}};
   };
   const int64_t sent = traffic.total() + tp_traffic.total() + cp_traffic.total();
   nlohmann::json j = {
