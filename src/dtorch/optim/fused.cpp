@@ -291,6 +291,22 @@ void step_unless(torch::optim::Optimizer& opt, const at::Tensor& found_inf) {
   opt.step();
 }
 
+HiddenGradients::HiddenGradients(std::vector<at::Tensor> params) : params_(std::move(params)) {
+  for (auto& p : params_)
+    grads_.push_back(std::exchange(p.mutable_grad(), at::Tensor()));
+}
+
+HiddenGradients::~HiddenGradients() {
+  for (size_t k = 0; k < params_.size(); ++k)
+    params_[k].mutable_grad() = grads_[k];
+}
+
+bool skipped_over_nothing(torch::optim::Optimizer& opt, const at::Tensor& found_inf) {
+  if (!set_on_host(found_inf)) return false;
+  step_unless(opt, found_inf);  // Note [Steps a part at a time]
+  return true;
+}
+
 void undo_skipped_step(torch::optim::Optimizer& opt) {
   if (auto* skippable = dynamic_cast<SkippableStep*>(&opt)) skippable->undo_skipped_step();
 }

@@ -92,6 +92,33 @@ void step_unless(torch::optim::Optimizer& opt, const at::Tensor& found_inf);
 /// After a step the device skipped: takes back what it recorded on the host.
 void undo_skipped_step(torch::optim::Optimizer& opt);
 
+// Note [Steps a part at a time]
+// ZeRO's offloaded steps (Note [Optimizer state on disk], Note [State on the host]) step an
+// optimizer over a part of its parameters at a time, the others' gradients hidden from it:
+// torch::optim's classes and these step only parameters with a gradient, and their updates are
+// elementwise, so the parts end where one step over all would. A skipped step is decided on the
+// host before any part steps and taken over no gradients at all, so it records nothing for
+// undo_skipped_step to take back (each part's step would record only its own).
+
+/// While it lives, `params` have no gradients; each gets its own back when it goes.
+class HiddenGradients {
+ public:
+  explicit HiddenGradients(std::vector<at::Tensor> params);
+  ~HiddenGradients();
+  HiddenGradients(const HiddenGradients&) = delete;
+  HiddenGradients& operator=(const HiddenGradients&) = delete;
+  /// The gradients taken away, in the order of `params`.
+  const std::vector<at::Tensor>& grads() const { return grads_; }
+
+ private:
+  std::vector<at::Tensor> params_, grads_;
+};
+
+/// With every gradient of `opt` hidden (HiddenGradients): when `found_inf` is set (read on the
+/// host, a wait on a GPU), takes the skipped step over no gradients and returns true (Note
+/// [Steps a part at a time]).
+bool skipped_over_nothing(torch::optim::Optimizer& opt, const at::Tensor& found_inf);
+
 /// What this LibTorch steps them with: "fused" (PyTorch's fused kernels) or "foreach".
 const char* fused_kernels();
 

@@ -468,23 +468,10 @@ void OptimizerOffload::step(const at::Tensor& found_inf,
   Impl& m = *impl_;
   torch::NoGradGuard no_grad;
   m.finish_writes();
-  // Each piece steps alone: every shard's gradient is hidden from the optimizer meanwhile.
-  std::vector<at::Tensor> grads;
-  for (auto& p : m.params)
-    grads.push_back(std::exchange(p.mutable_grad(), at::Tensor()));
-  struct Restore {
-    Impl& m;
-    std::vector<at::Tensor>& grads;
-    ~Restore() {
-      for (size_t k = 0; k < m.params.size(); ++k)
-        m.params[k].mutable_grad() = grads[k];
-    }
-  } restore{m, grads};
-  if (found_inf.defined() && found_inf.item<float>() != 0) {
-    // Skipped: a step over no gradients records nothing for undo_skipped_step to take back.
-    optim::step_unless(m.opt, found_inf);
-    return;
-  }
+  // Each piece steps alone (Note [Steps a part at a time]).
+  const optim::HiddenGradients hidden(m.params);
+  const std::vector<at::Tensor>& grads = hidden.grads();
+  if (optim::skipped_over_nothing(m.opt, found_inf)) return;
   for (size_t k = 0; k < m.params.size(); ++k)
     m.spill(k);
   // Adam's first step from zero moments is the step it makes from no state (SGD's momentum

@@ -54,7 +54,8 @@ namespace dtorch::zero {
 //   the file into a second one, which the save reads mapped while the next steps change the
 //   first.
 // - A step the device skips (fp16's overflow, Note [Steps the device skips]) is decided on the
-//   host before any shard steps: the host steps anyway, so reading the flag there costs nothing.
+//   host before any shard steps (Note [Steps a part at a time]): the host steps anyway, so
+//   reading the flag there costs nothing.
 // The fp32 master shards stay in memory: ZeRO-1/2 publish them and ZeRO-3 gathers them.
 
 /// Where the optimizer state goes and how much of it may be in memory at once.

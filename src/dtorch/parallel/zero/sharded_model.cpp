@@ -260,28 +260,18 @@ void ShardedModel::step(const at::Tensor& found_inf) {
     impl.wait_for(s.gather, impl.waited.gather);
 }
 
-// Note [State on the host]: the optimizer steps one unit's master at a time, the others'
-// gradients hidden from it (its updates are elementwise: the same as one step over all), so
-// that each unit's update is copied back and gathered while the host steps the next.
+// Note [State on the host]: the optimizer steps one unit's master at a time (Note [Steps a
+// part at a time]), so that each unit's update is copied back and gathered while the host
+// steps the next.
 void ShardedModel::Impl::step_by_unit(const at::Tensor& skip,
                                       const std::function<void(size_t)>& stepped) {
+  std::vector<at::Tensor> masters;
   for (auto& s : units)
-    s.master.mutable_grad() = at::Tensor();
-  struct Restore {
-    std::vector<UnitState>& units;
-    ~Restore() {
-      for (auto& s : units)
-        s.master.mutable_grad() = s.grad_shard;
-    }
-  } restore{units};
-  if (skip.defined() && skip.item<float>() != 0) {
-    // Skipped (the flag is on the host): a step over no gradients records nothing for
-    // undo_skipped_step to take back, as OptimizerOffload::step does.
-    optim::step_unless(*optimizer, skip);
-    return;
-  }
+    masters.push_back(s.master);
+  const optim::HiddenGradients hidden(masters);
+  if (optim::skipped_over_nothing(*optimizer, skip)) return;
   for (size_t u = 0; u < units.size(); ++u) {
-    units[u].master.mutable_grad() = units[u].grad_shard;
+    units[u].master.mutable_grad() = hidden.grads()[u];
     optimizer->step();
     units[u].master.mutable_grad() = at::Tensor();
     stepped(u);
