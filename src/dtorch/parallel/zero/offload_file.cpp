@@ -51,15 +51,17 @@ Made make(const std::string& dir, const std::string& name, size_t bytes, bool di
                  "; give --offload-dir a folder this user may write to");
   ::unlink(m.path.c_str());  // it goes when the run does
   struct statvfs fs {};
-  const uint64_t available =
-      ::statvfs(dir.c_str(), &fs) == 0 ? uint64_t{fs.f_bavail} * fs.f_frsize : 0;
-  // fallocate, not posix_fallocate: where the filesystem cannot reserve space, glibc's
-  // emulation would write the whole file, and fill the disk before it failed.
-  int err = 0;
-  if (bytes && ::fallocate(m.fd, 0, 0, static_cast<off_t>(bytes)) != 0) err = errno;
-  if (err == EOPNOTSUPP) {
-    err = available >= bytes ? 0 : ENOSPC;  // the free space now, then
-    if (err == 0 && ::ftruncate(m.fd, static_cast<off_t>(bytes)) != 0) err = errno;
+  const bool known = ::statvfs(dir.c_str(), &fs) == 0;
+  const uint64_t available = known ? uint64_t{fs.f_bavail} * fs.f_frsize : 0;
+  // The free space first: ext4 and XFS keep what a failing fallocate got before it ran out
+  // until the file is closed, so asking for more than is free would fill the disk meanwhile
+  // for every other process on it. Then fallocate, not posix_fallocate: where the filesystem
+  // cannot reserve space, glibc's emulation would write the whole file, and fill the disk
+  // before it failed; there the free space checked here stands.
+  int err = known && available < bytes ? ENOSPC : 0;
+  if (err == 0 && bytes && ::fallocate(m.fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
+    err = errno;
+    if (err == EOPNOTSUPP) err = ::ftruncate(m.fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
   }
   if (err == 0) return m;
   ::close(m.fd);

@@ -24,8 +24,8 @@ struct Made {
   std::string path;  ///< where it was made; unlinked since
 };
 
-/// Makes `name` in `dir` with `bytes` reserved (fallocate; where the filesystem cannot reserve,
-/// the free space is checked), opened with O_DIRECT when `direct` and the filesystem allows
+/// Makes `name` in `dir` with `bytes` reserved (the free space checked, then fallocate, which
+/// never runs on more than is free), opened with O_DIRECT when `direct` and the filesystem allows
 /// it, and unlinks it. ConfigError naming the folder when it does not exist or cannot be
 /// written, and the bytes `what` (this rank's optimizer state, ...) needs against those free.
 Made make(const std::string& dir, const std::string& name, size_t bytes, bool direct,
