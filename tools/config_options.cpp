@@ -64,14 +64,16 @@ struct OptionDeclarer {
                ->capture_default_str(),
            f);
   }
-  void operator()(const train::Field& f, train::AllOr n) {
-    const std::string flag = std::string("--") + f.flag;
+  void operator()(const train::Field& f, train::CountOr n) {
+    const std::string flag = std::string("--") + f.flag, word = n.word;
     finish(cmd->add_option_function<std::string>(
                   flag,
-                  [v = &n.value, flag](const std::string& s) { *v = train::parse_all_or(s, flag); },
+                  [v = &n.value, flag, word](const std::string& s) {
+                    *v = train::parse_count_or(s, flag, word);
+                  },
                   f.doc)
-               ->type_name("N|all")
-               ->default_str(n.value == 0 ? "all" : std::to_string(n.value)),
+               ->type_name("N|" + word)
+               ->default_str(n.value == 0 ? word : std::to_string(n.value)),
            f);
   }
   template <class E>

@@ -46,12 +46,14 @@ class SlurmJobs : public ::testing::Test {
   // test node (the scripts ask for a real cluster's nodes, CPUs and memory). Returns the job's
   // final JobState and ExitCode as scontrol shows them ("COMPLETED 0:0").
   std::string sbatch(const std::string& script, const std::vector<std::string>& flags,
-                     const std::string& out, std::vector<std::string> env = {}) {
+                     const std::string& out, std::vector<std::string> env = {},
+                     const std::vector<std::string>& train_flags = {}) {
     std::vector<std::string> argv = {"sbatch",   "--parsable", "--nodes=1",
                                      "--time=5", "--mem=100M", "--output=" + out + "/job.out"};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.push_back(std::string(DTORCH_SOURCE_DIR) + "/examples/slurm/" + script);
     argv.insert(argv.end(), kTinyTrain.begin(), kTinyTrain.end());
+    argv.insert(argv.end(), train_flags.begin(), train_flags.end());
     env.push_back(std::string("DTORCH=") + DTORCH_CLI);
     env.push_back("OUT=" + out + "/run");
     auto r = cluster_->run("sbatch", argv, 30, env);
@@ -117,16 +119,19 @@ TEST_F(SlurmJobs, SbatchOneTaskPerRank) {
   EXPECT_EQ(metric_lines(out + "/run"), 1u) << log;
 }
 
+// README's job for several nodes, hybrid sharding (Note [Hybrid sharding]), on the test's one
+// node: its 2 ranks as 2 replicas of one.
 TEST_F(SlurmJobs, SbatchOneLauncherPerNode) {
   std::string out = testing::scratch_dir("slurm_sbatch_launch");
   std::string end = sbatch("train_launch.sbatch", {"--ntasks-per-node=1", "--cpus-per-task=2"}, out,
-                           {"NPROC_PER_NODE=2"});
+                           {"NPROC_PER_NODE=2"}, {"--strategy", "zero2", "--dp-replicate", "2"});
   std::string log = testing::read_file(out + "/job.out");
   ASSERT_EQ(end, "COMPLETED 0:0") << log << cluster_->logs();
   // The launcher took its node from the job (one node: loopback and a free port).
   EXPECT_TRUE(contains(log, "nodes from Slurm (SLURM_PROCID=0, SLURM_STEP_NUM_TASKS=1)")) << log;
   EXPECT_TRUE(contains(log, "[n0 r0]")) << log;
   EXPECT_TRUE(contains(log, "2 rank(s)")) << log;
+  EXPECT_TRUE(contains(log, "mesh: dp 2 (2 replicas of 1)")) << log;
   EXPECT_EQ(metric_lines(out + "/run"), 1u) << log;
 }
 

@@ -67,6 +67,37 @@ TEST(ParallelDims, TensorParallelAcrossWholeNodesIsAllowedAndFlagged) {
   EXPECT_EQ(p.tp_groups, (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
 }
 
+// Note [Hybrid sharding]: a replica is one node's consecutive ranks; the shard groups tile the
+// dp x cp group of each tp index, and the replicate groups join the same place in each replica.
+TEST(ParallelDims, HybridShardingSplitsTheDataParallelGroupIntoReplicas) {
+  MeshPlan p = plan_mesh({0, 1, 1, 1, /*dp_replicate=*/2}, 4, 2);
+  EXPECT_EQ(p.dp_shard(), 2);
+  EXPECT_EQ(p.dp_shard_groups, (Groups{{0, 1}, {2, 3}}));
+  EXPECT_EQ(p.dp_replicate_groups, (Groups{{0, 2}, {1, 3}}));
+  EXPECT_EQ(describe(p), "dp 4 (2 replicas of 2)");
+  // tp 2 inside a node of 4 and cp 2 across it: 16 ranks, 2 nodes of 8.
+  MeshPlan q = plan_mesh({0, 2, 1, 2, 2}, 16, 8);
+  EXPECT_EQ(q.dp, 4);
+  EXPECT_EQ(q.dp_shard_groups,
+            (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(q.dp_replicate_groups.size(), 8u);
+  EXPECT_EQ(q.dp_replicate_group(5), (std::vector<int>{5, 13}));
+  EXPECT_EQ(describe(q), "dp 4 (2 replicas of 2) x cp 2 x tp 2");
+  for (int r = 0; r < 16; ++r) {
+    const auto& shard = q.dp_shard_group(r);
+    const auto& whole = q.dp_cp_group(r);
+    // Each shard group is the dp x cp group's run of ranks of one replica, in its order.
+    const int replica = q.dp_index(r) / q.dp_shard();
+    EXPECT_EQ(shard, std::vector<int>(whole.begin() + replica * shard.size(),
+                                      whole.begin() + (replica + 1) * shard.size()))
+        << r;
+    EXPECT_EQ(q.dp_replicate_group(r)[replica], r);
+  }
+  const std::string e = testing::error_of([] { plan_mesh({0, 1, 1, 1, 3}, 4, 2); });
+  EXPECT_NE(e.find("--dp-replicate 3 does not divide the 4 data-parallel ranks"), std::string::npos)
+      << e;
+}
+
 std::string error_of(const ParallelDims& d, int world, int per_node) {
   return testing::error_of([&] { plan_mesh(d, world, per_node); });
 }

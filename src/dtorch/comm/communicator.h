@@ -62,6 +62,15 @@ struct Traffic {
   int64_t cross_node = 0;
   int64_t total() const { return allreduce + reduce_scatter + allgather + broadcast + send; }
   int64_t within_node() const { return total() - cross_node; }
+  Traffic& operator+=(const Traffic& o) {
+    allreduce += o.allreduce;
+    reduce_scatter += o.reduce_scatter;
+    allgather += o.allgather;
+    broadcast += o.broadcast;
+    send += o.send;
+    cross_node += o.cross_node;
+    return *this;
+  }
 };
 
 /// Handle to an asynchronous collective. wait() blocks until the result is in the tensor

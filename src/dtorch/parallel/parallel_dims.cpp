@@ -31,6 +31,11 @@ MeshPlan plan_mesh(const ParallelDims& dims, int world_size, int ranks_per_node)
   DTORCH_CHECK_T(ConfigError, p.dp * fixed == world_size, "dp ", p.dp, " x tp ", p.tp, " x cp ",
                  p.cp, " x pp ", p.pp, " = ", p.dp * fixed, " ranks, but the job has ", world_size,
                  ": leave dp out (it takes the rest) or make the product ", world_size);
+  p.dp_replicate = dims.dp_replicate;
+  DTORCH_CHECK_T(ConfigError, p.dp_replicate >= 1 && p.dp % p.dp_replicate == 0, "--dp-replicate ",
+                 p.dp_replicate, " does not divide the ", p.dp,
+                 " data-parallel ranks into groups of equal size: give a divisor of ", p.dp,
+                 " (the number of nodes, for one shard group a node)");
   if (p.tp <= ranks_per_node) {
     DTORCH_CHECK_T(ConfigError, ranks_per_node % p.tp == 0, "tp ", p.tp, " does not divide the ",
                    ranks_per_node,
@@ -75,6 +80,28 @@ MeshPlan plan_mesh(const ParallelDims& dims, int world_size, int ranks_per_node)
           p.dp_cp_groups.back().push_back(rank_of(s, d, c, t));
     }
   }
+  if (p.dp_replicate > 1) {
+    const int shard = p.dp_shard();
+    for (int s = 0; s < p.pp; ++s) {
+      for (int r = 0; r < p.dp_replicate; ++r) {
+        for (int t = 0; t < p.tp; ++t) {
+          p.dp_shard_groups.emplace_back();
+          for (int d = r * shard; d < (r + 1) * shard; ++d)
+            for (int c = 0; c < p.cp; ++c)
+              p.dp_shard_groups.back().push_back(rank_of(s, d, c, t));
+        }
+      }
+      for (int j = 0; j < shard; ++j) {
+        for (int c = 0; c < p.cp; ++c) {
+          for (int t = 0; t < p.tp; ++t) {
+            p.dp_replicate_groups.emplace_back();
+            for (int r = 0; r < p.dp_replicate; ++r)
+              p.dp_replicate_groups.back().push_back(rank_of(s, r * shard + j, c, t));
+          }
+        }
+      }
+    }
+  }
   for (int i = 0; i < p.dp * p.cp * p.tp; ++i) {
     p.pp_groups.emplace_back();
     for (int s = 0; s < p.pp; ++s)
@@ -102,6 +129,11 @@ Mesh make_mesh(const std::shared_ptr<comm::Communicator>& world, const ParallelD
   } else {
     m.dp_cp = m.dp;
   }
+  m.dp_shard = m.dp_cp;
+  if (m.plan.dp_replicate > 1) {
+    m.dp_shard = world->split(m.plan.dp_shard_group(r), "dp_shard");
+    m.dp_replicate = world->split(m.plan.dp_replicate_group(r), "dp_replicate");
+  }
   return m;
 }
 
@@ -114,7 +146,13 @@ std::string describe(const MeshPlan& p) {
   add("dp", p.dp);
   add("cp", p.cp);
   add("tp", p.tp);
-  return s.empty() ? "dp 1" : s;
+  if (s.empty()) s = "dp 1";
+  if (p.dp_replicate > 1) {
+    const std::string dp = "dp " + std::to_string(p.dp);
+    s.insert(s.find(dp) + dp.size(), " (" + std::to_string(p.dp_replicate) + " replicas of " +
+                                         std::to_string(p.dp_shard()) + ")");
+  }
+  return s;
 }
 
 }  // namespace dtorch::parallel

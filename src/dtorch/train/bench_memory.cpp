@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "dtorch/comm/communicator.h"
@@ -23,6 +24,7 @@
 #include "dtorch/core/device.h"
 #include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/core/log.h"
 #include "dtorch/core/trace_range.h"
 #include "dtorch/models/model.h"
 #include "dtorch/models/registry.h"
@@ -92,8 +94,15 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
   }
   int next_batch = 0;
   auto batch = [&] { return batches[next_batch++ % batches.size()]; };
+  // Note [Hybrid sharding]: the strategy's collectives go through a replica's shard group and
+  // the replicate group, not the dp group.
+  const HybridSharding& hybrid = layout.hybrid;
   auto reset = [&] {
     dp->reset_traffic();
+    if (hybrid.replicate) {
+      hybrid.shard->reset_traffic();
+      hybrid.replicate->reset_traffic();
+    }
     if (tensor_parallel) tensor_parallel->group()->reset_traffic();
     if (layout.cp) layout.cp->group()->reset_traffic();
   };
@@ -201,7 +210,12 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
   }
   world->barrier("bench end");
   double seconds = seconds_since(t0);
-  comm::Traffic traffic = dp->traffic(), tp_traffic, cp_traffic;
+  comm::Traffic traffic = dp->traffic(), tp_traffic, cp_traffic, replica_traffic;
+  if (hybrid.replicate) {
+    replica_traffic = hybrid.replicate->traffic();
+    traffic += hybrid.shard->traffic();
+    traffic += replica_traffic;
+  }
   if (tensor_parallel) tp_traffic = tensor_parallel->group()->traffic();
   if (layout.cp) cp_traffic = layout.cp->group()->traffic();
   auto m = strategy->memory();
@@ -213,8 +227,8 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
   // Note [Kept large buffers]: a steady step should fault in a small share of the pages its
   // gradients span.
   const double grad_pages = double(m.grad_bytes) / double(sysconf(_SC_PAGESIZE));
-  const int n = dp->size();
-  // The ZeRO formulas over the dp group, for the parameters this rank holds.
+  const int n = hybrid.shard ? hybrid.shard->size() : dp->size();
+  // The ZeRO formulas over the ranks sharing shards, for the parameters this rank holds.
   double expected = report::model_state_bytes(zero_stage(c.strategy.kind), double(P_local), n,
                                               double(m.resident_unit_bytes));
   auto per_step = [&](const comm::Traffic& t) {
@@ -277,6 +291,26 @@ nlohmann::json bench_memory(const BenchMemoryConfig& c,
       {"cp", c.parallelism.cp},
       {"sent_per_step_over_param_bytes", double(sent) / c.steps / (4.0 * P)},
   };
+  if (hybrid.replicate) {
+    // Note [Hybrid sharding]: the job's bytes across nodes a step, and plain ZeRO's over the
+    // same ranks by the ring's count: the shard group's passes over N ranks instead of S, all
+    // sent across by the R ranks that end a node. Every rank does the same, so rank 0's
+    // numbers stand for all.
+    const int R = hybrid.replicate->size(), S = n, N = R * S;
+    const double across = double(N) * double(traffic.cross_node) / c.steps;
+    const double shard_sent = double((traffic.total() - replica_traffic.total())) / c.steps;
+    const double plain = S > 1 ? R * shard_sent * (double(N - 1) / N) / (double(S - 1) / S) : 0;
+    j["dp_replicate"] = R;
+    j["replicate_bytes_sent_per_step"] = per_step(replica_traffic);
+    j["job_cross_node_bytes_per_step"] = across;
+    j["plain_zero_job_cross_node_bytes_per_step"] = plain;
+    if (world->rank() == 0 && plain > 0) {
+      log::info("hybrid sharding: ", static_cast<int64_t>(across),
+                " bytes a step cross nodes in the job; plain ZeRO over its ", N,
+                " ranks would send ", static_cast<int64_t>(plain), " (",
+                std::round(plain / across * 10) / 10, "x as many)");
+    }
+  }
   if (layout.cp) {
     // Note [Ring attention], Note [Ulysses]: every block's attention, forward and backward
     // (and forward again for each block that recomputes it).

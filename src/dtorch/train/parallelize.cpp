@@ -38,14 +38,17 @@ struct Groups {
 };
 Groups make_groups(const ParallelizeSpec& s, const std::shared_ptr<comm::Communicator>& world) {
   Groups g;
-  const ParallelismConfig& c = s.parallelism;
-  if (c.tp == 1 && c.pp == 1 && c.cp == 1) {
+  const ParallelismConfig c =
+      resolve_replicas(s.parallelism, world->size(), world->info().local_world_size);
+  if (c.tp == 1 && c.pp == 1 && c.cp == 1 && c.dp_replicate == 1) {
     g.layout.dp = world;
     g.layout.plan = parallel::plan_mesh({0, 1}, world->size(), world->info().local_world_size);
     return g;
   }
-  parallel::Mesh mesh = parallel::make_mesh(world, {0, c.tp, c.pp, c.cp});
+  parallel::Mesh mesh =
+      parallel::make_mesh(world, {0, c.tp, c.pp, c.cp, static_cast<int>(c.dp_replicate)});
   g.layout.dp = mesh.dp_cp;
+  if (mesh.dp_replicate) g.layout.hybrid = {mesh.dp_shard, mesh.dp_replicate};
   g.layout.plan = mesh.plan;
   g.tp = mesh.tp;
   g.pp = mesh.pp;
@@ -123,7 +126,8 @@ Parallelized parallelize(const ParallelizeSpec& s, const std::shared_ptr<comm::C
   StrategyConfig sc = s.strategy;
   sc.model = s.model;
   sc.input = s.input;
-  out.strategy = make_strategy(sc, out.model, g.layout.dp, g.layout.tp, g.layout.pp);
+  out.strategy =
+      make_strategy(sc, out.model, g.layout.dp, g.layout.tp, g.layout.pp, g.layout.hybrid);
   out.layout = std::move(g.layout);
   return out;
 }

@@ -111,7 +111,7 @@ void log_run(const TrainConfig& c, const TrainData& data, int world, const Paral
               " of ", blocks, " block(s)", pipeline ? " of this stage" : "",
               " recompute their forward in backward");
   }
-  if ((tensor_parallel || layout.cp) && !pipeline) {
+  if ((tensor_parallel || layout.cp || layout.hybrid.replicate) && !pipeline) {
     log::info(
         "mesh: ", parallel::describe(layout.plan),
         c.parallelism.sequence_parallel ? " (sequence parallel)" : "",

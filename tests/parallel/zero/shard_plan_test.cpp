@@ -1,10 +1,12 @@
 // Shard planning: units tile the parameters, shards tile each padded unit, and the wrap
-// policy follows the model's blocks.
+// policy follows the model's blocks; replicas' parts of a checkpoint slice tile it.
 #include "dtorch/parallel/zero/shard_plan.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include "dtorch/core/error.h"
+#include "dtorch/parallel/zero/zero.h"
 
 namespace dtorch::zero {
 namespace {
@@ -83,6 +85,31 @@ TEST(ShardPlan, BadBlocksAreConfigErrors) {
   EXPECT_THROW(units_by_blocks(gpt_like(), {"h", "h.0"}, 0), ConfigError);
   std::vector<UnitSpec> missing{{"u", {0}, {}}};
   EXPECT_THROW(make_plan(gpt_like(), missing, 2), ConfigError);
+}
+
+// Note [Hybrid sharding]: the replicas write their parts of each slice, which tile it in order
+// and alias it; a slice shorter than the replica count leaves some replicas nothing.
+TEST(ReplicaPart, PartsTileEachSliceOnce) {
+  const torch::Tensor a = torch::arange(10, torch::kFloat), b = torch::arange(2, torch::kFloat);
+  const std::vector<ShardSlice> slices = {{"param/u", 40, 20, a}, {"optim/u/exp_avg", 7, 5, b}};
+  for (int count : {1, 2, 3}) {
+    std::map<std::string, std::vector<int64_t>> covered;
+    for (int index = 0; index < count; ++index) {
+      for (const ShardSlice& part : replica_part(slices, index, count)) {
+        const ShardSlice& whole = part.key == "param/u" ? slices[0] : slices[1];
+        EXPECT_EQ(part.full_numel, whole.full_numel);
+        EXPECT_TRUE(part.data.is_alias_of(whole.data));
+        EXPECT_TRUE(
+            part.data.equal(whole.data.narrow(0, part.begin - whole.begin, part.data.numel())));
+        for (int64_t i = 0; i < part.data.numel(); ++i)
+          covered[part.key].push_back(part.begin + i);
+      }
+    }
+    EXPECT_EQ(covered["param/u"], (std::vector<int64_t>{20, 21, 22, 23, 24, 25, 26, 27, 28, 29}))
+        << count;
+    EXPECT_EQ(covered["optim/u/exp_avg"], (std::vector<int64_t>{5, 6})) << count;
+  }
+  EXPECT_EQ(replica_part(slices, 0, 3).size(), 1u) << "b's 2 elements: replicas 1 and 2";
 }
 
 }  // namespace

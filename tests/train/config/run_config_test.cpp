@@ -43,7 +43,7 @@ struct Changer {
     flags.push_back(f.flag);
     v = {0.8, 0.95};
   }
-  void operator()(const Field& f, AllOr v) {
+  void operator()(const Field& f, CountOr v) {
     flags.push_back(f.flag);
     v.value = 7;
   }
@@ -127,11 +127,11 @@ TEST(RunConfig, SampleCountsAreAllOrAWholeNumber) {
       << word;
   const std::string negative = run_json_error_of(R"({"data": {"test-samples": -1}})");
   EXPECT_NE(negative.find("test-samples"), std::string::npos) << negative;
-  EXPECT_EQ(parse_all_or("all", "--train-samples"), 0);
-  EXPECT_EQ(parse_all_or("640", "--train-samples"), 640);
+  EXPECT_EQ(parse_count_or("all", "--train-samples", "all"), 0);
+  EXPECT_EQ(parse_count_or("640", "--train-samples", "all"), 640);
   for (const char* bad : {"-1", "", "12x", "1e3", "99999999999999999999"}) {
     try {
-      parse_all_or(bad, "--train-samples");
+      parse_count_or(bad, "--train-samples", "all");
       ADD_FAILURE() << "took " << bad;
     } catch (const ConfigError& e) {
       const std::string expected =
@@ -299,6 +299,36 @@ TEST(ParallelismConfig, SettingsThatCannotHoldAreNamedWhereverTheyComeFrom) {
   p.activation_checkpointing = 0;
   EXPECT_EQ(data_parallel_size(p, 8), 2);
   EXPECT_EQ(data_parallel_size(p, 2), 1) << "never below 1: parallelize() names the misfit";
+}
+
+// Note [Hybrid sharding]: replicas of a sharded strategy only; auto is a replica a node, and a
+// count that leaves ranks over is named with the divisor to give.
+TEST(ParallelismConfig, ReplicasNeedZeroAndDivideTheDataParallelRanks) {
+  TrainConfig c;
+  c.parallelism.dp_replicate = 2;
+  const std::string ddp = testing::error_of([&] { validate(c); });
+  EXPECT_NE(ddp.find("--dp-replicate 2 splits ZeRO's shards into replicas"), std::string::npos)
+      << ddp;
+  c.strategy.kind = StrategyKind::Zero3;
+  EXPECT_NO_THROW(validate(c));
+  ParallelismConfig p;
+  p.dp_replicate = 0;
+  EXPECT_EQ(resolve_replicas(p, 8, 4).dp_replicate, 2) << "auto: one replica a node";
+  EXPECT_EQ(resolve_replicas(p, 4, 4).dp_replicate, 1) << "one node";
+  p.pp = 2;
+  EXPECT_EQ(resolve_replicas(p, 8, 4).dp_replicate, 1) << "each stage on a node of its own";
+  EXPECT_EQ(resolve_replicas(p, 16, 4).dp_replicate, 2) << "each stage on 2 nodes";
+  p.pp = 1;
+  p.tp = 2;
+  EXPECT_EQ(resolve_replicas(p, 16, 8).dp_replicate, 2);
+  const std::string odd = testing::error_of([&] { resolve_replicas(p, 6, 3); });
+  EXPECT_NE(
+      odd.find(
+          "--dp-replicate auto (2, one replica a node) does not divide the 3 data-parallel ranks"),
+      std::string::npos)
+      << odd;
+  p.dp_replicate = -1;
+  EXPECT_NE(parallelism_error_of(p).find("--dp-replicate -1"), std::string::npos);
 }
 
 // Note [Optimizer state on disk]: what offloading needs, named as the flags name it.

@@ -88,10 +88,12 @@ namespace dtorch::zero {
 
 ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> model,
                            std::shared_ptr<comm::Communicator> comm, Options opts,
-                           const OptimizerFactory& make_optimizer)
+                           const OptimizerFactory& make_optimizer,
+                           std::shared_ptr<comm::Communicator> replicas)
     : impl_(std::make_unique<Impl>()) {
   impl_->module = std::move(model);
   impl_->comm = std::move(comm);
+  if (replicas && replicas->size() > 1) impl_->replicas = std::move(replicas);
   impl_->opts = opts;
   impl_->build(make_optimizer);
 }
@@ -424,8 +426,21 @@ void ShardedModel::set_optimizer_steps(int64_t steps) {
 
 std::shared_ptr<ShardedModel> shard(std::shared_ptr<torch::nn::Module> model,
                                     std::shared_ptr<comm::Communicator> comm, Options opts,
-                                    const OptimizerFactory& make_optimizer) {
-  return std::make_shared<ShardedModel>(std::move(model), std::move(comm), opts, make_optimizer);
+                                    const OptimizerFactory& make_optimizer,
+                                    std::shared_ptr<comm::Communicator> replicas) {
+  return std::make_shared<ShardedModel>(std::move(model), std::move(comm), opts, make_optimizer,
+                                        std::move(replicas));
+}
+
+std::vector<ShardSlice> replica_part(const std::vector<ShardSlice>& slices, int index, int count) {
+  std::vector<ShardSlice> out;
+  for (const ShardSlice& s : slices) {
+    const int64_t n = s.data.numel();
+    const int64_t begin = n * index / count, end = n * (index + 1) / count;
+    if (end > begin)
+      out.push_back({s.key, s.full_numel, s.begin + begin, s.data.narrow(0, begin, end - begin)});
+  }
+  return out;
 }
 
 }  // namespace dtorch::zero

@@ -48,6 +48,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
                      opts.reduce_dtype == torch::kHalf,
                  "gradient reduction dtype must be float32, bfloat16 or float16");
   parallel::check_same_model(*module, *comm, who);
+  if (replicas) parallel::check_same_model(*module, *replicas, who + " across replicas");
   // Note [Returning released memory]
   set_freed_memory(FreedMemory::Reuse);
 
@@ -120,7 +121,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
 
   const bool mixed = opts.param_dtype != torch::kFloat;
   torch::NoGradGuard no_grad;
-  parallel::broadcast_from_rank0(buffers, *comm, who + " initial buffers");
+  broadcast_from_first(buffers, who + " initial buffers");
   if (mixed) {
     // BatchNorm wants its running statistics in its input's dtype (FSDP's buffer_dtype).
     for (auto& b : buffers) {
@@ -143,7 +144,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
       at::Tensor flat = at::zeros({plan.units[u].padded}, on(at::kFloat));
       for (const UnitEntry& e : plan.units[u].entries)
         flat.narrow(0, e.offset, e.numel).copy_(params[e.param].detach().reshape({-1}));
-      comm->broadcast(flat, 0, str(who, " initial weights of ", plan.units[u].name));
+      broadcast_from_first(flat, str(who, " initial weights of ", plan.units[u].name));
       s.full = mixed ? flat.to(opts.param_dtype) : flat;
       // Stages 1-2 in fp32 update the parameters' own chunk in place: no separate master.
       if (params_on_disk) {
@@ -200,7 +201,7 @@ void ShardedModel::Impl::build(const OptimizerFactory& make_optimizer) {
 // stay gathered (the root of a model that does not scope its forward) then gather theirs.
 void ShardedModel::Impl::init_deferred(const models::Model& m) {
   at::Tensor state = m.deferred_init().generator_state.clone();
-  comm->broadcast(state, 0, "ZeRO-3 initial generator state");
+  broadcast_from_first(state, "ZeRO-3 initial generator state");
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < names.size(); ++i)
     index[names[i]] = i;

@@ -81,6 +81,9 @@ struct ShardedModel::Impl {
   std::shared_ptr<torch::nn::Module> module;
   models::Model* model = nullptr;  // set when the module has blocks (stage 3 hooks)
   std::shared_ptr<comm::Communicator> comm;
+  // Note [Hybrid sharding]: the ranks holding this rank's shards in the other replicas; null
+  // without.
+  std::shared_ptr<comm::Communicator> replicas;
   Options opts;
   ShardPlan plan;
   std::vector<std::string> names;
@@ -135,6 +138,11 @@ struct ShardedModel::Impl {
   }
 
   void build(const OptimizerFactory& make_optimizer);
+  // Note [Hybrid sharding]: rank 0's `t` to every rank, through the replicas and then comm.
+  void broadcast_from_first(at::Tensor& t, const std::string& what);
+  void broadcast_from_first(const std::vector<at::Tensor>& ts, const std::string& what);
+  // Note [Hybrid sharding]: averages this rank's reduced chunk of a unit across the replicas.
+  void average_across_replicas(at::Tensor& chunk, const std::string& what);
   void init_deferred(const models::Model& m);
   void publish();
   void publish_unit(size_t u);

@@ -82,7 +82,12 @@ void ShardedModel::Impl::launch(size_t u) {
 
 void ShardedModel::Impl::finish_reduction(UnitState& s) {
   torch::NoGradGuard no_grad;
+  const bool reduced = s.reduce.valid();  // not yet finished (wait_reductions finishes all)
   wait_for(s.reduce, waited.reduce);
+  if (replicas && reduced) {  // Note [Hybrid sharding]
+    average_across_replicas(s.incoming.defined() ? s.incoming : s.grad_shard,
+                            str("ZeRO-", opts.stage, " gradient shard across replicas"));
+  }
   if (s.incoming.defined() && !opts.state_on_host) {
     s.grad_shard.add_(s.incoming);
   } else if (s.incoming.defined() && s.land_in_shard) {
@@ -139,6 +144,57 @@ void ShardedModel::Impl::land() {
   }
 }
 
+// Note [Hybrid sharding]
+// FSDP2's HSDP (torchtitan's dp_replicate x dp_shard), DeepSpeed ZeRO++'s hpZ: on a cluster the
+// links inside a node are an order of magnitude faster than those between nodes, so the shards
+// are spread over one replica's ranks (a node's, MeshPlan's dp_shard group: `comm`) and the
+// replicas hold the same shards (`replicas`: the ranks at this rank's place in every replica).
+// --dp-replicate auto makes each node a replica, or under --pp each node of a stage's (the
+// stages vary slowest, so a stage on one node needs no replicas; resolve_replicas).
+// - Gradients: each unit is reduce-scattered inside the replica as without replicas; when its
+//   reduction finishes, this rank's reduced chunk (1/S of the unit, for S ranks a replica) is
+//   averaged across the R replicas (an allreduce of the chunk, before it is added to the shard
+//   or copied to the host), so every replica steps the same shards with the gradient of the
+//   whole batch. Averages of averages over equal groups are the average over all R x S ranks.
+// - Everything else stays inside the replica: stage 3's gathers, ZeRO-1/2's gathers of the
+//   updated parameters, the gradient norm (the replicas' shards are equal), the optimizer.
+//   fp16's overflow flag needs nothing more: an inf or a NaN in any replica reaches every
+//   replica's average.
+// - Every rank starts from rank 0's weights, buffers and (deferred initialisation) generator
+//   state: broadcast across the replicas first (replica 0's ranks to their places), then inside
+//   each replica; buffers are broadcast so after every backward.
+// Bytes across nodes per step, summed over the job, for P parameters of b bytes (padded to the
+// units' shards) on R nodes of S ranks (N = R x S), as Traffic counts them (Note [Traffic
+// across nodes] in comm/communicator_collectives.cpp): a ring over all N ranks crosses nodes at
+// R of its hops, so plain ZeRO's R ranks that end a node send everything they send across, R x
+// T for T a rank's bytes a step ((N-1)/N x P x b for the reduce-scatter and for each gather of
+// the model); under hybrid sharding only the chunks' allreduce crosses, 2 (R-1)/R x P x b / S
+// from every rank, 2 x P x b in all, over S disjoint rings of one rank a node. The shard
+// groups' T is (S-1)/S over (N-1)/N of plain ZeRO's, which gives plain ZeRO's total from a
+// hybrid run (bench memory prints both). gpt-debug under zero3 on 2 nodes of 2 (fp32,
+// P x b = 138752 bytes): plain ZeRO sends 568704 bytes a step across (284352 from each of
+// ranks 1 and 3), hybrid sharding 277504 (69376 from each rank); the intra-node gathers halve
+// too, 180288 bytes a rank to 120192.
+// Checkpoints are written over all R x S ranks, each writing its replica's part of its shards
+// (replica_part), and so read back at any layout as plain ZeRO's are (Note [Resharding by
+// name]).
+
+void ShardedModel::Impl::broadcast_from_first(at::Tensor& t, const std::string& what) {
+  if (replicas) replicas->broadcast(t, 0, what + " across replicas");
+  comm->broadcast(t, 0, what);
+}
+
+void ShardedModel::Impl::broadcast_from_first(const std::vector<at::Tensor>& ts,
+                                              const std::string& what) {
+  if (replicas) parallel::broadcast_from_rank0(ts, *replicas, what + " across replicas");
+  parallel::broadcast_from_rank0(ts, *comm, what);
+}
+
+void ShardedModel::Impl::average_across_replicas(at::Tensor& chunk, const std::string& what) {
+  comm::Work w = replicas->allreduce_async(chunk, comm::ReduceOp::Avg, what);
+  wait_for(w, waited.reduce);
+}
+
 void ShardedModel::Impl::complete_reduction() {
   if (opts.stage == 1) {
     for (size_t i = 0; i < params.size(); ++i) {
@@ -152,7 +208,7 @@ void ShardedModel::Impl::complete_reduction() {
   for (size_t u = 0; u < units.size(); ++u)
     release(u);
   if (opts.broadcast_buffers && !buffers.empty()) {
-    parallel::broadcast_from_rank0(buffers, *comm, str("ZeRO-", opts.stage, " buffers"));
+    broadcast_from_first(buffers, str("ZeRO-", opts.stage, " buffers"));
   }
 }
 

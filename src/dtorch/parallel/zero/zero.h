@@ -160,8 +160,11 @@ class ShardedModel {
     ShardedModel* m_;
   };
 
+  /// `replicas`, when given, holds the ranks with the same shards as this one (hybrid
+  /// sharding; Note [Hybrid sharding] in sharded_model_reduce.cpp).
   ShardedModel(std::shared_ptr<torch::nn::Module> model, std::shared_ptr<comm::Communicator> comm,
-               Options opts, const OptimizerFactory& make_optimizer);
+               Options opts, const OptimizerFactory& make_optimizer,
+               std::shared_ptr<comm::Communicator> replicas = nullptr);
   ~ShardedModel();
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
@@ -250,9 +253,18 @@ class ShardedModel {
 /// same model, makes all ranks start from rank 0's weights, packs the parameters into flat
 /// units, and installs gradient hooks (and, for stage 3 on a models::Model with blocks, the
 /// block hooks that gather units on demand). The model's parameters become views into the
-/// units: keep the returned handle alive as long as the model trains.
+/// units: keep the returned handle alive as long as the model trains. With `replicas` (FSDP's
+/// HSDP, ZeRO++'s hpZ; Note [Hybrid sharding] in sharded_model_reduce.cpp), `comm` is one
+/// replica's ranks and `replicas` the ranks holding the same shards in the others: each
+/// shard's gradient is averaged across them too, and all start from replica 0's rank 0.
 std::shared_ptr<ShardedModel> shard(std::shared_ptr<torch::nn::Module> model,
                                     std::shared_ptr<comm::Communicator> comm, Options opts,
-                                    const OptimizerFactory& make_optimizer);
+                                    const OptimizerFactory& make_optimizer,
+                                    std::shared_ptr<comm::Communicator> replicas = nullptr);
+
+/// Of this rank's checkpoint slices, the part it writes when `count` replicas hold the same
+/// ones (Note [Hybrid sharding]): replica `index`'s run of each slice, so that every element is
+/// written once and every rank writes about as much.
+std::vector<ShardSlice> replica_part(const std::vector<ShardSlice>& slices, int index, int count);
 
 }  // namespace dtorch::zero

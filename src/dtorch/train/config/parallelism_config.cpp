@@ -31,9 +31,31 @@ void validate(const ParallelismConfig& c) {
     DTORCH_CHECK_T(ConfigError, c.microbatches == 0 && c.pp_split.empty(),
                    "--microbatches and --pp-split apply to pipelines: add --pp N (N >= 2)");
   }
+  DTORCH_CHECK_T(ConfigError, c.dp_replicate >= 0, "--dp-replicate ", c.dp_replicate,
+                 ": give the number of replicas (1: plain ZeRO), or auto for one a node");
   DTORCH_CHECK_T(ConfigError, c.activation_checkpointing >= 0, "--activation-checkpointing ",
                  c.activation_checkpointing,
                  ": give K >= 1 to recompute every K-th block (1: every block)");
+}
+
+ParallelismConfig resolve_replicas(ParallelismConfig c, int world_size, int ranks_per_node) {
+  const bool automatic = c.dp_replicate == 0;
+  // Note [Mesh layout]: the stages vary slowest, so a stage's ranks are consecutive; a stage
+  // within one node has its replicas there, and needs none.
+  const int stage = world_size / std::max(1, c.pp);
+  if (automatic) {
+    c.dp_replicate =
+        stage > ranks_per_node && stage % ranks_per_node == 0 ? stage / ranks_per_node : 1;
+  }
+  DTORCH_CHECK_T(ConfigError, c.dp_replicate <= world_size, "--dp-replicate ", c.dp_replicate,
+                 " is more replicas than the job's ", world_size, " ranks");
+  const int dp = data_parallel_size(c, world_size);
+  DTORCH_CHECK_T(
+      ConfigError, dp % c.dp_replicate == 0, "--dp-replicate ",
+      automatic ? str("auto (", c.dp_replicate, ", one replica a node)") : str(c.dp_replicate),
+      " does not divide the ", dp,
+      " data-parallel ranks into replicas of equal size: ", "give a divisor of ", dp);
+  return c;
 }
 
 }  // namespace config

@@ -3,6 +3,7 @@
 // and parallelize() (train/parallelize.h) applies.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "dtorch/parallel/cp/kind.h"
@@ -33,6 +34,10 @@ struct ParallelismConfig {
   /// Recompute every K-th block's forward in backward instead of keeping its activations
   /// (parallel/activation_checkpoint.h; 1: every block, 0: off).
   int activation_checkpointing = 0;
+  /// Hybrid sharding under zero1-3 (Note [Hybrid sharding] in
+  /// parallel/zero/sharded_model_reduce.cpp): the data-parallel ranks form this many replicas
+  /// of consecutive ranks, each sharding the model over its own ranks. 0: one replica a node.
+  int64_t dp_replicate = 1;
 };
 
 /// The data-parallel ranks of a job of `world_size` ranks under `c`: world / (tp x cp x pp),
@@ -42,6 +47,11 @@ int data_parallel_size(const ParallelismConfig& c, int world_size);
 /// Throws ConfigError naming the flag and the fix for a setting that cannot hold whatever the
 /// job and the model (those parallelize() checks).
 void validate(const ParallelismConfig& c);
+
+/// `c` with --dp-replicate auto (0) made the number of nodes a pipeline stage's ranks span (the
+/// nodes, without --pp: a replica a node); checks that it divides the data-parallel ranks of a
+/// job of `world_size` ranks, `ranks_per_node` a node.
+ParallelismConfig resolve_replicas(ParallelismConfig c, int world_size, int ranks_per_node);
 
 }  // namespace config
 }  // namespace dtorch::train

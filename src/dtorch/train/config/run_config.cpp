@@ -43,8 +43,8 @@ struct Writer {
   void operator()(const Field& f, const Named<E>& v) {
     j[f.section][f.flag] = v.name();
   }
-  void operator()(const Field& f, const AllOr& v) {
-    j[f.section][f.flag] = v.value == 0 ? json("all") : json(v.value);
+  void operator()(const Field& f, const CountOr& v) {
+    j[f.section][f.flag] = v.value == 0 ? json(v.word) : json(v.value);
   }
 };
 
@@ -104,7 +104,7 @@ struct Reader {
   void operator()(const Field& f, Named<E> v) {
     if (auto* s = of(f)) v.set(*s->choice(f.flag, v.choices()));
   }
-  void operator()(const Field& f, AllOr v) {
+  void operator()(const Field& f, CountOr v) {
     auto* s = of(f);
     if (!s) return;
     const json& x = *s->get(f.flag);
@@ -112,8 +112,8 @@ struct Reader {
       v.value = *s->integer(f.flag, 0, std::numeric_limits<int64_t>::max());
       return;
     }
-    DTORCH_CHECK_T(ConfigError, x == "all", s->file(), ": ", s->name(f.flag),
-                   " must be \"all\" or a whole number >= 0 (got ", x.dump(), ")");
+    DTORCH_CHECK_T(ConfigError, x == v.word, s->file(), ": ", s->name(f.flag), " must be \"",
+                   v.word, "\" or a whole number >= 0 (got ", x.dump(), ")");
     v.value = 0;
   }
 };
@@ -149,11 +149,11 @@ JobSize read_job_size(const json& j, const std::string& file) {
 
 }  // namespace
 
-int64_t parse_all_or(const std::string& text, const std::string& flag) {
-  if (text == "all") return 0;
+int64_t parse_count_or(const std::string& text, const std::string& flag, const std::string& word) {
+  if (text == word) return 0;
   const std::optional<int64_t> n = parse_whole_number(text);
-  DTORCH_CHECK_T(ConfigError, n && *n >= 0, flag, " takes a whole number >= 0 or all (got ", text,
-                 ")");
+  DTORCH_CHECK_T(ConfigError, n && *n >= 0, flag, " takes a whole number >= 0 or ", word, " (got ",
+                 text, ")");
   return *n;
 }
 
@@ -322,6 +322,10 @@ void validate(const TrainConfig& c) {
                  "--reshard-after-microbatch releases ZeRO-3's units between a pipeline's "
                  "micro-batches: it needs --strategy zero3 and --pp 2 or more (got --strategy ",
                  name_of(s.kind), ", --pp ", p.pp, ")");
+  DTORCH_CHECK_T(ConfigError, p.dp_replicate == 1 || s.kind != StrategyKind::DDP, "--dp-replicate ",
+                 p.dp_replicate == 0 ? "auto" : str(p.dp_replicate),
+                 " splits ZeRO's shards into replicas, and ddp replicates everything already: use "
+                 "--strategy zero1, zero2 or zero3, or leave --dp-replicate out");
   StrategyConfig named = s;
   named.model = c.model.name;
   validate(named);

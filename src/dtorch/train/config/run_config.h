@@ -166,18 +166,22 @@ Named<E> named(E& value) {
   return Named<E>{value};
 }
 
-/// A count whose 0 means "all", read and written as all or a whole number: `--train-samples all`,
-/// "train-samples": "all".
-struct AllOr {
+/// A count whose 0 is a word, read and written as the word or a whole number: `--train-samples
+/// all`, "train-samples": "all"; `--dp-replicate auto`.
+struct CountOr {
   int64_t& value;
+  const char* word;
 };
-inline AllOr all_or(int64_t& value) {
-  return AllOr{value};
+inline CountOr all_or(int64_t& value) {
+  return CountOr{value, "all"};
+}
+inline CountOr auto_or(int64_t& value) {
+  return CountOr{value, "auto"};
 }
 
-/// `text` as an AllOr count: "all" is 0, else a whole number >= 0; ConfigError naming `flag`,
+/// `text` as a CountOr count: `word` is 0, else a whole number >= 0; ConfigError naming `flag`,
 /// the text and the fix otherwise.
-int64_t parse_all_or(const std::string& text, const std::string& flag);
+int64_t parse_count_or(const std::string& text, const std::string& flag, const std::string& word);
 
 /// The sections of the JSON form, in the order the fields below first name them.
 const std::vector<std::string>& config_sections();
@@ -319,6 +323,12 @@ void visit_fields(ParallelismConfig& p, V&& v) {
           "with --cp: ring (keys and values passed around the group) | ulysses (all-to-all "
           "from the sequence split to a head split; the heads must divide by cp)"},
     named(p.cp_kind));
+  v(Field{"parallelism", "dp-replicate",
+          "zero1-3: hybrid sharding (HSDP): the data-parallel ranks form this many replicas of "
+          "consecutive ranks, each sharding the model over its own ranks; gradient shards are "
+          "averaged across the replicas, so only they cross between replicas (auto: one replica "
+          "a node)"},
+    auto_or(p.dp_replicate));
   v(Field{"parallelism", "pp",
           "pipeline ranks (gpt-*, resnet*, vit-*): each builds and runs one stage (two under "
           "--schedule interleaved); the strategy runs over the rest (dp = world / (tp x cp x "

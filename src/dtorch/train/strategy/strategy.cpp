@@ -150,7 +150,8 @@ torch::Tensor Layout::local_tokens(const torch::Tensor& x) const {
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<models::Model> model,
                                         std::shared_ptr<comm::Communicator> comm,
-                                        TensorParallelism tp, PipelineParallelism pp) {
+                                        TensorParallelism tp, PipelineParallelism pp,
+                                        HybridSharding hybrid) {
   validate(c);
   DTORCH_CHECK_T(
       ConfigError,
@@ -158,9 +159,14 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
       "--precision fp16 on the CPU needs LibTorch 2.x's CPU autocast (this is ", TORCH_VERSION,
       ", whose CPU autocast has bfloat16 only): use --precision bf16, or "
       "--device cuda");
-  if (c.kind == StrategyKind::DDP)
+  if (c.kind == StrategyKind::DDP) {
+    DTORCH_CHECK_T(ConfigError, !hybrid.replicate,
+                   "--dp-replicate splits ZeRO's shards into replicas; ddp replicates everything "
+                   "already: use --strategy zero1, zero2 or zero3, or leave --dp-replicate out");
     return make_ddp_strategy(c, std::move(model), std::move(comm), std::move(tp), std::move(pp));
-  return make_zero_strategy(c, std::move(model), std::move(comm), std::move(tp), std::move(pp));
+  }
+  return make_zero_strategy(c, std::move(model), std::move(comm), std::move(tp), std::move(pp),
+                            std::move(hybrid));
 }
 
 }  // namespace strategy

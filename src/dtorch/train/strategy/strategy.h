@@ -120,6 +120,14 @@ struct PipelineParallelism {
   int stage() const { return stages.front(); }
 };
 
+/// Hybrid sharding under a sharded strategy (the trainer's --dp-replicate; Note [Hybrid
+/// sharding] in parallel/zero/sharded_model_reduce.cpp): the ranks of this rank's replica that
+/// its shards spread over, and the ranks holding the same shards in the other replicas. Empty:
+/// the shards spread over the whole data-parallel group.
+struct HybridSharding {
+  std::shared_ptr<comm::Communicator> shard, replicate;
+};
+
 /// The groups a run trains over: the data-parallel communicator its strategy runs on, and the
 /// tensor, context or pipeline parallelism under it.
 struct Layout {
@@ -129,6 +137,7 @@ struct Layout {
   TensorParallelism tp;                     ///< empty for tp 1
   PipelineParallelism pp;                   ///< empty for pp 1
   std::shared_ptr<cp::ContextParallel> cp;  ///< null for cp 1
+  HybridSharding hybrid;                    ///< empty for --dp-replicate 1
   parallel::MeshPlan plan;
 
   /// Which share of the data this rank reads, and of how many: the dp group's (the cp ranks of
@@ -141,11 +150,13 @@ struct Layout {
 
 /// Applies the configured strategy to `model` (which must be freshly built from the same
 /// seed on every rank; rank 0's weights win) over `comm`, the data-parallel group; with
-/// `tp`, `model` is already split across the tensor-parallel group.
+/// `tp`, `model` is already split across the tensor-parallel group. With `hybrid` (a sharded
+/// strategy only), `comm` still holds every data-parallel rank: checkpoints are written over it.
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
                                         std::shared_ptr<models::Model> model,
                                         std::shared_ptr<comm::Communicator> comm,
-                                        TensorParallelism tp = {}, PipelineParallelism pp = {});
+                                        TensorParallelism tp = {}, PipelineParallelism pp = {},
+                                        HybridSharding hybrid = {});
 
 }  // namespace strategy
 }  // namespace dtorch::train

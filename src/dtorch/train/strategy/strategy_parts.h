@@ -85,7 +85,8 @@ std::unique_ptr<Strategy> make_ddp_strategy(const StrategyConfig& c,
 std::unique_ptr<Strategy> make_zero_strategy(const StrategyConfig& c,
                                              std::shared_ptr<models::Model> model,
                                              std::shared_ptr<comm::Communicator> comm,
-                                             TensorParallelism tp, PipelineParallelism pp);
+                                             TensorParallelism tp, PipelineParallelism pp,
+                                             HybridSharding hybrid);
 
 }  // namespace strategy
 }  // namespace dtorch::train

@@ -29,13 +29,15 @@ class ZeroStrategy : public Strategy {
  public:
   ZeroStrategy(const StrategyConfig& c, std::shared_ptr<models::Model> model,
                std::shared_ptr<comm::Communicator> comm, const TensorParallelism& tp,
-               PipelineParallelism pp)
+               PipelineParallelism pp, HybridSharding hybrid)
       : c_(c),
         model_(std::move(model)),
         comm_(std::move(comm)),
+        hybrid_(std::move(hybrid)),
+        shards_(hybrid_.shard ? hybrid_.shard : comm_),
         pp_(std::move(pp)),
         device_(device_of(*model_)),
-        scaling_(c.precision, step_groups(*comm_, tp.handle, pp_.pipeline), device_) {
+        scaling_(c.precision, step_groups(*shards_, tp.handle, pp_.pipeline), device_) {
     if (pp_.pipeline) {
       // Note [Pipeline checkpoints]
       stage_folder_ =
@@ -79,9 +81,10 @@ class ZeroStrategy : public Strategy {
                   "shards, and the optimizer steps there");
       }
     }
-    sharded_ = zero::shard(model_, comm_, o, [&](std::vector<torch::Tensor> p) {
-      return make_optimizer(c.optimizer, std::move(p));
-    });
+    sharded_ = zero::shard(
+        model_, shards_, o,
+        [&](std::vector<torch::Tensor> p) { return make_optimizer(c.optimizer, std::move(p)); },
+        hybrid_.replicate);
     scaling_.set_optimizer(&sharded_->optimizer());
   }
 
@@ -133,6 +136,9 @@ class ZeroStrategy : public Strategy {
     // In the background, copies in host memory (Note [Checkpoints in the background]), or on
     // disk for state kept there (Note [Optimizer state on disk]).
     std::vector<zero::ShardSlice> slices = sharded_->checkpoint_slices();
+    if (hybrid_.replicate) {  // each replica writes its part (Note [Hybrid sharding])
+      slices = zero::replica_part(slices, hybrid_.replicate->rank(), hybrid_.replicate->size());
+    }
     const auto on_disk = background ? sharded_->snapshot_state_on_disk() : nullptr;
     auto kept = [&](const torch::Tensor& t) {
       if (!background) return t;
@@ -245,6 +251,10 @@ class ZeroStrategy : public Strategy {
     }
     if (c_.offload.params == OffloadDevice::NVMe) offload += ", parameter shards on disk there too";
     if (sharded_->options().state_on_host) offload += ", stepped on the host";
+    if (hybrid_.replicate) {  // Note [Hybrid sharding]
+      offload += str(", sharded over ", shards_->size(), " ranks in each of ",
+                     hybrid_.replicate->size(), " replicas");
+    }
     return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
                name_of(c_.precision.compute), " compute, ", name_of(c_.precision.reduce_dtype),
                " gradient reduction, on ", device_, offload);
@@ -280,7 +290,11 @@ class ZeroStrategy : public Strategy {
 
   StrategyConfig c_;
   std::shared_ptr<models::Model> model_;
+  // Every data-parallel rank (checkpoints are written over it); the shards spread over shards_,
+  // which is comm_ itself without hybrid sharding.
   std::shared_ptr<comm::Communicator> comm_;
+  HybridSharding hybrid_;
+  std::shared_ptr<comm::Communicator> shards_;
   PipelineParallelism pp_;
   at::Device device_;
   LossScaling scaling_;
@@ -297,8 +311,10 @@ class ZeroStrategy : public Strategy {
 std::unique_ptr<Strategy> make_zero_strategy(const StrategyConfig& c,
                                              std::shared_ptr<models::Model> model,
                                              std::shared_ptr<comm::Communicator> comm,
-                                             TensorParallelism tp, PipelineParallelism pp) {
-  return std::make_unique<ZeroStrategy>(c, std::move(model), std::move(comm), tp, std::move(pp));
+                                             TensorParallelism tp, PipelineParallelism pp,
+                                             HybridSharding hybrid) {
+  return std::make_unique<ZeroStrategy>(c, std::move(model), std::move(comm), tp, std::move(pp),
+                                        std::move(hybrid));
 }
 
 }  // namespace strategy
