@@ -154,6 +154,41 @@ TEST(DeepSpeedConfig, OffloadParamMapsToTheOffloadFlags) {
                 "give them the same path"});
 }
 
+// ZeRO++'s hierarchical partitioning as hybrid sharding (Note [Hybrid sharding]): the group size
+// gives the replicas of the data-parallel ranks; the flag wins; a size that leaves ranks over
+// is named.
+TEST(DeepSpeedConfig, HpzPartitionSizeMapsToReplicas) {
+  auto s = parse(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4}})");
+  EXPECT_EQ(s.hpz_partition_size, 4);
+  EXPECT_TRUE(s.warnings.empty());
+  TrainConfig c;
+  auto notes = apply_deepspeed_config(s, {}, 16, c);
+  EXPECT_EQ(c.parallelism.dp_replicate, 4);
+  EXPECT_TRUE(mentions(notes, "zero_hpz_partition_size 4: hybrid sharding, --dp-replicate 4"))
+      << notes.front();
+  TrainConfig tp;
+  tp.parallelism.tp = 2;  // 8 data-parallel ranks: 2 replicas of 4
+  apply_deepspeed_config(s, {}, 16, tp);
+  EXPECT_EQ(tp.parallelism.dp_replicate, 2);
+  TrainConfig f;
+  f.parallelism.dp_replicate = 0;
+  notes = apply_deepspeed_config(s, {"--dp-replicate"}, 16, f);
+  EXPECT_EQ(f.parallelism.dp_replicate, 0);
+  EXPECT_TRUE(mentions(notes,
+                       "--dp-replicate on the command line replaces the file's "
+                       "zero_optimization.zero_hpz_partition_size"));
+  TrainConfig odd;
+  const std::string e = testing::error_of([&] { apply_deepspeed_config(s, {}, 6, odd); });
+  EXPECT_NE(e.find("zero_hpz_partition_size 4 does not divide the 6 data-parallel ranks"),
+            std::string::npos)
+      << e;
+  TrainConfig one;
+  EXPECT_TRUE(apply_deepspeed_config(
+                  parse(R"({"zero_optimization": {"zero_hpz_partition_size": 1}})"), {}, 4, one)
+                  .empty());
+  EXPECT_EQ(one.parallelism.dp_replicate, 1);
+}
+
 TEST(DeepSpeedConfig, OptimizersTakeDeepSpeedsDefaultsAndItsAdamIsAdamW) {
   auto adam = parse(R"({"optimizer": {"type": "Adam", "params": {"lr": 0.01}}})");
   EXPECT_EQ(adam.optimizer, OptimizerKind::AdamW)

@@ -94,7 +94,8 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
   auto z = top.section("zero_optimization");
   if (!z) return;
   z->keys({"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
-           "allgather_partitions", "allgather_bucket_size", "offload_optimizer", "offload_param"},
+           "allgather_partitions", "allgather_bucket_size", "offload_optimizer", "offload_param",
+           "zero_hpz_partition_size"},
           {"use_multi_rank_bucket_allreduce",
            "compute_grad_norm",
            "load_from_fp32_weights",
@@ -124,7 +125,6 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
            "legacy_stage1",
            "round_robin_gradients",
            "parameter_alignment",
-           "zero_hpz_partition_size",
            "zero_quantized_weights",
            "zero_quantized_nontrainable_weights",
            "zero_quantized_gradients",
@@ -154,6 +154,7 @@ void read_zero(const Section& top, DeepSpeedSettings& s) {
       z->ignore(always, str("dtorch always works this way (", always, " true)"));
     }
   }
+  s.hpz_partition_size = z->integer("zero_hpz_partition_size", 1, int64_t{1} << 24);
   if (auto off = z->section("offload_optimizer")) {
     off->keys({"device", "nvme_path", "buffer_count", "pin_memory"},
               {"fast_init", "pipeline_read", "pipeline_write", "pipeline", "ratio"});
@@ -422,6 +423,23 @@ std::vector<std::string> apply_deepspeed_config(const DeepSpeedSettings& ds,
        "zero_optimization.offload_optimizer.buffer_count");
   take(ds.offload_params, c.strategy.offload.params, "--offload-params",
        "zero_optimization.offload_param.device");
+  if (ds.hpz_partition_size && *ds.hpz_partition_size > 1) {  // Note [Hybrid sharding]
+    const int64_t group = *ds.hpz_partition_size;
+    const int dp = data_parallel_size(c.parallelism, world_size);
+    DTORCH_CHECK_T(ConfigError, given.count("--dp-replicate") || dp % group == 0,
+                   "zero_optimization.zero_hpz_partition_size ", group, " does not divide the ", dp,
+                   " data-parallel ranks: give a divisor of ", dp,
+                   " (the ranks a node has), or --dp-replicate");
+    take(std::optional<int64_t>(dp / group), c.parallelism.dp_replicate, "--dp-replicate",
+         "zero_optimization.zero_hpz_partition_size");
+    if (!given.count("--dp-replicate")) {
+      notes.push_back(str("zero_optimization.zero_hpz_partition_size ", group,
+                          ": hybrid sharding, --dp-replicate ", dp / group, " (the ", dp,
+                          " data-parallel ranks as ", dp / group, " replicas of ", group,
+                          "; unlike DeepSpeed's hpZ, the optimizer state is sharded over the ",
+                          group, " ranks of a replica, not over all ", dp, ")"));
+    }
+  }
   take(ds.precision, c.strategy.precision.compute, "--precision",
        ds.precision == Precision::FP16 ? "fp16.enabled" : "bf16.enabled");
   auto& ls = c.strategy.precision.loss_scale;

@@ -75,6 +75,9 @@ struct DeepSpeedSettings {
   std::optional<std::string> offload_dir;          ///< its nvme_path
   std::optional<int> offload_buffers;              ///< its buffer_count
   std::optional<OffloadDevice> offload_params;     ///< zero_optimization.offload_param.device
+  /// zero_optimization.zero_hpz_partition_size: the ranks a shard group holds (--dp-replicate
+  /// is the data-parallel ranks over it; Note [Hybrid sharding]).
+  std::optional<int64_t> hpz_partition_size;
   std::optional<Precision> precision;
   std::optional<ReduceDtype> reduce_dtype;
   std::optional<double> clip_grad_norm;
