@@ -234,6 +234,7 @@ int run_plan(const PlanFlags& f) {
                        {"tp", p.layout.tp},
                        {"pp", p.layout.pp},
                        {"cp", p.layout.cp},
+                       {"dp_replicate", p.layout.dp_replicate},
                        {"predicted_step_s", p.step_s()},
                        {"predicted_compute_s", p.compute_s},
                        {"predicted_exposed_comm_s", p.exposed_comm_s},

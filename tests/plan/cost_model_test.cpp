@@ -307,6 +307,54 @@ TEST(CostModel, MoreMicroBatchesShrinkThePipelinesBubble) {
 // buffers instead of AdamW's two moments, and the step waits for the disk's reads and writes of
 // them where they outlast the AdamW step they overlap. An offload twin is ranked where the layout
 // does not fit, or alone when asked for; never without the disk's rates or on a GPU.
+// Note [Hybrid sharding]: a replica a node gathers and reduce-scatters over the node's fast
+// links and sends only the shards' all-reduce across the slow ones: on 2 nodes of 4 whose links
+// between them are 100 times slower, gpt-large's ZeRO-3 with replicas ranks above plain ZeRO-3,
+// which holds less.
+TEST(CostModel, HybridShardingPaysOnlyItsShardsAllReduceAcrossNodes) {
+  const Workload w = workload_of("gpt-large", 64, 8);
+  Machine m = round_machine(4);
+  m.memory_per_rank_bytes = 1e12;
+  for (Collective c :
+       {Collective::AllReduce, Collective::ReduceScatter, Collective::AllGather, Collective::P2P})
+    m.inter_node[c] = {{2, 1e-4, 1e7}};
+  double P = -double(w.vocab * w.hidden);  // the tied embedding once
+  for (int64_t u : w.unit_parameters)
+    P += double(u);
+  Layout plain;
+  plain.dp = 8;
+  plain.zero = 3;
+  Layout hybrid = plain;
+  hybrid.dp_replicate = 2;
+  const Prediction p = predict(w, m, plain), h = predict(w, m, hybrid);
+  EXPECT_NEAR(p.exposed_comm_s,
+              m.seconds(Collective::ReduceScatter, 8, 4 * P, true) +
+                  2 * m.seconds(Collective::AllGather, 8, 4 * P, true),
+              1e-9);
+  EXPECT_NEAR(h.exposed_comm_s,
+              m.seconds(Collective::ReduceScatter, 4, 4 * P, false) +
+                  2 * m.seconds(Collective::AllGather, 4, 4 * P, false) +
+                  m.seconds(Collective::AllReduce, 2, 4 * P / 4, true),
+              1e-9);
+  EXPECT_GT(h.model_state_bytes, p.model_state_bytes) << "shards over 4 ranks, not 8";
+  EXPECT_NE(flags_of(hybrid, w).find("--strategy zero3 --dp-replicate 2"), std::string::npos)
+      << flags_of(hybrid, w);
+  const std::vector<Prediction> ranked = rank_layouts(w, m, 8);
+  auto place = [&](int replicas) {
+    for (size_t i = 0; i < ranked.size(); ++i) {
+      const Layout& l = ranked[i].layout;
+      if (l.zero == 3 && l.dp == 8 && !l.activation_checkpointing && l.dp_replicate == replicas)
+        return i;
+    }
+    return ranked.size();
+  };
+  EXPECT_LT(place(2), place(1));
+  ASSERT_LT(place(1), ranked.size()) << "plain ZeRO-3 is ranked too";
+  // On one node there is nothing to replicate.
+  for (const Prediction& one : rank_layouts(w, round_machine(8), 8))
+    EXPECT_EQ(one.layout.dp_replicate, 1);
+}
+
 TEST(CostModel, OptimizerStateOnDiskLeavesMemoryAndWaitsForTheDisk) {
   const Workload w = workload_of("gpt-small", 64, 8);
   Machine m = round_machine();

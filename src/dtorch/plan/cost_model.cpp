@@ -13,6 +13,7 @@
 #include "dtorch/models/module_hooks.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/cp/context_parallel.h"
+#include "dtorch/parallel/replicas.h"
 #include "dtorch/parallel/pp/stage_plan.h"
 #include "dtorch/parallel/zero/offload.h"
 #include "dtorch/parallel/zero/zero.h"
@@ -185,6 +186,7 @@ std::string flags_of(const Layout& l, const Workload& w, const std::string& offl
   if (l.offload) f << " --offload-optimizer nvme";
   if (l.offload_params) f << " --offload-params nvme";
   if (l.offload && !offload_dir.empty()) f << " --offload-dir " << offload_dir;
+  if (l.dp_replicate > 1) f << " --dp-replicate " << l.dp_replicate;
   return f.str();
 }
 
@@ -361,7 +363,8 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
 
   // The optimizer step, over the rank's shard under ZeRO; with its state on disk, the reads and
   // writes of AdamW's two moments that the step does not hide.
-  const int n = l.dp * l.cp;
+  // The ranks a shard spreads over: a replica's under hybrid sharding.
+  const int n = l.dp * l.cp / l.dp_replicate;
   const double stepped = l.zero > 0 ? params_rank / n : params_rank;
   const double adamw_s = stepped * m.adamw_seconds_per_parameter;
   p.compute_s += adamw_s;
@@ -381,7 +384,7 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
 
   // Communication: the strategy's over dp x cp, then tensor and context parallelism's.
   const double grad_bytes = 4 * params_rank;
-  const bool dp_across = spans_nodes(l.tp * l.cp * l.dp, m);
+  const bool dp_across = spans_nodes(l.tp * l.cp * l.dp / l.dp_replicate, m);
   double dp_s = 0;
   if (l.zero == 0) {
     dp_s = m.seconds(Collective::AllReduce, n, grad_bytes, dp_across);
@@ -391,6 +394,10 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   } else {
     dp_s = m.seconds(Collective::ReduceScatter, n, grad_bytes, dp_across) +
            2 * m.seconds(Collective::AllGather, n, grad_bytes, dp_across);
+  }
+  if (l.dp_replicate > 1) {  // each shard's gradient averaged across the replicas' nodes
+    dp_s += m.seconds(Collective::AllReduce, l.dp_replicate, grad_bytes / n,
+                      spans_nodes(l.tp * l.cp * l.dp, m));
   }
   auto hidden = m.overlap.find(zero::stage_names().at(l.zero));
   p.exposed_comm_s = dp_s * (1 - (hidden == m.overlap.end() ? 0.0 : hidden->second));
@@ -540,6 +547,14 @@ std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int wo
                  "DIR (a folder on the disk the runs would use)");
   std::vector<Prediction> out;
   for (const Layout& l : enumerate_layouts(w, world)) {
+    // Note [Hybrid sharding]: a ZeRO layout over several nodes also with a replica a node (as
+    // --dp-replicate auto lays it out).
+    const int replicas = parallel::replicas_a_node(world, l.pp, m.ranks_per_node);
+    if (l.zero > 0 && replicas > 1 && l.dp % replicas == 0) {
+      Layout hybrid = l;
+      hybrid.dp_replicate = replicas;
+      out.push_back(predict(w, m, hybrid));
+    }
     Prediction p = predict(w, m, l);
     if (offload != OffloadLayouts::None && can_offload && l.zero > 0 &&
         (offload == OffloadLayouts::Only || !p.fits)) {

@@ -51,7 +51,9 @@ namespace dtorch::plan {
 //   link (latency per step plus bus bytes over bus bandwidth: a ring all-reduce moves 2 (n-1)/n
 //   of the buffer, a reduce-scatter or all-gather (n-1)/n): the strategy's over dp x cp (ddp:
 //   an all-reduce of the gradients; zero1 and zero2: a reduce-scatter of the gradients and the
-//   updated parameters' all-gather; zero3: two all-gathers and a reduce-scatter), tensor
+//   updated parameters' all-gather; zero3: two all-gathers and a reduce-scatter; with
+//   --dp-replicate R, those over a replica's dp x cp / R ranks and an all-reduce of each shard's
+//   gradient across the R replicas' nodes, Note [Hybrid sharding]), tensor
 //   parallelism's four all-reduces of a block's activations per micro-batch (Megatron),
 //   context parallelism's ring bytes (cp::bytes_sent_per_layer). A group spans nodes when its ranks
 //   do (the mesh puts tp fastest, then cp, dp, pp: Note [Mesh layout]). What a strategy hides
@@ -165,6 +167,9 @@ struct Layout {
   bool offload = false;
   /// With `offload` under ZeRO-3, the parameter shards there too (--offload-params nvme)
   bool offload_params = false;
+  /// ZeRO's replicas (--dp-replicate): the shards spread over dp x cp / dp_replicate ranks
+  /// (Note [Hybrid sharding] in parallel/zero/sharded_model_reduce.cpp)
+  int dp_replicate = 1;
 };
 
 /// The `dtorch train` flags that run `layout` on `world` ranks (--nproc-per-node or a

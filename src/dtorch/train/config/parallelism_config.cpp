@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "dtorch/core/error.h"
+#include "dtorch/parallel/replicas.h"
 
 namespace dtorch::train {
 inline namespace config {
@@ -40,13 +41,7 @@ void validate(const ParallelismConfig& c) {
 
 ParallelismConfig resolve_replicas(ParallelismConfig c, int world_size, int ranks_per_node) {
   const bool automatic = c.dp_replicate == 0;
-  // Note [Mesh layout]: the stages vary slowest, so a stage's ranks are consecutive; a stage
-  // within one node has its replicas there, and needs none.
-  const int stage = world_size / std::max(1, c.pp);
-  if (automatic) {
-    c.dp_replicate =
-        stage > ranks_per_node && stage % ranks_per_node == 0 ? stage / ranks_per_node : 1;
-  }
+  if (automatic) c.dp_replicate = parallel::replicas_a_node(world_size, c.pp, ranks_per_node);
   DTORCH_CHECK_T(ConfigError, c.dp_replicate <= world_size, "--dp-replicate ", c.dp_replicate,
                  " is more replicas than the job's ", world_size, " ranks");
   const int dp = data_parallel_size(c, world_size);
