@@ -350,6 +350,15 @@ TEST(CostModel, HybridShardingPaysOnlyItsShardsAllReduceAcrossNodes) {
   };
   EXPECT_LT(place(2), place(1));
   ASSERT_LT(place(1), ranked.size()) << "plain ZeRO-3 is ranked too";
+  // Listing only layouts with the optimizer's state on disk lists replicated ones so too.
+  Machine disk = m;
+  disk.offload_disk = {"/nvme", 5e8};
+  bool replicated = false;
+  for (const Prediction& q : rank_layouts(w, disk, 8, OffloadLayouts::Only)) {
+    EXPECT_TRUE(q.layout.offload) << flags_of(q.layout, w);
+    replicated = replicated || q.layout.dp_replicate == 2;
+  }
+  EXPECT_TRUE(replicated);
   // On one node there is nothing to replicate.
   for (const Prediction& one : rank_layouts(w, round_machine(8), 8))
     EXPECT_EQ(one.layout.dp_replicate, 1);

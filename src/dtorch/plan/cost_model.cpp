@@ -13,8 +13,8 @@
 #include "dtorch/models/module_hooks.h"
 #include "dtorch/models/registry.h"
 #include "dtorch/parallel/cp/context_parallel.h"
-#include "dtorch/parallel/replicas.h"
 #include "dtorch/parallel/pp/stage_plan.h"
+#include "dtorch/parallel/replicas.h"
 #include "dtorch/parallel/zero/offload.h"
 #include "dtorch/parallel/zero/zero.h"
 #include "dtorch/report/out_of_memory.h"
@@ -546,15 +546,8 @@ std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int wo
                  "' has no offload_disk rates: calibrate with dtorch plan calibrate --offload-dir "
                  "DIR (a folder on the disk the runs would use)");
   std::vector<Prediction> out;
-  for (const Layout& l : enumerate_layouts(w, world)) {
-    // Note [Hybrid sharding]: a ZeRO layout over several nodes also with a replica a node (as
-    // --dp-replicate auto lays it out).
-    const int replicas = parallel::replicas_a_node(world, l.pp, m.ranks_per_node);
-    if (l.zero > 0 && replicas > 1 && l.dp % replicas == 0) {
-      Layout hybrid = l;
-      hybrid.dp_replicate = replicas;
-      out.push_back(predict(w, m, hybrid));
-    }
+  // `l` as it is and, where asked, with its optimizer's state on disk.
+  auto add = [&](const Layout& l) {
     Prediction p = predict(w, m, l);
     if (offload != OffloadLayouts::None && can_offload && l.zero > 0 &&
         (offload == OffloadLayouts::Only || !p.fits)) {
@@ -568,6 +561,17 @@ std::vector<Prediction> rank_layouts(const Workload& w, const Machine& m, int wo
       }
     }
     if (offload != OffloadLayouts::Only) out.push_back(std::move(p));
+  };
+  for (const Layout& l : enumerate_layouts(w, world)) {
+    add(l);
+    // Note [Hybrid sharding]: a ZeRO layout over several nodes also with a replica a node (as
+    // --dp-replicate auto lays it out).
+    const int replicas = parallel::replicas_a_node(world, l.pp, m.ranks_per_node);
+    if (l.zero > 0 && replicas > 1 && l.dp % replicas == 0) {
+      Layout hybrid = l;
+      hybrid.dp_replicate = replicas;
+      add(hybrid);
+    }
   }
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
