@@ -27,6 +27,7 @@
 #include "dtorch/core/machine_load.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/core/picture.h"
+#include "dtorch/launch/store.h"
 #include "dtorch/plan/calibrate.h"
 #include "dtorch/plan/cost_model.h"
 #include "dtorch/plan/plan_picture.h"
@@ -44,6 +45,7 @@ struct PlanFlags {
   int nodes = 1, gpus_per_node = 0, nproc_per_node = 0, top = 20;
   int validate = 0, validate_steps = 3;
   std::vector<std::string> strategies;  // only these (train::StrategyKind's names); empty: all
+  int dp_replicate = -1;                // only layouts of this many replicas; -1: all
   int64_t global_batch = 0, seq_len = 0;
   double memory_per_rank_gib = 0;
 };
@@ -81,51 +83,76 @@ std::string shell_quoted(const std::string& s) {
 // of gpt-small at 2 and 4 ranks on a 2-core machine.
 constexpr int kUntimedSteps = 2;
 
-// Runs `dtorch bench memory` with the layout's flags on `world` local ranks of `device` (the
-// machine file's: cpu or cuda) for `steps` timed steps after kUntimedSteps, its log kept in
-// `log_path`. The peak is the process's resident memory on a CPU, the caching allocator's
-// reserve on a GPU.
-Measured measure_layout(const std::string& flags, const std::string& device, int world, int steps,
-                        const std::string& log_path) {
-  std::string command = shell_quoted(paths::executable_path()) + " bench memory --warmup-steps " +
-                        std::to_string(kUntimedSteps) + " --device " + shell_quoted(device);
+// Runs `dtorch bench memory` with the layout's flags on `nodes` x `per_node` ranks of `device`
+// (the machine file's: cpu or cuda) for `steps` timed steps after kUntimedSteps, the logs kept in
+// `log_path` (a node's in log_path.nodeN). The peak is the process's resident memory on a CPU,
+// the caching allocator's reserve on a GPU. Several nodes run as that many launchers on
+// 127.0.0.1, every node's ranks on this machine: the nodes meet over TCP, as a machine file
+// calibrated with `dtorch launch --nnodes` on one host measured them.
+Measured measure_layout(const std::string& flags, const std::string& device, int nodes,
+                        int per_node, int steps, const std::string& log_path) {
+  const std::string self = shell_quoted(paths::executable_path());
+  std::string bench = self + " bench memory --warmup-steps " + std::to_string(kUntimedSteps) +
+                      " --device " + shell_quoted(device);
   std::istringstream words(flags);
   for (std::string w; words >> w;)
-    command += " " + shell_quoted(w);
-  command += " --nproc-per-node " + std::to_string(world) + " --steps " + std::to_string(steps) +
-             " 2>" + shell_quoted(log_path);
+    bench += " " + shell_quoted(w);
+  bench += " --steps " + std::to_string(steps);
+  std::vector<std::string> commands, logs;
+  if (nodes == 1) {
+    logs.push_back(log_path);
+    commands.push_back(bench + " --nproc-per-node " + std::to_string(per_node));
+  } else {
+    const std::string port = std::to_string(launch::free_port());
+    for (int node = 0; node < nodes; ++node) {
+      logs.push_back(log_path + ".node" + std::to_string(node));
+      commands.push_back(self + " launch --nnodes " + std::to_string(nodes) + " --node-rank " +
+                         std::to_string(node) + " --nproc-per-node " + std::to_string(per_node) +
+                         " --master-addr 127.0.0.1 --master-port " + port + " -- " + bench);
+    }
+  }
   Measured m;
   // The layout's processes are this one's children, waited for by pclose (Note [Others on the
   // machine]).
   const MachineLoad load;
   auto job_cpu = [] { return own_cpu_seconds() + children_cpu_seconds(); };
   const double job0 = job_cpu();
-  FILE* out = popen(command.c_str(), "r");
-  DTORCH_CHECK_T(ConfigError, out != nullptr, "plan --validate cannot start ", command);
+  std::vector<FILE*> outs;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    const std::string command = commands[i] + " 2>" + shell_quoted(logs[i]);
+    outs.push_back(popen(command.c_str(), "r"));
+    DTORCH_CHECK_T(ConfigError, outs.back() != nullptr, "plan --validate cannot start ", command);
+  }
+  // A line a rank prints per node, so that reading the nodes in turn never fills a pipe.
   std::string text;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, out)) > 0;)
-    text.append(buffer, n);
-  const int status = pclose(out);
+  int failed = -1;  // the first node that failed
+  for (size_t i = 0; i < outs.size(); ++i) {
+    char buffer[4096];
+    for (size_t n; (n = fread(buffer, 1, sizeof buffer, outs[i])) > 0;)
+      text.append(buffer, n);
+    if (pclose(outs[i]) != 0 && failed < 0) failed = static_cast<int>(i);
+  }
   m.others_share = load.others_share(job_cpu() - job0);
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
     nlohmann::json j;
     std::string why;
-    if (line.empty() || line[0] != '{' || !json_config::try_parse(line, &j, &why)) continue;
+    const size_t brace = line.find('{');  // after a launcher's "[n0 r0] " on several nodes
+    if (brace == std::string::npos || !json_config::try_parse(line.substr(brace), &j, &why))
+      continue;
     const char* peak = device == "cpu" ? "peak_rss_bytes" : "cuda_peak_reserved_bytes";
     if (!j.contains("step_seconds_median") || !j.contains(peak)) continue;
     m.step_s = std::max(m.step_s, j["step_seconds_median"].get<double>());
     m.peak_bytes = std::max(m.peak_bytes, j[peak].get<double>());
     m.ran = true;
   }
-  if (status != 0 || !m.ran) {
+  if (failed >= 0 || !m.ran) {
     m.ran = false;
-    std::ifstream log(log_path);
+    std::ifstream log(logs[std::max(failed, 0)]);
     std::string last;
     for (std::string line; std::getline(log, line);)
       if (!line.empty()) last = line;
-    m.why = last.empty() ? "exited with status " + std::to_string(status) : last;
+    m.why = last.empty() ? "exited with a failure" : last;
   }
   return m;
 }
@@ -151,6 +178,9 @@ int run_plan(const PlanFlags& f) {
                  "give the ranks per node once: --gpus-per-node G or --nproc-per-node P");
   DTORCH_CHECK_T(ConfigError, f.nodes >= 1, "--nodes must be >= 1 (got ", f.nodes, ")");
   DTORCH_CHECK_T(ConfigError, f.top >= 1, "--top must be >= 1 (got ", f.top, ")");
+  DTORCH_CHECK_T(ConfigError, f.dp_replicate == -1 || f.dp_replicate >= 1,
+                 "--dp-replicate must be >= 1 (got ", f.dp_replicate,
+                 "): 1 keeps the layouts with one replica, leave it out for all");
   DTORCH_CHECK_T(ConfigError, f.validate >= 0 && f.validate_steps >= 1,
                  "--validate K takes K >= 0 layouts and --validate-steps 1 or more (got ",
                  f.validate, " and ", f.validate_steps, ")");
@@ -183,19 +213,31 @@ int run_plan(const PlanFlags& f) {
         std::remove_if(ranked.begin(), ranked.end(),
                        [&](const plan::Prediction& p) { return !stages.count(p.layout.zero); }),
         ranked.end());
+  if (f.dp_replicate >= 1)
+    ranked.erase(std::remove_if(ranked.begin(), ranked.end(),
+                                [&](const plan::Prediction& p) {
+                                  return p.layout.dp_replicate != f.dp_replicate;
+                                }),
+                 ranked.end());
+  const bool filtered = !stages.empty() || f.dp_replicate >= 1;
   DTORCH_CHECK_T(ConfigError, !ranked.empty(), "no layout of ", world, " ranks runs ", f.model,
                  " at a global batch of ", f.global_batch,
-                 stages.empty() ? "" : " under the --strategy given",
+                 filtered ? " under the --strategy or --dp-replicate given" : "",
                  ": use a --global-batch-size that the data-parallel degrees divide",
-                 stages.empty() ? "" : ", or another --strategy");
+                 filtered ? ", or another --strategy or --dp-replicate (replicas are one a node "
+                            "of several)"
+                          : "");
   const int shown = std::min<int>(f.top, static_cast<int>(ranked.size()));
   // --validate K: the first K layouts that fit, run here.
   std::vector<Measured> measured(ranked.size());
   int validated = 0;
   if (f.validate > 0) {
-    DTORCH_CHECK_T(ConfigError, f.nodes == 1,
-                   "plan --validate runs the layouts on this machine: give --nodes 1 (got ",
-                   f.nodes, ")");
+    // Several nodes run here as that many launchers (measure_layout): a GPU each rank needs
+    // its own of would be shared by the nodes' local ranks.
+    DTORCH_CHECK_T(ConfigError, f.nodes == 1 || m.device == "cpu", "plan --validate runs every ",
+                   "node's ranks on this machine, and machine '", m.name,
+                   "' computes on GPUs, one a rank: validate with --nodes 1 (got --nodes ", f.nodes,
+                   ")");
     std::error_code ec;
     const std::string logs = paths::make_temp_directory("dtorch-plan-validate", ec);
     DTORCH_CHECK_T(ConfigError, !ec, "plan --validate cannot make a folder for its runs' logs (",
@@ -205,7 +247,7 @@ int run_plan(const PlanFlags& f) {
       ++validated;
       const std::string flags = flags_of(ranked[i].layout);
       log::info("validating ", validated, "/", f.validate, " (layout #", i + 1, "): ", flags);
-      measured[i] = measure_layout(flags, m.device, world, f.validate_steps,
+      measured[i] = measure_layout(flags, m.device, f.nodes, per_node, f.validate_steps,
                                    logs + "/layout-" + std::to_string(i + 1) + ".log");
       if (!measured[i].ran) log::warn("layout #", i + 1, " did not run: ", measured[i].why);
       if (measured[i].ran && noticeable(measured[i].others_share))
@@ -406,6 +448,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--strategy", f->strategies,
                   "only layouts of these strategies (ddp, zero1, zero2, zero3; comma-separated)")
       ->delimiter(',');
+  cmd->add_option("--dp-replicate", f->dp_replicate,
+                  "only layouts of this many replicas (1: ZeRO over every data-parallel rank; "
+                  "a hybrid layout has one a node)");
   cmd->add_option("--out", f->out,
                   "also draw the layouts shown (their predicted time split) into this .png or "
                   ".svg file");
@@ -416,8 +461,9 @@ void add_plan_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"auto", "none", "nvme"}))
       ->capture_default_str();
   cmd->add_option("--validate", f->validate,
-                  "run the first K layouts that fit here (dtorch bench memory) and print "
-                  "predicted against measured step time and peak memory");
+                  "run the first K layouts that fit here (dtorch bench memory; --nodes N as N "
+                  "launchers on 127.0.0.1) and print predicted against measured step time and "
+                  "peak memory");
   cmd->add_option("--validate-steps", f->validate_steps,
                   str("timed steps per layout, after ", kUntimedSteps,
                       " untimed; their median is the measured step"))

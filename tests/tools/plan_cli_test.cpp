@@ -33,6 +33,22 @@ std::string round_machine_file(const std::string& dir) {
   return path;
 }
 
+// `dtorch plan --validate 1` of gpt-debug at a global batch of 4 on `machine`, with `flags`: the
+// first layout's JSON line (with what it measured), or null after a failure the test reports.
+nlohmann::json validated_first(const std::string& name, const std::string& machine,
+                               const std::vector<std::string>& flags) {
+  std::vector<std::string> args{
+      DTORCH_CLI, "plan",      "--model",    "gpt-debug", "--global-batch-size",
+      "4",        "--machine", machine,      "--format",  "json",
+      "--top",    "1",         "--validate", "1",         "--validate-steps",
+      "1"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  auto r = testing::run_command(name, args, 180);
+  EXPECT_EQ(r.exit_code(), 0) << r.err;
+  if (r.exit_code() != 0) return nullptr;
+  return nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+}
+
 TEST(PlanCli, RanksEveryLayoutAsJsonLines) {
   const std::string dir = testing::scratch_dir("plan_cli");
   const std::string machine = round_machine_file(dir);
@@ -149,6 +165,12 @@ TEST(PlanCli, BadFlagsAndFilesAreNamed) {
            Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
                  "--machine", machine, "--offload-optimizer", "nvme"},
                 "has no offload_disk rates: calibrate with dtorch plan calibrate --offload-dir"},
+           Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", machine, "--dp-replicate", "0"},
+                "--dp-replicate must be >= 1 (got 0)"},
+           Case{{"--model", "gpt-small", "--nproc-per-node", "2", "--global-batch-size", "2",
+                 "--machine", machine, "--dp-replicate", "2"},
+                "or another --strategy or --dp-replicate (replicas are one a node of several)"},
            Case{{"calibrate", "--out", dir + "/m.json", "--offload-dir", dir + "/absent"},
                 "--offload-dir " + dir + "/absent is not a folder"},
        }) {
@@ -209,47 +231,17 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
   EXPECT_TRUE(testing::contains(cnn.out, "--activation-checkpointing 1")) << cnn.out;
   // --validate runs the layout predicted fastest here and reports what it measured, and how much
   // of the machine other processes took meanwhile (Note [Others on the machine]).
-  auto validated =
-      testing::run_command("plan_validated",
-                           {DTORCH_CLI, "plan", "--model", "gpt-debug", "--nproc-per-node", "2",
-                            "--global-batch-size", "4", "--machine", out, "--format", "json",
-                            "--top", "1", "--validate", "1", "--validate-steps", "1"},
-                           180);
-  ASSERT_EQ(validated.exit_code(), 0) << validated.err;
-  const nlohmann::json first =
-      nlohmann::json::parse(validated.out.substr(0, validated.out.find('\n')));
+  const nlohmann::json first = validated_first("plan_validated", out, {"--nproc-per-node", "2"});
+  ASSERT_FALSE(first.is_null());
   EXPECT_GT(first.at("measured_step_s").get<double>(), 0) << first;
   EXPECT_GT(first.at("measured_peak_gib").get<double>(), 0) << first;
   EXPECT_GE(first.at("measured_others_cpu_share").get<double>(), 0) << first;
   EXPECT_LE(first.at("measured_others_cpu_share").get<double>(), 1) << first;
   // And a layout with the optimizer's state on disk, as its flags run it.
-  auto offloaded = testing::run_command("plan_validated_offload",
-                                        {DTORCH_CLI,
-                                         "plan",
-                                         "--model",
-                                         "gpt-debug",
-                                         "--nproc-per-node",
-                                         "2",
-                                         "--global-batch-size",
-                                         "4",
-                                         "--machine",
-                                         out,
-                                         "--format",
-                                         "json",
-                                         "--top",
-                                         "1",
-                                         "--strategy",
-                                         "zero3",
-                                         "--offload-optimizer",
-                                         "nvme",
-                                         "--validate",
-                                         "1",
-                                         "--validate-steps",
-                                         "1"},
-                                        180);
-  ASSERT_EQ(offloaded.exit_code(), 0) << offloaded.err;
-  const nlohmann::json disk =
-      nlohmann::json::parse(offloaded.out.substr(0, offloaded.out.find('\n')));
+  const nlohmann::json disk = validated_first(
+      "plan_validated_offload", out,
+      {"--nproc-per-node", "2", "--strategy", "zero3", "--offload-optimizer", "nvme"});
+  ASSERT_FALSE(disk.is_null());
   EXPECT_TRUE(testing::contains(disk.at("flags").get<std::string>(),
                                 "--strategy zero3 --offload-optimizer nvme --offload-dir " + nvme))
       << disk;
@@ -284,7 +276,7 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
 
 // On two nodes (two launchers on 127.0.0.1, each node's ranks over shared memory and the nodes
 // over Gloo's TCP), calibrate measures within rank 0's node and across the nodes, and the file
-// plans a job across nodes.
+// plans a job across nodes, whose hybrid layout --validate runs as two launchers too.
 TEST(PlanCalibrate, MeasuresWithinAndAcrossNodesOnTwoNodes) {
   const std::string dir = testing::scratch_dir("plan_calibrate_nodes");
   const std::string out = dir + "/machine.json";
@@ -325,6 +317,15 @@ TEST(PlanCalibrate, MeasuresWithinAndAcrossNodesOnTwoNodes) {
       60);
   EXPECT_EQ(plan.exit_code(), 0) << plan.err;
   EXPECT_TRUE(testing::contains(plan.out, "\"predicted_step_s\"")) << plan.out;
+  // --validate runs a hybrid layout's 2 nodes as two launchers here (Note [Hybrid sharding]).
+  const nlohmann::json first = validated_first(
+      "plan_validated_across_nodes", out,
+      {"--nodes", "2", "--nproc-per-node", "2", "--strategy", "zero3", "--dp-replicate", "2"});
+  ASSERT_FALSE(first.is_null());
+  EXPECT_EQ(first.at("dp_replicate"), 2) << first;
+  EXPECT_TRUE(testing::contains(first.at("flags").get<std::string>(), "--dp-replicate 2")) << first;
+  EXPECT_GT(first.at("measured_step_s").get<double>(), 0) << first;
+  EXPECT_GT(first.at("measured_peak_gib").get<double>(), 0) << first;
 }
 
 }  // namespace
