@@ -174,7 +174,10 @@ void ShardedModel::Impl::land() {
 // hybrid run (bench memory prints both). gpt-debug under zero3 on 2 nodes of 2 (fp32,
 // P x b = 138752 bytes): plain ZeRO sends 568704 bytes a step across (284352 from each of
 // ranks 1 and 3), hybrid sharding 277504 (69376 from each rank); the intra-node gathers halve
-// too, 180288 bytes a rank to 120192.
+// too, 180288 bytes a rank to 120192. gpt-small (P x b = 497903616 bytes, `dtorch bench memory
+// --model gpt-small --strategy zero3 --dp-replicate 1|2` under two launchers of 2 ranks): plain
+// 2004037632 bytes a step across (1002018816 from each of ranks 1 and 3), hybrid 995807232
+// (248951808 from each rank), half; the run prints both totals.
 // Checkpoints are written over all R x S ranks, each writing its replica's part of its shards
 // (replica_part), and so read back at any layout as plain ZeRO's are (Note [Resharding by
 // name]).
