@@ -337,6 +337,12 @@ TEST(CostModel, HybridShardingPaysOnlyItsShardsAllReduceAcrossNodes) {
                   m.seconds(Collective::AllReduce, 2, 4 * P / 4, true),
               1e-9);
   EXPECT_GT(h.model_state_bytes, p.model_state_bytes) << "shards over 4 ranks, not 8";
+  // Where backward hides ZeRO-3's collectives, it does not hide the replicas' allreduce, which
+  // each unit's reduction waits for.
+  Machine hides = m;
+  hides.overlap["zero3"] = 1.0;
+  EXPECT_NEAR(predict(w, hides, hybrid).exposed_comm_s,
+              m.seconds(Collective::AllReduce, 2, 4 * P / 4, true), 1e-9);
   EXPECT_NE(flags_of(hybrid, w).find("--strategy zero3 --dp-replicate 2"), std::string::npos)
       << flags_of(hybrid, w);
   const std::vector<Prediction> ranked = rank_layouts(w, m, 8);

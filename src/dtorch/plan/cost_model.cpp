@@ -395,12 +395,14 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
     dp_s = m.seconds(Collective::ReduceScatter, n, grad_bytes, dp_across) +
            2 * m.seconds(Collective::AllGather, n, grad_bytes, dp_across);
   }
-  if (l.dp_replicate > 1) {  // each shard's gradient averaged across the replicas' nodes
-    dp_s += m.seconds(Collective::AllReduce, l.dp_replicate, grad_bytes / n,
-                      spans_nodes(l.tp * l.cp * l.dp, m));
-  }
   auto hidden = m.overlap.find(zero::stage_names().at(l.zero));
   p.exposed_comm_s = dp_s * (1 - (hidden == m.overlap.end() ? 0.0 : hidden->second));
+  // Each shard's gradient averaged across the replicas' nodes, waited for as each unit's
+  // reduction finishes (Note [Hybrid sharding]): nothing hides it.
+  if (l.dp_replicate > 1) {
+    p.exposed_comm_s += m.seconds(Collective::AllReduce, l.dp_replicate, grad_bytes / n,
+                                  spans_nodes(l.tp * l.cp * l.dp, m));
+  }
   if (l.tp > 1) {
     // Megatron: two all-reduces of a block's activations in forward, two in backward, and two
     // more for a recomputed forward.
