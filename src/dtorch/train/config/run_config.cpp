@@ -322,10 +322,8 @@ void validate(const TrainConfig& c) {
                  "--reshard-after-microbatch releases ZeRO-3's units between a pipeline's "
                  "micro-batches: it needs --strategy zero3 and --pp 2 or more (got --strategy ",
                  name_of(s.kind), ", --pp ", p.pp, ")");
-  DTORCH_CHECK_T(ConfigError, p.dp_replicate == 1 || s.kind != StrategyKind::DDP, "--dp-replicate ",
-                 p.dp_replicate == 0 ? "auto" : str(p.dp_replicate),
-                 " splits ZeRO's shards into replicas, and ddp replicates everything already: use "
-                 "--strategy zero1, zero2 or zero3, or leave --dp-replicate out");
+  if (p.dp_replicate != 1)
+    check_replicas_need_zero(s.kind, p.dp_replicate == 0 ? "auto" : str(p.dp_replicate));
   StrategyConfig named = s;
   named.model = c.model.name;
   validate(named);

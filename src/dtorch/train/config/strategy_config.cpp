@@ -83,6 +83,12 @@ void validate(const OptimizerConfig& c) {
                  " must lie between 0 and 1 (PyTorch's default: 1e-8)");
 }
 
+void check_replicas_need_zero(StrategyKind k, const std::string& replicas) {
+  DTORCH_CHECK_T(ConfigError, k != StrategyKind::DDP, "--dp-replicate ", replicas,
+                 " splits ZeRO's shards into replicas, and ddp replicates everything already: use "
+                 "--strategy zero1, zero2 or zero3, or leave --dp-replicate out");
+}
+
 void validate(const StrategyConfig& c) {
   validate(c.optimizer);
   // Checked before it becomes a byte count: 1e30 MiB would overflow it.

@@ -106,6 +106,10 @@ inline constexpr int64_t kAutoShardedBytes = int64_t{64} << 20;
 void validate(const OptimizerConfig& c);
 void validate(const StrategyConfig& c);
 
+/// --dp-replicate `replicas` (as given: a count or "auto") under strategy `k`: ConfigError under
+/// ddp, which replicates everything already (Note [Hybrid sharding]).
+void check_replicas_need_zero(StrategyKind k, const std::string& replicas);
+
 /// The weight decay `c` trains with: the one given, else 0.01 for adamw (PyTorch's default)
 /// and 0 for sgd and adam.
 double weight_decay_of(const OptimizerConfig& c);

@@ -160,9 +160,7 @@ std::unique_ptr<Strategy> make_strategy(const StrategyConfig& c,
       ", whose CPU autocast has bfloat16 only): use --precision bf16, or "
       "--device cuda");
   if (c.kind == StrategyKind::DDP) {
-    DTORCH_CHECK_T(ConfigError, !hybrid.replicate,
-                   "--dp-replicate splits ZeRO's shards into replicas; ddp replicates everything "
-                   "already: use --strategy zero1, zero2 or zero3, or leave --dp-replicate out");
+    if (hybrid.replicate) check_replicas_need_zero(c.kind, str(hybrid.replicate->size()));
     return make_ddp_strategy(c, std::move(model), std::move(comm), std::move(tp), std::move(pp));
   }
   return make_zero_strategy(c, std::move(model), std::move(comm), std::move(tp), std::move(pp),

@@ -238,26 +238,26 @@ class ZeroStrategy : public Strategy {
   void set_lr(double lr) override { set_lr_of(sharded_->optimizer(), lr); }
 
   std::string describe() const override {
-    std::string offload;
+    std::string more;  // what this run adds to the strategy
     if (const auto* o = sharded_->optimizer_offload()) {
       // KiB below a MiB: a small model's buffers are its largest shard's size.
       auto size = [](int64_t bytes) {
         return bytes < (1 << 20) ? str(bytes >> 10, " KiB")
                                  : str(std::round(bytes * 10.0 / (1 << 20)) / 10, " MiB");
       };
-      offload = str(", optimizer state on disk in ", c_.offload.dir, " (", size(o->file_bytes()),
-                    " a rank, through ", c_.offload.buffers, " buffers of ",
-                    size(o->buffer_bytes()), ")");
+      more = str(", optimizer state on disk in ", c_.offload.dir, " (", size(o->file_bytes()),
+                 " a rank, through ", c_.offload.buffers, " buffers of ", size(o->buffer_bytes()),
+                 ")");
     }
-    if (c_.offload.params == OffloadDevice::NVMe) offload += ", parameter shards on disk there too";
-    if (sharded_->options().state_on_host) offload += ", stepped on the host";
+    if (c_.offload.params == OffloadDevice::NVMe) more += ", parameter shards on disk there too";
+    if (sharded_->options().state_on_host) more += ", stepped on the host";
     if (hybrid_.replicate) {  // Note [Hybrid sharding]
-      offload += str(", sharded over ", shards_->size(), " ranks in each of ",
-                     hybrid_.replicate->size(), " replicas");
+      more += str(", sharded over ", shards_->size(), " ranks in each of ",
+                  hybrid_.replicate->size(), " replicas");
     }
     return str(name_of(c_.kind), " (", sharded_->plan().units.size(), " units), ",
                name_of(c_.precision.compute), " compute, ", name_of(c_.precision.reduce_dtype),
-               " gradient reduction, on ", device_, offload);
+               " gradient reduction, on ", device_, more);
   }
 
  private:
