@@ -338,11 +338,15 @@ TEST(CostModel, HybridShardingPaysOnlyItsShardsAllReduceAcrossNodes) {
               1e-9);
   EXPECT_GT(h.model_state_bytes, p.model_state_bytes) << "shards over 4 ranks, not 8";
   // Where backward hides ZeRO-3's collectives, it does not hide the replicas' allreduce, which
-  // each unit's reduction waits for.
+  // each unit's reduction waits for; and where a node's ranks running theirs at once share its
+  // links, each runs at the shared rate.
   Machine hides = m;
   hides.overlap["zero3"] = 1.0;
   EXPECT_NEAR(predict(w, hides, hybrid).exposed_comm_s,
               m.seconds(Collective::AllReduce, 2, 4 * P / 4, true), 1e-9);
+  hides.inter_node_concurrent[Collective::AllReduce] = {{2, 1e-4, 1e7 / 4}};
+  EXPECT_NEAR(predict(w, hides, hybrid).exposed_comm_s,
+              4 * m.seconds(Collective::AllReduce, 2, 4 * P / 4, true) - 3 * 2 * 1e-4, 1e-6);
   EXPECT_NE(flags_of(hybrid, w).find("--strategy zero3 --dp-replicate 2"), std::string::npos)
       << flags_of(hybrid, w);
   const std::vector<Prediction> ranked = rank_layouts(w, m, 8);
@@ -513,6 +517,7 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   const std::string dir = testing::scratch_dir("machine_file");
   Machine m = round_machine(4);
   m.inter_node[Collective::AllReduce] = {{8, 5e-5, 1e10}};
+  m.inter_node_concurrent[Collective::AllReduce] = {{2, 5e-5, 2e9}};
   m.overlap["zero2"] = 0.7;
   m.matmul_by_rows["fp32"] = {{64, 5e8}, {1024, 1e9}};
   m.first_touch_seconds_per_byte = 1e-9;
@@ -528,6 +533,7 @@ TEST(MachineFile, RoundTripsAndNamesWhatIsWrong) {
   EXPECT_DOUBLE_EQ(back.convolution_flops("fp32"), 2e8);
   EXPECT_EQ(back.offload_disk.dir, "/nvme");
   EXPECT_DOUBLE_EQ(back.offload_disk.state_bytes_per_s, 1e9);
+  EXPECT_DOUBLE_EQ(back.concurrent_seconds(Collective::AllReduce, 2, 2e9), 5e-5 * 2 + 1.0);
   auto error_for = [&](const std::string& text) {
     std::ofstream(dir + "/bad.json") << text;
     return testing::error_of<ConfigError>([&] { read_machine(dir + "/bad.json"); });

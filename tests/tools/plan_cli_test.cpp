@@ -275,7 +275,8 @@ TEST(PlanCalibrate, WritesAMachineFileThePlanReadsAndNeverOverwritesOne) {
 }
 
 // On two nodes (two launchers on 127.0.0.1, each node's ranks over shared memory and the nodes
-// over Gloo's TCP), calibrate measures within rank 0's node and across the nodes, and the file
+// over Gloo's TCP), calibrate measures within rank 0's node and across the nodes (one group at a
+// time, and every rank of a node at once), and the file
 // plans a job across nodes, whose hybrid layout --validate runs as two launchers too.
 TEST(PlanCalibrate, MeasuresWithinAndAcrossNodesOnTwoNodes) {
   const std::string dir = testing::scratch_dir("plan_calibrate_nodes");
@@ -310,6 +311,8 @@ TEST(PlanCalibrate, MeasuresWithinAndAcrossNodesOnTwoNodes) {
   }
   EXPECT_EQ(sizes(m.intra_node.at(plan::Collective::P2P)), std::vector<int>({2}));
   EXPECT_EQ(sizes(m.inter_node.at(plan::Collective::P2P)), std::vector<int>({2}));
+  // And both ranks of each node across at once, in two groups of one rank a node.
+  EXPECT_EQ(sizes(m.inter_node_concurrent.at(plan::Collective::AllReduce)), std::vector<int>({2}));
   auto plan = testing::run_command(
       "plan_across_nodes",
       {DTORCH_CLI, "plan", "--model", "gpt-debug", "--nodes", "2", "--nproc-per-node", "2",

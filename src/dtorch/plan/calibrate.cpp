@@ -125,7 +125,7 @@ double first_touch_seconds_per_byte(comm::Communicator& world, const Bench& b) {
 struct Round {
   ComputeRates rates;
   OffloadDisk disk;
-  std::map<Collective, std::vector<LinkCost>> intra, inter;
+  std::map<Collective, std::vector<LinkCost>> intra, inter, concurrent;
   RingSeconds ring;
   double lockstep = 0;
 };
@@ -148,8 +148,9 @@ void set_medians(Machine& m, const std::vector<Round>& rounds, const Bench& benc
     m.offload_disk.dir = bench.offload_dir;
     m.offload_disk.state_bytes_per_s = of([](const Round& r) { return r.disk.state_bytes_per_s; });
   }
-  for (auto [links, into] :
-       {std::pair{&Round::intra, &m.intra_node}, {&Round::inter, &m.inter_node}})
+  for (auto [links, into] : {std::pair{&Round::intra, &m.intra_node},
+                             {&Round::inter, &m.inter_node},
+                             {&Round::concurrent, &m.inter_node_concurrent}})
     for (const auto& [op, costs] : rounds.front().*links)
       for (size_t k = 0; k < costs.size(); ++k) {
         LinkCost l = costs[k];
@@ -428,6 +429,19 @@ std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& worl
         across.push_back(node[i]);
     inter = groups_over(world, across, "calibrate-inter");
   }
+  // And every rank of a node at once, each with the ranks at its place on the other nodes
+  // (hybrid sharding's replicas): rank 0's group is the one recorded.
+  std::shared_ptr<comm::Communicator> concurrent;
+  if (nodes.size() > 1 && per_node > 1) {
+    for (int i = 0; i < per_node; ++i) {
+      std::vector<int> members;
+      for (const auto& node : nodes)
+        members.push_back(node[i]);
+      std::sort(members.begin(), members.end());
+      if (std::binary_search(members.begin(), members.end(), world->rank()))
+        concurrent = world->split(members, "calibrate-concurrent" + std::to_string(i));
+    }
+  }
   if (per_node < 2 && world->rank() == 0)
     log::warn(
         "calibrating: one rank per node, so no measurements within a node (a plan with "
@@ -481,6 +495,14 @@ std::optional<Machine> calibrate(const std::shared_ptr<comm::Communicator>& worl
     };
     measure_groups(intra, "within a node", r.intra);
     measure_groups(inter, "across nodes", r.inter);
+    if (concurrent) {
+      if (world->rank() == 0)
+        log::info("calibrating ", round,
+                  ": allreduce across nodes by every rank of a node at once");
+      r.concurrent[Collective::AllReduce].push_back(
+          link_cost(*concurrent, bench, Collective::AllReduce));
+      world->barrier("calibration");
+    }
     if (per_node >= 2) {
       if (world->rank() == 0)
         log::info("calibrating ", round,

@@ -64,7 +64,8 @@ Bench bench_for(at::Device device, bool quick = false);
 /// bench.device, and returns what the machine file holds on rank 0 (nullopt on the others).
 /// `base_bytes_per_rank`: a rank's resident bytes before it met the others, the file's base on
 /// a CPU. Collectives are measured within rank 0's node over its first 2, 4, ... ranks and all
-/// of them, and across nodes over the same counts taking one rank of each node in turn; ring
+/// of them, and across nodes over the same counts taking one rank of each node in turn, and an
+/// allreduce across nodes by every rank of a node at once (one rank of each node a group); ring
 /// attention and the lockstep over pairs of a node's ranks. Rank 0 logs each step, and warns
 /// when other processes took a noticeable share of its node's CPU meanwhile (Note [Others on
 /// the machine]).

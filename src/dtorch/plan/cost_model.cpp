@@ -398,10 +398,13 @@ Prediction predict(const Workload& w, const Machine& m, const Layout& l) {
   auto hidden = m.overlap.find(zero::stage_names().at(l.zero));
   p.exposed_comm_s = dp_s * (1 - (hidden == m.overlap.end() ? 0.0 : hidden->second));
   // Each shard's gradient averaged across the replicas' nodes, waited for as each unit's
-  // reduction finishes (Note [Hybrid sharding]): nothing hides it.
+  // reduction finishes (Note [Hybrid sharding]): nothing hides it, and every rank of a node
+  // runs its own at once.
   if (l.dp_replicate > 1) {
-    p.exposed_comm_s += m.seconds(Collective::AllReduce, l.dp_replicate, grad_bytes / n,
-                                  spans_nodes(l.tp * l.cp * l.dp, m));
+    const double chunk = grad_bytes / n;
+    p.exposed_comm_s += spans_nodes(l.tp * l.cp * l.dp, m)
+                            ? m.concurrent_seconds(Collective::AllReduce, l.dp_replicate, chunk)
+                            : m.seconds(Collective::AllReduce, l.dp_replicate, chunk, false);
   }
   if (l.tp > 1) {
     // Megatron: two all-reduces of a block's activations in forward, two in backward, and two

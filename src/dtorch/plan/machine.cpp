@@ -119,6 +119,20 @@ double bus_bytes(Collective op, int n, double bytes) {
   return op == Collective::AllReduce ? 2 * share * bytes : share * bytes;
 }
 
+namespace {
+
+// `op` over `ranks` ranks on `bytes` at the measurement of the largest group no larger than this
+// one (the smallest if all are larger).
+double over_links(const std::vector<LinkCost>& costs, Collective op, int ranks, double bytes) {
+  const LinkCost* use = &costs.front();
+  for (const LinkCost& l : costs)
+    if (l.ranks <= ranks) use = &l;
+  return use->latency_s * ring_steps(op, ranks) +
+         bus_bytes(op, ranks, bytes) / use->bus_bytes_per_s;
+}
+
+}  // namespace
+
 double Machine::seconds(Collective op, int ranks, double bytes, bool across_nodes) const {
   if (ranks <= 1 || bytes <= 0) return 0;
   const auto& links = across_nodes ? inter_node : intra_node;
@@ -129,12 +143,14 @@ double Machine::seconds(Collective op, int ranks, double bytes, bool across_node
                  " needs: calibrate it with dtorch plan "
                  "calibrate",
                  across_nodes ? " on 2 or more nodes" : "", ", or add it to the machine file");
-  // The largest measured group no larger than this one (the smallest if all are larger).
-  const LinkCost* use = &it->second.front();
-  for (const LinkCost& l : it->second)
-    if (l.ranks <= ranks) use = &l;
-  return use->latency_s * ring_steps(op, ranks) +
-         bus_bytes(op, ranks, bytes) / use->bus_bytes_per_s;
+  return over_links(it->second, op, ranks, bytes);
+}
+
+double Machine::concurrent_seconds(Collective op, int ranks, double bytes) const {
+  auto it = inter_node_concurrent.find(op);
+  if (it == inter_node_concurrent.end() || it->second.empty())
+    return seconds(op, ranks, bytes, true);
+  return ranks <= 1 || bytes <= 0 ? 0 : over_links(it->second, op, ranks, bytes);
 }
 
 double Machine::flops(const std::string& dtype, double rows) const {
@@ -173,7 +189,7 @@ Machine read_machine(const std::string& path) {
   s.keys({"name", "device", "ranks_per_node", "memory_per_rank_bytes", "base_bytes_per_rank",
           "matmul_flops", "matmul_by_rows", "conv_flops", "first_touch_seconds_per_byte",
           "adamw_seconds_per_parameter", "ring_attention", "lockstep_fraction", "offload_disk",
-          "intra_node", "inter_node", "overlap"},
+          "intra_node", "inter_node", "inter_node_concurrent", "overlap"},
          {});
   Machine m;
   m.name = s.text("name").value_or(path);
@@ -233,6 +249,8 @@ Machine read_machine(const std::string& path) {
   needed("intra_node");
   m.intra_node = read_links(*s.section("intra_node"), &warnings);
   if (auto inter = s.section("inter_node")) m.inter_node = read_links(*inter, &warnings);
+  if (auto concurrent = s.section("inter_node_concurrent"))
+    m.inter_node_concurrent = read_links(*concurrent, &warnings);
   if (auto overlap = s.section("overlap")) {
     overlap->keys(zero::stage_names(), {});
     for (const std::string& k : zero::stage_names())
@@ -259,6 +277,8 @@ std::string machine_json(const Machine& m) {
                       {"lockstep_fraction", m.lockstep_fraction},
                       {"intra_node", links_json(m.intra_node)}};
   if (!m.inter_node.empty()) j["inter_node"] = links_json(m.inter_node);
+  if (!m.inter_node_concurrent.empty())
+    j["inter_node_concurrent"] = links_json(m.inter_node_concurrent);
   if (m.offload_disk.measured())
     j["offload_disk"] = {{"dir", m.offload_disk.dir},
                          {"state_bytes_per_s", m.offload_disk.state_bytes_per_s}};

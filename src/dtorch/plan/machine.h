@@ -96,6 +96,10 @@ struct Machine {
   /// Per collective, measured group sizes, within one node and across nodes (empty: not
   /// measured).
   std::map<Collective, std::vector<LinkCost>> intra_node, inter_node;
+  /// The same across nodes while every rank of a node runs a group of its own at once, one rank
+  /// of each node each (hybrid sharding's replicas: their flows share a node's links). Optional:
+  /// inter_node's one group at a time stands in where absent.
+  std::map<Collective, std::vector<LinkCost>> inter_node_concurrent;
   /// The fraction of the data-parallel strategy's communication hidden behind backward
   /// ("ddp", "zero1", "zero2", "zero3"); tensor-parallel collectives are never hidden.
   std::map<std::string, double> overlap;
@@ -103,6 +107,9 @@ struct Machine {
   /// Seconds for `op` over `ranks` ranks on `bytes`, across nodes or not. ConfigError when the
   /// machine has no measurement for it.
   double seconds(Collective op, int ranks, double bytes, bool across_nodes) const;
+  /// Seconds for `op` over `ranks` ranks on `bytes` across nodes while every rank of a node runs
+  /// one at once: inter_node_concurrent's measurement, else inter_node's.
+  double concurrent_seconds(Collective op, int ranks, double bytes) const;
   /// The matmul rate for `dtype` at `rows` rows: interpolated in log(rows) between the
   /// measured rows (the nearest end outside them), matmul_flops where none were measured or
   /// `rows` is 0. ConfigError naming the file's rates when it has none for `dtype`.
