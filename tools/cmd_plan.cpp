@@ -125,12 +125,16 @@ Measured measure_layout(const std::string& flags, const std::string& device, int
   }
   // A line a rank prints per node, so that reading the nodes in turn never fills a pipe.
   std::string text;
-  int failed = -1;  // the first node that failed
+  int failed = -1, status = 0;  // the first node that failed, and its wait status
   for (size_t i = 0; i < outs.size(); ++i) {
     char buffer[4096];
     for (size_t n; (n = fread(buffer, 1, sizeof buffer, outs[i])) > 0;)
       text.append(buffer, n);
-    if (pclose(outs[i]) != 0 && failed < 0) failed = static_cast<int>(i);
+    const int s = pclose(outs[i]);
+    if (s != 0 && failed < 0) {
+      failed = static_cast<int>(i);
+      status = s;
+    }
   }
   m.others_share = load.others_share(job_cpu() - job0);
   std::istringstream lines(text);
@@ -152,7 +156,7 @@ Measured measure_layout(const std::string& flags, const std::string& device, int
     std::string last;
     for (std::string line; std::getline(log, line);)
       if (!line.empty()) last = line;
-    m.why = last.empty() ? "exited with a failure" : last;
+    m.why = last.empty() ? "exited with status " + std::to_string(status) : last;
   }
   return m;
 }
