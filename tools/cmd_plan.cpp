@@ -212,18 +212,14 @@ int run_plan(const PlanFlags& f) {
                                                              : plan::OffloadLayouts::WhereNeeded;
   std::vector<plan::Prediction> ranked = plan::rank_layouts(w, m, world, offload);
   auto flags_of = [&](const plan::Layout& l) { return plan::flags_of(l, w, m.offload_disk.dir); };
-  if (!stages.empty())
-    ranked.erase(
-        std::remove_if(ranked.begin(), ranked.end(),
-                       [&](const plan::Prediction& p) { return !stages.count(p.layout.zero); }),
-        ranked.end());
-  if (f.dp_replicate >= 1)
-    ranked.erase(std::remove_if(ranked.begin(), ranked.end(),
-                                [&](const plan::Prediction& p) {
-                                  return p.layout.dp_replicate != f.dp_replicate;
-                                }),
-                 ranked.end());
   const bool filtered = !stages.empty() || f.dp_replicate >= 1;
+  ranked.erase(
+      std::remove_if(ranked.begin(), ranked.end(),
+                     [&](const plan::Prediction& p) {
+                       return (!stages.empty() && !stages.count(p.layout.zero)) ||
+                              (f.dp_replicate >= 1 && p.layout.dp_replicate != f.dp_replicate);
+                     }),
+      ranked.end());
   DTORCH_CHECK_T(ConfigError, !ranked.empty(), "no layout of ", world, " ranks runs ", f.model,
                  " at a global batch of ", f.global_batch,
                  filtered ? " under the --strategy or --dp-replicate given" : "",
