@@ -7,11 +7,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 
 #include "dtorch/core/error.h"
+#include "dtorch/core/paths.h"
 #include "dtorch/launch/launcher.h"
 #include "dtorch/launch/rank_info.h"
 #include "dtorch/launch/store.h"
@@ -101,6 +103,49 @@ DTORCH_TEST_WORKER(launch_store_meet) {
 
 TEST(Launcher, ServesTheRendezvousStoreToWorkers) {
   EXPECT_EQ(testing::run_ranks(2, "launch_store_meet", {}, 30), 0);
+}
+
+// What a worker finds when it starts (Note [Forked workers]): its own process group, stdin from
+// /dev/null, no descriptor of the launcher's, no blocked signal and default dispositions, and
+// torchrun's variables. Writes DIR/rankR: "RANK LOCAL_RANK WORLD_SIZE" or what was wrong.
+DTORCH_TEST_WORKER(starts_as_a_worker) {
+  const RankInfo info = rank_info_from_env();
+  std::string wrong;
+  if (::getpgrp() != ::getpid()) wrong += " not-its-own-group";
+  std::error_code ec;
+  if (paths::read_symlink("/proc/self/fd/0", ec) != "/dev/null") wrong += " stdin";
+  for (const std::string& fd : paths::list_directory("/proc/self/fd")) {
+    const std::string target = paths::read_symlink("/proc/self/fd/" + fd, ec);
+    if (ec) continue;  // the listing's own descriptor, closed by now
+    if (std::stoi(fd) > 2) wrong += " fd" + fd + ":" + target;
+  }
+  sigset_t blocked;
+  ::sigprocmask(SIG_BLOCK, nullptr, &blocked);
+  struct sigaction term {};
+  ::sigaction(SIGTERM, nullptr, &term);
+  if (!sigisemptyset(&blocked)) wrong += " blocked-signals";
+  if (term.sa_handler != SIG_DFL) wrong += " SIGTERM-handled";
+  std::ofstream(args.at(0) + "/rank" + std::to_string(info.rank))
+      << (wrong.empty() ? str(info.rank, " ", info.local_rank, " ", info.world_size) : wrong);
+}
+
+TEST(Launcher, ForkedWorkersStartAsExecdOnesDo) {
+  const std::string dir = testing::scratch_dir("launch-forked");
+  paths::create_directories(dir + "/forked");
+  paths::create_directories(dir + "/execd");
+  // The test binary's ranks are forks of its rank server (tests/support/workers.cpp) ...
+  ASSERT_EQ(testing::run_ranks(2, "starts_as_a_worker", {dir + "/forked"}, 30), 0);
+  // ... and these are exec'd by a launcher without forked_main.
+  LaunchOptions o = sh_job(2, "");
+  o.command = {paths::executable_path(), "--dtorch-worker", "starts_as_a_worker", dir + "/execd"};
+  ASSERT_EQ(run(o), 0);
+  for (const std::string how : {"forked", "execd"}) {
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream in(dir + "/" + how + "/rank" + std::to_string(r));
+      const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      EXPECT_EQ(got, str(r, " ", r, " 2")) << how << " rank " << r;
+    }
+  }
 }
 
 TEST(Launcher, FailedWorkerStopsTheOthersQuickly) {

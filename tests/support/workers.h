@@ -18,6 +18,10 @@ bool register_worker(const std::string& name, WorkerFn fn);
 /// code (0, or 1 when it threw); otherwise returns -1.
 int maybe_run_worker(int argc, char** argv);
 
+/// Forks the rank server that run_ranks() starts ranks from (Note [Forked workers]): call
+/// first thing in main(), while this process is one thread that has run nothing.
+void start_rank_server();
+
 /// Runs `n` ranks of worker `name` with `args` and returns the launcher's exit code.
 int run_ranks(int n, const std::string& name, const std::vector<std::string>& args = {},
               double timeout_seconds = 120);

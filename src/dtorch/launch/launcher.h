@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dtorch/launch/process.h"
 #include "dtorch/launch/rdzv_options.h"
 #include "dtorch/launch/signals.h"
 
@@ -53,6 +54,9 @@ struct LaunchOptions {
   /// When set, each worker's output also goes to LOG_DIR/rank<global rank>.log (stdout and
   /// stderr, unprefixed, restarts appended). See Note [Log files].
   std::string log_dir;
+  /// When set, each worker is a fork of this process running forked_main(command) instead of
+  /// an exec of `command`: for tests, Note [Forked workers].
+  ForkedMain forked_main;
 };
 
 /// Runs the group to completion and returns the exit code `dtorch launch` should exit with:

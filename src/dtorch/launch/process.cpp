@@ -1,7 +1,10 @@
 // Worker processes: fork/exec, process groups, parent-death signal, and wait statuses in words.
 // The launcher runs inside a multi-threaded process (LibTorch's pools, the store's server), so
-// the child does only async-signal-safe calls between fork and exec.
+// the child does only async-signal-safe calls between fork and exec (or, for a forked worker,
+// before its main: SpawnRequest::forked_main).
 #include "dtorch/launch/process.h"
+
+#include <ATen/Parallel.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,10 +16,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+
+#include "dtorch/core/env.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -55,20 +61,33 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
+// One past the highest descriptor number this process may have. Async-signal-safe.
+long fd_limit() {
+  struct rlimit rl;
+  return ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+             ? static_cast<long>(rl.rlim_cur)
+             : 65536;
+}
+
 // Marks every descriptor from 3 up close-on-exec, so a worker inherits none of the launcher's
 // sockets (the store's listening socket above all). Async-signal-safe.
 void cloexec_from_3() {
   if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
-  struct rlimit rl;
-  long max_fd = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
-                    ? static_cast<long>(rl.rlim_cur)
-                    : 65536;
-  for (long fd = 3; fd < max_fd; ++fd)
+  for (long fd = 3, end = fd_limit(); fd < end; ++fd)
     ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
 }
 
-[[noreturn]] void child_exec(const char* path, char* const argv[], char* const envp[], pid_t parent,
-                             int in_fd, int out_fd, int err_fd, int status_fd) {
+// Closes every descriptor from 3 up: a forked worker's, which no exec will close.
+void close_from_3() {
+  if (::syscall(SYS_close_range, 3U, ~0U, 0U) == 0) return;
+  for (long fd = 3, end = fd_limit(); fd < end; ++fd)
+    ::close(static_cast<int>(fd));
+}
+
+// The child's side of spawn() up to exec: own process group, parent-death signal, default
+// signal dispositions, and stdin/stdout/stderr in place. Async-signal-safe; false (with errno
+// written to status_fd) when a descriptor could not be set.
+bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd) {
   ::setpgid(0, 0);
   // The parent may have died between fork and prctl; then nobody would ever kill us.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -84,13 +103,40 @@ void cloexec_from_3() {
   if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) {
     int e = errno;
     (void)!::write(status_fd, &e, sizeof e);
-    ::_exit(127);
+    return false;
   }
+  return true;
+}
+
+[[noreturn]] void child_exec(const char* path, char* const argv[], char* const envp[], pid_t parent,
+                             int in_fd, int out_fd, int err_fd, int status_fd) {
+  if (!child_setup(parent, in_fd, out_fd, err_fd, status_fd)) ::_exit(127);
   cloexec_from_3();
   ::execve(path, argv, envp);
   int e = errno;
   (void)!::write(status_fd, &e, sizeof e);  // tells the parent why; closes on exec otherwise
   ::_exit(127);
+}
+
+// A forked worker: like child_exec, but the launcher's descriptors are closed rather than
+// marked (no exec follows), the environment is the request's, and the worker's main runs here.
+[[noreturn]] void child_run(const SpawnRequest& req, char** envp, pid_t parent, int in_fd,
+                            int out_fd, int err_fd, int status_fd) {
+  if (!child_setup(parent, in_fd, out_fd, err_fd, status_fd)) ::_exit(127);
+  close_from_3();  // status_fd too: closed unsent, it tells the parent the worker started
+  environ = envp;
+  int rc = 1;
+  try {
+    // OpenMP read OMP_NUM_THREADS when the launcher loaded it; an exec'd worker reads its own.
+    if (auto threads = env::get_int("OMP_NUM_THREADS"); threads && *threads > 0)
+      at::set_num_threads(static_cast<int>(*threads));
+    rc = req.forked_main(req.argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+  }
+  // No static destructors: they belong to the launcher this process is a copy of.
+  std::fflush(nullptr);
+  ::_exit(rc);
 }
 
 }  // namespace
@@ -144,8 +190,10 @@ Child spawn(const SpawnRequest& req) {
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
   pid_t parent = ::getpid();
+  if (req.forked_main) std::fflush(nullptr);  // else the worker would write our buffers again
   pid_t pid = ::fork();
   if (pid == 0) {
+    if (req.forked_main) child_run(req, envp.data(), parent, devnull, out[1], err[1], status[1]);
     child_exec(req.path.c_str(), argv.data(), envp.data(), parent, devnull, out[1], err[1],
                status[1]);
   }

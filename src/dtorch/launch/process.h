@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,10 +27,34 @@ class SpawnError : public Error {
 /// that name on PATH (like execvp). Throws SpawnError "cannot run PROGRAM: ..." when none.
 std::string resolve_program(const std::string& program);
 
+// Note [Forked workers]
+// Exec'ing a program that links LibTorch costs about half a second of CPU before its main()
+// (LibTorch registering its operators, the dynamic linker binding their symbols). For a test
+// suite of small multi-rank runs that was most of the CPU its workers took, so a launcher can
+// instead fork each worker from itself and run the worker's main in the copy
+// (SpawnRequest::forked_main). That is safe only when the launcher is, apart from its own
+// threads that a worker never touches (the store's server), a fresh copy of the worker's
+// program: nothing a worker uses may be half-done or spent in it. Not safe after the process
+// used CUDA (a forked child cannot), ran backward (autograd then refuses it in a child) or
+// ran OpenMP or LibTorch thread pools wider than one thread. dtorch's test binary forks a rank
+// server at the start of main(), before anything ran, and each multi-rank test's launcher is a
+// fresh fork of that server (tests/support/workers.cpp).
+// A forked worker keeps what an exec'd one had (own process group, torchrun's environment, its
+// output relayed, SIGKILL when the launcher dies, none of the launcher's descriptors) but for
+// /proc/PID/environ and cmdline, which stay the launcher's. OpenMP read OMP_NUM_THREADS when
+// the launcher loaded it: the worker's own value is set again before its main.
+
+/// A worker's main function, for workers forked rather than exec'd (Note [Forked workers]).
+using ForkedMain = std::function<int(const std::vector<std::string>& argv)>;
+
 struct SpawnRequest {
   std::string path;               ///< executable, as resolve_program returned it
   std::vector<std::string> argv;  ///< argv[0] is the program as the user wrote it
   std::vector<std::string> env;   ///< the complete environment, "NAME=value" each
+  /// When set, the worker is a fork of this process that runs forked_main(argv) with `env` as
+  /// its environment and exits with what it returns, instead of exec'ing `path` (Note [Forked
+  /// workers]).
+  ForkedMain forked_main;
 };
 
 /// A started worker. Its pid is also its process group id.

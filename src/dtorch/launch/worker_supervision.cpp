@@ -166,7 +166,8 @@ class Attempt {
                                   " (TORCHELASTIC_RESTART_COUNT=", attempt_, ")\n"));
       }
       // A SpawnError leaves through the destructor, which stops the workers already started.
-      w.child = spawn(SpawnRequest{plan_.program_path, o.command, worker_env(plan_, lr, attempt_)});
+      w.child = spawn(SpawnRequest{plan_.program_path, o.command, worker_env(plan_, lr, attempt_),
+                                   o.forked_main});
       w.running = true;
     }
   }
