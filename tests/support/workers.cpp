@@ -10,13 +10,14 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 
+#include "dtorch/core/env.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/launch/launcher.h"
 
@@ -129,9 +130,8 @@ Request decode(const std::string& in) {
 [[noreturn]] void run_launcher(const Request& r, int server_fd) {
   ::close(server_fd);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  std::vector<std::string> env = r.env;  // environ points into it until _exit
   std::vector<char*> envp;
-  static std::vector<std::string> env;  // outlives this frame: environ points into it
-  env = r.env;
   for (auto& e : env)
     envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -217,8 +217,7 @@ int maybe_run_worker(int argc, char** argv) {
 }
 
 void start_rank_server() {
-  const char* exec = std::getenv("DTORCH_TEST_EXEC_RANKS");
-  if (exec && std::string(exec) == "1") return;
+  if (env::get("DTORCH_TEST_EXEC_RANKS") == std::optional<std::string>("1")) return;
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) != 0) return;
   std::fflush(nullptr);
