@@ -2,19 +2,27 @@
 // environment each worker gets, the served store, exit codes, timeouts and bad options.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/launch/launcher.h"
+#include "dtorch/launch/process.h"
 #include "dtorch/launch/rank_info.h"
 #include "dtorch/launch/store.h"
 #include "support/command.h"
@@ -146,6 +154,100 @@ TEST(Launcher, ForkedWorkersStartAsExecdOnesDo) {
       EXPECT_EQ(got, str(r, " ", r, " 2")) << how << " rank " << r;
     }
   }
+}
+
+// Waits at most `limit` for `pid` to end; its status, or none (then it is killed and reaped).
+std::optional<int> wait_within(pid_t pid, std::chrono::seconds limit) {
+  const auto give_up = Clock::now() + limit;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() >= give_up) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return status;
+}
+
+// This thread's child processes, as /proc lists them.
+std::string children() {
+  std::ifstream in(str("/proc/self/task/", ::syscall(SYS_gettid), "/children"));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::mutex held_by_another_thread;
+
+// Note [Forked workers]: a worker is a copy of the launcher from before its threads ran, so a
+// lock another thread holds as the worker starts (the store's server, serving the workers
+// started first) is free in the worker.
+TEST(Launcher, ForkedWorkersDoNotInheritLocksHeldAsTheyStart) {
+  const std::string before = children();  // the rank server's, say
+  {
+    WorkerForks forks(2, [](const std::vector<std::string>&) {
+      std::lock_guard<std::mutex> lock(held_by_another_thread);
+      return 5;
+    });
+    std::mutex mu;
+    std::condition_variable cv;
+    bool holding = false, release = false;
+    std::thread holder([&] {
+      std::lock_guard<std::mutex> held(held_by_another_thread);
+      std::unique_lock<std::mutex> lock(mu);
+      holding = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return release; });
+    });
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return holding; });
+    }
+    const Child worker = spawn(SpawnRequest{"/bin/true", {"true"}, {}, &forks});
+    const std::optional<int> status = wait_within(worker.pid, std::chrono::seconds(10));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      release = true;
+      cv.notify_all();
+    }
+    holder.join();
+    ::close(worker.out_fd);
+    ::close(worker.err_fd);
+    ASSERT_TRUE(status.has_value()) << "the worker waited for a lock of the launcher's thread";
+    EXPECT_EQ(exit_code_of(*status), 5);
+  }
+  EXPECT_EQ(children(), before) << "the fork no worker used outlived `forks`";
+}
+
+// The forks are made as the launcher starts: a restart exec's its workers, each with its own
+// environment and command line either way.
+TEST(Launcher, RestartedWorkersAreExecdAfterForkedOnes) {
+  const std::string dir = testing::scratch_dir("launch-forked-restart");
+  LaunchOptions o = sh_job(2, "echo \"$RANK ${HOW:-execd} $0\" > " + dir +
+                                  "/w.$RANK.$TORCHELASTIC_RESTART_COUNT; "
+                                  "[ $RANK = 1 ] && [ $TORCHELASTIC_RESTART_COUNT = 0 ] && exit 4; "
+                                  "exit 0");
+  o.command.push_back("worker-arg");
+  o.max_restarts = 1;
+  o.forked_main = [](const std::vector<std::string>& argv) {
+    ::setenv("HOW", "forked", 1);
+    std::vector<char*> args;
+    for (const auto& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    return 127;
+  };
+  ASSERT_EQ(run(o), 0);
+  auto read = [&](const std::string& name) {
+    std::ifstream in(dir + "/" + name);
+    std::string line;
+    std::getline(in, line);
+    return line;
+  };
+  EXPECT_EQ(read("w.1.0"), "1 forked worker-arg");
+  EXPECT_EQ(read("w.0.1"), "0 execd worker-arg");
+  EXPECT_EQ(read("w.1.1"), "1 execd worker-arg");
 }
 
 TEST(Launcher, FailedWorkerStopsTheOthersQuickly) {

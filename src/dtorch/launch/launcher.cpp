@@ -292,6 +292,9 @@ int run(const LaunchOptions& opts) {
                         " workers so they do not oversubscribe the cores; set it to tune"));
   }
   if (plan.run_id.empty()) plan.run_id = opts.standalone ? random_run_id() : "none";
+  // Before the store's server and its watchdog start their threads (Note [Forked workers]).
+  std::optional<WorkerForks> forks;
+  if (opts.forked_main) plan.forks = &forks.emplace(opts.nproc_per_node, opts.forked_main);
   ErrorDir error_dir;
   plan.error_dir = error_dir.path;
   const bool c10d = opts.rdzv_backend == RdzvBackend::C10d;

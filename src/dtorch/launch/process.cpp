@@ -1,7 +1,7 @@
 // Worker processes: fork/exec, process groups, parent-death signal, and wait statuses in words.
 // The launcher runs inside a multi-threaded process (LibTorch's pools, the store's server), so
-// the child does only async-signal-safe calls between fork and exec (or, for a forked worker,
-// before its main: SpawnRequest::forked_main).
+// the child does only async-signal-safe calls between fork and exec; a forked worker comes from
+// a fork made ahead, while the launcher had no busy thread (Note [Forked workers]).
 #include "dtorch/launch/process.h"
 
 #include <ATen/Parallel.h>
@@ -10,17 +10,20 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "dtorch/core/env.h"
 
@@ -77,17 +80,16 @@ void cloexec_from_3() {
     ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
 }
 
-// Closes every descriptor from 3 up: a forked worker's, which no exec will close.
-void close_from_3() {
-  if (::syscall(SYS_close_range, 3U, ~0U, 0U) == 0) return;
-  for (long fd = 3, end = fd_limit(); fd < end; ++fd)
+// Closes every descriptor from `first` up: a forked worker's, which no exec will close.
+void close_from(unsigned first) {
+  if (::syscall(SYS_close_range, first, ~0U, 0U) == 0) return;
+  for (long fd = first, end = fd_limit(); fd < end; ++fd)
     ::close(static_cast<int>(fd));
 }
 
-// The child's side of spawn() up to exec: own process group, parent-death signal, default
-// signal dispositions, and stdin/stdout/stderr in place. Async-signal-safe; false (with errno
-// written to status_fd) when a descriptor could not be set.
-bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd) {
+// A new child's first steps: own process group, parent-death signal, default signal
+// dispositions and none blocked. Async-signal-safe.
+void become_own_group(pid_t parent) {
   ::setpgid(0, 0);
   // The parent may have died between fork and prctl; then nobody would ever kill us.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -100,6 +102,12 @@ bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd)
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+// The child's side of spawn() up to exec: become_own_group, and stdin/stdout/stderr in place.
+// Async-signal-safe; false (with errno written to status_fd) when a descriptor could not be set.
+bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd) {
+  become_own_group(parent);
   if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) {
     int e = errno;
     (void)!::write(status_fd, &e, sizeof e);
@@ -118,25 +126,225 @@ bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd)
   ::_exit(127);
 }
 
-// A forked worker: like child_exec, but the launcher's descriptors are closed rather than
-// marked (no exec follows), the environment is the request's, and the worker's main runs here.
-[[noreturn]] void child_run(const SpawnRequest& req, char** envp, pid_t parent, int in_fd,
-                            int out_fd, int err_fd, int status_fd) {
-  if (!child_setup(parent, in_fd, out_fd, err_fd, status_fd)) ::_exit(127);
-  close_from_3();  // status_fd too: closed unsent, it tells the parent the worker started
-  environ = envp;
+// A worker's standard streams: stdin from /dev/null, stdout and stderr into pipes whose read
+// ends the launcher keeps.
+struct StdStreams {
+  int in = -1;
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+
+  void close_childs() {
+    for (int* fd : {&in, &out[1], &err[1]})
+      close_fd(*fd);
+  }
+  void close_ours() {
+    for (int* fd : {&out[0], &err[0]})
+      close_fd(*fd);
+  }
+  // Our ends, as the worker `pid`'s, read without blocking.
+  Child child(pid_t pid) const {
+    for (int fd : {out[0], err[0]})
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return Child{pid, out[0], err[0]};
+  }
+};
+
+[[noreturn]] void out_of_descriptors(int err) {
+  throw Error(str("cannot start a worker: out of file descriptors (", std::strerror(err),
+                  "); raise `ulimit -n` or start fewer workers"));
+}
+
+[[noreturn]] void fork_failed(int err) {
+  throw Error(str("cannot start a worker: fork failed (", std::strerror(err),
+                  "); the machine may be out of memory or processes (ulimit -u)"));
+}
+
+StdStreams open_streams() {
+  StdStreams s;
+  s.in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (s.in < 0 || ::pipe2(s.out, O_CLOEXEC) != 0 || ::pipe2(s.err, O_CLOEXEC) != 0) {
+    const int e = errno;
+    s.close_childs();
+    s.close_ours();
+    out_of_descriptors(e);
+  }
+  return s;
+}
+
+// Every signal blocked while it lives (or until restore()): across a fork, so that the child
+// cannot run the launcher's handlers before it has reset them to their defaults.
+class BlockSignals {
+ public:
+  BlockSignals() {
+    sigset_t all;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old_);
+  }
+  ~BlockSignals() { restore(); }
+  BlockSignals(const BlockSignals&) = delete;
+  BlockSignals& operator=(const BlockSignals&) = delete;
+  void restore() {
+    if (restored_) return;
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    restored_ = true;
+  }
+
+ private:
+  sigset_t old_;
+  bool restored_ = false;
+};
+
+// A waiting fork's request: the worker's argv and environment, each list its size and then its
+// strings, each ended by a NUL.
+std::string encode_request(const SpawnRequest& req) {
+  std::string out;
+  for (const auto* list : {&req.argv, &req.env}) {
+    out += std::to_string(list->size());
+    out += '\0';
+    for (const auto& item : *list) {
+      out += item;
+      out += '\0';
+    }
+  }
+  return out;
+}
+
+bool decode_request(const std::string& in, std::vector<std::string>& argv,
+                    std::vector<std::string>& env) {
+  std::size_t at = 0;
+  auto next = [&](std::string& field) {
+    const std::size_t end = in.find('\0', at);
+    if (end == std::string::npos) return false;
+    field = in.substr(at, end - at);
+    at = end + 1;
+    return true;
+  };
+  for (auto* list : {&argv, &env}) {
+    std::string count;
+    if (!next(count) || count.empty() || count.size() > 9 ||
+        count.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    list->resize(std::stoul(count));
+    for (auto& item : *list)
+      if (!next(item)) return false;
+  }
+  return at == in.size();
+}
+
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool read_all(int fd, char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::read(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// A request's first message: its size, with the worker's stdin, stdout and stderr attached.
+struct Header {
+  uint64_t size = 0;
+  struct iovec iov = {&size, sizeof size};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))] = {};
+  struct msghdr msg = {};
+
+  Header() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  Header(const Header&) = delete;
+  Header& operator=(const Header&) = delete;
+  // The rest of the size when a stream socket moved only `n` bytes of it.
+  char* rest(ssize_t n) { return reinterpret_cast<char*>(&size) + n; }
+  std::size_t rest_size(ssize_t n) const { return sizeof size - static_cast<std::size_t>(n); }
+};
+
+// The header, then the request. False when the waiting fork is gone.
+bool send_request(int sock, const std::string& request, std::array<int, 3> fds) {
+  Header h;
+  h.size = request.size();
+  struct cmsghdr* c = CMSG_FIRSTHDR(&h.msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof fds);
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof fds);
+  ssize_t n;
+  do {
+    n = ::sendmsg(sock, &h.msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n > 0 && write_all(sock, h.rest(n), h.rest_size(n)) &&
+         write_all(sock, request.data(), request.size());
+}
+
+// What send_request sent; false when the launcher closed its end instead (no worker needed).
+bool receive_request(int sock, std::string& request, std::array<int, 3>& fds) {
+  Header h;
+  ssize_t n;
+  do {
+    n = ::recvmsg(sock, &h.msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  const struct cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&h.msg) : nullptr;
+  if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof fds)) return false;
+  std::memcpy(fds.data(), CMSG_DATA(c), sizeof fds);
+  if (!read_all(sock, h.rest(n), h.rest_size(n)) || h.size > (1u << 30)) return false;
+  request.resize(h.size);
+  return read_all(sock, request.data(), request.size());
+}
+
+// A waiting fork's life (Note [Forked workers]): its own group, the launcher's descriptors
+// closed but for its socket, then its request: the worker's streams, environment and argv,
+// and the worker's main. Ends at once when the launcher needs no worker of it.
+[[noreturn]] void wait_to_work(int sock, pid_t parent, const ForkedMain& main) {
+  become_own_group(parent);
+  if (sock != 3 && ::dup2(sock, 3) < 0) ::_exit(127);
+  close_from(4);
+  std::string request;
+  std::array<int, 3> fds{};
+  if (!receive_request(3, request, fds)) ::_exit(0);
+  if (::dup2(fds[0], 0) < 0 || ::dup2(fds[1], 1) < 0 || ::dup2(fds[2], 2) < 0) ::_exit(127);
+  close_from(3);
+  // environ points into these until _exit.
+  static std::vector<std::string> argv, env;
+  static std::vector<char*> envp;
+  if (!decode_request(request, argv, env)) ::_exit(127);
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
+  environ = envp.data();
   int rc = 1;
   try {
     // OpenMP read OMP_NUM_THREADS when the launcher loaded it; an exec'd worker reads its own.
     if (auto threads = env::get_int("OMP_NUM_THREADS"); threads && *threads > 0)
       at::set_num_threads(static_cast<int>(*threads));
-    rc = req.forked_main(req.argv);
+    rc = main(argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
   }
   // No static destructors: they belong to the launcher this process is a copy of.
   std::fflush(nullptr);
   ::_exit(rc);
+}
+
+// A waiting fork no worker will use: told (its socket closed), killed and reaped.
+void end_waiting(pid_t pid, int fd) {
+  ::close(fd);
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
 }
 
 }  // namespace
@@ -164,6 +372,9 @@ std::string resolve_program(const std::string& program) {
 }
 
 Child spawn(const SpawnRequest& req) {
+  if (req.forks) {
+    if (auto child = req.forks->start(req)) return *child;
+  }
   // Everything the child touches is built before fork: another thread may hold malloc's lock.
   std::vector<char*> argv, envp;
   for (const auto& a : req.argv)
@@ -173,39 +384,30 @@ Child spawn(const SpawnRequest& req) {
     envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
 
-  int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
-  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (devnull < 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
-      ::pipe2(status, O_CLOEXEC) != 0) {
-    int e = errno;
-    for (int* fd : {&devnull, &out[0], &out[1], &err[0], &err[1], &status[0], &status[1]})
-      close_fd(*fd);
-    throw Error(str("cannot start a worker: out of file descriptors (", std::strerror(e),
-                    "); raise `ulimit -n` or start fewer workers"));
+  StdStreams s = open_streams();
+  int status[2] = {-1, -1};
+  if (::pipe2(status, O_CLOEXEC) != 0) {
+    const int e = errno;
+    s.close_childs();
+    s.close_ours();
+    out_of_descriptors(e);
   }
 
-  // Signals stay blocked across fork so that the child cannot run the launcher's handlers
-  // before it has reset them to their defaults.
-  sigset_t all, old;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  BlockSignals blocked;
   pid_t parent = ::getpid();
-  if (req.forked_main) std::fflush(nullptr);  // else the worker would write our buffers again
   pid_t pid = ::fork();
   if (pid == 0) {
-    if (req.forked_main) child_run(req, envp.data(), parent, devnull, out[1], err[1], status[1]);
-    child_exec(req.path.c_str(), argv.data(), envp.data(), parent, devnull, out[1], err[1],
+    child_exec(req.path.c_str(), argv.data(), envp.data(), parent, s.in, s.out[1], s.err[1],
                status[1]);
   }
   int fork_errno = errno;
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  for (int* fd : {&devnull, &out[1], &err[1], &status[1]})
-    close_fd(*fd);
+  blocked.restore();
+  s.close_childs();
+  close_fd(status[1]);
   if (pid < 0) {
-    for (int* fd : {&out[0], &err[0], &status[0]})
-      close_fd(*fd);
-    throw Error(str("cannot start a worker: fork failed (", std::strerror(fork_errno),
-                    "); the machine may be out of memory or processes (ulimit -u)"));
+    s.close_ours();
+    close_fd(status[0]);
+    fork_failed(fork_errno);
   }
   ::setpgid(pid, pid);  // also here, so a teardown right after spawn already reaches the group
 
@@ -219,13 +421,55 @@ Child spawn(const SpawnRequest& req) {
     int st;
     while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
     }
-    close_fd(out[0]);
-    close_fd(err[0]);
+    s.close_ours();
     throw spawn_error(req.argv.empty() ? req.path : req.argv[0], exec_errno);
   }
-  for (int fd : {out[0], err[0]})
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return Child{pid, out[0], err[0]};
+  return s.child(pid);
+}
+
+// ---- Note [Forked workers]: forks that wait to become workers -------------------------------
+
+WorkerForks::WorkerForks(int n, ForkedMain main) {
+  for (int i = 0; i < n; ++i) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return;
+    BlockSignals blocked;
+    const pid_t parent = ::getpid();
+    std::fflush(nullptr);  // else the worker would write our buffers again
+    const pid_t pid = ::fork();
+    if (pid == 0) wait_to_work(sv[1], parent, main);
+    blocked.restore();
+    ::close(sv[1]);
+    if (pid < 0) {
+      ::close(sv[0]);
+      return;
+    }
+    ::setpgid(pid, pid);
+    waiting_.push_back({pid, sv[0]});
+  }
+}
+
+WorkerForks::~WorkerForks() {
+  for (Waiting& w : waiting_)
+    end_waiting(w.pid, w.fd);
+}
+
+std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
+  const std::string request = encode_request(req);
+  while (!waiting_.empty()) {
+    StdStreams s = open_streams();  // first: when it throws, the fork stays ours to reap
+    const Waiting w = waiting_.front();
+    waiting_.erase(waiting_.begin());
+    const bool sent = send_request(w.fd, request, {s.in, s.out[1], s.err[1]});
+    s.close_childs();
+    if (sent) {
+      ::close(w.fd);
+      return s.child(w.pid);
+    }
+    s.close_ours();
+    end_waiting(w.pid, w.fd);  // killed from outside, say: the next one, or an exec
+  }
+  return std::nullopt;
 }
 
 void signal_group(pid_t pgid, int sig) {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,14 +32,21 @@ std::string resolve_program(const std::string& program);
 // Exec'ing a program that links LibTorch costs about half a second of CPU before its main()
 // (LibTorch registering its operators, the dynamic linker binding their symbols). For a test
 // suite of small multi-rank runs that was most of the CPU its workers took, so a launcher can
-// instead fork each worker from itself and run the worker's main in the copy
-// (SpawnRequest::forked_main). That is safe only when the launcher is, apart from its own
-// threads that a worker never touches (the store's server), a fresh copy of the worker's
-// program: nothing a worker uses may be half-done or spent in it. Not safe after the process
-// used CUDA (a forked child cannot), ran backward (autograd then refuses it in a child) or
-// ran OpenMP or LibTorch thread pools wider than one thread. dtorch's test binary forks a rank
-// server at the start of main(), before anything ran, and each multi-rank test's launcher is a
-// fresh fork of that server (tests/support/workers.cpp).
+// instead run each worker's main in a fork of itself (LaunchOptions::forked_main). Two rules
+// make such a copy as good as a fresh process:
+// - The launcher is a fresh copy of the worker's program: nothing a worker uses is half-done or
+//   spent in it. Not after the process used CUDA (a forked child cannot), ran backward
+//   (autograd then refuses it in a child) or ran OpenMP or LibTorch pools wider than a thread.
+// - No other thread of the launcher is busy when it forks: a child gets a copy of every lock
+//   held at that instant, and no thread to release it. A launcher's store serves its workers'
+//   handshakes from a thread of its own while the later workers start (a worker forked then
+//   once waited for good in its own handshake), and the store watchdog's thread wakes every
+//   second. So the launcher forks its workers ahead (WorkerForks), as it starts, before the
+//   store or anything else has started a thread; each fork waits for the worker's command line,
+//   environment and standard streams, sent over a socket as the worker starts. A restart or an
+//   elastic job's next round exec's its workers: they would be forked from a busy launcher.
+// dtorch's test binary forks a rank server at the start of main(), before anything ran, and
+// each multi-rank test's launcher is a fresh fork of that server (tests/support/workers.cpp).
 // A forked worker keeps what an exec'd one had (own process group, torchrun's environment, its
 // output relayed, SIGKILL when the launcher dies, none of the launcher's descriptors) but for
 // /proc/PID/environ and cmdline, which stay the launcher's. OpenMP read OMP_NUM_THREADS when
@@ -47,14 +55,14 @@ std::string resolve_program(const std::string& program);
 /// A worker's main function, for workers forked rather than exec'd (Note [Forked workers]).
 using ForkedMain = std::function<int(const std::vector<std::string>& argv)>;
 
+class WorkerForks;
+
 struct SpawnRequest {
   std::string path;               ///< executable, as resolve_program returned it
   std::vector<std::string> argv;  ///< argv[0] is the program as the user wrote it
   std::vector<std::string> env;   ///< the complete environment, "NAME=value" each
-  /// When set, the worker is a fork of this process that runs forked_main(argv) with `env` as
-  /// its environment and exits with what it returns, instead of exec'ing `path` (Note [Forked
-  /// workers]).
-  ForkedMain forked_main;
+  /// When one of these forks is left, the worker is that fork instead of an exec of `path`.
+  WorkerForks* forks = nullptr;
 };
 
 /// A started worker. Its pid is also its process group id.
@@ -62,6 +70,30 @@ struct Child {
   pid_t pid = -1;
   int out_fd = -1;  ///< read end of its stdout pipe (non-blocking, close-on-exec)
   int err_fd = -1;  ///< read end of its stderr pipe (non-blocking, close-on-exec)
+};
+
+/// Processes forked ahead, each waiting to become one worker that runs `main` (Note [Forked
+/// workers]): made while this process has no other busy thread; spawn() uses them in turn.
+class WorkerForks {
+ public:
+  /// Forks `n` waiting processes now (fewer when fork fails: spawn() exec's the rest).
+  WorkerForks(int n, ForkedMain main);
+  /// Ends and reaps the forks no worker used.
+  ~WorkerForks();
+  WorkerForks(const WorkerForks&) = delete;
+  WorkerForks& operator=(const WorkerForks&) = delete;
+
+  /// Makes the next waiting fork the worker `req` describes: it takes req.env as its
+  /// environment, runs main(req.argv) and exits with what that returns. None when no fork is
+  /// left.
+  std::optional<Child> start(const SpawnRequest& req);
+
+ private:
+  struct Waiting {
+    pid_t pid;
+    int fd;  // our end of the socket it reads its request from
+  };
+  std::vector<Waiting> waiting_;
 };
 
 /// Starts one worker: own process group (so a teardown reaches the processes it starts too),

@@ -167,7 +167,7 @@ class Attempt {
       }
       // A SpawnError leaves through the destructor, which stops the workers already started.
       w.child = spawn(SpawnRequest{plan_.program_path, o.command, worker_env(plan_, lr, attempt_),
-                                   o.forked_main});
+                                   plan_.forks});
       w.running = true;
     }
   }

@@ -31,6 +31,8 @@ struct Plan {
   /// TORCHELASTIC_USE_AGENT_STORE: the launcher serves the workers' store (else rank 0 does).
   bool agent_store = true;
   int round = -1;  // an elastic job's round (DTORCH_ELASTIC_ROUND); -1 for a static job
+  /// With opts.forked_main: the forks made as the launcher started (Note [Forked workers]).
+  WorkerForks* forks = nullptr;
 };
 
 struct Failure {
