@@ -25,9 +25,10 @@ SANITIZER_REPORTS = $(abspath $(BUILD))/sanitizer-reports
 export ASAN_OPTIONS ?= detect_leaks=1:log_path=$(SANITIZER_REPORTS)/asan
 export LSAN_OPTIONS ?= suppressions=$(abspath tests/lsan.supp):print_suppressions=0
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1:log_path=$(SANITIZER_REPORTS)/ubsan
-# Forked test ranks end in _exit, where LeakSanitizer does not look, and a fork's heap holds what
-# its launcher's other threads owned: the sanitized suite exec's them (Note [Forked workers]).
+# Forked workers end in _exit, where LeakSanitizer does not look: the sanitized suite exec's the
+# test ranks and the command lines' workers (Note [Forked workers]).
 export DTORCH_TEST_EXEC_RANKS = 1
+export DTORCH_FORK_WORKERS = 0
 # Fails the target when any process left a report, and says which kinds.
 SANITIZER_CHECK = if [ -n "$$(ls -A $(SANITIZER_REPORTS))" ]; then \
   echo "make test SANITIZE=1: sanitizer reports in $(SANITIZER_REPORTS):"; \

@@ -26,6 +26,8 @@ namespace dtorch::tools {
 /// The process's own argv, for subcommands that re-launch themselves.
 const std::vector<std::string>& command_line();
 void set_command_line(int argc, char** argv);
+/// The whole `dtorch` command line: what main() runs, and a forked worker (self_launch.cpp).
+int run_command_line(int argc, char** argv);
 
 /// `dtorch launch [flags] -- PROGRAM [ARGS...]` (cmd_launch.cpp)
 void add_launch_command(CLI::App& app, int& exit_code);

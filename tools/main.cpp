@@ -59,31 +59,36 @@ void add_version_command(CLI::App& app) {
   });
 }
 }  // namespace
-}  // namespace dtorch::tools
 
-int main(int argc, char** argv) {
-  dtorch::tools::set_command_line(argc, argv);
+int run_command_line(int argc, char** argv) {
+  set_command_line(argc, argv);
   CLI::App app{"dtorch: distributed training for C++ on LibTorch"};
   app.require_subcommand(1);
   int exit_code = 0;
-  dtorch::tools::add_launch_command(app, exit_code);
-  dtorch::tools::add_train_command(app, exit_code);
-  dtorch::tools::add_bench_command(app, exit_code);
-  dtorch::tools::add_checkpoint_command(app, exit_code);
-  dtorch::tools::add_pipeline_command(app, exit_code);
-  dtorch::tools::add_plan_command(app, exit_code);
-  dtorch::tools::add_plot_command(app, exit_code);
-  dtorch::tools::add_version_command(app);
+  add_launch_command(app, exit_code);
+  add_train_command(app, exit_code);
+  add_bench_command(app, exit_code);
+  add_checkpoint_command(app, exit_code);
+  add_pipeline_command(app, exit_code);
+  add_plan_command(app, exit_code);
+  add_plot_command(app, exit_code);
+  add_version_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const dtorch::Error& e) {
-    std::cerr << "dtorch: error: " << dtorch::tools::user_message(e) << "\n";
+  } catch (const Error& e) {
+    std::cerr << "dtorch: error: " << user_message(e) << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "dtorch: unexpected error: " << e.what() << "\n";
     return 1;
   }
   return exit_code;
+}
+
+}  // namespace dtorch::tools
+
+int main(int argc, char** argv) {
+  return dtorch::tools::run_command_line(argc, argv);
 }

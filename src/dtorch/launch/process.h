@@ -45,8 +45,10 @@ std::string resolve_program(const std::string& program);
 //   store or anything else has started a thread; each fork waits for the worker's command line,
 //   environment and standard streams, sent over a socket as the worker starts. A restart or an
 //   elastic job's next round exec's its workers: they would be forked from a busy launcher.
-// dtorch's test binary forks a rank server at the start of main(), before anything ran, and
-// each multi-rank test's launcher is a fresh fork of that server (tests/support/workers.cpp).
+// Users: dtorch's test binary forks a rank server at the start of main(), before anything ran,
+// and each multi-rank test's launcher is a fresh fork of that server (tests/support/workers.cpp);
+// `dtorch train|bench|plan --nproc-per-node N` forks its workers when DTORCH_FORK_WORKERS=1 (the
+// test suite sets it; the launcher has then only parsed flags and files on a CPU).
 // A forked worker keeps what an exec'd one had (own process group, torchrun's environment, its
 // output relayed, SIGKILL when the launcher dies, none of the launcher's descriptors) but for
 // /proc/PID/environ and cmdline, which stay the launcher's. OpenMP read OMP_NUM_THREADS when
