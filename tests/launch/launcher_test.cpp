@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -248,6 +249,11 @@ TEST(Launcher, RestartedWorkersAreExecdAfterForkedOnes) {
   EXPECT_EQ(read("w.1.0"), "1 forked worker-arg");
   EXPECT_EQ(read("w.0.1"), "0 execd worker-arg");
   EXPECT_EQ(read("w.1.1"), "1 execd worker-arg");
+}
+
+// The test harness bounds every multi-rank run: 0 would be "no limit" to the launcher.
+TEST(Launcher, RunRanksRefusesAnUnboundedRun) {
+  EXPECT_THROW(testing::run_ranks(2, "starts_as_a_worker", {}, 0), std::invalid_argument);
 }
 
 TEST(Launcher, FailedWorkerStopsTheOthersQuickly) {

@@ -236,6 +236,9 @@ void start_rank_server() {
 
 int run_ranks(int n, const std::string& name, const std::vector<std::string>& args,
               double timeout_seconds) {
+  if (!(timeout_seconds > 0))
+    throw std::invalid_argument("run_ranks(" + name + "): timeout_seconds is " +
+                                std::to_string(timeout_seconds) + "; give the test a bound");
   if (server_fd() < 0) return launch::run(launch_options(n, name, args, timeout_seconds));
   Request r;
   r.n = n;

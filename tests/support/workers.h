@@ -22,7 +22,9 @@ int maybe_run_worker(int argc, char** argv);
 /// first thing in main(), while this process is one thread that has run nothing.
 void start_rank_server();
 
-/// Runs `n` ranks of worker `name` with `args` and returns the launcher's exit code.
+/// Runs `n` ranks of worker `name` with `args` and returns the launcher's exit code. The
+/// launcher ends the ranks after `timeout_seconds`, which must be positive: a test never waits
+/// without a bound.
 int run_ranks(int n, const std::string& name, const std::vector<std::string>& args = {},
               double timeout_seconds = 120);
 
