@@ -20,6 +20,7 @@
 #include "dtorch/core/env.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/launch/launcher.h"
+#include "dtorch/launch/process.h"
 
 namespace dtorch::testing {
 
@@ -130,12 +131,7 @@ Request decode(const std::string& in) {
 [[noreturn]] void run_launcher(const Request& r, int server_fd) {
   ::close(server_fd);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  std::vector<std::string> env = r.env;  // environ points into it until _exit
-  std::vector<char*> envp;
-  for (auto& e : env)
-    envp.push_back(e.data());
-  envp.push_back(nullptr);
-  environ = envp.data();
+  launch::take_environment(r.env);
   int rc = 1;
   try {
     if (!r.cwd.empty() && ::chdir(r.cwd.c_str()) != 0)

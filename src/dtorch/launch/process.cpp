@@ -24,6 +24,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <utility>
 
 #include "dtorch/core/env.h"
 
@@ -317,14 +318,9 @@ bool receive_request(int sock, std::string& request, std::array<int, 3>& fds) {
   if (!receive_request(3, request, fds)) ::_exit(0);
   if (::dup2(fds[0], 0) < 0 || ::dup2(fds[1], 1) < 0 || ::dup2(fds[2], 2) < 0) ::_exit(127);
   close_from(3);
-  // environ points into these until _exit.
-  static std::vector<std::string> argv, env;
-  static std::vector<char*> envp;
+  std::vector<std::string> argv, env;
   if (!decode_request(request, argv, env)) ::_exit(127);
-  for (auto& e : env)
-    envp.push_back(e.data());
-  envp.push_back(nullptr);
-  environ = envp.data();
+  take_environment(std::move(env));
   int rc = 1;
   try {
     // OpenMP read OMP_NUM_THREADS when the launcher loaded it; an exec'd worker reads its own.
@@ -470,6 +466,18 @@ std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
     end_waiting(w.pid, w.fd);  // killed from outside, say: the next one, or an exec
   }
   return std::nullopt;
+}
+
+void take_environment(std::vector<std::string> env) {
+  // environ points into these until the process ends.
+  static std::vector<std::string> strings;
+  static std::vector<char*> pointers;
+  strings = std::move(env);
+  pointers.clear();
+  for (auto& e : strings)
+    pointers.push_back(e.data());
+  pointers.push_back(nullptr);
+  environ = pointers.data();
 }
 
 void signal_group(pid_t pgid, int sig) {

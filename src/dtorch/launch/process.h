@@ -104,6 +104,10 @@ class WorkerForks {
 /// worker outlives a crashed launcher. Throws SpawnError when exec fails.
 Child spawn(const SpawnRequest& req);
 
+/// Makes `env` ("NAME=value" each) this process's whole environment until it ends: for a fork
+/// that runs something other than its parent (Note [Forked workers]).
+void take_environment(std::vector<std::string> env);
+
 /// Sends `sig` to the worker's whole process group; a group that is already gone is fine.
 void signal_group(pid_t pgid, int sig);
 
