@@ -28,6 +28,8 @@ const std::vector<std::string>& command_line();
 void set_command_line(int argc, char** argv);
 /// The whole `dtorch` command line: what main() runs, and a forked worker (self_launch.cpp).
 int run_command_line(int argc, char** argv);
+/// The same, for a process forked to run `argv` (Note [Forked workers], Note [Fork server]).
+int run_forked_command_line(const std::vector<std::string>& argv);
 
 /// `dtorch launch [flags] -- PROGRAM [ARGS...]` (cmd_launch.cpp)
 void add_launch_command(CLI::App& app, int& exit_code);

@@ -7,7 +7,9 @@
 #include <typeinfo>
 
 #include "dtorch/comm/communicator.h"
+#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
+#include "dtorch/launch/process.h"
 #include "tools/commands.h"
 
 namespace dtorch::tools {
@@ -87,8 +89,28 @@ int run_command_line(int argc, char** argv) {
   return exit_code;
 }
 
+int run_forked_command_line(const std::vector<std::string>& argv) {
+  std::vector<std::string> args = argv;
+  std::vector<char*> ptrs;
+  for (auto& a : args)
+    ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  return run_command_line(static_cast<int>(args.size()), ptrs.data());
+}
+
 }  // namespace dtorch::tools
 
 int main(int argc, char** argv) {
+  // Note [Fork server]: the test suite's; before anything else runs.
+  if (auto fd = dtorch::env::get("DTORCH_FORK_SERVER")) {
+    ::unsetenv("DTORCH_FORK_SERVER");
+    if (fd->size() > 6 || fd->find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(*fd) < 3) {
+      std::cerr << "dtorch: error: DTORCH_FORK_SERVER=" << *fd
+                << " is not a socket's descriptor number (3 or more); unset it\n";
+      return 1;
+    }
+    dtorch::launch::serve_forks(std::stoi(*fd), dtorch::tools::run_forked_command_line);
+  }
   return dtorch::tools::run_command_line(argc, argv);
 }

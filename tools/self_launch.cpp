@@ -13,20 +13,6 @@
 
 namespace dtorch::tools {
 
-namespace {
-
-// A worker forked from this launcher runs the command line it would have been exec'd with.
-int forked_worker(const std::vector<std::string>& argv) {
-  std::vector<std::string> args = argv;
-  std::vector<char*> ptrs;
-  for (auto& a : args)
-    ptrs.push_back(a.data());
-  ptrs.push_back(nullptr);
-  return run_command_line(static_cast<int>(args.size()), ptrs.data());
-}
-
-}  // namespace
-
 bool started_by_a_launcher() {
   return env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
 }
@@ -73,7 +59,7 @@ std::optional<int> self_launch(const SelfLaunch& how) {
     lo.command.push_back(a);
   }
   if (env::get("DTORCH_FORK_WORKERS") == std::optional<std::string>("1"))
-    lo.forked_main = forked_worker;  // Note [Forked workers]: the test suite's
+    lo.forked_main = run_forked_command_line;  // Note [Forked workers]: the test suite's
   return launch::run(lo);
 }
 

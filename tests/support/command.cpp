@@ -10,11 +10,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "dtorch/core/env.h"
 #include "dtorch/core/paths.h"
+#include "dtorch/launch/process.h"
 #include "support/workers.h"
 
 namespace dtorch::testing {
@@ -94,8 +100,99 @@ bool listening(int port) {
   return ok;
 }
 
+namespace {
+
+// Note [Fork server]: the `dtorch` this binary's command lines are forks of, started with the
+// first of them. It ends when this process does (its socket closes).
+struct ForkServer {
+  int fd = -1;
+  std::mutex one_request_at_a_time;
+};
+
+ForkServer& fork_server() {
+  static ForkServer* server = [] {
+    auto* s = new ForkServer;
+    int sv[2];
+    if (env::get("DTORCH_FORK_WORKERS") != std::optional<std::string>("1") ||
+        ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      return s;
+    std::vector<std::string> env_strings = {"DTORCH_FORK_SERVER=3"};
+    for (char** e = environ; *e; ++e)
+      env_strings.emplace_back(*e);
+    std::vector<char*> envp;
+    for (auto& e : env_strings)
+      envp.push_back(e.data());
+    envp.push_back(nullptr);
+    char* argv[] = {const_cast<char*>(DTORCH_CLI), nullptr};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      if (sv[1] == 3 ? ::fcntl(3, F_SETFD, 0) < 0 : ::dup2(sv[1], 3) < 0) ::_exit(127);
+      ::execve(DTORCH_CLI, argv, envp.data());
+      ::_exit(127);
+    }
+    ::close(sv[1]);
+    if (pid < 0) {
+      ::close(sv[0]);
+      return s;
+    }
+    s->fd = sv[0];
+    return s;
+  }();
+  return *server;
+}
+
+// This process's environment with `env` applied as putenv would ("NAME" alone removes NAME).
+std::vector<std::string> environment_with(const std::vector<std::string>& env) {
+  std::vector<std::string> all;
+  for (char** e = environ; *e; ++e)
+    all.emplace_back(*e);
+  for (const auto& kv : env) {
+    const auto eq = kv.find('=');
+    const std::string name = kv.substr(0, eq) + "=";
+    all.erase(std::remove_if(all.begin(), all.end(),
+                             [&](const std::string& e) { return e.rfind(name, 0) == 0; }),
+              all.end());
+    if (eq != std::string::npos) all.push_back(kv);
+  }
+  return all;
+}
+
+// start_command for `dtorch`, from the fork server; none when there is none (then exec).
+std::optional<Command> start_served(const std::string& dir, const std::vector<std::string>& args,
+                                    const std::vector<std::string>& env, const std::string& cwd) {
+  ForkServer& server = fork_server();
+  if (server.fd < 0) return std::nullopt;
+  const std::string out = dir + "/stdout", err = dir + "/stderr";
+  std::array<int, 4> fds = {
+      ::open("/dev/null", O_RDONLY | O_CLOEXEC),
+      ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
+      ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644),
+      ::open(cwd.empty() ? "." : cwd.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  Command c{-1, dir, Clock::now()};
+  std::optional<launch::ServedFork> fork;
+  if (std::all_of(fds.begin(), fds.end(), [](int fd) { return fd >= 0; })) {
+    std::lock_guard<std::mutex> lock(server.one_request_at_a_time);
+    fork = launch::request_fork(server.fd, args, environment_with(env), fds[3],
+                                {fds[0], fds[1], fds[2]});
+  }
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
+  if (!fork) return std::nullopt;
+  c.pid = fork->pid;
+  c.status_fd = fork->status_fd;
+  return c;
+}
+
+}  // namespace
+
 Command start_command(const std::string& dir, const std::vector<std::string>& args,
                       const std::vector<std::string>& env, const std::string& cwd) {
+  if (!args.empty() && args[0] == DTORCH_CLI) {
+    if (auto served = start_served(dir, args, env, cwd)) return *served;
+  }
   std::vector<std::string> a = args;
   std::vector<char*> argv;
   for (auto& s : a)
@@ -123,8 +220,19 @@ Command start_command(const std::string& dir, const std::vector<std::string>& ar
 
 CommandResult finish_command(const Command& c, double limit) {
   CommandResult r;
+  if (c.status_fd >= 0) {
+    const launch::ServedFork fork{c.pid, c.status_fd};
+    auto status = launch::wait_served(fork, limit - seconds_since(c.started));
+    if (!status) {
+      ::kill(c.pid, SIGKILL);
+      status = launch::wait_served(fork, 30);
+      ADD_FAILURE() << "the command did not end within " << limit << " s";
+    }
+    ::close(c.status_fd);
+    r.status = status.value_or(-1);
+  }
   auto deadline = c.started + std::chrono::duration<double>(limit);
-  while (::waitpid(c.pid, &r.status, WNOHANG) == 0) {
+  while (c.status_fd < 0 && ::waitpid(c.pid, &r.status, WNOHANG) == 0) {
     if (Clock::now() > deadline) {
       ::kill(c.pid, SIGKILL);
       ::waitpid(c.pid, &r.status, 0);

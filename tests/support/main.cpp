@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
   // Note [Forked workers]: the ranks of multi-rank tests, and of the command lines tests run
   // with --nproc-per-node, are forks rather than new processes (tests that need exec'd
   // workers start them through `dtorch launch`, which always exec's; DTORCH_FORK_WORKERS=0
-  // exec's them all).
+  // exec's them all, and the command lines too: Note [Fork server]).
   ::setenv("DTORCH_FORK_WORKERS", "1", 0);
   dtorch::testing::start_rank_server();
   ::testing::InitGoogleTest(&argc, argv);

@@ -7,22 +7,27 @@
 #include <ATen/Parallel.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -254,11 +259,13 @@ bool read_all(int fd, char* data, std::size_t size) {
   return true;
 }
 
-// A request's first message: its size, with the worker's stdin, stdout and stderr attached.
+// A request's first message: its size, with descriptors attached (the worker's stdin, stdout
+// and stderr; a fork server's request also its working directory and the socket to answer on).
 struct Header {
+  static constexpr std::size_t kMaxFds = 5;
   uint64_t size = 0;
   struct iovec iov = {&size, sizeof size};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(3 * sizeof(int))] = {};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))] = {};
   struct msghdr msg = {};
 
   Header() {
@@ -274,10 +281,13 @@ struct Header {
   std::size_t rest_size(ssize_t n) const { return sizeof size - static_cast<std::size_t>(n); }
 };
 
-// The header, then the request. False when the waiting fork is gone.
-bool send_request(int sock, const std::string& request, std::array<int, 3> fds) {
+// The header, then the request. False when the receiving end is gone.
+template <std::size_t N>
+bool send_request(int sock, const std::string& request, const std::array<int, N>& fds) {
+  static_assert(N <= Header::kMaxFds);
   Header h;
   h.size = request.size();
+  h.msg.msg_controllen = CMSG_SPACE(sizeof fds);
   struct cmsghdr* c = CMSG_FIRSTHDR(&h.msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
@@ -291,19 +301,49 @@ bool send_request(int sock, const std::string& request, std::array<int, 3> fds) 
          write_all(sock, request.data(), request.size());
 }
 
-// What send_request sent; false when the launcher closed its end instead (no worker needed).
-bool receive_request(int sock, std::string& request, std::array<int, 3>& fds) {
+// What send_request sent; false when the sender closed its end instead (no worker needed).
+template <std::size_t N>
+bool receive_request(int sock, std::string& request, std::array<int, N>& fds) {
   Header h;
   ssize_t n;
   do {
     n = ::recvmsg(sock, &h.msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   const struct cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&h.msg) : nullptr;
-  if (!c || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof fds)) return false;
+  if (!c || c->cmsg_type != SCM_RIGHTS) return false;
+  if (c->cmsg_len != CMSG_LEN(sizeof fds)) {
+    for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i)
+      ::close(reinterpret_cast<const int*>(CMSG_DATA(c))[i]);
+    return false;
+  }
   std::memcpy(fds.data(), CMSG_DATA(c), sizeof fds);
   if (!read_all(sock, h.rest(n), h.rest_size(n)) || h.size > (1u << 30)) return false;
   request.resize(h.size);
   return read_all(sock, request.data(), request.size());
+}
+
+// A forked process's last steps before it runs the request's command line: its standard
+// streams in place, no other descriptor, the request's environment. Then main(argv), and an
+// exit without static destructors: they belong to the process this one is a copy of.
+[[noreturn]] void run_forked(const ForkedMain& main, const std::string& request,
+                             const std::array<int, 3>& streams) {
+  if (::dup2(streams[0], 0) < 0 || ::dup2(streams[1], 1) < 0 || ::dup2(streams[2], 2) < 0)
+    ::_exit(127);
+  close_from(3);
+  std::vector<std::string> argv, env;
+  if (!decode_request(request, argv, env)) ::_exit(127);
+  take_environment(std::move(env));
+  int rc = 1;
+  try {
+    // OpenMP read OMP_NUM_THREADS when the process forked loaded it; an exec'd one reads its own.
+    if (auto threads = env::get_int("OMP_NUM_THREADS"); threads && *threads > 0)
+      at::set_num_threads(static_cast<int>(*threads));
+    rc = main(argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+  }
+  std::fflush(nullptr);
+  ::_exit(rc);
 }
 
 // A waiting fork's life (Note [Forked workers]): its own group, the launcher's descriptors
@@ -316,23 +356,7 @@ bool receive_request(int sock, std::string& request, std::array<int, 3>& fds) {
   std::string request;
   std::array<int, 3> fds{};
   if (!receive_request(3, request, fds)) ::_exit(0);
-  if (::dup2(fds[0], 0) < 0 || ::dup2(fds[1], 1) < 0 || ::dup2(fds[2], 2) < 0) ::_exit(127);
-  close_from(3);
-  std::vector<std::string> argv, env;
-  if (!decode_request(request, argv, env)) ::_exit(127);
-  take_environment(std::move(env));
-  int rc = 1;
-  try {
-    // OpenMP read OMP_NUM_THREADS when the launcher loaded it; an exec'd worker reads its own.
-    if (auto threads = env::get_int("OMP_NUM_THREADS"); threads && *threads > 0)
-      at::set_num_threads(static_cast<int>(*threads));
-    rc = main(argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-  }
-  // No static destructors: they belong to the launcher this process is a copy of.
-  std::fflush(nullptr);
-  ::_exit(rc);
+  run_forked(main, request, fds);
 }
 
 // A waiting fork no worker will use: told (its socket closed), killed and reaped.
@@ -456,7 +480,7 @@ std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
     StdStreams s = open_streams();  // first: when it throws, the fork stays ours to reap
     const Waiting w = waiting_.front();
     waiting_.erase(waiting_.begin());
-    const bool sent = send_request(w.fd, request, {s.in, s.out[1], s.err[1]});
+    const bool sent = send_request(w.fd, request, std::array<int, 3>{s.in, s.out[1], s.err[1]});
     s.close_childs();
     if (sent) {
       ::close(w.fd);
@@ -466,6 +490,99 @@ std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
     end_waiting(w.pid, w.fd);  // killed from outside, say: the next one, or an exec
   }
   return std::nullopt;
+}
+
+// ---- Note [Fork server]: a fresh process that forks on request ------------------------------
+
+void serve_forks(int sock, const ForkedMain& main) {
+  // Children are reaped as they end (SIGCHLD, read from a descriptor), requests served as they
+  // come; each request's answer socket gets its fork's pid, then its wait status.
+  sigset_t chld, old;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, &old);
+  const int children = ::signalfd(-1, &chld, SFD_CLOEXEC);
+  if (children < 0) ::_exit(127);
+  std::map<pid_t, int> answers;
+  for (;;) {
+    struct pollfd p[2] = {{sock, POLLIN, 0}, {children, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      ::_exit(127);
+    }
+    if (p[1].revents & POLLIN) {
+      struct signalfd_siginfo info;
+      (void)!::read(children, &info, sizeof info);
+      int status;
+      for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+        auto it = answers.find(pid);
+        if (it == answers.end()) continue;
+        write_all(it->second, reinterpret_cast<const char*>(&status), sizeof status);
+        ::close(it->second);
+        answers.erase(it);
+      }
+    }
+    if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    std::string request;
+    std::array<int, 5> fds{};  // stdin, stdout, stderr, working directory, answer
+    if (!receive_request(sock, request, fds)) ::_exit(0);  // the client is gone
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::sigprocmask(SIG_SETMASK, &old, nullptr);
+      if (::fchdir(fds[3]) != 0) ::_exit(127);
+      run_forked(main, request, {fds[0], fds[1], fds[2]});
+    }
+    for (int i = 0; i < 4; ++i)
+      ::close(fds[i]);
+    if (pid < 0 || !write_all(fds[4], reinterpret_cast<const char*>(&pid), sizeof pid)) {
+      ::close(fds[4]);  // the client reads an end instead of a pid
+      continue;
+    }
+    answers[pid] = fds[4];
+  }
+}
+
+std::optional<ServedFork> request_fork(int server, const std::vector<std::string>& argv,
+                                       const std::vector<std::string>& env, int dir_fd,
+                                       const std::array<int, 3>& streams) {
+  int answer[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, answer) != 0) return std::nullopt;
+  SpawnRequest req;
+  req.argv = argv;
+  req.env = env;
+  const bool sent =
+      send_request(server, encode_request(req),
+                   std::array<int, 5>{streams[0], streams[1], streams[2], dir_fd, answer[1]});
+  ::close(answer[1]);
+  // The server answers at once (it forks and replies); a minute is for a machine at its limits.
+  struct pollfd p = {answer[0], POLLIN, 0};
+  int ready;
+  do {
+    ready = sent ? ::poll(&p, 1, 60 * 1000) : 0;
+  } while (ready < 0 && errno == EINTR);
+  pid_t pid = -1;
+  if (ready == 1 && read_all(answer[0], reinterpret_cast<char*>(&pid), sizeof pid) && pid > 0)
+    return ServedFork{pid, answer[0]};
+  ::close(answer[0]);
+  return std::nullopt;
+}
+
+std::optional<int> wait_served(const ServedFork& fork, double limit_seconds) {
+  struct pollfd p = {fork.status_fd, POLLIN, 0};
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_seconds);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return std::nullopt;
+    break;
+  }
+  int status = 0;
+  if (!read_all(fork.status_fd, reinterpret_cast<char*>(&status), sizeof status))
+    throw Error(str("the fork server ended before process ", fork.pid, " did; its status is lost"));
+  return status;
 }
 
 void take_environment(std::vector<std::string> env) {

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <string>
@@ -103,6 +104,39 @@ class WorkerForks {
 /// descriptors, and SIGKILL when the thread that started it dies (PR_SET_PDEATHSIG), so no
 /// worker outlives a crashed launcher. Throws SpawnError when exec fails.
 Child spawn(const SpawnRequest& req);
+
+// Note [Fork server]
+// A test suite of command-line tests starts `dtorch` hundreds of times, each start half a second
+// of CPU before main() (Note [Forked workers]). A fork server pays it once: a fresh process
+// that, before doing anything else, serves requests on a socket, each a command line with its
+// environment, working directory and standard streams, run in a fork of itself as an exec of
+// the program would have run it. Every fork is a copy of the same fresh process (the server
+// runs nothing between requests, and has no other thread). The fork's pid goes back on a socket
+// that came with the request, and later its wait status, since the server is its parent and
+// reaps it. A fork keeps its server's process group, and its server's /proc/PID/cmdline and
+// environ. `dtorch` becomes one when DTORCH_FORK_SERVER names its socket's descriptor; the test
+// binary starts one for the `dtorch` command lines it runs (tests/support/command.cpp).
+
+/// Serves requests on the stream socket `sock` until its peer closes it (Note [Fork server]):
+/// each runs main(argv) in a fork of this process. Call it first in main(), before any thread.
+[[noreturn]] void serve_forks(int sock, const ForkedMain& main);
+
+/// A process a fork server started: its pid, and the socket its wait status comes on.
+struct ServedFork {
+  pid_t pid = -1;
+  int status_fd = -1;  ///< close-on-exec; the caller closes it
+};
+
+/// Asks the fork server at `server` to run `argv` with `env` ("NAME=value" each, the whole
+/// environment) in the directory open at `dir_fd`, with `streams` as stdin, stdout and stderr.
+/// None when the server is gone. One request at a time per socket: callers serialize.
+std::optional<ServedFork> request_fork(int server, const std::vector<std::string>& argv,
+                                       const std::vector<std::string>& env, int dir_fd,
+                                       const std::array<int, 3>& streams);
+
+/// The served fork's wait status once it ends; none if it has not ended within `limit_seconds`.
+/// Throws when the server ended first (the status is lost).
+std::optional<int> wait_served(const ServedFork& fork, double limit_seconds);
 
 /// Makes `env` ("NAME=value" each) this process's whole environment until it ends: for a fork
 /// that runs something other than its parent (Note [Forked workers]).
