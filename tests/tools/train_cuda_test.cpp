@@ -60,6 +60,10 @@ struct Layout {
   const char* strategy;
   std::vector<std::string> flags;
 };
+// What gtest (and ctest's test name) shows of a layout: its name, not its bytes.
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << l.name;
+}
 
 class CudaTrainOneRank : public ::testing::TestWithParam<Layout> {};
 

@@ -18,6 +18,10 @@ struct Case {
   const char* model;
   const char* strategy;
 };
+// What gtest (and ctest's test name) shows of a case: its words, not its bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.model << " " << c.strategy;
+}
 
 class TrainStrategies : public ::testing::TestWithParam<Case> {};
 

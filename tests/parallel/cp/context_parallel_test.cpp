@@ -275,6 +275,11 @@ struct ParityCase {
   int cp, tp, world;
   std::string strategy, models;
 };
+// What gtest (and ctest's test name) shows of a case: its words, not its bytes.
+void PrintTo(const ParityCase& c, std::ostream* os) {
+  *os << "cp " << c.cp << " tp " << c.tp << " of " << c.world << " ranks " << c.strategy << " "
+      << c.models;
+}
 
 class ContextParallelParity : public ::testing::TestWithParam<ParityCase> {};
 
