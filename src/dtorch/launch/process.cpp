@@ -259,6 +259,19 @@ bool read_all(int fd, char* data, std::size_t size) {
   return true;
 }
 
+// Whether `fd` has something to read (or its end) within `seconds`.
+bool readable_within(int fd, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  struct pollfd p = {fd, POLLIN, 0};
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    return ready > 0;
+  }
+}
+
 // A request's first message: its size, with descriptors attached (the worker's stdin, stdout
 // and stderr; a fork server's request also its working directory and the socket to answer on).
 struct Header {
@@ -555,30 +568,16 @@ std::optional<ServedFork> request_fork(int server, const std::vector<std::string
                    std::array<int, 5>{streams[0], streams[1], streams[2], dir_fd, answer[1]});
   ::close(answer[1]);
   // The server answers at once (it forks and replies); a minute is for a machine at its limits.
-  struct pollfd p = {answer[0], POLLIN, 0};
-  int ready;
-  do {
-    ready = sent ? ::poll(&p, 1, 60 * 1000) : 0;
-  } while (ready < 0 && errno == EINTR);
   pid_t pid = -1;
-  if (ready == 1 && read_all(answer[0], reinterpret_cast<char*>(&pid), sizeof pid) && pid > 0)
+  if (sent && readable_within(answer[0], 60) &&
+      read_all(answer[0], reinterpret_cast<char*>(&pid), sizeof pid) && pid > 0)
     return ServedFork{pid, answer[0]};
   ::close(answer[0]);
   return std::nullopt;
 }
 
 std::optional<int> wait_served(const ServedFork& fork, double limit_seconds) {
-  struct pollfd p = {fork.status_fd, POLLIN, 0};
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_seconds);
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) return std::nullopt;
-    break;
-  }
+  if (!readable_within(fork.status_fd, limit_seconds)) return std::nullopt;
   int status = 0;
   if (!read_all(fork.status_fd, reinterpret_cast<char*>(&status), sizeof status))
     throw Error(str("the fork server ended before process ", fork.pid, " did; its status is lost"));
