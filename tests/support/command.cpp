@@ -109,6 +109,22 @@ struct ForkServer {
   std::mutex one_request_at_a_time;
 };
 
+// This process's environment with `env` applied as putenv would ("NAME" alone removes NAME).
+std::vector<std::string> environment_with(const std::vector<std::string>& env) {
+  std::vector<std::string> all;
+  for (char** e = environ; *e; ++e)
+    all.emplace_back(*e);
+  for (const auto& kv : env) {
+    const auto eq = kv.find('=');
+    const std::string name = kv.substr(0, eq) + "=";
+    all.erase(std::remove_if(all.begin(), all.end(),
+                             [&](const std::string& e) { return e.rfind(name, 0) == 0; }),
+              all.end());
+    if (eq != std::string::npos) all.push_back(kv);
+  }
+  return all;
+}
+
 ForkServer& fork_server() {
   static ForkServer* server = [] {
     auto* s = new ForkServer;
@@ -116,9 +132,7 @@ ForkServer& fork_server() {
     if (env::get("DTORCH_FORK_WORKERS") != std::optional<std::string>("1") ||
         ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
       return s;
-    std::vector<std::string> env_strings = {"DTORCH_FORK_SERVER=3"};
-    for (char** e = environ; *e; ++e)
-      env_strings.emplace_back(*e);
+    std::vector<std::string> env_strings = environment_with({"DTORCH_FORK_SERVER=3"});
     std::vector<char*> envp;
     for (auto& e : env_strings)
       envp.push_back(e.data());
@@ -142,22 +156,6 @@ ForkServer& fork_server() {
     return s;
   }();
   return *server;
-}
-
-// This process's environment with `env` applied as putenv would ("NAME" alone removes NAME).
-std::vector<std::string> environment_with(const std::vector<std::string>& env) {
-  std::vector<std::string> all;
-  for (char** e = environ; *e; ++e)
-    all.emplace_back(*e);
-  for (const auto& kv : env) {
-    const auto eq = kv.find('=');
-    const std::string name = kv.substr(0, eq) + "=";
-    all.erase(std::remove_if(all.begin(), all.end(),
-                             [&](const std::string& e) { return e.rfind(name, 0) == 0; }),
-              all.end());
-    if (eq != std::string::npos) all.push_back(kv);
-  }
-  return all;
 }
 
 // start_command for `dtorch`, from the fork server; none when there is none (then exec).
