@@ -20,6 +20,7 @@
 
 #include "dtorch/core/env.h"
 #include "dtorch/core/paths.h"
+#include "dtorch/launch/fork_requests.h"
 #include "dtorch/launch/process.h"
 #include "support/workers.h"
 

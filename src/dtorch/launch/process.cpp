@@ -1,7 +1,9 @@
-// Worker processes: fork/exec, process groups, parent-death signal, and wait statuses in words.
-// The launcher runs inside a multi-threaded process (LibTorch's pools, the store's server), so
-// the child does only async-signal-safe calls between fork and exec; a forked worker comes from
-// a fork made ahead, while the launcher had no busy thread (Note [Forked workers]).
+// Worker processes: fork/exec, process groups, parent-death signal, and wait
+// statuses in words. The launcher runs inside a multi-threaded process
+// (LibTorch's pools, the store's server), so the child does only
+// async-signal-safe calls between fork and exec; a forked worker comes from a
+// fork made ahead, while the launcher had no busy thread (Note [Forked
+// workers]).
 #include "dtorch/launch/process.h"
 
 #include <ATen/Parallel.h>
@@ -18,10 +20,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <array>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "dtorch/core/env.h"
+#include "dtorch/launch/fork_requests.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -70,7 +71,8 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// One past the highest descriptor number this process may have. Async-signal-safe.
+// One past the highest descriptor number this process may have.
+// Async-signal-safe.
 long fd_limit() {
   struct rlimit rl;
   return ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
@@ -78,26 +80,29 @@ long fd_limit() {
              : 65536;
 }
 
-// Marks every descriptor from 3 up close-on-exec, so a worker inherits none of the launcher's
-// sockets (the store's listening socket above all). Async-signal-safe.
+// Marks every descriptor from 3 up close-on-exec, so a worker inherits none of
+// the launcher's sockets (the store's listening socket above all).
+// Async-signal-safe.
 void cloexec_from_3() {
   if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
   for (long fd = 3, end = fd_limit(); fd < end; ++fd)
     ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
 }
 
-// Closes every descriptor from `first` up: a forked worker's, which no exec will close.
+// Closes every descriptor from `first` up: a forked worker's, which no exec
+// will close.
 void close_from(unsigned first) {
   if (::syscall(SYS_close_range, first, ~0U, 0U) == 0) return;
   for (long fd = first, end = fd_limit(); fd < end; ++fd)
     ::close(static_cast<int>(fd));
 }
 
-// A new child's first steps: own process group, parent-death signal, default signal
-// dispositions and none blocked. Async-signal-safe.
+// A new child's first steps: own process group, parent-death signal, default
+// signal dispositions and none blocked. Async-signal-safe.
 void become_own_group(pid_t parent) {
   ::setpgid(0, 0);
-  // The parent may have died between fork and prctl; then nobody would ever kill us.
+  // The parent may have died between fork and prctl; then nobody would ever
+  // kill us.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);
   struct sigaction dfl;
@@ -110,8 +115,9 @@ void become_own_group(pid_t parent) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
-// The child's side of spawn() up to exec: become_own_group, and stdin/stdout/stderr in place.
-// Async-signal-safe; false (with errno written to status_fd) when a descriptor could not be set.
+// The child's side of spawn() up to exec: become_own_group, and
+// stdin/stdout/stderr in place. Async-signal-safe; false (with errno written to
+// status_fd) when a descriptor could not be set.
 bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd) {
   become_own_group(parent);
   if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) {
@@ -128,12 +134,13 @@ bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd)
   cloexec_from_3();
   ::execve(path, argv, envp);
   int e = errno;
-  (void)!::write(status_fd, &e, sizeof e);  // tells the parent why; closes on exec otherwise
+  (void)!::write(status_fd, &e,
+                 sizeof e);  // tells the parent why; closes on exec otherwise
   ::_exit(127);
 }
 
-// A worker's standard streams: stdin from /dev/null, stdout and stderr into pipes whose read
-// ends the launcher keeps.
+// A worker's standard streams: stdin from /dev/null, stdout and stderr into
+// pipes whose read ends the launcher keeps.
 struct StdStreams {
   int in = -1;
   int out[2] = {-1, -1};
@@ -177,8 +184,9 @@ StdStreams open_streams() {
   return s;
 }
 
-// Every signal blocked while it lives (or until restore()): across a fork, so that the child
-// cannot run the launcher's handlers before it has reset them to their defaults.
+// Every signal blocked while it lives (or until restore()): across a fork, so
+// that the child cannot run the launcher's handlers before it has reset them to
+// their defaults.
 class BlockSignals {
  public:
   BlockSignals() {
@@ -200,155 +208,22 @@ class BlockSignals {
   bool restored_ = false;
 };
 
-// A waiting fork's request: the worker's argv and environment, each list its size and then its
-// strings, each ended by a NUL.
-std::string encode_request(const SpawnRequest& req) {
-  std::string out;
-  for (const auto* list : {&req.argv, &req.env}) {
-    out += std::to_string(list->size());
-    out += '\0';
-    for (const auto& item : *list) {
-      out += item;
-      out += '\0';
-    }
-  }
-  return out;
-}
-
-bool decode_request(const std::string& in, std::vector<std::string>& argv,
-                    std::vector<std::string>& env) {
-  std::size_t at = 0;
-  auto next = [&](std::string& field) {
-    const std::size_t end = in.find('\0', at);
-    if (end == std::string::npos) return false;
-    field = in.substr(at, end - at);
-    at = end + 1;
-    return true;
-  };
-  for (auto* list : {&argv, &env}) {
-    std::string count;
-    if (!next(count) || count.empty() || count.size() > 9 ||
-        count.find_first_not_of("0123456789") != std::string::npos)
-      return false;
-    list->resize(std::stoul(count));
-    for (auto& item : *list)
-      if (!next(item)) return false;
-  }
-  return at == in.size();
-}
-
-bool write_all(int fd, const char* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool read_all(int fd, char* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::read(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-// Whether `fd` has something to read (or its end) within `seconds`.
-bool readable_within(int fd, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  struct pollfd p = {fd, POLLIN, 0};
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const int ready = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
-    if (ready < 0 && errno == EINTR) continue;
-    return ready > 0;
-  }
-}
-
-// A request's first message: its size, with descriptors attached (the worker's stdin, stdout
-// and stderr; a fork server's request also its working directory and the socket to answer on).
-struct Header {
-  static constexpr std::size_t kMaxFds = 5;
-  uint64_t size = 0;
-  struct iovec iov = {&size, sizeof size};
-  alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))] = {};
-  struct msghdr msg = {};
-
-  Header() {
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-  }
-  Header(const Header&) = delete;
-  Header& operator=(const Header&) = delete;
-  // The rest of the size when a stream socket moved only `n` bytes of it.
-  char* rest(ssize_t n) { return reinterpret_cast<char*>(&size) + n; }
-  std::size_t rest_size(ssize_t n) const { return sizeof size - static_cast<std::size_t>(n); }
-};
-
-// The header, then the request. False when the receiving end is gone.
-template <std::size_t N>
-bool send_request(int sock, const std::string& request, const std::array<int, N>& fds) {
-  static_assert(N <= Header::kMaxFds);
-  Header h;
-  h.size = request.size();
-  h.msg.msg_controllen = CMSG_SPACE(sizeof fds);
-  struct cmsghdr* c = CMSG_FIRSTHDR(&h.msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof fds);
-  std::memcpy(CMSG_DATA(c), fds.data(), sizeof fds);
-  ssize_t n;
-  do {
-    n = ::sendmsg(sock, &h.msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  return n > 0 && write_all(sock, h.rest(n), h.rest_size(n)) &&
-         write_all(sock, request.data(), request.size());
-}
-
-// What send_request sent; false when the sender closed its end instead (no worker needed).
-template <std::size_t N>
-bool receive_request(int sock, std::string& request, std::array<int, N>& fds) {
-  Header h;
-  ssize_t n;
-  do {
-    n = ::recvmsg(sock, &h.msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  const struct cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&h.msg) : nullptr;
-  if (!c || c->cmsg_type != SCM_RIGHTS) return false;
-  if (c->cmsg_len != CMSG_LEN(sizeof fds)) {
-    for (std::size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i)
-      ::close(reinterpret_cast<const int*>(CMSG_DATA(c))[i]);
-    return false;
-  }
-  std::memcpy(fds.data(), CMSG_DATA(c), sizeof fds);
-  if (!read_all(sock, h.rest(n), h.rest_size(n)) || h.size > (1u << 30)) return false;
-  request.resize(h.size);
-  return read_all(sock, request.data(), request.size());
-}
-
-// A forked process's last steps before it runs the request's command line: its standard
-// streams in place, no other descriptor, the request's environment. Then main(argv), and an
-// exit without static destructors: they belong to the process this one is a copy of.
+// A forked process's last steps before it runs the request's command line: its
+// standard streams in place, no other descriptor, the request's environment.
+// Then main(argv), and an exit without static destructors: they belong to the
+// process this one is a copy of.
 [[noreturn]] void run_forked(const ForkedMain& main, const std::string& request,
                              const std::array<int, 3>& streams) {
   if (::dup2(streams[0], 0) < 0 || ::dup2(streams[1], 1) < 0 || ::dup2(streams[2], 2) < 0)
     ::_exit(127);
   close_from(3);
   std::vector<std::string> argv, env;
-  if (!decode_request(request, argv, env)) ::_exit(127);
+  if (!wire::decode_request(request, argv, env)) ::_exit(127);
   take_environment(std::move(env));
   int rc = 1;
   try {
-    // OpenMP read OMP_NUM_THREADS when the process forked loaded it; an exec'd one reads its own.
+    // OpenMP read OMP_NUM_THREADS when the process forked loaded it; an exec'd
+    // one reads its own.
     if (auto threads = env::get_int("OMP_NUM_THREADS"); threads && *threads > 0)
       at::set_num_threads(static_cast<int>(*threads));
     rc = main(argv);
@@ -359,20 +234,22 @@ bool receive_request(int sock, std::string& request, std::array<int, N>& fds) {
   ::_exit(rc);
 }
 
-// A waiting fork's life (Note [Forked workers]): its own group, the launcher's descriptors
-// closed but for its socket, then its request: the worker's streams, environment and argv,
-// and the worker's main. Ends at once when the launcher needs no worker of it.
+// A waiting fork's life (Note [Forked workers]): its own group, the launcher's
+// descriptors closed but for its socket, then its request: the worker's
+// streams, environment and argv, and the worker's main. Ends at once when the
+// launcher needs no worker of it.
 [[noreturn]] void wait_to_work(int sock, pid_t parent, const ForkedMain& main) {
   become_own_group(parent);
   if (sock != 3 && ::dup2(sock, 3) < 0) ::_exit(127);
   close_from(4);
   std::string request;
   std::array<int, 3> fds{};
-  if (!receive_request(3, request, fds)) ::_exit(0);
+  if (!wire::receive_request(3, request, fds.data(), fds.size())) ::_exit(0);
   run_forked(main, request, fds);
 }
 
-// A waiting fork no worker will use: told (its socket closed), killed and reaped.
+// A waiting fork no worker will use: told (its socket closed), killed and
+// reaped.
 void end_waiting(pid_t pid, int fd) {
   ::close(fd);
   ::kill(pid, SIGKILL);
@@ -408,7 +285,8 @@ Child spawn(const SpawnRequest& req) {
   if (req.forks) {
     if (auto child = req.forks->start(req)) return *child;
   }
-  // Everything the child touches is built before fork: another thread may hold malloc's lock.
+  // Everything the child touches is built before fork: another thread may hold
+  // malloc's lock.
   std::vector<char*> argv, envp;
   for (const auto& a : req.argv)
     argv.push_back(const_cast<char*>(a.c_str()));
@@ -442,7 +320,8 @@ Child spawn(const SpawnRequest& req) {
     close_fd(status[0]);
     fork_failed(fork_errno);
   }
-  ::setpgid(pid, pid);  // also here, so a teardown right after spawn already reaches the group
+  ::setpgid(pid, pid);  // also here, so a teardown right after spawn already
+                        // reaches the group
 
   int exec_errno = 0;
   ssize_t n;
@@ -460,7 +339,8 @@ Child spawn(const SpawnRequest& req) {
   return s.child(pid);
 }
 
-// ---- Note [Forked workers]: forks that wait to become workers -------------------------------
+// ---- Note [Forked workers]: forks that wait to become workers
+// -------------------------------
 
 WorkerForks::WorkerForks(int n, ForkedMain main) {
   for (int i = 0; i < n; ++i) {
@@ -488,28 +368,32 @@ WorkerForks::~WorkerForks() {
 }
 
 std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
-  const std::string request = encode_request(req);
+  const std::string request = wire::encode_request(req.argv, req.env);
   while (!waiting_.empty()) {
     StdStreams s = open_streams();  // first: when it throws, the fork stays ours to reap
     const Waiting w = waiting_.front();
     waiting_.erase(waiting_.begin());
-    const bool sent = send_request(w.fd, request, std::array<int, 3>{s.in, s.out[1], s.err[1]});
+    const int fds[3] = {s.in, s.out[1], s.err[1]};
+    const bool sent = wire::send_request(w.fd, request, fds, 3);
     s.close_childs();
     if (sent) {
       ::close(w.fd);
       return s.child(w.pid);
     }
     s.close_ours();
-    end_waiting(w.pid, w.fd);  // killed from outside, say: the next one, or an exec
+    end_waiting(w.pid,
+                w.fd);  // killed from outside, say: the next one, or an exec
   }
   return std::nullopt;
 }
 
-// ---- Note [Fork server]: a fresh process that forks on request ------------------------------
+// ---- Note [Fork server]: a fresh process that forks on request
+// ------------------------------
 
 void serve_forks(int sock, const ForkedMain& main) {
-  // Children are reaped as they end (SIGCHLD, read from a descriptor), requests served as they
-  // come; each request's answer socket gets its fork's pid, then its wait status.
+  // Children are reaped as they end (SIGCHLD, read from a descriptor), requests
+  // served as they come; each request's answer socket gets its fork's pid, then
+  // its wait status.
   sigset_t chld, old;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
@@ -530,7 +414,7 @@ void serve_forks(int sock, const ForkedMain& main) {
       for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
         auto it = answers.find(pid);
         if (it == answers.end()) continue;
-        write_all(it->second, reinterpret_cast<const char*>(&status), sizeof status);
+        wire::write_all(it->second, reinterpret_cast<const char*>(&status), sizeof status);
         ::close(it->second);
         answers.erase(it);
       }
@@ -538,7 +422,8 @@ void serve_forks(int sock, const ForkedMain& main) {
     if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     std::string request;
     std::array<int, 5> fds{};  // stdin, stdout, stderr, working directory, answer
-    if (!receive_request(sock, request, fds)) ::_exit(0);  // the client is gone
+    if (!wire::receive_request(sock, request, fds.data(), fds.size()))
+      ::_exit(0);  // the client is gone
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::sigprocmask(SIG_SETMASK, &old, nullptr);
@@ -547,41 +432,12 @@ void serve_forks(int sock, const ForkedMain& main) {
     }
     for (int i = 0; i < 4; ++i)
       ::close(fds[i]);
-    if (pid < 0 || !write_all(fds[4], reinterpret_cast<const char*>(&pid), sizeof pid)) {
+    if (pid < 0 || !wire::write_all(fds[4], reinterpret_cast<const char*>(&pid), sizeof pid)) {
       ::close(fds[4]);  // the client reads an end instead of a pid
       continue;
     }
     answers[pid] = fds[4];
   }
-}
-
-std::optional<ServedFork> request_fork(int server, const std::vector<std::string>& argv,
-                                       const std::vector<std::string>& env, int dir_fd,
-                                       const std::array<int, 3>& streams) {
-  int answer[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, answer) != 0) return std::nullopt;
-  SpawnRequest req;
-  req.argv = argv;
-  req.env = env;
-  const bool sent =
-      send_request(server, encode_request(req),
-                   std::array<int, 5>{streams[0], streams[1], streams[2], dir_fd, answer[1]});
-  ::close(answer[1]);
-  // The server answers at once (it forks and replies); a minute is for a machine at its limits.
-  pid_t pid = -1;
-  if (sent && readable_within(answer[0], 60) &&
-      read_all(answer[0], reinterpret_cast<char*>(&pid), sizeof pid) && pid > 0)
-    return ServedFork{pid, answer[0]};
-  ::close(answer[0]);
-  return std::nullopt;
-}
-
-std::optional<int> wait_served(const ServedFork& fork, double limit_seconds) {
-  if (!readable_within(fork.status_fd, limit_seconds)) return std::nullopt;
-  int status = 0;
-  if (!read_all(fork.status_fd, reinterpret_cast<char*>(&status), sizeof status))
-    throw Error(str("the fork server ended before process ", fork.pid, " did; its status is lost"));
-  return status;
 }
 
 void take_environment(std::vector<std::string> env) {
@@ -601,7 +457,8 @@ void signal_group(pid_t pgid, int sig) {
 }
 
 bool is_stopped(pid_t pid) {
-  // "pid (comm) S ...": the state follows the last ')', as comm may hold any character.
+  // "pid (comm) S ...": the state follows the last ')', as comm may hold any
+  // character.
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   const std::string fields((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto close = fields.rfind(')');

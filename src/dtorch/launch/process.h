@@ -119,24 +119,8 @@ Child spawn(const SpawnRequest& req);
 
 /// Serves requests on the stream socket `sock` until its peer closes it (Note [Fork server]):
 /// each runs main(argv) in a fork of this process. Call it first in main(), before any thread.
+/// Clients ask with request_fork (fork_requests.h).
 [[noreturn]] void serve_forks(int sock, const ForkedMain& main);
-
-/// A process a fork server started: its pid, and the socket its wait status comes on.
-struct ServedFork {
-  pid_t pid = -1;
-  int status_fd = -1;  ///< close-on-exec; the caller closes it
-};
-
-/// Asks the fork server at `server` to run `argv` with `env` ("NAME=value" each, the whole
-/// environment) in the directory open at `dir_fd`, with `streams` as stdin, stdout and stderr.
-/// None when the server is gone. One request at a time per socket: callers serialize.
-std::optional<ServedFork> request_fork(int server, const std::vector<std::string>& argv,
-                                       const std::vector<std::string>& env, int dir_fd,
-                                       const std::array<int, 3>& streams);
-
-/// The served fork's wait status once it ends; none if it has not ended within `limit_seconds`.
-/// Throws when the server ended first (the status is lost).
-std::optional<int> wait_served(const ServedFork& fork, double limit_seconds);
 
 /// Makes `env` ("NAME=value" each) this process's whole environment until it ends: for a fork
 /// that runs something other than its parent (Note [Forked workers]).
