@@ -88,5 +88,22 @@ TEST(ForkServer, AKilledCommandLineEndsWithTheSignalAndItsWorkers) {
   EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(worker); }, 10));
 }
 
+TEST(ForkServer, ACommandLineWhoseClientLeavesIsKilled) {
+  if (!served_here()) GTEST_SKIP() << "DTORCH_FORK_WORKERS=0: command lines are exec'd";
+  const std::string dir = testing::scratch_dir("fork-server-left");
+  const auto c = testing::start_command(
+      dir, {DTORCH_CLI, "launch", "--standalone", "--nproc-per-node", "1", "--", "sh", "-c",
+            "echo $$ > " + dir + "/worker.pid; exec sleep 60"});
+  ASSERT_GE(c.status_fd, 0);
+  ASSERT_TRUE(
+      testing::wait_until([&] { return !testing::read_file(dir + "/worker.pid").empty(); }, 20))
+      << testing::read_file(dir + "/stderr");
+  const pid_t worker = std::stoi(testing::read_file(dir + "/worker.pid"));
+  ::close(c.status_fd);  // as a test binary that dies does
+  // The server's child: gone once the server killed and reaped it; its worker with it.
+  EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(c.pid); }, 10));
+  EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(worker); }, 10));
+}
+
 }  // namespace
 }  // namespace dtorch::launch

@@ -12,7 +12,8 @@
 
 namespace dtorch::launch {
 
-/// A process a fork server started: its pid, and the socket its wait status comes on.
+/// A process a fork server started: its pid, and the socket its wait status comes on. Closing
+/// that socket before the status came ends the process: its server kills it.
 struct ServedFork {
   pid_t pid = -1;
   int status_fd = -1;  ///< close-on-exec; the caller closes it

@@ -390,22 +390,35 @@ std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
 // ---- Note [Fork server]: a fresh process that forks on request
 // ------------------------------
 
+// Note [Fork server]'s loop. Children are reaped as they end (SIGCHLD, read
+// from a descriptor), requests served as they come; each request's answer
+// socket gets its fork's pid, then its wait status. A fork whose client closed
+// that socket first (killed, say) is killed: nobody waits for it any more.
 void serve_forks(int sock, const ForkedMain& main) {
-  // Children are reaped as they end (SIGCHLD, read from a descriptor), requests
-  // served as they come; each request's answer socket gets its fork's pid, then
-  // its wait status.
   sigset_t chld, old;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
   ::sigprocmask(SIG_BLOCK, &chld, &old);
   const int children = ::signalfd(-1, &chld, SFD_CLOEXEC);
   if (children < 0) ::_exit(127);
-  std::map<pid_t, int> answers;
+  std::map<pid_t, int> answers;  // -1 once its client is gone
   for (;;) {
-    struct pollfd p[2] = {{sock, POLLIN, 0}, {children, POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
+    std::vector<struct pollfd> p = {{sock, POLLIN, 0}, {children, POLLIN, 0}};
+    std::vector<pid_t> watched;
+    for (const auto& [pid, fd] : answers) {
+      if (fd < 0) continue;
+      p.push_back({fd, 0, 0});  // POLLHUP, always reported: the client closed its end
+      watched.push_back(pid);
+    }
+    if (::poll(p.data(), p.size(), -1) < 0) {
       if (errno == EINTR) continue;
       ::_exit(127);
+    }
+    for (std::size_t i = 0; i < watched.size(); ++i) {
+      if (!(p[i + 2].revents & (POLLHUP | POLLERR))) continue;
+      ::kill(watched[i], SIGKILL);
+      ::close(p[i + 2].fd);
+      answers[watched[i]] = -1;
     }
     if (p[1].revents & POLLIN) {
       struct signalfd_siginfo info;
@@ -414,8 +427,10 @@ void serve_forks(int sock, const ForkedMain& main) {
       for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
         auto it = answers.find(pid);
         if (it == answers.end()) continue;
-        wire::write_all(it->second, reinterpret_cast<const char*>(&status), sizeof status);
-        ::close(it->second);
+        if (it->second >= 0) {
+          wire::write_all(it->second, reinterpret_cast<const char*>(&status), sizeof status);
+          ::close(it->second);
+        }
         answers.erase(it);
       }
     }

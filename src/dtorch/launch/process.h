@@ -113,9 +113,10 @@ Child spawn(const SpawnRequest& req);
 // the program would have run it. Every fork is a copy of the same fresh process (the server
 // runs nothing between requests, and has no other thread). The fork's pid goes back on a socket
 // that came with the request, and later its wait status, since the server is its parent and
-// reaps it. A fork keeps its server's process group, and its server's /proc/PID/cmdline and
-// environ. `dtorch` becomes one when DTORCH_FORK_SERVER names its socket's descriptor; the test
-// binary starts one for the `dtorch` command lines it runs (tests/support/command.cpp).
+// reaps it. A fork whose client closes that socket first is killed (nobody waits for it). A
+// fork keeps its server's process group, and its server's /proc/PID/cmdline and environ.
+// `dtorch` becomes one when DTORCH_FORK_SERVER names its socket's descriptor; the test binary
+// starts one for the `dtorch` command lines it runs (tests/support/command.cpp).
 
 /// Serves requests on the stream socket `sock` until its peer closes it (Note [Fork server]):
 /// each runs main(argv) in a fork of this process. Call it first in main(), before any thread.
