@@ -26,7 +26,8 @@ export ASAN_OPTIONS ?= detect_leaks=1:log_path=$(SANITIZER_REPORTS)/asan
 export LSAN_OPTIONS ?= suppressions=$(abspath tests/lsan.supp):print_suppressions=0
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1:log_path=$(SANITIZER_REPORTS)/ubsan
 # Forked workers end in _exit, where LeakSanitizer does not look: the sanitized suite exec's the
-# test ranks, the command lines and their workers (Note [Forked workers], Note [Fork server]).
+# tests, their ranks, the command lines and their workers (Note [Forked workers], Note [Fork
+# server], Note [Test server]).
 export DTORCH_TEST_EXEC_RANKS = 1
 export DTORCH_FORK_WORKERS = 0
 # Fails the target when any process left a report, and says which kinds.

@@ -3,9 +3,10 @@
 # gtest_discover_tests runs its own listing (tests/CMakeLists.txt says why and for which tests).
 #
 #   cmake -D TEST_BINARY=... -D FILTER=... -D LABELS=... -D TIMEOUT=... -D RESOURCES=...
-#         -D WORKING_DIR=... -D OUT=... -P suite_tests.cmake
-# RESOURCES is each test's RESOURCE_GROUPS (Note [Tests that wait] in tests/CMakeLists.txt).
-foreach(var TEST_BINARY FILTER LABELS TIMEOUT RESOURCES WORKING_DIR OUT)
+#         -D LAUNCHER=... -D WORKING_DIR=... -D OUT=... -P suite_tests.cmake
+# RESOURCES is each test's RESOURCE_GROUPS (Note [Tests that wait] in tests/CMakeLists.txt);
+# LAUNCHER the program that runs each test's command line (Note [Test server]).
+foreach(var TEST_BINARY FILTER LABELS TIMEOUT RESOURCES LAUNCHER WORKING_DIR OUT)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "suite_tests.cmake: -D ${var}=... is missing")
   endif()
@@ -46,7 +47,8 @@ set(script "")
 foreach(suite IN LISTS suites)
   list(JOIN "tests_of_${suite}" ":" tests)
   string(APPEND script
-    "add_test([==[${suite}.*]==] [==[${TEST_BINARY}]==] [==[--gtest_filter=${tests}]==])\n"
+    "add_test([==[${suite}.*]==] [==[${LAUNCHER}]==] [==[${TEST_BINARY}]==]"
+    " [==[--gtest_filter=${tests}]==])\n"
     "set_tests_properties([==[${suite}.*]==] PROPERTIES WORKING_DIRECTORY [==[${WORKING_DIR}]==]"
     " TIMEOUT ${TIMEOUT} LABELS ${LABELS} RESOURCE_GROUPS ${RESOURCES})\n")
 endforeach()

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -103,6 +104,69 @@ TEST(ForkServer, ACommandLineWhoseClientLeavesIsKilled) {
   // The server's child: gone once the server killed and reaped it; its worker with it.
   EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(c.pid); }, 10));
   EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(worker); }, 10));
+}
+
+// Note [Test server]: ctest's tests run through dtorch_test_client, as forks of a test server.
+// What the probe printed: its pid, directory and value.
+struct Probe {
+  pid_t pid = -1;
+  std::string dir, value;
+};
+
+Probe probe_of(const std::string& out) {
+  Probe p;
+  char dir[4096] = "", value[256] = "";
+  int pid = -1;
+  if (std::sscanf(out.c_str(), "pid=%d dir=%4095s value=%255s", &pid, dir, value) >= 2) {
+    p.pid = pid;
+    p.dir = dir;
+    p.value = value;
+  }
+  return p;
+}
+
+std::vector<std::string> probe_line(const std::string& how) {
+  return {DTORCH_TEST_CLIENT, paths::executable_path(), "--probe-test-server", how};
+}
+
+TEST(ForkServer, TheTestClientRunsATestInItsDirectoryAndEndsAsItDid) {
+  const std::string dir = testing::scratch_dir("test-client");
+  for (const std::string how : {"0", "3", "signal"}) {
+    paths::create_directories(dir + "/" + how);
+    const auto c = testing::start_command(dir + "/" + how, probe_line(how), {"PROBE_VALUE=v" + how},
+                                          dir + "/" + how);
+    const auto r = testing::finish_command(c, 60);
+    const Probe p = probe_of(r.out);
+    EXPECT_EQ(p.dir, dir + "/" + how) << r.out << r.err;
+    EXPECT_EQ(p.value, "v" + how) << r.out;
+    // Served, the test is another process (a fork of the server); exec'd, the client itself.
+    if (served_here()) {
+      EXPECT_NE(p.pid, c.pid) << r.out;
+    } else {
+      EXPECT_EQ(p.pid, c.pid) << r.out;
+    }
+    if (how == "signal") {
+      ASSERT_TRUE(WIFSIGNALED(r.status)) << r.status << "\n" << r.err;
+      EXPECT_EQ(WTERMSIG(r.status), SIGTERM);
+    } else {
+      EXPECT_EQ(r.exit_code(), std::stoi(how)) << r.err;
+    }
+  }
+}
+
+TEST(ForkServer, AKilledTestClientTakesItsTestWithIt) {
+  if (!served_here()) GTEST_SKIP() << "DTORCH_FORK_WORKERS=0: the client exec's the test";
+  const std::string dir = testing::scratch_dir("test-client-killed");
+  const auto c = testing::start_command(dir, probe_line("sleep"), {"PROBE_VALUE=sleeps"});
+  Probe p;
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return (p = probe_of(testing::read_file(dir + "/stdout"))).pid > 0; }, 30))
+      << testing::read_file(dir + "/stderr");
+  ASSERT_NE(p.pid, c.pid);
+  ASSERT_TRUE(testing::alive(p.pid));
+  ::kill(c.pid, SIGKILL);  // as ctest's timeout does
+  testing::finish_command(c, 20);
+  EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(p.pid); }, 10));
 }
 
 }  // namespace

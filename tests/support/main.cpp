@@ -1,12 +1,36 @@
-// Test binary entry point: either a worker process of a multi-rank test, or gtest.
+// Test binary entry point: a test server, a worker process of a multi-rank test, or gtest.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
+#include "dtorch/launch/fork_requests.h"
+#include "dtorch/launch/process.h"
 #include "support/workers.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+// `dtorch_tests --probe-test-server HOW`, which ForkServer.TheTestClient* run (Note [Test
+// server]): prints its pid, directory and $PROBE_VALUE, then exits with code HOW, or raises
+// SIGTERM (HOW "signal"), or sleeps a minute ("sleep").
+int probe(const std::string& how) {
+  char dir[4096] = "?";
+  (void)!::getcwd(dir, sizeof dir);
+  const char* value = std::getenv("PROBE_VALUE");
+  std::printf("pid=%d dir=%s value=%s\n", ::getpid(), dir, value ? value : "");
+  std::fflush(stdout);
+  if (how == "signal") ::raise(SIGTERM);
+  if (how == "sleep") ::sleep(60);
+  return std::atoi(how.c_str());
+}
+
+int run_tests(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--probe-test-server") return probe(argv[2]);
   int rc = dtorch::testing::maybe_run_worker(argc, argv);
   if (rc >= 0) return rc;
   torch::set_num_threads(1);  // ctest runs tests side by side on few cores
@@ -18,4 +42,47 @@ int main(int argc, char** argv) {
   dtorch::testing::start_rank_server();
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
+}
+
+// Note [Test server]
+// ctest starts this binary once per ctest test, over three hundred times a run, and each start
+// costs about half a second of CPU before main() (Note [Forked workers]). So ctest runs every
+// test through dtorch_test_client (tests/support/test_client.cpp, the binary's
+// CROSSCOMPILING_EMULATOR, which ctest and gtest_discover_tests put before its command lines):
+// the client asks a fork server of this binary (Note [Fork server]) to run the command line,
+// and exits as the test did. When none listens, the client starts one: this binary with
+// DTORCH_TEST_SERVER naming its socket, in a session of its own and with no stream of the
+// client's, so that ctest waits for none of it; it ends once idle for ten seconds. The name
+// is made of the binary's file identity and the environment less ctest's per-test variables:
+// a rebuilt binary, or another environment, gets a server of its own. A test runs as an exec'd
+// one would but for its parent (the server) and /proc/self/cmdline; a client killed (ctest's
+// timeout) takes its test with it. Under DTORCH_FORK_WORKERS=0 (make test SANITIZE=1) the
+// client exec's every test, and it exec's whenever no server answers.
+[[noreturn]] void serve_tests(const std::string& name) {
+  ::unsetenv("DTORCH_TEST_SERVER");
+  const int listener = dtorch::launch::listen_local(name);
+  // The client that started us waits on descriptor 3 for a word: listening, or the name held
+  // by a server another client started (then it asks that one).
+  const char answer = listener >= 0 ? 'L' : 'H';
+  (void)!::write(3, &answer, 1);
+  ::close(3);
+  if (listener < 0) ::_exit(0);
+  dtorch::launch::serve_forks_listening(
+      listener,
+      [](const std::vector<std::string>& args) {
+        std::vector<std::string> copy = args;
+        std::vector<char*> argv;
+        for (auto& a : copy)
+          argv.push_back(a.data());
+        argv.push_back(nullptr);
+        return run_tests(static_cast<int>(copy.size()), argv.data());
+      },
+      10);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* name = std::getenv("DTORCH_TEST_SERVER")) serve_tests(name);
+  return run_tests(argc, argv);
 }

@@ -4,11 +4,13 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -37,6 +39,15 @@ struct Header {
   char* rest(ssize_t n) { return reinterpret_cast<char*>(&size) + n; }
   std::size_t rest_size(ssize_t n) const { return sizeof size - static_cast<std::size_t>(n); }
 };
+
+// `name` in the abstract namespace: a NUL, then the name (no file; Linux only).
+socklen_t abstract_address(const std::string& name, struct sockaddr_un& addr) {
+  std::memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  const std::size_t n = std::min(name.size(), sizeof addr.sun_path - 1);
+  std::memcpy(addr.sun_path + 1, name.data(), n);
+  return static_cast<socklen_t>(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
 
 }  // namespace
 
@@ -184,6 +195,41 @@ std::optional<int> wait_served(const ServedFork& fork, double limit_seconds) {
   if (!read_all(fork.status_fd, reinterpret_cast<char*>(&status), sizeof status))
     throw Error(str("the fork server ended before process ", fork.pid, " did; its status is lost"));
   return status;
+}
+
+int listen_local(const std::string& name) {
+  struct sockaddr_un addr;
+  const socklen_t len = abstract_address(name, addr);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (::bind(fd, reinterpret_cast<struct sockaddr*>(&addr), len) != 0 ||
+      ::listen(fd, SOMAXCONN) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+int connect_local(const std::string& name) {
+  struct sockaddr_un addr;
+  const socklen_t len = abstract_address(name, addr);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct ucred peer = {};
+  socklen_t peer_len = sizeof peer;
+  int rc;
+  do {
+    rc = ::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), len);
+  } while (rc != 0 && errno == EINTR);
+  // Anyone may hold a name: only a listener of our own user gets our streams and environment.
+  if (rc != 0 || ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 ||
+      peer.uid != ::geteuid()) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace dtorch::launch

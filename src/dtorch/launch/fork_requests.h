@@ -1,6 +1,7 @@
 // Asking a fork server (Note [Fork server] in process.h) for a process, and the wire that such
 // requests, and the requests of forks waiting to become workers (Note [Forked workers]), travel
-// on. Plain POSIX and no LibTorch.
+// on. Plain POSIX and no LibTorch: the test suite's client (tests/support/test_client.cpp)
+// links it alone, to start in a millisecond.
 #pragma once
 
 #include <sys/types.h>
@@ -29,6 +30,14 @@ std::optional<ServedFork> request_fork(int server, const std::vector<std::string
 /// The served fork's wait status once it ends; none if it has not ended within `limit_seconds`.
 /// Throws when the server ended first (the status is lost).
 std::optional<int> wait_served(const ServedFork& fork, double limit_seconds);
+
+/// A socket listening on `name` in the abstract namespace of local sockets (no file; the name
+/// goes with the socket), for clients of this user (serve_forks_listening checks each); -1 with
+/// errno set when it cannot listen there, EADDRINUSE when another socket holds the name.
+int listen_local(const std::string& name);
+
+/// A socket connected to the listener on `name`, when a process of this user holds it; else -1.
+int connect_local(const std::string& name);
 
 // ---- The wire ----------------------------------------------------------------------------
 // A request is its size and descriptors in one message, then its bytes: a command line and an

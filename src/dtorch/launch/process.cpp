@@ -1,9 +1,7 @@
-// Worker processes: fork/exec, process groups, parent-death signal, and wait
-// statuses in words. The launcher runs inside a multi-threaded process
-// (LibTorch's pools, the store's server), so the child does only
-// async-signal-safe calls between fork and exec; a forked worker comes from a
-// fork made ahead, while the launcher had no busy thread (Note [Forked
-// workers]).
+// Worker processes: fork/exec, process groups, parent-death signal, and wait statuses in words.
+// The launcher runs inside a multi-threaded process (LibTorch's pools, the store's server), so
+// the child does only async-signal-safe calls between fork and exec; a forked worker comes from
+// a fork made ahead, while the launcher had no busy thread (Note [Forked workers]).
 #include "dtorch/launch/process.h"
 
 #include <ATen/Parallel.h>
@@ -71,8 +69,7 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// One past the highest descriptor number this process may have.
-// Async-signal-safe.
+// One past the highest descriptor number this process may have. Async-signal-safe.
 long fd_limit() {
   struct rlimit rl;
   return ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
@@ -80,29 +77,26 @@ long fd_limit() {
              : 65536;
 }
 
-// Marks every descriptor from 3 up close-on-exec, so a worker inherits none of
-// the launcher's sockets (the store's listening socket above all).
-// Async-signal-safe.
+// Marks every descriptor from 3 up close-on-exec, so a worker inherits none of the launcher's
+// sockets (the store's listening socket above all). Async-signal-safe.
 void cloexec_from_3() {
   if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
   for (long fd = 3, end = fd_limit(); fd < end; ++fd)
     ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
 }
 
-// Closes every descriptor from `first` up: a forked worker's, which no exec
-// will close.
+// Closes every descriptor from `first` up: a forked worker's, which no exec will close.
 void close_from(unsigned first) {
   if (::syscall(SYS_close_range, first, ~0U, 0U) == 0) return;
   for (long fd = first, end = fd_limit(); fd < end; ++fd)
     ::close(static_cast<int>(fd));
 }
 
-// A new child's first steps: own process group, parent-death signal, default
-// signal dispositions and none blocked. Async-signal-safe.
+// A new child's first steps: own process group, parent-death signal, default signal
+// dispositions and none blocked. Async-signal-safe.
 void become_own_group(pid_t parent) {
   ::setpgid(0, 0);
-  // The parent may have died between fork and prctl; then nobody would ever
-  // kill us.
+  // The parent may have died between fork and prctl; then nobody would ever kill us.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);
   struct sigaction dfl;
@@ -115,9 +109,8 @@ void become_own_group(pid_t parent) {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
-// The child's side of spawn() up to exec: become_own_group, and
-// stdin/stdout/stderr in place. Async-signal-safe; false (with errno written to
-// status_fd) when a descriptor could not be set.
+// The child's side of spawn() up to exec: become_own_group, and stdin/stdout/stderr in place.
+// Async-signal-safe; false (with errno written to status_fd) when a descriptor could not be set.
 bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd) {
   become_own_group(parent);
   if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0) {
@@ -134,13 +127,12 @@ bool child_setup(pid_t parent, int in_fd, int out_fd, int err_fd, int status_fd)
   cloexec_from_3();
   ::execve(path, argv, envp);
   int e = errno;
-  (void)!::write(status_fd, &e,
-                 sizeof e);  // tells the parent why; closes on exec otherwise
+  (void)!::write(status_fd, &e, sizeof e);  // tells the parent why; closes on exec otherwise
   ::_exit(127);
 }
 
-// A worker's standard streams: stdin from /dev/null, stdout and stderr into
-// pipes whose read ends the launcher keeps.
+// A worker's standard streams: stdin from /dev/null, stdout and stderr into pipes whose read
+// ends the launcher keeps.
 struct StdStreams {
   int in = -1;
   int out[2] = {-1, -1};
@@ -184,9 +176,8 @@ StdStreams open_streams() {
   return s;
 }
 
-// Every signal blocked while it lives (or until restore()): across a fork, so
-// that the child cannot run the launcher's handlers before it has reset them to
-// their defaults.
+// Every signal blocked while it lives (or until restore()): across a fork, so that the child
+// cannot run the launcher's handlers before it has reset them to their defaults.
 class BlockSignals {
  public:
   BlockSignals() {
@@ -208,10 +199,9 @@ class BlockSignals {
   bool restored_ = false;
 };
 
-// A forked process's last steps before it runs the request's command line: its
-// standard streams in place, no other descriptor, the request's environment.
-// Then main(argv), and an exit without static destructors: they belong to the
-// process this one is a copy of.
+// A forked process's last steps before it runs the request's command line: its standard
+// streams in place, no other descriptor, the request's environment. Then main(argv), and an
+// exit without static destructors: they belong to the process this one is a copy of.
 [[noreturn]] void run_forked(const ForkedMain& main, const std::string& request,
                              const std::array<int, 3>& streams) {
   if (::dup2(streams[0], 0) < 0 || ::dup2(streams[1], 1) < 0 || ::dup2(streams[2], 2) < 0)
@@ -222,8 +212,7 @@ class BlockSignals {
   take_environment(std::move(env));
   int rc = 1;
   try {
-    // OpenMP read OMP_NUM_THREADS when the process forked loaded it; an exec'd
-    // one reads its own.
+    // OpenMP read OMP_NUM_THREADS when the process forked loaded it; an exec'd one reads its own.
     if (auto threads = env::get_int("OMP_NUM_THREADS"); threads && *threads > 0)
       at::set_num_threads(static_cast<int>(*threads));
     rc = main(argv);
@@ -234,10 +223,9 @@ class BlockSignals {
   ::_exit(rc);
 }
 
-// A waiting fork's life (Note [Forked workers]): its own group, the launcher's
-// descriptors closed but for its socket, then its request: the worker's
-// streams, environment and argv, and the worker's main. Ends at once when the
-// launcher needs no worker of it.
+// A waiting fork's life (Note [Forked workers]): its own group, the launcher's descriptors
+// closed but for its socket, then its request: the worker's streams, environment and argv,
+// and the worker's main. Ends at once when the launcher needs no worker of it.
 [[noreturn]] void wait_to_work(int sock, pid_t parent, const ForkedMain& main) {
   become_own_group(parent);
   if (sock != 3 && ::dup2(sock, 3) < 0) ::_exit(127);
@@ -248,8 +236,7 @@ class BlockSignals {
   run_forked(main, request, fds);
 }
 
-// A waiting fork no worker will use: told (its socket closed), killed and
-// reaped.
+// A waiting fork no worker will use: told (its socket closed), killed and reaped.
 void end_waiting(pid_t pid, int fd) {
   ::close(fd);
   ::kill(pid, SIGKILL);
@@ -285,8 +272,7 @@ Child spawn(const SpawnRequest& req) {
   if (req.forks) {
     if (auto child = req.forks->start(req)) return *child;
   }
-  // Everything the child touches is built before fork: another thread may hold
-  // malloc's lock.
+  // Everything the child touches is built before fork: another thread may hold malloc's lock.
   std::vector<char*> argv, envp;
   for (const auto& a : req.argv)
     argv.push_back(const_cast<char*>(a.c_str()));
@@ -320,8 +306,7 @@ Child spawn(const SpawnRequest& req) {
     close_fd(status[0]);
     fork_failed(fork_errno);
   }
-  ::setpgid(pid, pid);  // also here, so a teardown right after spawn already
-                        // reaches the group
+  ::setpgid(pid, pid);  // also here, so a teardown right after spawn already reaches the group
 
   int exec_errno = 0;
   ssize_t n;
@@ -339,8 +324,7 @@ Child spawn(const SpawnRequest& req) {
   return s.child(pid);
 }
 
-// ---- Note [Forked workers]: forks that wait to become workers
-// -------------------------------
+// ---- Note [Forked workers]: forks that wait to become workers -------------------------------
 
 WorkerForks::WorkerForks(int n, ForkedMain main) {
   for (int i = 0; i < n; ++i) {
@@ -381,20 +365,50 @@ std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
       return s.child(w.pid);
     }
     s.close_ours();
-    end_waiting(w.pid,
-                w.fd);  // killed from outside, say: the next one, or an exec
+    end_waiting(w.pid, w.fd);  // killed from outside, say: the next one, or an exec
   }
   return std::nullopt;
 }
 
-// ---- Note [Fork server]: a fresh process that forks on request
-// ------------------------------
+// ---- Note [Fork server]: a fresh process that forks on request ------------------------------
 
-// Note [Fork server]'s loop. Children are reaped as they end (SIGCHLD, read
-// from a descriptor), requests served as they come; each request's answer
-// socket gets its fork's pid, then its wait status. A fork whose client closed
-// that socket first (killed, say) is killed: nobody waits for it any more.
-void serve_forks(int sock, const ForkedMain& main) {
+namespace {
+
+// Where a fork server's requests come from: one connected socket, or a listening one whose
+// connections bring a request each (then the server ends once idle for `idle_seconds`).
+struct RequestSource {
+  int fd;
+  bool listening;
+  double idle_seconds;
+};
+
+// The next request from `source` into `request` and `fds`: false when there is none to serve
+// now. Ends the server when its one client is gone.
+bool next_request(const RequestSource& source, std::string& request, std::array<int, 5>& fds) {
+  if (!source.listening) {
+    if (!wire::receive_request(source.fd, request, fds.data(), fds.size())) ::_exit(0);
+    return true;
+  }
+  const int conn = ::accept4(source.fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (conn < 0) return false;
+  // Anyone may connect to a name: only this user's processes get a fork of ours. And a client
+  // that connects and says nothing holds the server up for ten seconds at most.
+  struct ucred peer = {};
+  socklen_t peer_len = sizeof peer;
+  const struct timeval limit = {10, 0};
+  const bool served = ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0 &&
+                      peer.uid == ::geteuid() &&
+                      ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) == 0 &&
+                      wire::receive_request(conn, request, fds.data(), fds.size());
+  ::close(conn);
+  return served;
+}
+
+// Note [Fork server]'s loop. Children are reaped as they end (SIGCHLD, read from a descriptor),
+// requests served as they come; each request's answer socket gets its fork's pid, then its wait
+// status. A fork whose client closed that socket first (killed, say) is killed: nobody waits
+// for it any more.
+[[noreturn]] void serve(const RequestSource& source, const ForkedMain& main) {
   sigset_t chld, old;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
@@ -403,14 +417,18 @@ void serve_forks(int sock, const ForkedMain& main) {
   if (children < 0) ::_exit(127);
   std::map<pid_t, int> answers;  // -1 once its client is gone
   for (;;) {
-    std::vector<struct pollfd> p = {{sock, POLLIN, 0}, {children, POLLIN, 0}};
+    std::vector<struct pollfd> p = {{source.fd, POLLIN, 0}, {children, POLLIN, 0}};
     std::vector<pid_t> watched;
     for (const auto& [pid, fd] : answers) {
       if (fd < 0) continue;
       p.push_back({fd, 0, 0});  // POLLHUP, always reported: the client closed its end
       watched.push_back(pid);
     }
-    if (::poll(p.data(), p.size(), -1) < 0) {
+    const int idle =
+        source.listening && answers.empty() ? static_cast<int>(source.idle_seconds * 1000) : -1;
+    const int ready = ::poll(p.data(), p.size(), idle);
+    if (ready == 0) ::_exit(0);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       ::_exit(127);
     }
@@ -437,8 +455,7 @@ void serve_forks(int sock, const ForkedMain& main) {
     if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     std::string request;
     std::array<int, 5> fds{};  // stdin, stdout, stderr, working directory, answer
-    if (!wire::receive_request(sock, request, fds.data(), fds.size()))
-      ::_exit(0);  // the client is gone
+    if (!next_request(source, request, fds)) continue;
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::sigprocmask(SIG_SETMASK, &old, nullptr);
@@ -453,6 +470,16 @@ void serve_forks(int sock, const ForkedMain& main) {
     }
     answers[pid] = fds[4];
   }
+}
+
+}  // namespace
+
+void serve_forks(int sock, const ForkedMain& main) {
+  serve({sock, false, 0}, main);
+}
+
+void serve_forks_listening(int listener, const ForkedMain& main, double idle_seconds) {
+  serve({listener, true, idle_seconds}, main);
 }
 
 void take_environment(std::vector<std::string> env) {
@@ -472,8 +499,7 @@ void signal_group(pid_t pgid, int sig) {
 }
 
 bool is_stopped(pid_t pid) {
-  // "pid (comm) S ...": the state follows the last ')', as comm may hold any
-  // character.
+  // "pid (comm) S ...": the state follows the last ')', as comm may hold any character.
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   const std::string fields((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto close = fields.rfind(')');

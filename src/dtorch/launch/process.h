@@ -116,12 +116,17 @@ Child spawn(const SpawnRequest& req);
 // reaps it. A fork whose client closes that socket first is killed (nobody waits for it). A
 // fork keeps its server's process group, and its server's /proc/PID/cmdline and environ.
 // `dtorch` becomes one when DTORCH_FORK_SERVER names its socket's descriptor; the test binary
-// starts one for the `dtorch` command lines it runs (tests/support/command.cpp).
+// starts one for the `dtorch` command lines it runs (tests/support/command.cpp). The test
+// binary is one too, for ctest's tests (Note [Test server] in tests/support/main.cpp).
 
 /// Serves requests on the stream socket `sock` until its peer closes it (Note [Fork server]):
 /// each runs main(argv) in a fork of this process. Call it first in main(), before any thread.
 /// Clients ask with request_fork (fork_requests.h).
 [[noreturn]] void serve_forks(int sock, const ForkedMain& main);
+
+/// As serve_forks, for the connections to `listener` (listen_local), a request each from a
+/// process of this user; ends when no fork of it is left and none came for `idle_seconds`.
+[[noreturn]] void serve_forks_listening(int listener, const ForkedMain& main, double idle_seconds);
 
 /// Makes `env` ("NAME=value" each) this process's whole environment until it ends: for a fork
 /// that runs something other than its parent (Note [Forked workers]).
