@@ -26,10 +26,9 @@ namespace dtorch::tools {
 /// The process's own argv, for subcommands that re-launch themselves.
 const std::vector<std::string>& command_line();
 void set_command_line(int argc, char** argv);
-/// The whole `dtorch` command line: what main() runs, and a forked worker (self_launch.cpp).
+/// The whole `dtorch` command line: what main() runs, a forked worker (self_launch.cpp) and a
+/// fork server's fork (Note [Forked workers], Note [Fork server]).
 int run_command_line(int argc, char** argv);
-/// The same, for a process forked to run `argv` (Note [Forked workers], Note [Fork server]).
-int run_forked_command_line(const std::vector<std::string>& argv);
 
 /// `dtorch launch [flags] -- PROGRAM [ARGS...]` (cmd_launch.cpp)
 void add_launch_command(CLI::App& app, int& exit_code);

@@ -89,15 +89,6 @@ int run_command_line(int argc, char** argv) {
   return exit_code;
 }
 
-int run_forked_command_line(const std::vector<std::string>& argv) {
-  std::vector<std::string> args = argv;
-  std::vector<char*> ptrs;
-  for (auto& a : args)
-    ptrs.push_back(a.data());
-  ptrs.push_back(nullptr);
-  return run_command_line(static_cast<int>(args.size()), ptrs.data());
-}
-
 }  // namespace dtorch::tools
 
 int main(int argc, char** argv) {
@@ -110,7 +101,8 @@ int main(int argc, char** argv) {
                 << " is not a socket's descriptor number (3 or more); unset it\n";
       return 1;
     }
-    dtorch::launch::serve_forks(std::stoi(*fd), dtorch::tools::run_forked_command_line);
+    dtorch::launch::serve_forks(std::stoi(*fd),
+                                dtorch::launch::forked_main_of(dtorch::tools::run_command_line));
   }
   return dtorch::tools::run_command_line(argc, argv);
 }

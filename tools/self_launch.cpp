@@ -59,7 +59,8 @@ std::optional<int> self_launch(const SelfLaunch& how) {
     lo.command.push_back(a);
   }
   if (env::get("DTORCH_FORK_WORKERS") == std::optional<std::string>("1"))
-    lo.forked_main = run_forked_command_line;  // Note [Forked workers]: the test suite's
+    lo.forked_main =
+        launch::forked_main_of(run_command_line);  // Note [Forked workers]: the test suite's
   return launch::run(lo);
 }
 

@@ -67,17 +67,7 @@ int run_tests(int argc, char** argv) {
   (void)!::write(3, &answer, 1);
   ::close(3);
   if (listener < 0) ::_exit(0);
-  dtorch::launch::serve_forks_listening(
-      listener,
-      [](const std::vector<std::string>& args) {
-        std::vector<std::string> copy = args;
-        std::vector<char*> argv;
-        for (auto& a : copy)
-          argv.push_back(a.data());
-        argv.push_back(nullptr);
-        return run_tests(static_cast<int>(copy.size()), argv.data());
-      },
-      10);
+  dtorch::launch::serve_forks_listening(listener, dtorch::launch::forked_main_of(run_tests), 10);
 }
 
 }  // namespace

@@ -482,6 +482,17 @@ void serve_forks_listening(int listener, const ForkedMain& main, double idle_sec
   serve({listener, true, idle_seconds}, main);
 }
 
+ForkedMain forked_main_of(int (*main)(int argc, char** argv)) {
+  return [main](const std::vector<std::string>& argv) {
+    std::vector<std::string> args = argv;  // main may change them
+    std::vector<char*> ptrs;
+    for (auto& a : args)
+      ptrs.push_back(a.data());
+    ptrs.push_back(nullptr);
+    return main(static_cast<int>(args.size()), ptrs.data());
+  };
+}
+
 void take_environment(std::vector<std::string> env) {
   // environ points into these until the process ends.
   static std::vector<std::string> strings;

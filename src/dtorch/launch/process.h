@@ -58,6 +58,9 @@ std::string resolve_program(const std::string& program);
 /// A worker's main function, for workers forked rather than exec'd (Note [Forked workers]).
 using ForkedMain = std::function<int(const std::vector<std::string>& argv)>;
 
+/// The ForkedMain that runs a program's main(argc, argv) on the command line sent.
+ForkedMain forked_main_of(int (*main)(int argc, char** argv));
+
 class WorkerForks;
 
 struct SpawnRequest {
