@@ -217,19 +217,22 @@ int connect_local(const std::string& name) {
   const socklen_t len = abstract_address(name, addr);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  struct ucred peer = {};
-  socklen_t peer_len = sizeof peer;
   int rc;
   do {
     rc = ::connect(fd, reinterpret_cast<struct sockaddr*>(&addr), len);
   } while (rc != 0 && errno == EINTR);
-  // Anyone may hold a name: only a listener of our own user gets our streams and environment.
-  if (rc != 0 || ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 ||
-      peer.uid != ::geteuid()) {
+  if (rc != 0 || !peer_is_this_user(fd)) {
     ::close(fd);
     return -1;
   }
   return fd;
+}
+
+bool peer_is_this_user(int sock) {
+  struct ucred peer = {};
+  socklen_t peer_len = sizeof peer;
+  return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0 &&
+         peer.uid == ::geteuid();
 }
 
 }  // namespace dtorch::launch

@@ -39,6 +39,10 @@ int listen_local(const std::string& name);
 /// A socket connected to the listener on `name`, when a process of this user holds it; else -1.
 int connect_local(const std::string& name);
 
+/// Whether the process at the other end of the local socket `sock` runs as this user: anyone
+/// may hold or connect to a name, and only this user's processes trade streams and forks.
+bool peer_is_this_user(int sock);
+
 // ---- The wire ----------------------------------------------------------------------------
 // A request is its size and descriptors in one message, then its bytes: a command line and an
 // environment, each list its size and then its strings, each ended by a NUL.

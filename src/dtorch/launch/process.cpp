@@ -391,13 +391,9 @@ bool next_request(const RequestSource& source, std::string& request, std::array<
   }
   const int conn = ::accept4(source.fd, nullptr, nullptr, SOCK_CLOEXEC);
   if (conn < 0) return false;
-  // Anyone may connect to a name: only this user's processes get a fork of ours. And a client
-  // that connects and says nothing holds the server up for ten seconds at most.
-  struct ucred peer = {};
-  socklen_t peer_len = sizeof peer;
+  // A client that connects and says nothing holds the server up for ten seconds at most.
   const struct timeval limit = {10, 0};
-  const bool served = ::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0 &&
-                      peer.uid == ::geteuid() &&
+  const bool served = peer_is_this_user(conn) &&
                       ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) == 0 &&
                       wire::receive_request(conn, request, fds.data(), fds.size());
   ::close(conn);
