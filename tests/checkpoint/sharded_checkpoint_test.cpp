@@ -2,8 +2,6 @@
 // keep-last-K, all-ranks-agree failures, and every way a checkpoint can be damaged.
 #include "dtorch/checkpoint/sharded_checkpoint.h"
 
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +15,7 @@
 #include "dtorch/core/error.h"
 #include "dtorch/core/paths.h"
 #include "support/command.h"
+#include "support/resident.h"
 #include "support/workers.h"
 
 namespace dtorch::checkpoint {
@@ -340,14 +339,6 @@ TEST(ShardedCheckpoint, ViewsSaveOnlyTheirElements) {
   expect_error([&] { r.read_range("param/y", 0, 1); }, {"no flat tensor \"param/y\""});
 }
 
-// This process's resident memory now, in bytes (/proc/self/statm's second field, in pages).
-int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
-}
-
 // A shard is mapped, not read into memory: a range costs memory for itself, not for its file
 // (a resumed gpt-xl shard is 9 GB), and a write to what the reader returns never reaches it.
 TEST(ShardedCheckpoint, ARangeCostsItselfNotItsFile) {
@@ -358,9 +349,11 @@ TEST(ShardedCheckpoint, ARangeCostsItselfNotItsFile) {
   save_sharded_checkpoint(dir, d, {{"param/x", n, 0, torch::arange(n, torch::kFloat)}},
                           {{"optim/step", torch::tensor({int64_t{7}})}}, *solo());
   ShardedCheckpointReader r(dir);
-  const int64_t before = resident_bytes();
+  EXPECT_TRUE(torch::equal(r.read_range("param/x", 0, 4), torch::arange(4)));  // code paged in
+  const int64_t before = testing::resident_bytes(testing::Resident::All);
   EXPECT_TRUE(torch::equal(r.read_range("param/x", n - 4, n), torch::arange(n - 4, n)));
-  EXPECT_LT(resident_bytes() - before, int64_t{16} << 20) << "the reader holds its file";
+  EXPECT_LT(testing::resident_bytes(testing::Resident::All) - before, int64_t{16} << 20)
+      << "the reader holds its file";
   r.read_full("optim/step").fill_(0);
   ShardedCheckpointReader again(dir);
   EXPECT_EQ(again.read_full("optim/step").item<int64_t>(), 7);

@@ -6,15 +6,14 @@
 #include <malloc.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <vector>
 
 #include "support/command.h"
+#include "support/resident.h"
 
 namespace dtorch {
 namespace {
@@ -130,11 +129,9 @@ TEST(FreedMemory, LargeBuffersKeepTheirPagesUnderReuse) {
 
 // What is kept is bounded by the most held at once: buffers of ever new sizes, one at a time,
 // leave at most about twice the largest mapped, and return_freed_memory gives it all back.
+// Heap pages only: the code this test runs first is paged in meanwhile (Resident).
 int64_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
+  return testing::resident_bytes(testing::Resident::Anonymous);
 }
 
 TEST(FreedMemory, KeptLargeBuffersAreBoundedByThePeakHeld) {

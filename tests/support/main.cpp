@@ -55,7 +55,8 @@ int run_tests(int argc, char** argv) {
 // client's, so that ctest waits for none of it; it ends once idle for ten seconds. The name
 // is made of the binary's file identity and the environment less ctest's per-test variables:
 // a rebuilt binary, or another environment, gets a server of its own. A test runs as an exec'd
-// one would but for its parent (the server) and /proc/self/cmdline; a client killed (ctest's
+// one would but for its parent (the server), /proc/self/cmdline and its resident set (the
+// server's code pages count once touched again: support/resident.h); a client killed (ctest's
 // timeout) takes its test with it. Under DTORCH_FORK_WORKERS=0 (make test SANITIZE=1) the
 // client exec's every test, and it exec's whenever no server answers.
 [[noreturn]] void serve_tests(const std::string& name) {
