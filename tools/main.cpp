@@ -93,16 +93,12 @@ int run_command_line(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // Note [Fork server]: the test suite's; before anything else runs.
-  if (auto fd = dtorch::env::get("DTORCH_FORK_SERVER")) {
-    ::unsetenv("DTORCH_FORK_SERVER");
-    if (fd->size() > 6 || fd->find_first_not_of("0123456789") != std::string::npos ||
-        std::stoi(*fd) < 3) {
-      std::cerr << "dtorch: error: DTORCH_FORK_SERVER=" << *fd
-                << " is not a socket's descriptor number (3 or more); unset it\n";
-      return 1;
-    }
-    dtorch::launch::serve_forks(std::stoi(*fd),
-                                dtorch::launch::forked_main_of(dtorch::tools::run_command_line));
+  try {
+    dtorch::launch::serve_forks_when_asked(
+        "DTORCH_FORK_SERVER", dtorch::launch::forked_main_of(dtorch::tools::run_command_line), 10);
+  } catch (const dtorch::ConfigError& e) {
+    std::cerr << "dtorch: error: " << e.what() << "\n";
+    return 1;
   }
   return dtorch::tools::run_command_line(argc, argv);
 }

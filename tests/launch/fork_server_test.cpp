@@ -1,12 +1,14 @@
 // Note [Fork server]: the `dtorch` command lines the tests run are forks of one `dtorch` that
-// serves them; each must run as an exec'd `dtorch` would: in its directory, with its
-// environment and streams, and with its own exit status or the signal that killed it.
+// serves every test of a build; each must run as an exec'd `dtorch` would: in its directory,
+// with its environment and streams, and with its own exit status or the signal that killed it.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -104,6 +106,43 @@ TEST(ForkServer, ACommandLineWhoseClientLeavesIsKilled) {
   // The server's child: gone once the server killed and reaped it; its worker with it.
   EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(c.pid); }, 10));
   EXPECT_TRUE(testing::wait_until([&] { return !testing::alive(worker); }, 10));
+}
+
+pid_t parent_of(pid_t pid) {
+  const std::string stat = testing::read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');  // "pid (comm) state ppid ..."
+  return close == std::string::npos ? -1 : std::atoi(stat.c_str() + close + 4);
+}
+
+// One server for the command lines of every test: started by the first, not a child of the
+// test that did (a session of its own), and there for the next command line.
+TEST(ForkServer, CommandLinesOfEveryTestAreForksOfOneServer) {
+  if (!served_here()) GTEST_SKIP() << "DTORCH_FORK_WORKERS=0: command lines are exec'd";
+  std::vector<pid_t> servers;
+  for (const std::string name : {"fork-server-one", "fork-server-next"}) {
+    const std::string dir = testing::scratch_dir(name);
+    const auto c = testing::start_command(
+        dir, {DTORCH_CLI, "launch", "--standalone", "--nproc-per-node", "1", "--", "sh", "-c",
+              "until [ -e " + dir + "/go ]; do sleep 0.05; done"});
+    servers.push_back(parent_of(c.pid));
+    std::ofstream(dir + "/go").put(0);
+    EXPECT_EQ(testing::finish_command(c, 30).exit_code(), 0);
+  }
+  ASSERT_GT(servers[0], 1);
+  EXPECT_EQ(servers[0], servers[1]);
+  EXPECT_NE(servers[0], ::getpid());
+  EXPECT_NE(::getsid(servers[0]), ::getsid(0));
+}
+
+TEST(ForkServer, AServerVariableSetByHandIsAnError) {
+  const auto r = testing::run_command(
+      "fork-server-by-hand", {"/usr/bin/env", "DTORCH_FORK_SERVER=mine", DTORCH_CLI, "--help"});
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "dtorch: error: DTORCH_FORK_SERVER=mine asks for a fork server of dtorch's "
+                       "test suite, but this process was not started as one; unset "
+                       "DTORCH_FORK_SERVER\n"))
+      << r.err;
 }
 
 // Note [Test server]: ctest's tests run through dtorch_test_client, as forks of a test server.

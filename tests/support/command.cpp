@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -103,13 +102,6 @@ bool listening(int port) {
 
 namespace {
 
-// Note [Fork server]: the `dtorch` this binary's command lines are forks of, started with the
-// first of them. It ends when this process does (its socket closes).
-struct ForkServer {
-  int fd = -1;
-  std::mutex one_request_at_a_time;
-};
-
 // This process's environment with `env` applied as putenv would ("NAME" alone removes NAME).
 std::vector<std::string> environment_with(const std::vector<std::string>& env) {
   std::vector<std::string> all;
@@ -126,44 +118,21 @@ std::vector<std::string> environment_with(const std::vector<std::string>& env) {
   return all;
 }
 
-ForkServer& fork_server() {
-  static ForkServer* server = [] {
-    auto* s = new ForkServer;
-    int sv[2];
-    if (env::get("DTORCH_FORK_WORKERS") != std::optional<std::string>("1") ||
-        ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-      return s;
-    std::vector<std::string> env_strings = environment_with({"DTORCH_FORK_SERVER=3"});
-    std::vector<char*> envp;
-    for (auto& e : env_strings)
-      envp.push_back(e.data());
-    envp.push_back(nullptr);
-    char* argv[] = {const_cast<char*>(DTORCH_CLI), nullptr};
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      if (sv[1] == 3 ? ::fcntl(3, F_SETFD, 0) < 0 : ::dup2(sv[1], 3) < 0) ::_exit(127);
-      ::execve(DTORCH_CLI, argv, envp.data());
-      ::_exit(127);
-    }
-    ::close(sv[1]);
-    if (pid < 0) {
-      ::close(sv[0]);
-      return s;
-    }
-    s->fd = sv[0];
-    return s;
-  }();
-  return *server;
+// Note [Fork server]: a connection to the `dtorch` that the command lines of every test of
+// this build (in this environment, less ctest's per-test variables) are forks of; -1 when
+// there is none (then they are exec'd).
+int cli_server() {
+  if (env::get("DTORCH_FORK_WORKERS") != std::optional<std::string>("1")) return -1;
+  return launch::connect_fork_server(
+      DTORCH_CLI, "DTORCH_FORK_SERVER",
+      launch::fork_server_name("cli-server", DTORCH_CLI, environment_with({}), "CTEST_"));
 }
 
 // start_command for `dtorch`, from the fork server; none when there is none (then exec).
 std::optional<Command> start_served(const std::string& dir, const std::vector<std::string>& args,
                                     const std::vector<std::string>& env, const std::string& cwd) {
-  ForkServer& server = fork_server();
-  if (server.fd < 0) return std::nullopt;
+  const int server = cli_server();
+  if (server < 0) return std::nullopt;
   const std::string out = dir + "/stdout", err = dir + "/stderr";
   std::array<int, 4> fds = {
       ::open("/dev/null", O_RDONLY | O_CLOEXEC),
@@ -173,10 +142,10 @@ std::optional<Command> start_served(const std::string& dir, const std::vector<st
   Command c{-1, dir, Clock::now()};
   std::optional<launch::ServedFork> fork;
   if (std::all_of(fds.begin(), fds.end(), [](int fd) { return fd >= 0; })) {
-    std::lock_guard<std::mutex> lock(server.one_request_at_a_time);
-    fork = launch::request_fork(server.fd, args, environment_with(env), fds[3],
-                                {fds[0], fds[1], fds[2]});
+    fork =
+        launch::request_fork(server, args, environment_with(env), fds[3], {fds[0], fds[1], fds[2]});
   }
+  ::close(server);
   for (int fd : fds)
     if (fd >= 0) ::close(fd);
   if (!fork) return std::nullopt;

@@ -16,7 +16,7 @@ struct Command {
   pid_t pid = -1;
   std::string dir;
   std::chrono::steady_clock::time_point started;
-  /// A `dtorch` command line is a fork of this binary's fork server, not its child (Note [Fork
+  /// A `dtorch` command line is a fork of `dtorch`'s fork server, not our child (Note [Fork
   /// server]): its wait status comes on this socket, which finish_command reads and closes.
   int status_fd = -1;
 };
@@ -30,7 +30,8 @@ struct CommandResult {
 
 /// Starts argv[0] with argv (environment inherited, plus `env` entries "NAME=value"), in the
 /// working directory `cwd` (empty: this process's). `dtorch` itself (DTORCH_CLI) is a fork of
-/// one `dtorch` started for the test binary (Note [Fork server]) unless DTORCH_FORK_WORKERS=0.
+/// the `dtorch` fork server that every test of this build shares (Note [Fork server]) unless
+/// DTORCH_FORK_WORKERS=0.
 Command start_command(const std::string& dir, const std::vector<std::string>& argv,
                       const std::vector<std::string>& env = {}, const std::string& cwd = "");
 /// Waits at most `limit` seconds (then kills it and records a test failure).

@@ -7,9 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <vector>
 
-#include "dtorch/launch/fork_requests.h"
 #include "dtorch/launch/process.h"
 #include "support/workers.h"
 
@@ -44,6 +42,8 @@ int run_tests(int argc, char** argv) {
   return RUN_ALL_TESTS();
 }
 
+}  // namespace
+
 // Note [Test server]
 // ctest starts this binary once per ctest test, over three hundred times a run, and each start
 // costs about half a second of CPU before main() (Note [Forked workers]). So ctest runs every
@@ -59,21 +59,13 @@ int run_tests(int argc, char** argv) {
 // server's code pages count once touched again: support/resident.h); a client killed (ctest's
 // timeout) takes its test with it. Under DTORCH_FORK_WORKERS=0 (make test SANITIZE=1) the
 // client exec's every test, and it exec's whenever no server answers.
-[[noreturn]] void serve_tests(const std::string& name) {
-  ::unsetenv("DTORCH_TEST_SERVER");
-  const int listener = dtorch::launch::listen_local(name);
-  // The client that started us waits on descriptor 3 for a word: listening, or the name held
-  // by a server another client started (then it asks that one).
-  const char answer = listener >= 0 ? 'L' : 'H';
-  (void)!::write(3, &answer, 1);
-  ::close(3);
-  if (listener < 0) ::_exit(0);
-  dtorch::launch::serve_forks_listening(listener, dtorch::launch::forked_main_of(run_tests), 10);
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  if (const char* name = std::getenv("DTORCH_TEST_SERVER")) serve_tests(name);
+  try {
+    dtorch::launch::serve_forks_when_asked("DTORCH_TEST_SERVER",
+                                           dtorch::launch::forked_main_of(run_tests), 10);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtorch_tests: %s\n", e.what());
+    return 1;
+  }
   return run_tests(argc, argv);
 }

@@ -2,9 +2,13 @@
 // is plain POSIX, so that a small program can link it without LibTorch.
 #include "dtorch/launch/fork_requests.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +16,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include "dtorch/core/error.h"
 
@@ -233,6 +239,84 @@ bool peer_is_this_user(int sock) {
   socklen_t peer_len = sizeof peer;
   return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0 &&
          peer.uid == ::geteuid();
+}
+
+std::string fork_server_name(const std::string& what, const std::string& binary,
+                             const std::vector<std::string>& env, const std::string& ignored) {
+  struct stat st;
+  if (::stat(binary.c_str(), &st) != 0) return "";
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a, a field at a time
+  auto mix = [&](const std::string& field) {
+    for (const unsigned char c : field + '\0') {
+      hash ^= c;
+      hash *= 1099511628211ull;
+    }
+  };
+  mix(binary);
+  for (const auto n :
+       {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+        static_cast<uint64_t>(st.st_mtim.tv_sec), static_cast<uint64_t>(st.st_mtim.tv_nsec),
+        static_cast<uint64_t>(st.st_size)})
+    mix(std::to_string(n));
+  std::vector<std::string> kept;
+  std::copy_if(env.begin(), env.end(), std::back_inserter(kept),
+               [&](const std::string& e) { return ignored.empty() || e.rfind(ignored, 0) != 0; });
+  std::sort(kept.begin(), kept.end());
+  for (const auto& e : kept)
+    mix(e);
+  char name[96];
+  std::snprintf(name, sizeof name, "dtorch-%s-%u-%016llx", what.c_str(), ::geteuid(),
+                static_cast<unsigned long long>(hash));
+  return name;
+}
+
+namespace {
+
+// Starts the fork server (see connect_fork_server) and waits until it listens or found the
+// name held by another, a minute at most: it says which with a byte on descriptor 3.
+void start_fork_server(const std::string& binary, const std::string& variable,
+                       const std::string& name) {
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) return;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();
+    if (::fork() != 0) ::_exit(0);
+    const int null = ::open("/dev/null", O_RDWR);
+    if (null < 0 || ::dup2(null, 0) < 0 || ::dup2(null, 1) < 0 || ::dup2(null, 2) < 0 ||
+        ::dup2(ready[1], 3) < 0 || ::fcntl(3, F_SETFD, 0) != 0 || ::chdir("/") != 0)
+      ::_exit(127);
+    ::syscall(SYS_close_range, 4U, ~0U, 0U);
+    ::setenv(variable.c_str(), name.c_str(), 1);
+    char* args[] = {const_cast<char*>(binary.c_str()), nullptr};
+    ::execv(binary.c_str(), args);
+    ::_exit(127);
+  }
+  ::close(ready[1]);
+  if (pid > 0) {
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    char answer;
+    if (readable_within(ready[0], 60)) (void)!::read(ready[0], &answer, 1);
+  }
+  ::close(ready[0]);
+}
+
+}  // namespace
+
+int connect_fork_server(const std::string& binary, const std::string& variable,
+                        const std::string& name) {
+  if (name.empty()) return -1;
+  int server = connect_local(name);
+  for (int attempt = 0; server < 0 && attempt < 5; ++attempt) {
+    if (attempt == 0) {
+      start_fork_server(binary, variable, name);
+    } else {
+      ::usleep(100 * 1000);  // the server that holds the name has yet to listen
+    }
+    server = connect_local(name);
+  }
+  return server;
 }
 
 }  // namespace dtorch::launch

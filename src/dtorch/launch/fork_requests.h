@@ -32,7 +32,7 @@ std::optional<ServedFork> request_fork(int server, const std::vector<std::string
 std::optional<int> wait_served(const ServedFork& fork, double limit_seconds);
 
 /// A socket listening on `name` in the abstract namespace of local sockets (no file; the name
-/// goes with the socket), for clients of this user (serve_forks_listening checks each); -1 with
+/// goes with the socket), for clients of this user (a fork server checks each); -1 with
 /// errno set when it cannot listen there, EADDRINUSE when another socket holds the name.
 int listen_local(const std::string& name);
 
@@ -42,6 +42,26 @@ int connect_local(const std::string& name);
 /// Whether the process at the other end of the local socket `sock` runs as this user: anyone
 /// may hold or connect to a name, and only this user's processes trade streams and forks.
 bool peer_is_this_user(int sock);
+
+// ---- Named fork servers ----------------------------------------------------------------------
+// A fork server that many processes share listens on a name (listen_local): the test binary's,
+// for ctest's tests (Note [Test server]), and `dtorch`'s, for the command lines those tests run.
+// A client connects to it, or starts it when none listens: the program with `variable`=name in
+// its environment, whose main() calls serve_forks_when_asked (process.h) first.
+
+/// The name of `binary`'s fork server `what` for this user, this build of the binary (device,
+/// inode, modification time, size: a rebuilt one gets a server of its own) and this environment
+/// `env` less the variables whose names start with `ignored` (a server read the others as its
+/// libraries loaded). Empty when the binary cannot be looked at.
+std::string fork_server_name(const std::string& what, const std::string& binary,
+                             const std::vector<std::string>& env, const std::string& ignored);
+
+/// A connection to the fork server on `name`, for one request, starting one when none listens:
+/// `binary` with `variable`=name added to this environment, in a session of its own and not
+/// our child, in "/", its streams /dev/null (nothing that waits for ours waits for it). -1 when
+/// none answers; then the caller exec's instead.
+int connect_fork_server(const std::string& binary, const std::string& variable,
+                        const std::string& name);
 
 // ---- The wire ----------------------------------------------------------------------------
 // A request is its size and descriptors in one message, then its bytes: a command line and an

@@ -374,22 +374,10 @@ std::optional<Child> WorkerForks::start(const SpawnRequest& req) {
 
 namespace {
 
-// Where a fork server's requests come from: one connected socket, or a listening one whose
-// connections bring a request each (then the server ends once idle for `idle_seconds`).
-struct RequestSource {
-  int fd;
-  bool listening;
-  double idle_seconds;
-};
-
-// The next request from `source` into `request` and `fds`: false when there is none to serve
-// now. Ends the server when its one client is gone.
-bool next_request(const RequestSource& source, std::string& request, std::array<int, 5>& fds) {
-  if (!source.listening) {
-    if (!wire::receive_request(source.fd, request, fds.data(), fds.size())) ::_exit(0);
-    return true;
-  }
-  const int conn = ::accept4(source.fd, nullptr, nullptr, SOCK_CLOEXEC);
+// The next request from a connection to `listener` into `request` and `fds`: false when there
+// is none to serve now.
+bool next_request(int listener, std::string& request, std::array<int, 5>& fds) {
+  const int conn = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
   if (conn < 0) return false;
   // A client that connects and says nothing holds the server up for ten seconds at most.
   const struct timeval limit = {10, 0};
@@ -404,7 +392,7 @@ bool next_request(const RequestSource& source, std::string& request, std::array<
 // requests served as they come; each request's answer socket gets its fork's pid, then its wait
 // status. A fork whose client closed that socket first (killed, say) is killed: nobody waits
 // for it any more.
-[[noreturn]] void serve(const RequestSource& source, const ForkedMain& main) {
+[[noreturn]] void serve(int listener, const ForkedMain& main, double idle_seconds) {
   sigset_t chld, old;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);
@@ -413,15 +401,14 @@ bool next_request(const RequestSource& source, std::string& request, std::array<
   if (children < 0) ::_exit(127);
   std::map<pid_t, int> answers;  // -1 once its client is gone
   for (;;) {
-    std::vector<struct pollfd> p = {{source.fd, POLLIN, 0}, {children, POLLIN, 0}};
+    std::vector<struct pollfd> p = {{listener, POLLIN, 0}, {children, POLLIN, 0}};
     std::vector<pid_t> watched;
     for (const auto& [pid, fd] : answers) {
       if (fd < 0) continue;
       p.push_back({fd, 0, 0});  // POLLHUP, always reported: the client closed its end
       watched.push_back(pid);
     }
-    const int idle =
-        source.listening && answers.empty() ? static_cast<int>(source.idle_seconds * 1000) : -1;
+    const int idle = answers.empty() ? static_cast<int>(idle_seconds * 1000) : -1;
     const int ready = ::poll(p.data(), p.size(), idle);
     if (ready == 0) ::_exit(0);
     if (ready < 0) {
@@ -451,7 +438,7 @@ bool next_request(const RequestSource& source, std::string& request, std::array<
     if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     std::string request;
     std::array<int, 5> fds{};  // stdin, stdout, stderr, working directory, answer
-    if (!next_request(source, request, fds)) continue;
+    if (!next_request(listener, request, fds)) continue;
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::sigprocmask(SIG_SETMASK, &old, nullptr);
@@ -470,12 +457,23 @@ bool next_request(const RequestSource& source, std::string& request, std::array<
 
 }  // namespace
 
-void serve_forks(int sock, const ForkedMain& main) {
-  serve({sock, false, 0}, main);
-}
-
-void serve_forks_listening(int listener, const ForkedMain& main, double idle_seconds) {
-  serve({listener, true, idle_seconds}, main);
+void serve_forks_when_asked(const char* variable, const ForkedMain& main, double idle_seconds) {
+  const char* value = std::getenv(variable);
+  if (!value) return;
+  const std::string name = value;
+  ::unsetenv(variable);
+  // The process that started us waits on descriptor 3 for a word: listening, or the name held
+  // by another server (then it asks that one).
+  struct stat ready;
+  if (name.empty() || ::fstat(3, &ready) != 0 || !S_ISFIFO(ready.st_mode))
+    throw ConfigError(str(variable, "=", name, " asks for a fork server of dtorch's test suite, ",
+                          "but this process was not started as one; unset ", variable));
+  const int listener = listen_local(name);
+  const char answer = listener >= 0 ? 'L' : 'H';
+  (void)!::write(3, &answer, 1);
+  ::close(3);
+  if (listener < 0) ::_exit(0);
+  serve(listener, main, idle_seconds);
 }
 
 ForkedMain forked_main_of(int (*main)(int argc, char** argv)) {

@@ -111,25 +111,25 @@ Child spawn(const SpawnRequest& req);
 // Note [Fork server]
 // A test suite of command-line tests starts `dtorch` hundreds of times, each start half a second
 // of CPU before main() (Note [Forked workers]). A fork server pays it once: a fresh process
-// that, before doing anything else, serves requests on a socket, each a command line with its
-// environment, working directory and standard streams, run in a fork of itself as an exec of
-// the program would have run it. Every fork is a copy of the same fresh process (the server
-// runs nothing between requests, and has no other thread). The fork's pid goes back on a socket
-// that came with the request, and later its wait status, since the server is its parent and
-// reaps it. A fork whose client closes that socket first is killed (nobody waits for it). A
-// fork keeps its server's process group, and its server's /proc/PID/cmdline and environ.
-// `dtorch` becomes one when DTORCH_FORK_SERVER names its socket's descriptor; the test binary
-// starts one for the `dtorch` command lines it runs (tests/support/command.cpp). The test
-// binary is one too, for ctest's tests (Note [Test server] in tests/support/main.cpp).
+// that, before doing anything else, serves requests, each a command line with its environment,
+// working directory and standard streams, run in a fork of itself as an exec of the program
+// would have run it. Every fork is a copy of the same fresh process (the server runs nothing
+// between requests, and has no other thread). The fork's pid goes back on a socket that came
+// with the request, and later its wait status, since the server is its parent and reaps it. A
+// fork whose client closes that socket first is killed (nobody waits for it). A fork keeps its
+// server's process group, and its server's /proc/PID/cmdline and environ. A server listens on
+// a name of its own (fork_requests.h), takes a request per connection from processes of this
+// user, and ends once idle for a while. `dtorch` is one when DTORCH_FORK_SERVER names it: the
+// one every test of a build runs its `dtorch` command lines in (tests/support/command.cpp). The
+// test binary is one too, for ctest's tests (Note [Test server] in tests/support/main.cpp).
 
-/// Serves requests on the stream socket `sock` until its peer closes it (Note [Fork server]):
-/// each runs main(argv) in a fork of this process. Call it first in main(), before any thread.
-/// Clients ask with request_fork (fork_requests.h).
-[[noreturn]] void serve_forks(int sock, const ForkedMain& main);
-
-/// As serve_forks, for the connections to `listener` (listen_local), a request each from a
-/// process of this user; ends when no fork of it is left and none came for `idle_seconds`.
-[[noreturn]] void serve_forks_listening(int listener, const ForkedMain& main, double idle_seconds);
+/// When the environment's `variable` names a fork server, as connect_fork_server (fork_requests.h)
+/// starts one: serves as it (Note [Fork server]) and never returns, each request running
+/// main(argv) in a fork of this process, until no fork is left and none came for `idle_seconds`
+/// (ends at once when another process holds the name). Otherwise returns at once. Call it first
+/// in main(), before any thread. Throws ConfigError when `variable` is set by hand (this process
+/// was not started as a server).
+void serve_forks_when_asked(const char* variable, const ForkedMain& main, double idle_seconds);
 
 /// Makes `env` ("NAME=value" each) this process's whole environment until it ends: for a fork
 /// that runs something other than its parent (Note [Forked workers]).
