@@ -25,7 +25,9 @@ std::string python_of_the_other_pytorch() {
   const bool mine_is_1 = TORCH_VERSION_MAJOR < 2;
   const std::string candidate =
       mine_is_1 ? std::string(DTORCH_SOURCE_DIR) + "/.venv/bin/python" : "/usr/bin/python3";
-  const std::string probe = candidate + " -c 'import torch; print(torch.__version__)' 2>/dev/null";
+  // The installed package's version, without importing it (a second of CPU or more).
+  const std::string probe =
+      candidate + " -c 'import importlib.metadata as m; print(m.version(\"torch\"))' 2>/dev/null";
   std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(probe.c_str(), "r"), ::pclose);
   char version[64] = {0};
   if (!p || !std::fgets(version, sizeof version, p.get())) return "";

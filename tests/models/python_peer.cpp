@@ -51,8 +51,13 @@ std::vector<std::string> torchrun_command() {
 std::string python_unavailable_reason(bool need_peer) {
   static const int torch_rc = [] {
     std::string out;
-    // From / so that no 'torch' folder in the working directory shadows the package.
-    return run_shell("cd / && " + quote(kPython) + " -c 'import torch' 2>&1", &out);
+    // Whether the package is there, without importing it (a second of CPU or more, in every
+    // test process that asks): the tests that use it import it, and fail if that breaks. From /
+    // so that no 'torch' folder in the working directory shadows the package.
+    return run_shell("cd / && " + quote(kPython) +
+                         " -c 'import importlib.util, sys; "
+                         "sys.exit(importlib.util.find_spec(\"torch\") is None)' 2>&1",
+                     &out);
   }();
   if (torch_rc != 0) {
     return "no torch for " + kPython +
