@@ -7,7 +7,6 @@
 #include <typeinfo>
 
 #include "dtorch/comm/communicator.h"
-#include "dtorch/core/env.h"
 #include "dtorch/core/error.h"
 #include "dtorch/launch/process.h"
 #include "tools/commands.h"
