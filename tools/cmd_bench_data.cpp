@@ -31,7 +31,10 @@ int bench_data(const BenchDataFlags& f) {
                  "bench data: --batch-size must be >= 1, --batches and --warmup >= 0");
   train::validate_data(f.data, f.loader, false);
   torch::set_num_threads(f.threads);
-  train::TrainData d = train::open_data(f.data, "", f.loader, f.seed);
+  train::DataConfig data;
+  data.source = f.data;
+  data.loader = f.loader;
+  train::TrainData d = train::open_data(data, f.seed);
   data::DistributedSampler sampler(d.train.size, 0, 1, f.seed);
   auto batches = data::make_batches(sampler.indices(), f.batch_size, /*drop_last=*/true);
   const int64_t timed = f.batches > 0 ? std::min<int64_t>(f.batches, batches.size() - f.warmup)

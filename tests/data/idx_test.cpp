@@ -59,6 +59,44 @@ TEST(DataIdx, EmptyDatasetIsFine) {
   expect_data_error(dir + "/huge", "dimensions no data set has");
 }
 
+// The first items of a file: the same bytes as the whole file's first rows, the header's count
+// beside them, and nothing after them read (so not checked either).
+TEST(DataIdx, ReadsTheFirstItemsOnly) {
+  auto dir = dtorch::testing::scratch_dir("idx-first");
+  auto data = pattern(7 * 5 * 4);
+  auto bytes = idx_bytes({7, 5, 4}, data);
+  dtorch::testing::write_gzip(dir + "/a.gz", bytes);
+  const torch::Tensor whole = read_idx(dir + "/a.gz");
+  int64_t items = 0;
+  const torch::Tensor first = read_idx(dir + "/a.gz", 3, &items);
+  EXPECT_EQ(items, 7);
+  EXPECT_EQ(first.sizes(), (std::vector<int64_t>{3, 5, 4}));
+  EXPECT_TRUE(torch::equal(first, whole.slice(0, 0, 3)));
+  EXPECT_EQ(read_idx(dir + "/a.gz", 0).sizes(), (std::vector<int64_t>{0, 5, 4}));
+  EXPECT_TRUE(torch::equal(read_idx(dir + "/a.gz", 7), whole));
+  EXPECT_TRUE(torch::equal(read_idx(dir + "/a.gz", 100, &items), whole));
+  EXPECT_EQ(items, 7);
+
+  // Cut after the third item: its first three read, a fourth is missing.
+  dtorch::testing::write_bytes(dir + "/cut", {bytes.begin(), bytes.end() - 4 * 5 * 4});
+  EXPECT_TRUE(torch::equal(read_idx(dir + "/cut", 3), first));
+  try {
+    read_idx(dir + "/cut", 4);
+    FAIL() << "no error reading 4 items of 3";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated: its header announces 7x5x4, of which the "
+                                         "first 4 items take 80 data bytes but the file ends "
+                                         "after 60 of them"),
+              std::string::npos)
+        << e.what();
+  }
+  auto extra = bytes;
+  extra.push_back(1);
+  dtorch::testing::write_bytes(dir + "/extra", extra);
+  EXPECT_TRUE(torch::equal(read_idx(dir + "/extra", 3), first));
+  expect_data_error(dir + "/extra", "has bytes after");
+}
+
 TEST(DataIdx, MissingFileNamesIt) {
   auto dir = dtorch::testing::scratch_dir("idx-missing");
   expect_data_error(dir + "/nope.gz", "no such file");

@@ -81,6 +81,24 @@ TEST(DataMnist, CountMismatchNamesBothFiles) {
   EXPECT_NE(msg.find("5 labels"), std::string::npos) << msg;
 }
 
+// A run on the first N samples loads those: the whole split's first N, bit for bit; files
+// whose counts disagree are refused all the same.
+TEST(DataMnist, LoadsTheFirstSamplesOfASplit) {
+  auto dir = dtorch::testing::scratch_dir("mnist-first");
+  write_split(dir, "train", 6, 6, /*gz_images=*/true);
+  const MnistSplit whole = load_mnist(dir, "train");
+  const MnistSplit first = load_mnist(dir, "train", 4);
+  ASSERT_EQ(first.size(), 4);
+  EXPECT_TRUE(torch::equal(first.images, whole.images.slice(0, 0, 4)));
+  EXPECT_TRUE(torch::equal(first.labels, whole.labels.slice(0, 0, 4)));
+  EXPECT_EQ(load_mnist(dir, "train", 60).size(), 6);
+
+  write_split(dir, "t10k", 4, 5, /*gz_images=*/false);
+  const std::string msg = testing::error_of<DataError>([&] { load_mnist(dir, "test", 2); });
+  EXPECT_NE(msg.find("4 images"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("5 labels"), std::string::npos) << msg;
+}
+
 TEST(DataMnist, MissingDataSaysHowToGetIt) {
   auto dir = dtorch::testing::scratch_dir("mnist-missing");
   for (const std::string& msg : {error_of(dir + "/absent", "train"), error_of(dir, "test")}) {

@@ -83,7 +83,7 @@ uint32_t big_endian_u32(const unsigned char* b) {
 
 }  // namespace
 
-torch::Tensor read_idx(const std::string& path) {
+torch::Tensor read_idx(const std::string& path, int64_t max_items, int64_t* items_in_file) {
   std::string problem;
   uint64_t file_bytes = 0;
   const int fd = open_input_file(path, kAnySize, &file_bytes, &problem);
@@ -130,14 +130,22 @@ torch::Tensor read_idx(const std::string& path) {
     if (n != 0) span *= n;
   }
 
+  if (items_in_file != nullptr) *items_in_file = sizes[0];
+  const bool whole = max_items < 0 || max_items >= sizes[0];
+  if (!whole) {
+    total = total / static_cast<uint64_t>(sizes[0]) * static_cast<uint64_t>(max_items);
+    sizes[0] = max_items;
+  }
   torch::Tensor out = torch::empty({static_cast<int64_t>(total)}, torch::kUInt8);
   got = f.read(out.data_ptr<uint8_t>(), total);
   DTORCH_CHECK_T(DataError, got == total, "IDX file ", path, ": truncated: its header announces ",
-                 shape, " = ", total, " data bytes but the file ends after ", got,
+                 shape, whole ? " =" : str(", of which the first ", max_items, " items take"), " ",
+                 total, " data bytes but the file ends after ", got,
                  " of them (re-download the file or reinstall its package)");
   unsigned char extra;
-  DTORCH_CHECK_T(DataError, f.read(&extra, 1) == 0, "IDX file ", path, ": has bytes after the ",
-                 shape, " data its header announces: the header or the file is wrong");
+  DTORCH_CHECK_T(DataError, !whole || f.read(&extra, 1) == 0, "IDX file ", path,
+                 ": has bytes after the ", shape,
+                 " data its header announces: the header or the file is wrong");
   return out.view(sizes);
 }
 

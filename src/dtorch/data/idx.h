@@ -13,6 +13,13 @@ namespace dtorch::data {
 /// Only unsigned-byte files (type 0x08) are supported, which is every MNIST-style dataset.
 /// Throws DataError naming the file when it is missing, unreadable, truncated, has trailing
 /// bytes, a bad magic number, or an element type other than unsigned byte.
-torch::Tensor read_idx(const std::string& path);
+///
+/// With `max_items` >= 0 only the first `max_items` entries of the first dimension are read
+/// (all of them where the file holds fewer), and the tensor's first dimension is what was read:
+/// a run on the first N samples inflates and holds N, not the file's 60000. The bytes after
+/// them are then neither read nor checked. `items_in_file`, where given, gets the count the
+/// header announces.
+torch::Tensor read_idx(const std::string& path, int64_t max_items = -1,
+                       int64_t* items_in_file = nullptr);
 
 }  // namespace dtorch::data

@@ -36,7 +36,7 @@ std::string mnist_file(const std::string& dir, const std::string& split, const s
   return base + ".gz";
 }
 
-MnistSplit load_mnist(const std::string& dir, const std::string& split) {
+MnistSplit load_mnist(const std::string& dir, const std::string& split, int64_t max_samples) {
   DTORCH_CHECK_T(DataError, paths::is_directory(dir), "dataset directory ", dir,
                  " does not exist: ", install_hint());
   const std::string images_path = mnist_file(dir, split, "images");
@@ -46,16 +46,18 @@ MnistSplit load_mnist(const std::string& dir, const std::string& split) {
                    " not found: ", install_hint());
   }
 
-  torch::Tensor pixels = read_idx(images_path);
-  torch::Tensor labels = read_idx(labels_path);
+  const int64_t max_items = max_samples > 0 ? max_samples : -1;
+  int64_t images_in_file = 0, labels_in_file = 0;
+  torch::Tensor pixels = read_idx(images_path, max_items, &images_in_file);
+  torch::Tensor labels = read_idx(labels_path, max_items, &labels_in_file);
   DTORCH_CHECK_T(DataError, pixels.dim() == 3 && pixels.size(1) == kSide && pixels.size(2) == kSide,
                  "dataset file ", images_path, " holds data shaped ", pixels.sizes(),
                  ", expected N x 28 x 28 images: is it an MNIST-format images file?");
   DTORCH_CHECK_T(DataError, labels.dim() == 1, "dataset file ", labels_path, " holds data shaped ",
                  labels.sizes(), ", expected N labels: is it an MNIST-format labels file?");
-  DTORCH_CHECK_T(DataError, pixels.size(0) == labels.size(0),
-                 "dataset files disagree: ", images_path, " holds ", pixels.size(0), " images but ",
-                 labels_path, " holds ", labels.size(0),
+  DTORCH_CHECK_T(DataError, images_in_file == labels_in_file,
+                 "dataset files disagree: ", images_path, " holds ", images_in_file, " images but ",
+                 labels_path, " holds ", labels_in_file,
                  " labels; they must come from the same dataset and split");
   if (labels.numel() > 0) {
     const int64_t max_label = labels.max().item<int64_t>();

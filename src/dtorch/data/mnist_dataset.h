@@ -41,7 +41,9 @@ std::string mnist_file(const std::string& dir, const std::string& split, const s
 /// `apt-get install dataset-fashion-mnist` and --data-dir), when a file is malformed, when
 /// images are not 28x28, when labels are outside 0..9, and when the image and label counts
 /// disagree (naming both files). Throws ConfigError for any other split name.
-MnistSplit load_mnist(const std::string& dir, const std::string& split);
+/// `max_samples` > 0 loads only the first that many samples (read_idx's `max_items`); the
+/// counts the two files announce must still agree.
+MnistSplit load_mnist(const std::string& dir, const std::string& split, int64_t max_samples = 0);
 
 /// The samples at `indices` (any order, repeats allowed) as one batch.
 Batch gather(const MnistSplit& data, const std::vector<int64_t>& indices);

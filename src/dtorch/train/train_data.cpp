@@ -30,14 +30,18 @@ Split image_split(std::shared_ptr<const data::ImageSource> source,
 
 }  // namespace
 
-TrainData open_data(const std::string& data, const std::string& mnist_dir,
-                    const LoaderConfig& loader, uint64_t seed) {
+TrainData open_data(const DataConfig& config, uint64_t seed) {
+  const std::string& data = config.source;
+  const LoaderConfig& loader = config.loader;
   TrainData d;
   if (is_text_data(data)) return d;
   if (!is_image_data(data)) {
-    const std::string dir = mnist_dir.empty() ? data::kDefaultMnistDir : mnist_dir;
-    auto train = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "train"));
-    auto test = std::make_shared<data::MnistSplit>(data::load_mnist(dir, "test"));
+    const std::string dir = config.dir.empty() ? data::kDefaultMnistDir : config.dir;
+    // The sampler and the evaluation take the first N samples: the rest is never read.
+    auto train =
+        std::make_shared<data::MnistSplit>(data::load_mnist(dir, "train", config.train_samples));
+    auto test =
+        std::make_shared<data::MnistSplit>(data::load_mnist(dir, "test", config.test_samples));
     auto batch_of = [](std::shared_ptr<data::MnistSplit> s) {
       return [s](const std::vector<int64_t>& idx, int64_t) {
         auto b = data::gather(*s, idx);

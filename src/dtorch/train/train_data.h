@@ -12,7 +12,7 @@
 
 #include "dtorch/data/image_dataset.h"
 #include "dtorch/models/model.h"
-#include "dtorch/train/config/loader_config.h"
+#include "dtorch/train/config/run_config.h"
 
 namespace dtorch::train {
 
@@ -31,11 +31,11 @@ struct TrainData {
   std::string describe;      ///< for the log: what was read from where
 };
 
-/// Reads `data` (MNIST from `mnist_dir`, empty: Debian's folder), and for image data decides
-/// the model's input; a text is only read by add_text_windows, once the model's sequence
-/// length is known. `seed` makes the augmentation's choices.
-TrainData open_data(const std::string& data, const std::string& mnist_dir,
-                    const LoaderConfig& loader, uint64_t seed);
+/// Reads `data.source` (MNIST from `data.dir`, empty: Debian's folder; of MNIST only the first
+/// train_samples and test_samples where set), and for image data decides the model's input; a
+/// text is only read by add_text_windows, once the model's sequence length is known. `seed`
+/// makes the augmentation's choices.
+TrainData open_data(const DataConfig& data, uint64_t seed);
 
 /// Fills `d`'s splits with windows of `seq_len` tokens of the text `data` names.
 void add_text_windows(TrainData& d, const std::string& data, int64_t seq_len);

@@ -402,7 +402,7 @@ std::vector<report::EpochRecord> train_run(const TrainConfig& c,
   check_run_folder(c, continues);
   if (lead) prepare_run_folder(c, continues);
   // Image data first: the model is built for its channels, size and classes.
-  TrainData data = open_data(c.data.source, c.data.dir, c.data.loader, c.training.seed);
+  TrainData data = open_data(c.data, c.training.seed);
   torch::manual_seed(c.training.seed);
   // The model spread over the job (Note [Assembly order]).
   ParallelizeSpec spec;
