@@ -251,7 +251,8 @@ class ElasticHosts : public ::testing::Test {
     hosts_ = std::make_unique<testing::NamespaceHosts>(n, net);
     if (!hosts_->unavailable().empty()) GTEST_SKIP() << hosts_->unavailable();
   }
-  // `dtorch launch` on host i with an elastic range, training mnist-cnn into `out`.
+  // `dtorch launch` on host i with an elastic range, training into `out`: three epochs of 250
+  // small steps, long enough to lose a host inside the second.
   testing::Command start_training(int i, const std::string& nnodes, const std::string& out,
                                   const std::string& tag) {
     std::vector<std::string> argv = {DTORCH_CLI,
@@ -279,11 +280,11 @@ class ElasticHosts : public ::testing::Test {
                                      DTORCH_CLI,
                                      "train",
                                      "--model",
-                                     "mnist-cnn",
+                                     "mnist-mlp",
                                      "--epochs",
                                      "3",
                                      "--train-samples",
-                                     "3000",
+                                     "6000",
                                      "--test-samples",
                                      "1000",
                                      "--seed",
@@ -291,7 +292,7 @@ class ElasticHosts : public ::testing::Test {
                                      "--progress",
                                      "lines",
                                      "--global-batch-size",
-                                     "192",
+                                     "24",
                                      "--resume",
                                      "--threads",
                                      "1",
