@@ -93,7 +93,7 @@ demo: deps-build $(BUILD)/build.ninja
 # GoogleTest was installed, or one configured with -DDTORCH_BUILD_TESTS=OFF, has none yet. ctest
 # fails on no tests rather than passing on them; its summary ends with the time per label, and
 # scripts/skipped-tests then says why each skipped test was skipped. JOBS tests compute at a
-# time (a few busy ones take two slots, so there are at least two), and two more may wait
+# time (a busy one takes two slots, so there are at least two), and two more may wait
 # beside them (Note [Tests that wait] in tests/CMakeLists.txt).
 test: deps-test
 	@$(SANITIZE_DEPS)
