@@ -75,7 +75,9 @@ void expect_same_run(const std::string& got, const std::string& want, const std:
   }
   auto gm = model_file(got + "/model.pt"), wm = model_file(want + "/model.pt");
   ASSERT_EQ(gm.size(), wm.size()) << name;
-  for (const auto& [key, t] : gm) {
+  for (const auto& entry : gm) {
+    const std::string& key = entry.first;  // a lambda below captures it: no structured binding
+    const torch::Tensor& t = entry.second;
     ASSERT_TRUE(wm.count(key)) << name << " " << key;
     auto named = [&](const char* gpt, const char* vit) {
       return key.find(gpt) != std::string::npos || key.find(vit) != std::string::npos;

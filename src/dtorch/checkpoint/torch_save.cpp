@@ -328,9 +328,11 @@ c10::IValue load_torch_save_in_place(std::shared_ptr<char> bytes, size_t n) {
   if (!problem.empty()) throw UnreadableArchive(problem);
   caffe2::serialize::PyTorchStreamReader reader(
       std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.get(), n));
-  auto [pickle, pickle_size] = reader.getRecord("data.pkl");
+  auto [pickle, pickle_bytes] = reader.getRecord("data.pkl");
   size_t done = 0;
-  const auto read = [&, data = static_cast<const char*>(pickle.get())](char* out, size_t len) {
+  // A copy, not the binding: C++17 lets no lambda capture a structured binding.
+  const auto read = [&, data = static_cast<const char*>(pickle.get()), pickle_size = pickle_bytes](
+                        char* out, size_t len) {
     len = std::min(pickle_size - done, len);
     std::memcpy(out, data + done, len);
     done += len;

@@ -135,7 +135,10 @@ struct Round {
 // lockstep: rank 0's pair is the one whose point-to-point link was measured).
 void set_medians(Machine& m, const std::vector<Round>& rounds, const Bench& bench, bool paired) {
   auto of = [&](auto get) { return median_of(rounds, get); };
-  for (const auto& [name, rates] : rounds.front().rates.by_rows) {
+  // Named variables, not structured bindings: C++17 lets no lambda capture a binding.
+  for (const auto& by_rows : rounds.front().rates.by_rows) {
+    const std::string& name = by_rows.first;
+    const auto& rates = by_rows.second;
     m.matmul_flops[name] = of([&](const Round& r) { return r.rates.flops.at(name); });
     m.conv_flops[name] = of([&](const Round& r) { return r.rates.conv.at(name); });
     for (size_t i = 0; i < rates.size(); ++i)
@@ -148,17 +151,22 @@ void set_medians(Machine& m, const std::vector<Round>& rounds, const Bench& benc
     m.offload_disk.dir = bench.offload_dir;
     m.offload_disk.state_bytes_per_s = of([](const Round& r) { return r.disk.state_bytes_per_s; });
   }
-  for (auto [links, into] : {std::pair{&Round::intra, &m.intra_node},
-                             {&Round::inter, &m.inter_node},
-                             {&Round::concurrent, &m.inter_node_concurrent}})
-    for (const auto& [op, costs] : rounds.front().*links)
+  for (const auto& which : {std::pair{&Round::intra, &m.intra_node},
+                            {&Round::inter, &m.inter_node},
+                            {&Round::concurrent, &m.inter_node_concurrent}}) {
+    const auto links = which.first;
+    for (const auto& by_op : rounds.front().*links) {
+      const Collective op = by_op.first;
+      const std::vector<LinkCost>& costs = by_op.second;
       for (size_t k = 0; k < costs.size(); ++k) {
         LinkCost l = costs[k];
         l.latency_s = of([&](const Round& r) { return (r.*links).at(op)[k].latency_s; });
         l.bus_bytes_per_s =
             of([&](const Round& r) { return (r.*links).at(op)[k].bus_bytes_per_s; });
-        (*into)[op].push_back(l);
+        (*which.second)[op].push_back(l);
       }
+    }
+  }
   if (!paired) return;
   RingSeconds ring;
   for (size_t k = 0; k < bench.ring_tokens.size(); ++k)
