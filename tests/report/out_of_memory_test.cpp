@@ -104,13 +104,15 @@ TEST(TrainCli, OutOfMemoryNamesTheRankAndWhatWouldFit) {
   if (testing::kAddressSanitizer) GTEST_SKIP() << "ulimit -v leaves ASan no room to start";
   // gpt-small's DDP state with AdamW (1.85 GiB per rank) and its activations cannot fit 2 GB
   // of address space above what loading dtorch and LibTorch takes (found by trying
-  // `dtorch version` under rising limits: it differs between LibTorch builds).
+  // `dtorch version` under rising limits: it differs between LibTorch builds). Just below that,
+  // OpenBLAS's start retries its buffers' allocation until killed, so a try gets 5 s, several
+  // times what a start takes (0.6-0.9 s), rather than 10.
   const std::string out = ::testing::TempDir() + "/oom-run";
   auto r = testing::run_command(
       "train_oom_cmd",
       {"/bin/sh",
        "-c",
-       "for kib in $(seq 250000 250000 16000000); do (ulimit -v $kib; timeout 10 \"$0\" "
+       "for kib in $(seq 250000 250000 16000000); do (ulimit -v $kib; timeout 5 \"$0\" "
        "version >/dev/null 2>&1) && break; done; ulimit -v $((kib + 2000000)); exec \"$0\" \"$@\"",
        DTORCH_CLI,
        "train",
