@@ -101,14 +101,15 @@ TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRu
 }
 
 // Note [Checkpoint on a signal]: SIGUSR1 to `dtorch train --nproc-per-node 2` (its launcher)
-// inside an epoch. Every rank finishes the agreed step, one checkpoint is written inside the
-// epoch, and the job exits 75; `--resume` then ends with an uninterrupted run's model, byte for
-// byte, and the same epoch records.
+// inside the run's one epoch. Every rank finishes the agreed step, one checkpoint is written
+// inside the epoch, and the job exits 75; `--resume` then ends with an uninterrupted run's model,
+// byte for byte, and the same epoch record (the epoch's own checkpoint replaces the one taken
+// inside it).
 TEST(TrainFaults, SignalledRunCheckpointsInsideAnEpochAndResumesBitForBit) {
   const std::string dir = testing::scratch_dir("train-signalled");
   auto run = [&](const std::string& out) {
     return std::vector<std::string>{
-        DTORCH_CLI,         "train", "--model",         "mnist-cnn", "--epochs",      "2",
+        DTORCH_CLI,         "train", "--model",         "mnist-cnn", "--epochs",      "1",
         "--seed",           "3",     "--train-samples", "4096",      "--batch-size",  "16",
         "--test-samples",   "256",   "--progress",      "off",       "--print-every", "5",
         "--nproc-per-node", "2",     "--out",           out};
@@ -118,9 +119,10 @@ TEST(TrainFaults, SignalledRunCheckpointsInsideAnEpochAndResumesBitForBit) {
 
   auto cli =
       testing::start_command(testing::scratch_dir("train-signalled-cmd"), run(dir + "/signalled"));
-  // Inside epoch 1 (128 steps of 16 x 2 samples): after its step 10 was reported.
+  // Inside the epoch (128 steps of 16 x 2 samples; the ranks agree on a step about 20-45
+  // later): after its step 10 was reported.
   const bool stepping = testing::wait_until(
-      [&] { return contains(read_file(cli.dir + "/stderr"), "step 10/256"); }, 60);
+      [&] { return contains(read_file(cli.dir + "/stderr"), "step 10/128"); }, 60);
   if (!stepping) ::kill(cli.pid, SIGKILL);
   ASSERT_TRUE(stepping) << read_file(cli.dir + "/stderr");
   ASSERT_EQ(::kill(cli.pid, SIGUSR1), 0);
@@ -131,7 +133,7 @@ TEST(TrainFaults, SignalledRunCheckpointsInsideAnEpochAndResumesBitForBit) {
   EXPECT_TRUE(contains(r.err, "every rank checkpoints after step ")) << r.err;
   EXPECT_TRUE(contains(r.err, "the workers checkpointed on SIGUSR1 and stopped (exit 75)"))
       << r.err;
-  EXPECT_FALSE(contains(r.err, "epoch 1/2:")) << "stopped after epoch 1: " << r.err;
+  EXPECT_FALSE(contains(r.err, "epoch 1/1:")) << "stopped after the epoch: " << r.err;
   EXPECT_TRUE(paths::exists(dir + "/signalled/checkpoint-000001.dtc")) << r.err;
   EXPECT_FALSE(paths::exists(dir + "/signalled/model.pt"));
 
@@ -143,13 +145,11 @@ TEST(TrainFaults, SignalledRunCheckpointsInsideAnEpochAndResumesBitForBit) {
   EXPECT_EQ(read_file(dir + "/signalled/model.pt"), read_file(dir + "/whole/model.pt"))
       << "the resumed run's weights differ from the uninterrupted run's";
   auto a = epochs_of(dir + "/whole"), b = epochs_of(dir + "/signalled");
-  ASSERT_EQ(a.size(), 2u);
-  ASSERT_EQ(b.size(), 2u) << "an epoch record was lost or written twice";
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(a[i]["step"], b[i]["step"]);
-    EXPECT_NEAR(a[i]["train_loss"].get<double>(), b[i]["train_loss"].get<double>(), 1e-12);
-    EXPECT_EQ(a[i]["test_loss"], b[i]["test_loss"]);
-  }
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u) << "the epoch record was lost or written twice";
+  EXPECT_EQ(a[0]["step"], b[0]["step"]);
+  EXPECT_NEAR(a[0]["train_loss"].get<double>(), b[0]["train_loss"].get<double>(), 1e-12);
+  EXPECT_EQ(a[0]["test_loss"], b[0]["test_loss"]);
 }
 
 // A later round of an elastic job (`dtorch launch --rdzv-backend c10d` after a node joined)
