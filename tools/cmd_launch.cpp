@@ -190,6 +190,7 @@ void add_launch_command(CLI::App& app, int& exit_code) {
       if (!filled.empty()) log::info(filled);
     }
     o.command = program_and_args(*flags, sub->remaining());
+    o.forked_main = forked_workers_for(o.command);
     exit_code = launch::run(o);
   });
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dtorch/core/enum_names.h"
+#include "dtorch/launch/process.h"
 #include "dtorch/launch/signals.h"
 #include "dtorch/train/config/job_size.h"
 
@@ -77,6 +78,10 @@ struct SelfLaunch {
 /// launcher and returns its exit code; nullopt when this process should run as one rank
 /// itself (one process asked for, or already a rank of a job).
 std::optional<int> self_launch(const SelfLaunch& how);
+/// Note [Forked workers]: the function a launcher forks its workers into when they run `command`
+/// and the test suite asked for forks (DTORCH_FORK_WORKERS=1), `command` being this very program;
+/// else none, and the launcher exec's them.
+launch::ForkedMain forked_workers_for(const std::vector<std::string>& command);
 /// Whether self_launch will start workers rather than this process running as a rank.
 bool launches_workers(const SelfLaunch& how);
 /// Whether a launcher (torchrun, dtorch launch, srun, mpirun, qsub) started this process.

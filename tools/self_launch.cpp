@@ -8,6 +8,7 @@
 #include "dtorch/core/log.h"
 #include "dtorch/core/paths.h"
 #include "dtorch/launch/launcher.h"
+#include "dtorch/launch/process.h"
 #include "dtorch/launch/rank_info.h"
 #include "tools/commands.h"
 
@@ -15,6 +16,20 @@ namespace dtorch::tools {
 
 bool started_by_a_launcher() {
   return env::get("RANK").has_value() || launch::rank_info_from_env().world_size > 1;
+}
+
+launch::ForkedMain forked_workers_for(const std::vector<std::string>& command) {
+  if (command.empty() || env::get("DTORCH_FORK_WORKERS") != std::optional<std::string>("1"))
+    return nullptr;
+  std::error_code ec;
+  std::string program;
+  try {
+    program = paths::canonical(launch::resolve_program(command.front()), ec);
+  } catch (const launch::SpawnError&) {
+    return nullptr;  // the launcher says why it cannot run it
+  }
+  if (ec || program != paths::canonical(paths::executable_path(), ec) || ec) return nullptr;
+  return launch::forked_main_of(run_command_line);
 }
 
 bool launches_workers(const SelfLaunch& how) {
@@ -58,9 +73,7 @@ std::optional<int> self_launch(const SelfLaunch& how) {
     if (a.rfind("--nproc-per-node=", 0) == 0 || a.rfind("--nproc_per_node=", 0) == 0) continue;
     lo.command.push_back(a);
   }
-  if (env::get("DTORCH_FORK_WORKERS") == std::optional<std::string>("1"))
-    lo.forked_main =
-        launch::forked_main_of(run_command_line);  // Note [Forked workers]: the test suite's
+  lo.forked_main = forked_workers_for(lo.command);
   return launch::run(lo);
 }
 

@@ -32,10 +32,10 @@ int run_tests(int argc, char** argv) {
   int rc = dtorch::testing::maybe_run_worker(argc, argv);
   if (rc >= 0) return rc;
   torch::set_num_threads(1);  // ctest runs tests side by side on few cores
-  // Note [Forked workers]: the ranks of multi-rank tests, and of the command lines tests run
-  // with --nproc-per-node, are forks rather than new processes (tests that need exec'd
-  // workers start them through `dtorch launch`, which always exec's; DTORCH_FORK_WORKERS=0
-  // exec's them all, and the command lines too: Note [Fork server]).
+  // Note [Forked workers]: the ranks of multi-rank tests, and the workers of the command lines
+  // tests run (with --nproc-per-node, or `dtorch launch -- dtorch ...`), are forks rather than
+  // new processes (a launcher exec's any other program; DTORCH_FORK_WORKERS=0 exec's them
+  // all, and the command lines too: Note [Fork server]).
   ::setenv("DTORCH_FORK_WORKERS", "1", 0);
   dtorch::testing::start_rank_server();
   ::testing::InitGoogleTest(&argc, argv);

@@ -64,7 +64,10 @@ TEST(TrainFaults, WorkerKilledMidEpochRestartsResumesAndMatchesAnUninterruptedRu
       "1",        "--log-dir", dir + "/logs",  "--grace-period",   "1", "--"};
   for (const auto& a : short_run(dir + "/killed"))
     args.push_back(a);
-  auto cli = testing::start_command(testing::scratch_dir("train-killed-cmd"), args);
+  // Exec'd workers, which worker_pid tells apart by their environment (a forked worker's
+  // /proc/PID/environ stays its launcher's: Note [Forked workers]).
+  auto cli = testing::start_command(testing::scratch_dir("train-killed-cmd"), args,
+                                    {"DTORCH_FORK_WORKERS=0"});
   // Kill rank 1 as soon as epoch 1's checkpoint exists: it is then inside epoch 2.
   std::string first = dir + "/killed/checkpoint-000001.dtc";
   bool saved = testing::wait_for_file(first, 90);

@@ -48,8 +48,9 @@ std::string resolve_program(const std::string& program);
 //   elastic job's next round exec's its workers: they would be forked from a busy launcher.
 // Users: dtorch's test binary forks a rank server at the start of main(), before anything ran,
 // and each multi-rank test's launcher is a fresh fork of that server (tests/support/workers.cpp);
-// `dtorch train|bench|plan --nproc-per-node N` forks its workers when DTORCH_FORK_WORKERS=1 (the
-// test suite sets it; the launcher has then only parsed flags and files on a CPU).
+// `dtorch train|bench|plan --nproc-per-node N`, and `dtorch launch` when its program is that
+// same `dtorch`, fork their workers when DTORCH_FORK_WORKERS=1 (the test suite sets it; the
+// launcher has then only parsed flags and files on a CPU).
 // A forked worker keeps what an exec'd one had (own process group, torchrun's environment, its
 // output relayed, SIGKILL when the launcher dies, none of the launcher's descriptors) but for
 // /proc/PID/environ and cmdline, which stay the launcher's. OpenMP read OMP_NUM_THREADS when
