@@ -102,8 +102,7 @@ demo: deps-build $(BUILD)/build.ninja
 # GoogleTest was installed, or one configured with -DDTORCH_BUILD_TESTS=OFF, has none yet. ctest
 # fails on no tests rather than passing on them; its summary ends with the time per label, and
 # scripts/skipped-tests then says why each skipped test was skipped. JOBS tests compute at a
-# time (a busy one takes two slots, so there are at least two), and two more may wait
-# beside them (Note [Tests that wait] in tests/CMakeLists.txt).
+# time, and two more may wait beside them (Note [Tests that wait] in tests/CMakeLists.txt).
 test: deps-test
 	@$(SANITIZE_DEPS)
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) $(TORCH_FLAGS) $(TEST_FLAGS) \
@@ -113,7 +112,7 @@ ifeq ($(SANITIZE),1)
 	rm -rf $(SANITIZER_REPORTS) && mkdir -p $(SANITIZER_REPORTS)
 endif
 	printf '{"version": {"major": 1, "minor": 0}, "local": [{"cpus": [{"id": "0", "slots": %d}]}]}\n' \
-	  $$(( $(JOBS) > 2 ? $(JOBS) : 2 )) > $(BUILD)/cpus.json
+	  $(JOBS) > $(BUILD)/cpus.json
 	cd $(BUILD) && ctest --output-on-failure --no-tests=error -j $$(( $(JOBS) + 2 )) \
 	  --resource-spec-file cpus.json --timeout 900 $(CTEST_FLAGS); status=$$?; \
 	  $(abspath scripts/skipped-tests) .; $(SANITIZER_CHECK) exit $$status
